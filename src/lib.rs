@@ -1,0 +1,15 @@
+//! oncepay: a payments API that charges a card exactly once, however often a
+//! client retries. See README.md for the guided tour.
+
+pub mod charges;
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod http;
+pub mod idempotency;
+pub mod merchants;
+pub mod params;
+pub mod processor;
+pub mod startup;
+pub mod sweeper;
+pub mod telemetry;

@@ -1,0 +1,406 @@
+//! What a charge is: its validated parameters, its stored row and its API object.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::currency::Currency;
+use crate::params::{Encoding, ParamError, Params};
+use crate::processor::TestToken;
+
+/// Smallest and largest amount, in minor units (cents for USD).
+pub const MIN_AMOUNT: i64 = 1;
+pub const MAX_AMOUNT: i64 = 99_999_999;
+const MAX_DESCRIPTION_CHARS: usize = 1000;
+const MAX_METADATA_KEYS: usize = 50;
+const MAX_METADATA_KEY_CHARS: usize = 40;
+const MAX_METADATA_VALUE_CHARS: usize = 500;
+
+/// An amount in integer minor units, within the accepted range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Amount(i64);
+
+impl Amount {
+    pub fn new(minor_units: i64) -> Result<Self, ParamError> {
+        if minor_units < MIN_AMOUNT {
+            Err(ParamError::new(
+                "amount_too_small",
+                "amount",
+                format!("Amount must be at least {MIN_AMOUNT} (in minor units, e.g. cents)"),
+            ))
+        } else if minor_units > MAX_AMOUNT {
+            Err(too_large())
+        } else {
+            Ok(Amount(minor_units))
+        }
+    }
+
+    pub fn minor_units(self) -> i64 {
+        self.0
+    }
+
+    /// Reads `amount`: a JSON integer, or a string of digits in a form.
+    fn from_param(value: Value, encoding: Encoding) -> Result<Self, ParamError> {
+        let invalid = || {
+            ParamError::new(
+                "parameter_invalid_integer",
+                "amount",
+                "Amount must be a whole number of minor units (e.g. 2000 for 20.00 USD)",
+            )
+        };
+        let number = match (value, encoding) {
+            (Value::Number(n), Encoding::Json) => match (n.as_i64(), n.as_u64()) {
+                (Some(i), _) => i,
+                (None, Some(_)) => return Err(too_large()),
+                (None, None) => return Err(invalid()),
+            },
+            (Value::String(s), Encoding::Form) => {
+                let digits = s.strip_prefix('-').unwrap_or(&s);
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(invalid());
+                }
+                match s.parse::<i64>() {
+                    Ok(i) => i,
+                    Err(_) if s.starts_with('-') => i64::MIN,
+                    Err(_) => return Err(too_large()),
+                }
+            }
+            _ => return Err(invalid()),
+        };
+        Amount::new(number)
+    }
+}
+
+fn too_large() -> ParamError {
+    ParamError::new(
+        "amount_too_large",
+        "amount",
+        format!("Amount must be no more than {MAX_AMOUNT} (in minor units)"),
+    )
+}
+
+/// The parameters of `POST /v1/charges`, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewCharge {
+    pub amount: Amount,
+    pub currency: Currency,
+    pub source: TestToken,
+    pub description: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl NewCharge {
+    /// Validates every parameter, and refuses unknown ones.
+    pub fn from_params(mut params: Params) -> Result<Self, ParamError> {
+        let encoding = params.encoding;
+        let amount = Amount::from_param(required(&mut params, "amount")?, encoding)?;
+        let currency = string(required(&mut params, "currency")?, "currency")?;
+        let currency = Currency::parse(&currency).ok_or_else(|| {
+            ParamError::new(
+                "invalid_currency",
+                "currency",
+                format!("Invalid currency: {currency}. Use a three-letter ISO 4217 code such as usd"),
+            )
+        })?;
+        let source = string(required(&mut params, "source")?, "source")?;
+        let source = TestToken::parse(&source).ok_or_else(|| {
+            ParamError::new(
+                "resource_missing",
+                "source",
+                format!("No such token: '{source}'. Use a test token such as tok_visa"),
+            )
+        })?;
+        let description = params
+            .take("description")
+            .map(|v| string(v, "description"))
+            .transpose()?;
+        if let Some(d) = &description {
+            if d.chars().count() > MAX_DESCRIPTION_CHARS {
+                return Err(ParamError::new(
+                    "parameter_too_long",
+                    "description",
+                    format!("Description must be at most {MAX_DESCRIPTION_CHARS} characters"),
+                ));
+            }
+        }
+        let metadata = params.take("metadata").map(metadata).transpose()?.unwrap_or_default();
+        params.reject_unknown()?;
+        Ok(NewCharge {
+            amount,
+            currency,
+            source,
+            description,
+            metadata,
+        })
+    }
+
+    /// A canonical encoding of the parameters for the request fingerprint:
+    /// fixed field order, sorted metadata, normalised values. Key order,
+    /// white space and JSON versus form do not change it; any value does.
+    pub fn canonical(&self) -> Vec<u8> {
+        let canonical = serde_json::json!([
+            self.amount.minor_units(),
+            self.currency.as_str(),
+            self.source.as_str(),
+            self.description,
+            self.metadata,
+        ]);
+        serde_json::to_vec(&canonical).expect("serialising a JSON value cannot fail")
+    }
+}
+
+fn required(params: &mut Params, name: &str) -> Result<Value, ParamError> {
+    params.take(name).ok_or_else(|| {
+        ParamError::new(
+            "parameter_missing",
+            name,
+            format!("Missing required param: {name}"),
+        )
+    })
+}
+
+fn string(value: Value, name: &str) -> Result<String, ParamError> {
+    match value {
+        Value::String(s) => Ok(s),
+        _ => Err(ParamError::new(
+            "parameter_invalid_type",
+            name,
+            format!("{name} must be a string"),
+        )),
+    }
+}
+
+fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {
+    let invalid = |param: String, message: String| ParamError::new("metadata_invalid", param, message);
+    let Value::Object(entries) = value else {
+        return Err(invalid(
+            "metadata".into(),
+            "metadata must be an object of string keys and string values".into(),
+        ));
+    };
+    if entries.len() > MAX_METADATA_KEYS {
+        return Err(invalid(
+            "metadata".into(),
+            format!("metadata can have at most {MAX_METADATA_KEYS} keys"),
+        ));
+    }
+    entries
+        .into_iter()
+        .map(|(key, value)| {
+            let param = format!("metadata[{key}]");
+            let key_chars = key.chars().count();
+            if key_chars == 0 || key_chars > MAX_METADATA_KEY_CHARS {
+                return Err(invalid(
+                    param,
+                    format!("metadata keys must be 1 to {MAX_METADATA_KEY_CHARS} characters"),
+                ));
+            }
+            let Value::String(value) = value else {
+                return Err(invalid(param, "metadata values must be strings".into()));
+            };
+            if value.chars().count() > MAX_METADATA_VALUE_CHARS {
+                return Err(invalid(
+                    param,
+                    format!("metadata values must be at most {MAX_METADATA_VALUE_CHARS} characters"),
+                ));
+            }
+            Ok((key, value))
+        })
+        .collect()
+}
+
+/// A charge's lifecycle: `pending` until the processor's outcome is recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChargeStatus {
+    Pending,
+    Succeeded,
+    Failed,
+}
+
+impl ChargeStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChargeStatus::Pending => "pending",
+            ChargeStatus::Succeeded => "succeeded",
+            ChargeStatus::Failed => "failed",
+        }
+    }
+}
+
+/// A charge as stored.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct Charge {
+    pub id: String,
+    pub amount: i64,
+    pub currency: String,
+    pub source: String,
+    pub description: Option<String>,
+    pub metadata: sqlx::types::Json<BTreeMap<String, String>>,
+    pub status: String,
+    pub failure_code: Option<String>,
+    pub failure_message: Option<String>,
+    pub amount_refunded: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The charge object of the API.
+#[derive(Debug, Serialize)]
+pub struct ChargeObject<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub amount: i64,
+    pub currency: &'a str,
+    pub status: &'a str,
+    pub source: &'a str,
+    pub description: Option<&'a str>,
+    pub metadata: &'a BTreeMap<String, String>,
+    pub failure_code: Option<&'a str>,
+    pub failure_message: Option<&'a str>,
+    pub amount_refunded: i64,
+    pub refunded: bool,
+    pub created: i64,
+    pub livemode: bool,
+}
+
+impl Charge {
+    pub fn to_object(&self) -> ChargeObject<'_> {
+        ChargeObject {
+            id: &self.id,
+            object: "charge",
+            amount: self.amount,
+            currency: &self.currency,
+            status: &self.status,
+            source: &self.source,
+            description: self.description.as_deref(),
+            metadata: &self.metadata.0,
+            failure_code: self.failure_code.as_deref(),
+            failure_message: self.failure_message.as_deref(),
+            amount_refunded: self.amount_refunded,
+            refunded: self.amount_refunded > 0 && self.amount_refunded == self.amount,
+            created: self.created_at.timestamp(),
+            livemode: false,
+        }
+    }
+}
+
+/// A new charge id: `ch_` and 24 random letters and digits.
+pub fn new_charge_id() -> String {
+    use rand::Rng;
+    let random: String = rand::rng()
+        .sample_iter(&rand::distr::Alphanumeric)
+        .take(24)
+        .map(char::from)
+        .collect();
+    format!("ch_{random}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse_json(body: Value) -> Result<NewCharge, ParamError> {
+        NewCharge::from_params(Params::from_json(body.to_string().as_bytes()).unwrap())
+    }
+
+    fn code(body: Value) -> &'static str {
+        parse_json(body).unwrap_err().code
+    }
+
+    #[test]
+    fn json_and_form_with_equal_parameters_are_equal() {
+        let json = parse_json(json!({
+            "source": "tok_visa", "currency": "USD", "amount": 2000,
+            "metadata": {"b": "2", "a": "1"}
+        }))
+        .unwrap();
+        let form = NewCharge::from_params(
+            Params::from_form(b"amount=2000&currency=usd&source=tok_visa&metadata[a]=1&metadata[b]=2")
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(json, form);
+        assert_eq!(json.canonical(), form.canonical());
+    }
+
+    #[test]
+    fn amounts_must_be_whole_positive_numbers_in_range() {
+        let base = |amount: Value| json!({"amount": amount, "currency": "usd", "source": "tok_visa"});
+        assert_eq!(code(base(json!(0))), "amount_too_small");
+        assert_eq!(code(base(json!(-5))), "amount_too_small");
+        assert_eq!(code(base(json!(100_000_000))), "amount_too_large");
+        assert_eq!(code(base(json!(u64::MAX))), "amount_too_large");
+        assert_eq!(code(base(json!(20.5))), "parameter_invalid_integer");
+        assert_eq!(code(base(json!(20.0))), "parameter_invalid_integer");
+        assert_eq!(code(base(json!("2000"))), "parameter_invalid_integer");
+        assert_eq!(code(base(json!(true))), "parameter_invalid_integer");
+        assert!(parse_json(base(json!(99_999_999))).is_ok());
+    }
+
+    #[test]
+    fn form_amounts_must_be_digits() {
+        let form = |amount: &str| {
+            let body = format!("amount={amount}&currency=usd&source=tok_visa");
+            NewCharge::from_params(Params::from_form(body.as_bytes()).unwrap()).map_err(|e| e.code)
+        };
+        assert_eq!(form("20.5"), Err("parameter_invalid_integer"));
+        assert_eq!(form("1e3"), Err("parameter_invalid_integer"));
+        assert_eq!(form(""), Err("parameter_invalid_integer"));
+        assert_eq!(form("-1"), Err("amount_too_small"));
+        assert_eq!(form("99999999999999999999"), Err("amount_too_large"));
+        assert_eq!(form("-99999999999999999999"), Err("amount_too_small"));
+        assert!(form("2000").is_ok());
+    }
+
+    #[test]
+    fn unknown_missing_and_mistyped_parameters_are_named() {
+        let err = parse_json(json!({"amount": 1, "currency": "usd", "source": "tok_visa", "capture": false}))
+            .unwrap_err();
+        assert_eq!((err.code, err.param.as_str()), ("parameter_unknown", "capture"));
+        let err = parse_json(json!({"amount": 1, "source": "tok_visa"})).unwrap_err();
+        assert_eq!((err.code, err.param.as_str()), ("parameter_missing", "currency"));
+        assert_eq!(code(json!({"amount": 1, "currency": 840, "source": "tok_visa"})), "parameter_invalid_type");
+        assert_eq!(code(json!({"amount": 1, "currency": "usx", "source": "tok_visa"})), "invalid_currency");
+        assert_eq!(code(json!({"amount": 1, "currency": "usd", "source": "tok_nope"})), "resource_missing");
+    }
+
+    #[test]
+    fn descriptions_and_metadata_have_limits() {
+        let base = |extra: Value| {
+            let mut body = json!({"amount": 1, "currency": "usd", "source": "tok_visa"});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            code(body)
+        };
+        assert_eq!(base(json!({"description": "x".repeat(1001)})), "parameter_too_long");
+        let many: serde_json::Map<String, Value> = (0..51).map(|i| (format!("k{i}"), json!("v"))).collect();
+        assert_eq!(base(json!({"metadata": many})), "metadata_invalid");
+        assert_eq!(base(json!({"metadata": {"k".repeat(41): "v"}})), "metadata_invalid");
+        assert_eq!(base(json!({"metadata": {"k": "v".repeat(501)}})), "metadata_invalid");
+        assert_eq!(base(json!({"metadata": {"k": 1}})), "metadata_invalid");
+        assert_eq!(base(json!({"metadata": ["k"]})), "metadata_invalid");
+        assert!(parse_json(json!({
+            "amount": 1, "currency": "usd", "source": "tok_visa",
+            "description": "é".repeat(1000), "metadata": {"k".repeat(40): "v".repeat(500)}
+        }))
+        .is_ok());
+    }
+
+    #[test]
+    fn any_changed_value_changes_the_canonical_form() {
+        let base = json!({"amount": 2000, "currency": "usd", "source": "tok_visa", "metadata": {"a": "1"}});
+        let canonical = parse_json(base.clone()).unwrap().canonical();
+        for (field, value) in [
+            ("amount", json!(2001)),
+            ("currency", json!("eur")),
+            ("source", json!("tok_mastercard")),
+            ("description", json!("x")),
+            ("metadata", json!({"a": "2"})),
+        ] {
+            let mut changed = base.clone();
+            changed[field] = value;
+            assert_ne!(parse_json(changed).unwrap().canonical(), canonical, "{field}");
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Settling a charge: the processor's outcome becomes the charge's final
+//! status and its key's saved response, in one transaction. Shared by the
+//! request that made the charge and by the sweeper that recovers it, so both
+//! write exactly the same thing and whichever comes second changes nothing.
+
+use axum::http::StatusCode;
+use sqlx::PgPool;
+
+use super::{Charge, ChargeStatus, store};
+use crate::http::problem::{self, Problem};
+use crate::idempotency::{SavedResponse, store as keys};
+use crate::processor::Outcome;
+
+/// The failure code of a charge whose processor attempt was voided.
+pub const ABANDONED: &str = "processing_abandoned";
+
+/// What settling did.
+#[derive(Debug)]
+pub enum Settled {
+    /// This call settled the charge; here is its response.
+    Now(SavedResponse),
+    /// The charge had been settled already; nothing was written.
+    Already,
+}
+
+/// Settles `charge_id` with `outcome` if it is still pending.
+pub async fn settle(pool: &PgPool, charge_id: &str, outcome: &Outcome) -> sqlx::Result<Settled> {
+    let (status, failure) = match outcome {
+        Outcome::Succeeded => (ChargeStatus::Succeeded, None),
+        Outcome::Declined { code, message } => (ChargeStatus::Failed, Some((code.as_str(), message.as_str()))),
+        Outcome::Voided => (
+            ChargeStatus::Failed,
+            Some((
+                ABANDONED,
+                "The payment was abandoned before the card network answered; no money moved.",
+            )),
+        ),
+    };
+    let mut tx = pool.begin().await?;
+    let Some(charge) = store::settle_pending(&mut tx, charge_id, status, failure).await? else {
+        tx.rollback().await?;
+        return Ok(Settled::Already);
+    };
+    let response = response_for(&charge);
+    let completed = keys::complete_for_charge(&mut tx, &charge.id, &response).await?;
+    tx.commit().await?;
+    tracing::info!(charge = %charge.id, status = %charge.status, keys_completed = completed, "charge settled");
+    Ok(Settled::Now(response))
+}
+
+/// The response a settled charge gets, and that its key saves for replay:
+/// `201` with the charge when it succeeded, `402` with a problem naming the
+/// failed charge when it did not.
+pub fn response_for(charge: &Charge) -> SavedResponse {
+    if charge.status == ChargeStatus::Succeeded.as_str() {
+        return SavedResponse {
+            status: StatusCode::CREATED.as_u16(),
+            content_type: "application/json".into(),
+            location: Some(format!("/v1/charges/{}", charge.id)),
+            body: serde_json::to_vec(&charge.to_object()).expect("a charge serialises"),
+        };
+    }
+    let code = match charge.failure_code.as_deref() {
+        Some("insufficient_funds") => "insufficient_funds",
+        Some("expired_card") => "expired_card",
+        Some(ABANDONED) => ABANDONED,
+        _ => "card_declined",
+    };
+    let detail = charge
+        .failure_message
+        .clone()
+        .unwrap_or_else(|| "The payment failed.".into());
+    let problem = Problem::new(StatusCode::PAYMENT_REQUIRED, code, detail).with_extra("charge", charge.id.clone());
+    SavedResponse {
+        status: problem.status.as_u16(),
+        content_type: problem::CONTENT_TYPE.into(),
+        location: None,
+        body: problem.body(),
+    }
+}

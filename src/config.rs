@@ -1,0 +1,220 @@
+//! Configuration, read once at start from the environment (and `.env`).
+//!
+//! Every variable is optional except `DATABASE_URL`. A value that does not
+//! parse stops the process with a message naming the variable.
+
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A configuration error; its message always names the variable at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {name}={value:?}: {reason}")]
+pub struct ConfigError {
+    name: &'static str,
+    value: String,
+    reason: String,
+}
+
+/// The service's settings. See `.env.example` for what each one does.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub database_url: String,
+    pub database_max_connections: u32,
+    pub bind_addr: IpAddr,
+    pub port: u16,
+    /// The demo merchant's secret key, created at start when set.
+    pub demo_api_key: Option<String>,
+    pub idempotency_key_ttl: Duration,
+    pub idempotency_key_required: bool,
+    pub processing_timeout: Duration,
+    pub sweep_interval: Duration,
+    pub processor_latency: Duration,
+    pub max_body_bytes: usize,
+}
+
+impl Config {
+    /// Reads the configuration from the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the configuration through `lookup`, so tests need not touch the
+    /// process environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |name: &'static str| lookup(name).filter(|v| !v.trim().is_empty());
+        let database_url = get("DATABASE_URL").ok_or_else(|| ConfigError {
+            name: "DATABASE_URL",
+            value: String::new(),
+            reason: "is required (for example postgres://postgres@127.0.0.1:5432/oncepay)".into(),
+        })?;
+        let demo_api_key = get("DEMO_API_KEY");
+        if let Some(key) = &demo_api_key {
+            if crate::merchants::ApiKey::parse(key).is_none() {
+                return Err(ConfigError {
+                    name: "DEMO_API_KEY",
+                    value: "<redacted>".into(),
+                    reason: "must be sk_test_ followed by at least 32 letters or digits".into(),
+                });
+            }
+        }
+        let config = Config {
+            database_url,
+            database_max_connections: parse(&get, "DATABASE_MAX_CONNECTIONS", 10, |v| {
+                positive(v.parse::<u32>().map_err(|e| e.to_string())?)
+            })?,
+            bind_addr: parse(&get, "BIND_ADDR", IpAddr::from([127, 0, 0, 1]), |v| {
+                IpAddr::from_str(v).map_err(|e| e.to_string())
+            })?,
+            port: parse(&get, "PORT", 8080, |v| v.parse().map_err(|e| format!("{e}")))?,
+            demo_api_key,
+            idempotency_key_ttl: parse(
+                &get,
+                "IDEMPOTENCY_KEY_TTL",
+                Duration::from_secs(24 * 3600),
+                positive_duration,
+            )?,
+            idempotency_key_required: parse(&get, "IDEMPOTENCY_KEY_REQUIRED", false, boolean)?,
+            processing_timeout: parse(
+                &get,
+                "PROCESSING_TIMEOUT",
+                Duration::from_secs(30),
+                positive_duration,
+            )?,
+            sweep_interval: parse(&get, "SWEEP_INTERVAL", Duration::from_secs(5), positive_duration)?,
+            processor_latency: parse(&get, "PROCESSOR_LATENCY_MS", Duration::ZERO, |v| {
+                v.parse::<u64>()
+                    .map(Duration::from_millis)
+                    .map_err(|e| format!("{e} (a whole number of milliseconds)"))
+            })?,
+            max_body_bytes: parse(&get, "MAX_BODY_BYTES", 64 * 1024, |v| {
+                positive(v.parse::<usize>().map_err(|e| e.to_string())?)
+            })?,
+        };
+        Ok(config)
+    }
+
+    /// The database URL with any password replaced, fit for logs.
+    pub fn redacted_database_url(&self) -> String {
+        redact_url(&self.database_url)
+    }
+}
+
+/// Replaces the password of a `scheme://user:password@host/...` URL.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+fn parse<T>(
+    get: &impl Fn(&'static str) -> Option<String>,
+    name: &'static str,
+    default: T,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<T, ConfigError> {
+    match get(name) {
+        None => Ok(default),
+        Some(value) => parse(value.trim()).map_err(|reason| ConfigError {
+            name,
+            value,
+            reason,
+        }),
+    }
+}
+
+fn positive<T: PartialEq + Default>(value: T) -> Result<T, String> {
+    if value == T::default() {
+        Err("must be greater than zero".into())
+    } else {
+        Ok(value)
+    }
+}
+
+/// Durations are written like `500ms`, `30s`, `24h`.
+fn positive_duration(value: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(value)
+        .map_err(|e| format!("{e} (write durations like 500ms, 30s or 24h)"))?;
+    positive(duration)
+}
+
+fn boolean(value: &str) -> Result<bool, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err("must be true or false".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let mut map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        map.entry("DATABASE_URL".into())
+            .or_insert_with(|| "postgres://localhost/x".into());
+        Config::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults_match_the_documented_values() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.port, 8080);
+        assert_eq!(c.bind_addr.to_string(), "127.0.0.1");
+        assert_eq!(c.idempotency_key_ttl, Duration::from_secs(86_400));
+        assert_eq!(c.processing_timeout, Duration::from_secs(30));
+        assert_eq!(c.sweep_interval, Duration::from_secs(5));
+        assert_eq!(c.processor_latency, Duration::ZERO);
+        assert!(!c.idempotency_key_required);
+    }
+
+    #[test]
+    fn durations_are_written_with_units() {
+        let c = config(&[("PROCESSING_TIMEOUT", "500ms"), ("IDEMPOTENCY_KEY_TTL", "2h")]).unwrap();
+        assert_eq!(c.processing_timeout, Duration::from_millis(500));
+        assert_eq!(c.idempotency_key_ttl, Duration::from_secs(7200));
+    }
+
+    #[test]
+    fn a_bad_value_is_reported_with_the_variable_name() {
+        for (name, value) in [
+            ("PORT", "eighty"),
+            ("SWEEP_INTERVAL", "5"),
+            ("PROCESSING_TIMEOUT", "0s"),
+            ("IDEMPOTENCY_KEY_REQUIRED", "maybe"),
+            ("MAX_BODY_BYTES", "-1"),
+            ("BIND_ADDR", "localhost:1"),
+        ] {
+            let err = config(&[(name, value)]).unwrap_err().to_string();
+            assert!(err.contains(name), "{err} should name {name}");
+        }
+    }
+
+    #[test]
+    fn a_bad_demo_key_is_refused_without_echoing_it() {
+        let err = config(&[("DEMO_API_KEY", "sk_live_secret")]).unwrap_err().to_string();
+        assert!(err.contains("DEMO_API_KEY"));
+        assert!(!err.contains("sk_live_secret"));
+    }
+
+    #[test]
+    fn passwords_are_redacted_from_database_urls() {
+        assert_eq!(
+            redact_url("postgres://app:hunter2@db:5432/oncepay"),
+            "postgres://app:***@db:5432/oncepay"
+        );
+        assert_eq!(redact_url("postgres://postgres@db/x"), "postgres://postgres@db/x");
+    }
+}

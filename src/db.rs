@@ -1,0 +1,31 @@
+//! The connection pool and the migrations.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::config::Config;
+
+/// The migrations under `migrations/`, built into the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Connects lazily: the server starts even if the database is briefly away,
+/// and each request waits at most a few seconds for a connection.
+pub fn pool(config: &Config) -> anyhow::Result<PgPool> {
+    let options = PgConnectOptions::from_str(&config.database_url)
+        .with_context(|| format!("invalid DATABASE_URL {}", config.redacted_database_url()))?
+        .application_name("oncepay");
+    Ok(PgPoolOptions::new()
+        .max_connections(config.database_max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(options))
+}
+
+/// Applies pending migrations; safe from several processes at once (sqlx
+/// takes an advisory lock).
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    MIGRATOR.run(pool).await.context("applying migrations")
+}

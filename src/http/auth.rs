@@ -1,0 +1,79 @@
+//! Authentication: the merchant's secret key, as a Bearer token or as the
+//! user name of HTTP Basic with an empty password (so `curl -u sk_test_...:`
+//! works, as with Stripe). The key never reaches a log.
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use base64::Engine;
+
+use super::AppState;
+use super::problem::{ApiError, Problem};
+use crate::merchants::{self, ApiKey, Merchant};
+
+/// The merchant a request authenticated as.
+#[derive(Clone, Debug)]
+pub struct Authenticated(pub Merchant);
+
+impl FromRequestParts<AppState> for Authenticated {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
+            return Err(unauthorized(
+                "authentication_required",
+                "No API key provided. Use 'Authorization: Bearer sk_test_...' or 'curl -u sk_test_...:'.",
+            ));
+        };
+        let key = value
+            .to_str()
+            .ok()
+            .and_then(key_from_authorization)
+            .and_then(|k| ApiKey::parse(&k));
+        let Some(key) = key else {
+            return Err(unauthorized("invalid_api_key", "The API key provided is not valid."));
+        };
+        match merchants::find_by_key(&state.pool, &key).await? {
+            Some(merchant) => Ok(Authenticated(merchant)),
+            None => Err(unauthorized("invalid_api_key", "The API key provided is not valid.")),
+        }
+    }
+}
+
+fn key_from_authorization(value: &str) -> Option<String> {
+    let (scheme, credentials) = value.trim().split_once(' ')?;
+    let credentials = credentials.trim();
+    if scheme.eq_ignore_ascii_case("bearer") {
+        return Some(credentials.to_owned());
+    }
+    if scheme.eq_ignore_ascii_case("basic") {
+        let decoded = base64::engine::general_purpose::STANDARD.decode(credentials).ok()?;
+        let decoded = String::from_utf8(decoded).ok()?;
+        // The key is the user name; the password must be empty.
+        let (user, password) = decoded.split_once(':').unwrap_or((&decoded, ""));
+        return password.is_empty().then(|| user.to_owned());
+    }
+    None
+}
+
+fn unauthorized(code: &'static str, detail: &str) -> ApiError {
+    Problem::new(StatusCode::UNAUTHORIZED, code, detail)
+        .with_header(header::WWW_AUTHENTICATE, "Bearer realm=\"oncepay\"")
+        .with_header(header::WWW_AUTHENTICATE, "Basic realm=\"oncepay\"")
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_and_basic_with_empty_password_carry_the_key() {
+        assert_eq!(key_from_authorization("Bearer sk_test_abc").as_deref(), Some("sk_test_abc"));
+        let basic = base64::engine::general_purpose::STANDARD.encode("sk_test_abc:");
+        assert_eq!(key_from_authorization(&format!("Basic {basic}")).as_deref(), Some("sk_test_abc"));
+        let with_password = base64::engine::general_purpose::STANDARD.encode("sk_test_abc:pw");
+        assert_eq!(key_from_authorization(&format!("Basic {with_password}")), None);
+        assert_eq!(key_from_authorization("Token sk_test_abc"), None);
+    }
+}

@@ -1,0 +1,74 @@
+//! Extractors whose every failure is a problem: request bodies (JSON or
+//! `application/x-www-form-urlencoded`, within `MAX_BODY_BYTES`) and path
+//! parameters.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+
+use super::problem::{ApiError, Problem};
+use crate::params::Params;
+
+/// The raw body, read within the configured limit.
+pub struct RawBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Bytes::from_request(req, state).await {
+            Ok(bytes) => Ok(RawBody(bytes)),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "The request body is larger than this server accepts.",
+            )
+            .into()),
+            Err(rejection) => Err(Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_body",
+                format!("The request body could not be read: {}", rejection.body_text()),
+            )
+            .into()),
+        }
+    }
+}
+
+/// Decodes the body by its `Content-Type`.
+pub fn decode(headers: &HeaderMap, body: &[u8]) -> Result<Params, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mime = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    match mime.as_str() {
+        "application/json" => Ok(Params::from_json(body)?),
+        "application/x-www-form-urlencoded" => Ok(Params::from_form(body)?),
+        _ => Err(Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "Send the parameters as application/json or application/x-www-form-urlencoded.",
+        )
+        .into()),
+    }
+}
+
+/// The one `{id}`-style parameter of a route.
+pub struct PathParam(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathParam {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(PathParam(value)),
+            Err(rejection) => Err(Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_path",
+                format!("The path could not be read: {}", rejection.body_text()),
+            )
+            .into()),
+        }
+    }
+}

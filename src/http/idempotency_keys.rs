@@ -1,0 +1,50 @@
+//! `GET /v1/idempotency_keys/{key}`: what the server remembers of one of the
+//! merchant's keys, so a client (or a workshop) can watch the flow.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::auth::Authenticated;
+use super::extract::PathParam;
+use super::problem::{ApiError, Problem};
+use crate::idempotency::{IdempotencyKey, KeyStatus, store};
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/idempotency_keys/{key}", get(retrieve))
+}
+
+async fn retrieve(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    PathParam(raw): PathParam,
+) -> Result<Json<Value>, ApiError> {
+    let key = IdempotencyKey::parse(raw.as_bytes()).map_err(|e| {
+        Problem::new(StatusCode::BAD_REQUEST, "invalid_idempotency_key", e.to_string()).with_param("key")
+    })?;
+    let Some(stored) = store::find(&state.pool, merchant.id, &key).await? else {
+        return Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            "resource_missing",
+            format!("No such idempotency key: '{}' (unknown or expired)", key.as_str()),
+        )
+        .with_param("key")
+        .into());
+    };
+    Ok(Json(json!({
+        "object": "idempotency_key",
+        "key": stored.key,
+        "status": match stored.status {
+            KeyStatus::Processing => "processing",
+            KeyStatus::Completed => "completed",
+        },
+        "created_at": stored.created_at.timestamp(),
+        "expires_at": stored.expires_at.timestamp(),
+        "request": { "method": stored.request_method, "path": stored.request_path },
+        "response": stored.response.map(|r| json!({ "status_code": r.status })),
+        "charge": stored.charge_id,
+    })))
+}

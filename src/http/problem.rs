@@ -1,0 +1,180 @@
+//! Errors as `application/problem+json` (RFC 9457), each with a stable `code`.
+
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+
+use crate::params::{DecodeError, ParamError};
+
+pub const CONTENT_TYPE: &str = "application/problem+json";
+
+/// A problem to show the client: status, stable code, human detail.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub detail: String,
+    pub param: Option<String>,
+    /// Extra members of the body, such as the failed charge's id.
+    pub extra: Map<String, Value>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Problem {
+    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+        Problem {
+            status,
+            code,
+            detail: detail.into(),
+            param: None,
+            extra: Map::new(),
+            headers: Vec::new(),
+        }
+    }
+
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    pub fn with_extra(mut self, name: &str, value: impl Into<Value>) -> Self {
+        self.extra.insert(name.to_owned(), value.into());
+        self
+    }
+
+    pub fn with_header(mut self, name: HeaderName, value: &'static str) -> Self {
+        self.headers.push((name, HeaderValue::from_static(value)));
+        self
+    }
+
+    /// The body, as saved for replay and as sent.
+    pub fn body(&self) -> Vec<u8> {
+        let mut body = json!({
+            "type": format!("/problems/{}", self.code),
+            "title": self.status.canonical_reason().unwrap_or("Error"),
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+            "code": self.code,
+        });
+        let object = body.as_object_mut().expect("a JSON object");
+        if let Some(param) = &self.param {
+            object.insert("param".into(), param.clone().into());
+        }
+        object.extend(self.extra.clone());
+        serde_json::to_vec(&body).expect("serialising a JSON value cannot fail")
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = self.body();
+        let mut response = (
+            self.status,
+            [(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE))],
+            body,
+        )
+            .into_response();
+        for (name, value) in self.headers {
+            response.headers_mut().append(name, value);
+        }
+        response
+    }
+}
+
+/// Everything a handler can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// A problem the client can act on.
+    #[error("{} {}: {}", .0.status, .0.code, .0.detail)]
+    Problem(Problem),
+    /// The database cannot be reached: 503, try again.
+    #[error("database unavailable")]
+    Unavailable(#[source] anyhow::Error),
+    /// A bug or an unexpected failure: logged in full, shown as a plain 500.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl From<Problem> for ApiError {
+    fn from(problem: Problem) -> Self {
+        ApiError::Problem(problem)
+    }
+}
+
+impl From<ParamError> for ApiError {
+    fn from(e: ParamError) -> Self {
+        Problem::new(StatusCode::BAD_REQUEST, e.code, e.message)
+            .with_param(e.param)
+            .into()
+    }
+}
+
+impl From<DecodeError> for ApiError {
+    fn from(e: DecodeError) -> Self {
+        match e {
+            DecodeError::Param(e) => e.into(),
+            e @ (DecodeError::Json(_) | DecodeError::NotAnObject) => {
+                Problem::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()).into()
+            }
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        if is_unavailable(&e) {
+            ApiError::Unavailable(e.into())
+        } else {
+            ApiError::Internal(e.into())
+        }
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    fn from(e: anyhow::Error) -> Self {
+        match e.downcast_ref::<sqlx::Error>() {
+            Some(sqlx_error) if is_unavailable(sqlx_error) => ApiError::Unavailable(e),
+            _ => ApiError::Internal(e),
+        }
+    }
+}
+
+/// Errors that mean "the database is not there right now", not "a bug".
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        // 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now,
+        // and class 08, connection exceptions.
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+        _ => false,
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match self {
+            ApiError::Problem(problem) => problem.into_response(),
+            ApiError::Unavailable(error) => {
+                tracing::warn!(error = format!("{error:#}"), "database unavailable");
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "service_unavailable",
+                    "The service cannot reach its database right now. Retry with the same Idempotency-Key.",
+                )
+                .with_header(header::RETRY_AFTER, "1")
+                .into_response()
+            }
+            ApiError::Internal(error) => {
+                tracing::error!(error = format!("{error:#}"), "internal error");
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    "Something went wrong on our side. Retry with the same Idempotency-Key.",
+                )
+                .into_response()
+            }
+        }
+    }
+}

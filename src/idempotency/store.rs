@@ -1,0 +1,261 @@
+//! The idempotency-key table's SQL. Every state change is one conditional
+//! statement; none reads a row and then writes it on what it read.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use super::{Fingerprint, IdempotencyKey};
+
+/// A response saved for replay, byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedResponse {
+    pub status: u16,
+    pub content_type: String,
+    pub location: Option<String>,
+    pub body: Vec<u8>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyStatus {
+    /// Claimed; the work may be under way.
+    Processing,
+    /// Finished; the saved response is final.
+    Completed,
+}
+
+/// A key as stored.
+#[derive(Clone, Debug)]
+pub struct StoredKey {
+    pub key: String,
+    pub status: KeyStatus,
+    pub request_method: String,
+    pub request_path: String,
+    pub fingerprint: Fingerprint,
+    pub charge_id: Option<String>,
+    pub response: Option<SavedResponse>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(sqlx::FromRow)]
+struct KeyRow {
+    key: String,
+    status: String,
+    request_method: String,
+    request_path: String,
+    fingerprint: Vec<u8>,
+    charge_id: Option<String>,
+    response_status: Option<i16>,
+    response_content_type: Option<String>,
+    response_location: Option<String>,
+    response_body: Option<Vec<u8>>,
+    created_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+}
+
+impl TryFrom<KeyRow> for StoredKey {
+    type Error = sqlx::Error;
+
+    fn try_from(row: KeyRow) -> Result<Self, Self::Error> {
+        let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_keys.{what}").into());
+        let status = match row.status.as_str() {
+            "processing" => KeyStatus::Processing,
+            "completed" => KeyStatus::Completed,
+            _ => return Err(corrupt("status")),
+        };
+        let response = match (row.response_status, row.response_content_type, row.response_body) {
+            (Some(status), Some(content_type), Some(body)) => Some(SavedResponse {
+                status: u16::try_from(status).map_err(|_| corrupt("response_status"))?,
+                content_type,
+                location: row.response_location,
+                body,
+            }),
+            _ => None,
+        };
+        Ok(StoredKey {
+            key: row.key,
+            status,
+            request_method: row.request_method,
+            request_path: row.request_path,
+            fingerprint: Fingerprint::from_slice(&row.fingerprint).ok_or_else(|| corrupt("fingerprint"))?,
+            charge_id: row.charge_id,
+            response,
+            created_at: row.created_at,
+            expires_at: row.expires_at,
+        })
+    }
+}
+
+const COLUMNS: &str = "key, status, request_method, request_path, fingerprint, charge_id,
+    response_status, response_content_type, response_location, response_body, created_at, expires_at";
+
+/// What a request asks to claim.
+#[derive(Debug)]
+pub struct Claim<'a> {
+    pub merchant_id: Uuid,
+    pub key: &'a IdempotencyKey,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub fingerprint: Fingerprint,
+    /// The id of the business record written in the same transaction.
+    pub charge_id: &'a str,
+    pub ttl: Duration,
+}
+
+#[derive(Debug)]
+pub enum ClaimOutcome {
+    /// This request holds the key now.
+    Claimed,
+    /// Someone else holds, or held, the key; here is its row.
+    Taken(Box<StoredKey>),
+}
+
+/// Claims a key in one statement: insert it, or take over a row that has
+/// expired (an expired key counts as never seen). When neither happens, the
+/// conflicting row is locked by the statement and read in the same
+/// transaction, so the answer is built from a committed, current row.
+pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<ClaimOutcome> {
+    let claimed = sqlx::query(
+        "INSERT INTO idempotency_keys
+             (merchant_id, key, status, request_method, request_path, fingerprint, charge_id,
+              created_at, locked_at, expires_at)
+         VALUES ($1, $2, 'processing', $3, $4, $5, $6,
+                 now(), now(), now() + $7::float8 * interval '1 millisecond')
+         ON CONFLICT (merchant_id, key) DO UPDATE SET
+             status = 'processing',
+             request_method = EXCLUDED.request_method,
+             request_path = EXCLUDED.request_path,
+             fingerprint = EXCLUDED.fingerprint,
+             charge_id = EXCLUDED.charge_id,
+             response_status = NULL,
+             response_content_type = NULL,
+             response_location = NULL,
+             response_body = NULL,
+             created_at = EXCLUDED.created_at,
+             locked_at = EXCLUDED.locked_at,
+             expires_at = EXCLUDED.expires_at,
+             completed_at = NULL
+         WHERE idempotency_keys.expires_at <= now()",
+    )
+    .bind(claim.merchant_id)
+    .bind(claim.key.as_str())
+    .bind(claim.method)
+    .bind(claim.path)
+    .bind(&claim.fingerprint.0[..])
+    .bind(claim.charge_id)
+    .bind(claim.ttl.as_millis() as f64)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if claimed == 1 {
+        return Ok(ClaimOutcome::Claimed);
+    }
+    let row: KeyRow = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM idempotency_keys WHERE merchant_id = $1 AND key = $2"
+    ))
+    .bind(claim.merchant_id)
+    .bind(claim.key.as_str())
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(ClaimOutcome::Taken(Box::new(row.try_into()?)))
+}
+
+/// Marks the key that guards `charge_id` completed with its saved response.
+/// Returns how many keys changed: 0 when the charge had no key, or when its
+/// key is no longer `processing` (someone else completed it first).
+pub async fn complete_for_charge(
+    tx: &mut PgConnection,
+    charge_id: &str,
+    response: &SavedResponse,
+) -> sqlx::Result<u64> {
+    let done = sqlx::query(
+        "UPDATE idempotency_keys
+            SET status = 'completed', response_status = $2, response_content_type = $3,
+                response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL
+          WHERE charge_id = $1 AND status = 'processing'",
+    )
+    .bind(charge_id)
+    .bind(response.status as i16)
+    .bind(&response.content_type)
+    .bind(&response.location)
+    .bind(&response.body)
+    .execute(tx)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Gives a key back when the work could not start: the claim is deleted, so a
+/// retry runs anew. Only the holder's own claim, still processing, is deleted.
+pub async fn release(tx: &mut PgConnection, charge_id: &str) -> sqlx::Result<u64> {
+    let released = sqlx::query(
+        "DELETE FROM idempotency_keys WHERE charge_id = $1 AND status = 'processing'",
+    )
+    .bind(charge_id)
+    .execute(tx)
+    .await?;
+    Ok(released.rows_affected())
+}
+
+/// A merchant's key, unless it is unknown or expired.
+pub async fn find(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    key: &IdempotencyKey,
+) -> sqlx::Result<Option<StoredKey>> {
+    let row: Option<KeyRow> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM idempotency_keys
+          WHERE merchant_id = $1 AND key = $2 AND expires_at > now()"
+    ))
+    .bind(merchant_id)
+    .bind(key.as_str())
+    .fetch_optional(db)
+    .await?;
+    row.map(StoredKey::try_from).transpose()
+}
+
+/// Leases up to `limit` keys stuck in `processing` for longer than `timeout`,
+/// returning their charge ids. Taking the lease moves `locked_at` to now, so
+/// another sweeper skips these rows (`SKIP LOCKED` while the statement runs,
+/// the fresh `locked_at` afterwards) for another `timeout`.
+pub async fn lease_stale(
+    db: impl PgExecutor<'_>,
+    timeout: Duration,
+    limit: i64,
+) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar(
+        "UPDATE idempotency_keys k SET locked_at = now()
+           FROM (SELECT merchant_id, key FROM idempotency_keys
+                  WHERE status = 'processing'
+                    AND locked_at < now() - $1::float8 * interval '1 millisecond'
+                  ORDER BY locked_at
+                  LIMIT $2
+                  FOR UPDATE SKIP LOCKED) stale
+          WHERE k.merchant_id = stale.merchant_id AND k.key = stale.key
+          RETURNING k.charge_id",
+    )
+    .bind(timeout.as_millis() as f64)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+    .map(|ids: Vec<Option<String>>| ids.into_iter().flatten().collect())
+}
+
+/// Deletes up to `limit` completed keys past their expiry; returns how many.
+/// Small batches keep each statement's locks short however large the backlog.
+pub async fn delete_expired(db: impl PgExecutor<'_>, limit: i64) -> sqlx::Result<u64> {
+    let deleted = sqlx::query(
+        "DELETE FROM idempotency_keys k
+          USING (SELECT merchant_id, key FROM idempotency_keys
+                  WHERE expires_at <= now() AND status = 'completed'
+                  LIMIT $1
+                  FOR UPDATE SKIP LOCKED) expired
+          WHERE k.merchant_id = expired.merchant_id AND k.key = expired.key",
+    )
+    .bind(limit)
+    .execute(db)
+    .await?;
+    Ok(deleted.rows_affected())
+}

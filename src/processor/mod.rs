@@ -1,0 +1,66 @@
+//! The card processor, behind a trait so a real gateway could replace the
+//! simulated one.
+//!
+//! Like a real gateway, a processor is idempotent on the *processor key* that
+//! the service derives from its own charge id (never the client's key): a
+//! repeated authorization with the same key returns the first outcome and
+//! moves no more money.
+
+mod simulated;
+mod tokens;
+
+use async_trait::async_trait;
+
+pub use simulated::SimulatedProcessor;
+pub use tokens::TestToken;
+
+/// The processor key for authorizing a charge.
+pub fn authorization_key(charge_id: &str) -> String {
+    format!("auth:{charge_id}")
+}
+
+/// A request to move money.
+#[derive(Clone, Debug)]
+pub struct Authorization<'a> {
+    pub processor_key: &'a str,
+    pub amount: i64,
+    pub currency: &'a str,
+    pub source: TestToken,
+}
+
+/// What the processor recorded for a processor key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The payment went through: money moved.
+    Succeeded,
+    /// The card was declined: no money moved.
+    Declined { code: String, message: String },
+    /// A void was recorded before any authorization: no money moved, and none
+    /// ever can under this key.
+    Voided,
+}
+
+/// A call that did not return an outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessorError {
+    /// The processor could not have recorded anything: safe to forget the attempt.
+    #[error("the processor is unavailable; nothing was recorded")]
+    Unavailable,
+    /// The call failed in a way that leaves the outcome unknown: money may
+    /// have moved, so the attempt must be resolved later, never forgotten.
+    #[error("the processor's outcome is unknown")]
+    OutcomeUnknown(#[source] anyhow::Error),
+}
+
+/// A card processor.
+#[async_trait]
+pub trait Processor: Send + Sync + 'static {
+    /// Authorizes a payment, idempotently on `processor_key`.
+    async fn authorize(&self, request: Authorization<'_>) -> Result<Outcome, ProcessorError>;
+
+    /// Settles an attempt whose answer was lost: records a void for
+    /// `processor_key` unless something is recorded already, and returns what
+    /// stands. After this returns, no later authorization can move money
+    /// under that key: it will find the void.
+    async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError>;
+}

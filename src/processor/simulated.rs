@@ -1,0 +1,105 @@
+//! A simulated card network with its own ledger table, `processor_operations`.
+//!
+//! It shares the database with the service only for convenience: it writes
+//! in its own transactions, never in the service's, exactly as a remote
+//! gateway would. One row per processor key makes it idempotent, and makes a
+//! void recorded first a fence against any later authorization.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::PgPool;
+
+use super::{Authorization, Outcome, Processor, ProcessorError};
+
+/// The simulated processor.
+#[derive(Clone, Debug)]
+pub struct SimulatedProcessor {
+    pool: PgPool,
+    latency: Duration,
+}
+
+impl SimulatedProcessor {
+    /// `latency` delays every authorization before it is recorded, so that
+    /// races and in-flight duplicates can be shown.
+    pub fn new(pool: PgPool, latency: Duration) -> Self {
+        SimulatedProcessor { pool, latency }
+    }
+
+    async fn recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
+        let row: (String, Option<String>) = sqlx::query_as(
+            "SELECT outcome, decline_code FROM processor_operations WHERE processor_key = $1",
+        )
+        .bind(processor_key)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(unknown)?;
+        Ok(outcome(row))
+    }
+}
+
+#[async_trait]
+impl Processor for SimulatedProcessor {
+    async fn authorize(&self, request: Authorization<'_>) -> Result<Outcome, ProcessorError> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+        let (result, decline_code) = match request.source.decline() {
+            None => ("succeeded", None),
+            Some((code, _)) => ("declined", Some(code)),
+        };
+        // First writer wins: a repeat, or an authorization arriving after a
+        // void, inserts nothing and reads what was recorded first.
+        let inserted: Option<(String, Option<String>)> = sqlx::query_as(
+            "INSERT INTO processor_operations
+                 (processor_key, kind, outcome, amount, currency, source, decline_code)
+             VALUES ($1, 'authorization', $2, $3, $4, $5, $6)
+             ON CONFLICT (processor_key) DO NOTHING
+             RETURNING outcome, decline_code",
+        )
+        .bind(request.processor_key)
+        .bind(result)
+        .bind(request.amount)
+        .bind(request.currency)
+        .bind(request.source.as_str())
+        .bind(decline_code)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unknown)?;
+        match inserted {
+            Some(row) => Ok(outcome(row)),
+            None => self.recorded(request.processor_key).await,
+        }
+    }
+
+    async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
+        sqlx::query(
+            "INSERT INTO processor_operations (processor_key, kind, outcome)
+             VALUES ($1, 'void', 'voided')
+             ON CONFLICT (processor_key) DO NOTHING",
+        )
+        .bind(processor_key)
+        .execute(&self.pool)
+        .await
+        .map_err(unknown)?;
+        self.recorded(processor_key).await
+    }
+}
+
+fn outcome((outcome, decline_code): (String, Option<String>)) -> Outcome {
+    match (outcome.as_str(), decline_code) {
+        ("succeeded", _) => Outcome::Succeeded,
+        ("voided", _) => Outcome::Voided,
+        (_, code) => {
+            let code = code.unwrap_or_else(|| "card_declined".into());
+            let message = super::TestToken::decline_message(&code).to_owned();
+            Outcome::Declined { code, message }
+        }
+    }
+}
+
+/// A database error in the middle of a call: the write may or may not have
+/// committed, so the outcome is unknown.
+fn unknown(error: sqlx::Error) -> ProcessorError {
+    ProcessorError::OutcomeUnknown(anyhow::Error::new(error).context("simulated processor ledger"))
+}

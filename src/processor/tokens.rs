@@ -1,0 +1,66 @@
+//! The test card tokens, with Stripe's names.
+
+/// A test card token accepted as a charge `source`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestToken {
+    Visa,
+    Mastercard,
+    Amex,
+    Declined,
+    DeclinedInsufficientFunds,
+    DeclinedExpiredCard,
+}
+
+const ALL: [(TestToken, &str); 6] = [
+    (TestToken::Visa, "tok_visa"),
+    (TestToken::Mastercard, "tok_mastercard"),
+    (TestToken::Amex, "tok_amex"),
+    (TestToken::Declined, "tok_chargeDeclined"),
+    (TestToken::DeclinedInsufficientFunds, "tok_chargeDeclinedInsufficientFunds"),
+    (TestToken::DeclinedExpiredCard, "tok_chargeDeclinedExpiredCard"),
+];
+
+impl TestToken {
+    /// Accepts a token by its exact name.
+    pub fn parse(name: &str) -> Option<Self> {
+        ALL.iter().find(|(_, n)| *n == name).map(|(t, _)| *t)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        ALL.iter().find(|(t, _)| *t == self).map(|(_, n)| *n).expect("every token is listed")
+    }
+
+    /// The decline this card always gets, as (code, message); `None` for cards that pay.
+    pub fn decline(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            TestToken::Visa | TestToken::Mastercard | TestToken::Amex => None,
+            TestToken::Declined => Some(("card_declined", "Your card was declined.")),
+            TestToken::DeclinedInsufficientFunds => {
+                Some(("insufficient_funds", "Your card has insufficient funds."))
+            }
+            TestToken::DeclinedExpiredCard => Some(("expired_card", "Your card has expired.")),
+        }
+    }
+
+    /// The message shown for a decline code.
+    pub fn decline_message(code: &str) -> &'static str {
+        ALL.iter()
+            .filter_map(|(t, _)| t.decline())
+            .find(|(c, _)| *c == code)
+            .map_or("Your card was declined.", |(_, m)| m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_token_round_trips_by_name() {
+        for (token, name) in ALL {
+            assert_eq!(TestToken::parse(name), Some(token));
+            assert_eq!(token.as_str(), name);
+        }
+        assert_eq!(TestToken::parse("tok_VISA"), None);
+    }
+}

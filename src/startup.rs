@@ -1,0 +1,110 @@
+//! Building and running the server: bind, make the demo merchant, start the
+//! sweeper, serve until a shutdown signal.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::http::{self, AppState};
+use crate::merchants::{self, ApiKey};
+use crate::processor::{Processor, SimulatedProcessor};
+use crate::sweeper::Sweeper;
+
+/// A bound, ready server.
+pub struct Application {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl Application {
+    /// Binds `BIND_ADDR:PORT` (port 0 picks a free one) and prepares the
+    /// state. Migrations and the demo merchant are the caller's choice (see
+    /// [`Application::prepare_database`]).
+    pub async fn build(config: Config, pool: PgPool) -> anyhow::Result<Self> {
+        let processor: Arc<dyn Processor> =
+            Arc::new(SimulatedProcessor::new(pool.clone(), config.processor_latency));
+        let listener = TcpListener::bind((config.bind_addr, config.port))
+            .await
+            .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;
+        let state = AppState {
+            pool,
+            config: Arc::new(config),
+            processor,
+        };
+        Ok(Application { listener, state })
+    }
+
+    /// Applies migrations and makes sure the demo merchant exists.
+    pub async fn prepare_database(&self) -> anyhow::Result<()> {
+        crate::db::migrate(&self.state.pool).await?;
+        if let Some(key) = &self.state.config.demo_api_key {
+            let key = ApiKey::parse(key).context("DEMO_API_KEY")?;
+            let merchant = merchants::ensure(&self.state.pool, "demo", &key).await?;
+            tracing::info!(merchant = %merchant.id, name = %merchant.name, "demo merchant ready");
+        }
+        Ok(())
+    }
+
+    /// The port actually bound.
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or_default()
+    }
+
+    /// Serves, with the sweeper beside it, until `shutdown` resolves; then
+    /// stops the sweeper and lets requests in flight finish.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let config = self.state.config.clone();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let sweeper = Sweeper::new(
+            self.state.pool.clone(),
+            self.state.processor.clone(),
+            config.processing_timeout,
+        );
+        let mut sweeper_stop = stop_rx.clone();
+        let sweeper = tokio::spawn(sweeper.run(config.sweep_interval, async move {
+            let _ = sweeper_stop.wait_for(|stop| *stop).await;
+        }));
+        tracing::info!(addr = %self.listener.local_addr()?, "oncepay listening");
+        let pool = self.state.pool.clone();
+        axum::serve(self.listener, http::router(self.state))
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                let _ = stop_tx.send(true);
+            })
+            .await
+            .context("serving")?;
+        let _ = sweeper.await;
+        pool.close().await;
+        Ok(())
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+    tracing::info!("shutting down");
+}
