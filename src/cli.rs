@@ -14,7 +14,11 @@ use crate::sweeper::Sweeper;
 use crate::{db, merchants};
 
 #[derive(Debug, Parser)]
-#[command(name = "oncepay", version, about = "A payments API that charges a card exactly once")]
+#[command(
+    name = "oncepay",
+    version,
+    about = "A payments API that charges a card exactly once"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -66,15 +70,18 @@ impl Cli {
             Command::Merchants {
                 command: MerchantsCommand::Create { name },
             } => {
-                let (merchant, key) = merchants::create(&pool, &name)
-                    .await
-                    .context("creating the merchant (have the migrations run? try `oncepay migrate`)")?;
+                let (merchant, key) = merchants::create(&pool, &name).await.context(
+                    "creating the merchant (have the migrations run? try `oncepay migrate`)",
+                )?;
                 tracing::info!(merchant = %merchant.id, name = %merchant.name, "merchant created");
                 println!("{}", key.expose());
                 Ok(())
             }
             Command::Sweep { once } => {
-                let processor = Arc::new(SimulatedProcessor::new(pool.clone(), config.processor_latency));
+                let processor = Arc::new(SimulatedProcessor::new(
+                    pool.clone(),
+                    config.processor_latency,
+                ));
                 let sweeper = Sweeper::new(pool, processor, config.processing_timeout);
                 if once {
                     let report = sweeper.sweep_once().await?;

@@ -66,7 +66,9 @@ impl Config {
             bind_addr: parse(&get, "BIND_ADDR", IpAddr::from([127, 0, 0, 1]), |v| {
                 IpAddr::from_str(v).map_err(|e| e.to_string())
             })?,
-            port: parse(&get, "PORT", 8080, |v| v.parse().map_err(|e| format!("{e}")))?,
+            port: parse(&get, "PORT", 8080, |v| {
+                v.parse().map_err(|e| format!("{e}"))
+            })?,
             demo_api_key,
             idempotency_key_ttl: parse(
                 &get,
@@ -81,7 +83,12 @@ impl Config {
                 Duration::from_secs(30),
                 positive_duration,
             )?,
-            sweep_interval: parse(&get, "SWEEP_INTERVAL", Duration::from_secs(5), positive_duration)?,
+            sweep_interval: parse(
+                &get,
+                "SWEEP_INTERVAL",
+                Duration::from_secs(5),
+                positive_duration,
+            )?,
             processor_latency: parse(&get, "PROCESSOR_LATENCY_MS", Duration::ZERO, |v| {
                 v.parse::<u64>()
                     .map(Duration::from_millis)
@@ -182,7 +189,11 @@ mod tests {
 
     #[test]
     fn durations_are_written_with_units() {
-        let c = config(&[("PROCESSING_TIMEOUT", "500ms"), ("IDEMPOTENCY_KEY_TTL", "2h")]).unwrap();
+        let c = config(&[
+            ("PROCESSING_TIMEOUT", "500ms"),
+            ("IDEMPOTENCY_KEY_TTL", "2h"),
+        ])
+        .unwrap();
         assert_eq!(c.processing_timeout, Duration::from_millis(500));
         assert_eq!(c.idempotency_key_ttl, Duration::from_secs(7200));
     }
@@ -204,7 +215,9 @@ mod tests {
 
     #[test]
     fn a_bad_demo_key_is_refused_without_echoing_it() {
-        let err = config(&[("DEMO_API_KEY", "sk_live_secret")]).unwrap_err().to_string();
+        let err = config(&[("DEMO_API_KEY", "sk_live_secret")])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("DEMO_API_KEY"));
         assert!(!err.contains("sk_live_secret"));
     }
@@ -215,6 +228,9 @@ mod tests {
             redact_url("postgres://app:hunter2@db:5432/oncepay"),
             "postgres://app:***@db:5432/oncepay"
         );
-        assert_eq!(redact_url("postgres://postgres@db/x"), "postgres://postgres@db/x");
+        assert_eq!(
+            redact_url("postgres://postgres@db/x"),
+            "postgres://postgres@db/x"
+        );
     }
 }

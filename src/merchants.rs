@@ -78,7 +78,11 @@ pub async fn create(db: impl PgExecutor<'_>, name: &str) -> sqlx::Result<(Mercha
 /// Makes sure a merchant with this key exists, named `name` if it is created.
 /// Safe to run any number of times, from any number of processes at once: the
 /// unique key hash decides, and the loser of a race simply reads the winner.
-pub async fn ensure(db: impl PgExecutor<'_> + Copy, name: &str, key: &ApiKey) -> sqlx::Result<Merchant> {
+pub async fn ensure(
+    db: impl PgExecutor<'_> + Copy,
+    name: &str,
+    key: &ApiKey,
+) -> sqlx::Result<Merchant> {
     sqlx::query(
         "INSERT INTO merchants (id, name, api_key_hash) VALUES ($1, $2, $3)
          ON CONFLICT (api_key_hash) DO NOTHING",
@@ -88,9 +92,7 @@ pub async fn ensure(db: impl PgExecutor<'_> + Copy, name: &str, key: &ApiKey) ->
     .bind(key.hash())
     .execute(db)
     .await?;
-    find_by_key(db, key)
-        .await?
-        .ok_or(sqlx::Error::RowNotFound)
+    find_by_key(db, key).await?.ok_or(sqlx::Error::RowNotFound)
 }
 
 /// The merchant owning `key`, if any.

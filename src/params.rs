@@ -76,7 +76,9 @@ impl Params {
             let (name, value) = (name.into_owned(), value.into_owned());
             let (slot, param) = match name.split_once('[') {
                 Some((outer, rest)) => {
-                    let inner = rest.strip_suffix(']').filter(|inner| !inner.contains(['[', ']']));
+                    let inner = rest
+                        .strip_suffix(']')
+                        .filter(|inner| !inner.contains(['[', ']']));
                     let Some(inner) = inner else {
                         return Err(ParamError::new(
                             "parameter_unknown",
@@ -150,10 +152,17 @@ mod tests {
 
     #[test]
     fn repeated_form_parameters_are_refused() {
-        for body in [&b"amount=1&amount=2"[..], b"metadata[a]=1&metadata[a]=2", b"metadata=x&metadata[a]=1"] {
+        for body in [
+            &b"amount=1&amount=2"[..],
+            b"metadata[a]=1&metadata[a]=2",
+            b"metadata=x&metadata[a]=1",
+        ] {
             assert!(matches!(
                 Params::from_form(body),
-                Err(DecodeError::Param(ParamError { code: "parameter_duplicate", .. }))
+                Err(DecodeError::Param(ParamError {
+                    code: "parameter_duplicate",
+                    ..
+                }))
             ));
         }
     }
@@ -162,13 +171,19 @@ mod tests {
     fn nested_brackets_are_unknown_parameters() {
         assert!(matches!(
             Params::from_form(b"metadata[a][b]=1"),
-            Err(DecodeError::Param(ParamError { code: "parameter_unknown", .. }))
+            Err(DecodeError::Param(ParamError {
+                code: "parameter_unknown",
+                ..
+            }))
         ));
     }
 
     #[test]
     fn json_must_be_an_object() {
-        assert!(matches!(Params::from_json(b"[1]"), Err(DecodeError::NotAnObject)));
+        assert!(matches!(
+            Params::from_json(b"[1]"),
+            Err(DecodeError::NotAnObject)
+        ));
         assert!(matches!(Params::from_json(b"{"), Err(DecodeError::Json(_))));
     }
 }

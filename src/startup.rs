@@ -25,8 +25,10 @@ impl Application {
     /// state. Migrations and the demo merchant are the caller's choice (see
     /// [`Application::prepare_database`]).
     pub async fn build(config: Config, pool: PgPool) -> anyhow::Result<Self> {
-        let processor: Arc<dyn Processor> =
-            Arc::new(SimulatedProcessor::new(pool.clone(), config.processor_latency));
+        let processor: Arc<dyn Processor> = Arc::new(SimulatedProcessor::new(
+            pool.clone(),
+            config.processor_latency,
+        ));
         let listener = TcpListener::bind((config.bind_addr, config.port))
             .await
             .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;
@@ -51,7 +53,10 @@ impl Application {
 
     /// The port actually bound.
     pub fn port(&self) -> u16 {
-        self.listener.local_addr().map(|a| a.port()).unwrap_or_default()
+        self.listener
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or_default()
     }
 
     /// Serves, with the sweeper beside it, until `shutdown` resolves; then

@@ -59,7 +59,9 @@ impl Sweeper {
                 Ok(Some(Outcome::Succeeded)) => report.settled_succeeded += 1,
                 Ok(Some(_)) => report.settled_failed += 1,
                 Ok(None) => {}
-                Err(e) => tracing::warn!(charge = %charge_id, error = format!("{e:#}"), "could not settle a stale charge"),
+                Err(e) => {
+                    tracing::warn!(charge = %charge_id, error = format!("{e:#}"), "could not settle a stale charge")
+                }
             }
         }
         for _ in 0..MAX_DELETE_BATCHES {
@@ -97,7 +99,8 @@ impl Sweeper {
     /// logged and the next one tried.
     pub async fn run(self, interval: Duration, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
-        let mut ticker = tokio::time::interval(interval);
+        // The first pass comes one interval after start, like every other.
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

@@ -26,7 +26,10 @@ impl Currency {
     /// Accepts a known ISO 4217 code in any case.
     pub fn parse(code: &str) -> Option<Self> {
         let lower = code.to_ascii_lowercase();
-        CODES.binary_search(&lower.as_str()).ok().map(|_| Currency(lower))
+        CODES
+            .binary_search(&lower.as_str())
+            .ok()
+            .map(|_| Currency(lower))
     }
 
     pub fn as_str(&self) -> &str {

@@ -101,7 +101,9 @@ impl NewCharge {
             ParamError::new(
                 "invalid_currency",
                 "currency",
-                format!("Invalid currency: {currency}. Use a three-letter ISO 4217 code such as usd"),
+                format!(
+                    "Invalid currency: {currency}. Use a three-letter ISO 4217 code such as usd"
+                ),
             )
         })?;
         let source = string(required(&mut params, "source")?, "source")?;
@@ -125,7 +127,11 @@ impl NewCharge {
                 ));
             }
         }
-        let metadata = params.take("metadata").map(metadata).transpose()?.unwrap_or_default();
+        let metadata = params
+            .take("metadata")
+            .map(metadata)
+            .transpose()?
+            .unwrap_or_default();
         params.reject_unknown()?;
         Ok(NewCharge {
             amount,
@@ -173,7 +179,8 @@ fn string(value: Value, name: &str) -> Result<String, ParamError> {
 }
 
 fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {
-    let invalid = |param: String, message: String| ParamError::new("metadata_invalid", param, message);
+    let invalid =
+        |param: String, message: String| ParamError::new("metadata_invalid", param, message);
     let Value::Object(entries) = value else {
         return Err(invalid(
             "metadata".into(),
@@ -203,7 +210,9 @@ fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {
             if value.chars().count() > MAX_METADATA_VALUE_CHARS {
                 return Err(invalid(
                     param,
-                    format!("metadata values must be at most {MAX_METADATA_VALUE_CHARS} characters"),
+                    format!(
+                        "metadata values must be at most {MAX_METADATA_VALUE_CHARS} characters"
+                    ),
                 ));
             }
             Ok((key, value))
@@ -317,8 +326,10 @@ mod tests {
         }))
         .unwrap();
         let form = NewCharge::from_params(
-            Params::from_form(b"amount=2000&currency=usd&source=tok_visa&metadata[a]=1&metadata[b]=2")
-                .unwrap(),
+            Params::from_form(
+                b"amount=2000&currency=usd&source=tok_visa&metadata[a]=1&metadata[b]=2",
+            )
+            .unwrap(),
         )
         .unwrap();
         assert_eq!(json, form);
@@ -327,7 +338,8 @@ mod tests {
 
     #[test]
     fn amounts_must_be_whole_positive_numbers_in_range() {
-        let base = |amount: Value| json!({"amount": amount, "currency": "usd", "source": "tok_visa"});
+        let base =
+            |amount: Value| json!({"amount": amount, "currency": "usd", "source": "tok_visa"});
         assert_eq!(code(base(json!(0))), "amount_too_small");
         assert_eq!(code(base(json!(-5))), "amount_too_small");
         assert_eq!(code(base(json!(100_000_000))), "amount_too_large");
@@ -356,35 +368,66 @@ mod tests {
 
     #[test]
     fn unknown_missing_and_mistyped_parameters_are_named() {
-        let err = parse_json(json!({"amount": 1, "currency": "usd", "source": "tok_visa", "capture": false}))
-            .unwrap_err();
-        assert_eq!((err.code, err.param.as_str()), ("parameter_unknown", "capture"));
+        let err = parse_json(
+            json!({"amount": 1, "currency": "usd", "source": "tok_visa", "capture": false}),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (err.code, err.param.as_str()),
+            ("parameter_unknown", "capture")
+        );
         let err = parse_json(json!({"amount": 1, "source": "tok_visa"})).unwrap_err();
-        assert_eq!((err.code, err.param.as_str()), ("parameter_missing", "currency"));
-        assert_eq!(code(json!({"amount": 1, "currency": 840, "source": "tok_visa"})), "parameter_invalid_type");
-        assert_eq!(code(json!({"amount": 1, "currency": "usx", "source": "tok_visa"})), "invalid_currency");
-        assert_eq!(code(json!({"amount": 1, "currency": "usd", "source": "tok_nope"})), "resource_missing");
+        assert_eq!(
+            (err.code, err.param.as_str()),
+            ("parameter_missing", "currency")
+        );
+        assert_eq!(
+            code(json!({"amount": 1, "currency": 840, "source": "tok_visa"})),
+            "parameter_invalid_type"
+        );
+        assert_eq!(
+            code(json!({"amount": 1, "currency": "usx", "source": "tok_visa"})),
+            "invalid_currency"
+        );
+        assert_eq!(
+            code(json!({"amount": 1, "currency": "usd", "source": "tok_nope"})),
+            "resource_missing"
+        );
     }
 
     #[test]
     fn descriptions_and_metadata_have_limits() {
         let base = |extra: Value| {
             let mut body = json!({"amount": 1, "currency": "usd", "source": "tok_visa"});
-            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
             code(body)
         };
-        assert_eq!(base(json!({"description": "x".repeat(1001)})), "parameter_too_long");
-        let many: serde_json::Map<String, Value> = (0..51).map(|i| (format!("k{i}"), json!("v"))).collect();
+        assert_eq!(
+            base(json!({"description": "x".repeat(1001)})),
+            "parameter_too_long"
+        );
+        let many: serde_json::Map<String, Value> =
+            (0..51).map(|i| (format!("k{i}"), json!("v"))).collect();
         assert_eq!(base(json!({"metadata": many})), "metadata_invalid");
-        assert_eq!(base(json!({"metadata": {"k".repeat(41): "v"}})), "metadata_invalid");
-        assert_eq!(base(json!({"metadata": {"k": "v".repeat(501)}})), "metadata_invalid");
+        assert_eq!(
+            base(json!({"metadata": {"k".repeat(41): "v"}})),
+            "metadata_invalid"
+        );
+        assert_eq!(
+            base(json!({"metadata": {"k": "v".repeat(501)}})),
+            "metadata_invalid"
+        );
         assert_eq!(base(json!({"metadata": {"k": 1}})), "metadata_invalid");
         assert_eq!(base(json!({"metadata": ["k"]})), "metadata_invalid");
-        assert!(parse_json(json!({
-            "amount": 1, "currency": "usd", "source": "tok_visa",
-            "description": "é".repeat(1000), "metadata": {"k".repeat(40): "v".repeat(500)}
-        }))
-        .is_ok());
+        assert!(
+            parse_json(json!({
+                "amount": 1, "currency": "usd", "source": "tok_visa",
+                "description": "é".repeat(1000), "metadata": {"k".repeat(40): "v".repeat(500)}
+            }))
+            .is_ok()
+        );
     }
 
     #[test]
@@ -400,7 +443,11 @@ mod tests {
         ] {
             let mut changed = base.clone();
             changed[field] = value;
-            assert_ne!(parse_json(changed).unwrap().canonical(), canonical, "{field}");
+            assert_ne!(
+                parse_json(changed).unwrap().canonical(),
+                canonical,
+                "{field}"
+            );
         }
     }
 }

@@ -27,7 +27,10 @@ pub enum Settled {
 pub async fn settle(pool: &PgPool, charge_id: &str, outcome: &Outcome) -> sqlx::Result<Settled> {
     let (status, failure) = match outcome {
         Outcome::Succeeded => (ChargeStatus::Succeeded, None),
-        Outcome::Declined { code, message } => (ChargeStatus::Failed, Some((code.as_str(), message.as_str()))),
+        Outcome::Declined { code, message } => (
+            ChargeStatus::Failed,
+            Some((code.as_str(), message.as_str())),
+        ),
         Outcome::Voided => (
             ChargeStatus::Failed,
             Some((
@@ -70,7 +73,8 @@ pub fn response_for(charge: &Charge) -> SavedResponse {
         .failure_message
         .clone()
         .unwrap_or_else(|| "The payment failed.".into());
-    let problem = Problem::new(StatusCode::PAYMENT_REQUIRED, code, detail).with_extra("charge", charge.id.clone());
+    let problem = Problem::new(StatusCode::PAYMENT_REQUIRED, code, detail)
+        .with_extra("charge", charge.id.clone());
     SavedResponse {
         status: problem.status.as_u16(),
         content_type: problem::CONTENT_TYPE.into(),

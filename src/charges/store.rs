@@ -63,7 +63,11 @@ pub async fn delete_pending(tx: &mut PgConnection, id: &str) -> sqlx::Result<u64
 }
 
 /// One charge by id; `merchant_id` scopes it, so another merchant's id is not found.
-pub async fn find(db: impl PgExecutor<'_>, merchant_id: Uuid, id: &str) -> sqlx::Result<Option<Charge>> {
+pub async fn find(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    id: &str,
+) -> sqlx::Result<Option<Charge>> {
     sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM charges WHERE merchant_id = $1 AND id = $2"
     ))

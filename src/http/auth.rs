@@ -18,7 +18,10 @@ pub struct Authenticated(pub Merchant);
 impl FromRequestParts<AppState> for Authenticated {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
             return Err(unauthorized(
                 "authentication_required",
@@ -31,11 +34,17 @@ impl FromRequestParts<AppState> for Authenticated {
             .and_then(key_from_authorization)
             .and_then(|k| ApiKey::parse(&k));
         let Some(key) = key else {
-            return Err(unauthorized("invalid_api_key", "The API key provided is not valid."));
+            return Err(unauthorized(
+                "invalid_api_key",
+                "The API key provided is not valid.",
+            ));
         };
         match merchants::find_by_key(&state.pool, &key).await? {
             Some(merchant) => Ok(Authenticated(merchant)),
-            None => Err(unauthorized("invalid_api_key", "The API key provided is not valid.")),
+            None => Err(unauthorized(
+                "invalid_api_key",
+                "The API key provided is not valid.",
+            )),
         }
     }
 }
@@ -47,7 +56,9 @@ fn key_from_authorization(value: &str) -> Option<String> {
         return Some(credentials.to_owned());
     }
     if scheme.eq_ignore_ascii_case("basic") {
-        let decoded = base64::engine::general_purpose::STANDARD.decode(credentials).ok()?;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(credentials)
+            .ok()?;
         let decoded = String::from_utf8(decoded).ok()?;
         // The key is the user name; the password must be empty.
         let (user, password) = decoded.split_once(':').unwrap_or((&decoded, ""));
@@ -69,11 +80,20 @@ mod tests {
 
     #[test]
     fn bearer_and_basic_with_empty_password_carry_the_key() {
-        assert_eq!(key_from_authorization("Bearer sk_test_abc").as_deref(), Some("sk_test_abc"));
+        assert_eq!(
+            key_from_authorization("Bearer sk_test_abc").as_deref(),
+            Some("sk_test_abc")
+        );
         let basic = base64::engine::general_purpose::STANDARD.encode("sk_test_abc:");
-        assert_eq!(key_from_authorization(&format!("Basic {basic}")).as_deref(), Some("sk_test_abc"));
+        assert_eq!(
+            key_from_authorization(&format!("Basic {basic}")).as_deref(),
+            Some("sk_test_abc")
+        );
         let with_password = base64::engine::general_purpose::STANDARD.encode("sk_test_abc:pw");
-        assert_eq!(key_from_authorization(&format!("Basic {with_password}")), None);
+        assert_eq!(
+            key_from_authorization(&format!("Basic {with_password}")),
+            None
+        );
         assert_eq!(key_from_authorization("Token sk_test_abc"), None);
     }
 }

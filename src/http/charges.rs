@@ -24,7 +24,9 @@ use super::problem::{ApiError, Problem};
 use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{Settled, response_for, settle};
 use crate::charges::{NewCharge, store};
-use crate::idempotency::{Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, SavedResponse, store as keys};
+use crate::idempotency::{
+    Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, SavedResponse, store as keys,
+};
 use crate::processor::{self, Authorization, ProcessorError};
 
 const ROUTE: &str = "/v1/charges";
@@ -46,8 +48,12 @@ async fn create(
 ) -> Result<Response, ApiError> {
     // 1. Everything that can refuse the request, before anything is written.
     let key = IdempotencyKey::from_headers(&headers).map_err(|e| {
-        Problem::new(StatusCode::BAD_REQUEST, "invalid_idempotency_key", e.to_string())
-            .with_param("Idempotency-Key")
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            e.to_string(),
+        )
+        .with_param("Idempotency-Key")
     })?;
     if key.is_none() && state.config.idempotency_key_required {
         return Err(Problem::new(
@@ -108,7 +114,11 @@ async fn create(
     Ok(response)
 }
 
-async fn authorize_and_settle(state: AppState, charge_id: String, charge: NewCharge) -> Result<Response, ApiError> {
+async fn authorize_and_settle(
+    state: AppState,
+    charge_id: String,
+    charge: NewCharge,
+) -> Result<Response, ApiError> {
     let processor_key = processor::authorization_key(&charge_id);
     let authorization = Authorization {
         processor_key: &processor_key,
@@ -165,11 +175,18 @@ async fn stored_response(state: &AppState, charge_id: &str) -> Result<Response, 
     .await?;
     if let Some((status, content_type, location, body)) = saved {
         let status = u16::try_from(status).map_err(|e| ApiError::Internal(e.into()))?;
-        return Ok(send(SavedResponse { status, content_type, location, body }));
+        return Ok(send(SavedResponse {
+            status,
+            content_type,
+            location,
+            body,
+        }));
     }
     let charge = store::find_any(&state.pool, charge_id)
         .await?
-        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("settled charge {charge_id} vanished")))?;
+        .ok_or_else(|| {
+            ApiError::Internal(anyhow::anyhow!("settled charge {charge_id} vanished"))
+        })?;
     Ok(send(response_for(&charge)))
 }
 
@@ -189,7 +206,9 @@ fn send(saved: SavedResponse) -> Response {
 
 fn replay(saved: SavedResponse, waited: bool) -> Response {
     let mut response = send(saved);
-    response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
+    response
+        .headers_mut()
+        .insert(REPLAYED, HeaderValue::from_static("true"));
     if waited {
         response
             .headers_mut()
@@ -232,10 +251,14 @@ fn prefer_wait(headers: &HeaderMap) -> Duration {
         .flat_map(|v| v.split([',', ';']))
         .filter_map(|pref| {
             let (name, value) = pref.trim().split_once('=')?;
-            name.trim().eq_ignore_ascii_case("wait").then(|| value.trim().trim_matches('"').parse::<u64>().ok())?
+            name.trim()
+                .eq_ignore_ascii_case("wait")
+                .then(|| value.trim().trim_matches('"').parse::<u64>().ok())?
         })
         .next()
-        .map_or(Duration::ZERO, |secs| Duration::from_secs(secs.min(MAX_WAIT_SECS)))
+        .map_or(Duration::ZERO, |secs| {
+            Duration::from_secs(secs.min(MAX_WAIT_SECS))
+        })
 }
 
 async fn retrieve(
@@ -250,10 +273,18 @@ async fn retrieve(
 }
 
 fn no_such_charge(id: &str, param: &str) -> ApiError {
-    let status = if param == "id" { StatusCode::NOT_FOUND } else { StatusCode::BAD_REQUEST };
-    Problem::new(status, "resource_missing", format!("No such charge: '{id}'"))
-        .with_param(param)
-        .into()
+    let status = if param == "id" {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::BAD_REQUEST
+    };
+    Problem::new(
+        status,
+        "resource_missing",
+        format!("No such charge: '{id}'"),
+    )
+    .with_param(param)
+    .into()
 }
 
 async fn list(
@@ -266,14 +297,18 @@ async fn list(
     for (name, value) in form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
         match name.as_ref() {
             "limit" => {
-                limit = value.parse().ok().filter(|l| (1..=100).contains(l)).ok_or_else(|| {
-                    Problem::new(
-                        StatusCode::BAD_REQUEST,
-                        "parameter_invalid_integer",
-                        "limit must be a whole number from 1 to 100",
-                    )
-                    .with_param("limit")
-                })?;
+                limit = value
+                    .parse()
+                    .ok()
+                    .filter(|l| (1..=100).contains(l))
+                    .ok_or_else(|| {
+                        Problem::new(
+                            StatusCode::BAD_REQUEST,
+                            "parameter_invalid_integer",
+                            "limit must be a whole number from 1 to 100",
+                        )
+                        .with_param("limit")
+                    })?;
             }
             "starting_after" => starting_after = Some(value.into_owned()),
             other => {

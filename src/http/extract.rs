@@ -19,16 +19,21 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         match Bytes::from_request(req, state).await {
             Ok(bytes) => Ok(RawBody(bytes)),
-            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(Problem::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                "The request body is larger than this server accepts.",
-            )
-            .into()),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(Problem::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    "The request body is larger than this server accepts.",
+                )
+                .into())
+            }
             Err(rejection) => Err(Problem::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_body",
-                format!("The request body could not be read: {}", rejection.body_text()),
+                format!(
+                    "The request body could not be read: {}",
+                    rejection.body_text()
+                ),
             )
             .into()),
         }
@@ -41,7 +46,12 @@ pub fn decode(headers: &HeaderMap, body: &[u8]) -> Result<Params, ApiError> {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let mime = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let mime = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     match mime.as_str() {
         "application/json" => Ok(Params::from_json(body)?),
         "application/x-www-form-urlencoded" => Ok(Params::from_form(body)?),

@@ -25,6 +25,8 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     match tokio::time::timeout(Duration::from_secs(2), ping).await {
         Ok(Ok(_)) => Ok(Json(json!({"status": "ok", "database": "ok"}))),
         Ok(Err(e)) => Err(ApiError::Unavailable(e.into())),
-        Err(_) => Err(ApiError::Unavailable(anyhow::anyhow!("database ping timed out"))),
+        Err(_) => Err(ApiError::Unavailable(anyhow::anyhow!(
+            "database ping timed out"
+        ))),
     }
 }

@@ -23,13 +23,21 @@ async fn retrieve(
     PathParam(raw): PathParam,
 ) -> Result<Json<Value>, ApiError> {
     let key = IdempotencyKey::parse(raw.as_bytes()).map_err(|e| {
-        Problem::new(StatusCode::BAD_REQUEST, "invalid_idempotency_key", e.to_string()).with_param("key")
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            e.to_string(),
+        )
+        .with_param("key")
     })?;
     let Some(stored) = store::find(&state.pool, merchant.id, &key).await? else {
         return Err(Problem::new(
             StatusCode::NOT_FOUND,
             "resource_missing",
-            format!("No such idempotency key: '{}' (unknown or expired)", key.as_str()),
+            format!(
+                "No such idempotency key: '{}' (unknown or expired)",
+                key.as_str()
+            ),
         )
         .with_param("key")
         .into());

@@ -37,7 +37,11 @@ pub fn router(state: AppState) -> Router {
         .merge(idempotency_keys::router())
         .merge(health::router())
         .fallback(|| async {
-            Problem::new(StatusCode::NOT_FOUND, "route_not_found", "There is no such route.")
+            Problem::new(
+                StatusCode::NOT_FOUND,
+                "route_not_found",
+                "There is no such route.",
+            )
         })
         .method_not_allowed_fallback(|| async {
             Problem::new(

@@ -36,6 +36,9 @@ mod tests {
         assert_ne!(base, Fingerprint::of("POST", "/v1/refunds", b"[1]"));
         assert_ne!(base, Fingerprint::of("PUT", "/v1/charges", b"[1]"));
         assert_ne!(base, Fingerprint::of("POST", "/v1/charges", b"[2]"));
-        assert_ne!(Fingerprint::of("a", "bc", b""), Fingerprint::of("ab", "c", b""));
+        assert_ne!(
+            Fingerprint::of("a", "bc", b""),
+            Fingerprint::of("ab", "c", b"")
+        );
     }
 }

@@ -80,7 +80,10 @@ mod tests {
             IdempotencyKey::parse(b"order-42").unwrap(),
             IdempotencyKey::parse(b"\"order-42\"").unwrap()
         );
-        assert_eq!(IdempotencyKey::parse(br#""a\"b""#).unwrap().as_str(), "a\"b");
+        assert_eq!(
+            IdempotencyKey::parse(br#""a\"b""#).unwrap().as_str(),
+            "a\"b"
+        );
     }
 
     #[test]
@@ -95,7 +98,11 @@ mod tests {
             b"\"x\"trailing",
             b"\"bad\\escape\"",
         ] {
-            assert_eq!(IdempotencyKey::parse(bad), Err(KeyError::Invalid), "{bad:?}");
+            assert_eq!(
+                IdempotencyKey::parse(bad),
+                Err(KeyError::Invalid),
+                "{bad:?}"
+            );
         }
         assert!(IdempotencyKey::parse("k".repeat(255).as_bytes()).is_ok());
         assert!(IdempotencyKey::parse("k".repeat(256).as_bytes()).is_err());

@@ -66,7 +66,11 @@ impl TryFrom<KeyRow> for StoredKey {
             "completed" => KeyStatus::Completed,
             _ => return Err(corrupt("status")),
         };
-        let response = match (row.response_status, row.response_content_type, row.response_body) {
+        let response = match (
+            row.response_status,
+            row.response_content_type,
+            row.response_body,
+        ) {
             (Some(status), Some(content_type), Some(body)) => Some(SavedResponse {
                 status: u16::try_from(status).map_err(|_| corrupt("response_status"))?,
                 content_type,
@@ -80,7 +84,8 @@ impl TryFrom<KeyRow> for StoredKey {
             status,
             request_method: row.request_method,
             request_path: row.request_path,
-            fingerprint: Fingerprint::from_slice(&row.fingerprint).ok_or_else(|| corrupt("fingerprint"))?,
+            fingerprint: Fingerprint::from_slice(&row.fingerprint)
+                .ok_or_else(|| corrupt("fingerprint"))?,
             charge_id: row.charge_id,
             response,
             created_at: row.created_at,
@@ -190,12 +195,11 @@ pub async fn complete_for_charge(
 /// Gives a key back when the work could not start: the claim is deleted, so a
 /// retry runs anew. Only the holder's own claim, still processing, is deleted.
 pub async fn release(tx: &mut PgConnection, charge_id: &str) -> sqlx::Result<u64> {
-    let released = sqlx::query(
-        "DELETE FROM idempotency_keys WHERE charge_id = $1 AND status = 'processing'",
-    )
-    .bind(charge_id)
-    .execute(tx)
-    .await?;
+    let released =
+        sqlx::query("DELETE FROM idempotency_keys WHERE charge_id = $1 AND status = 'processing'")
+            .bind(charge_id)
+            .execute(tx)
+            .await?;
     Ok(released.rows_affected())
 }
 

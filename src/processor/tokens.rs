@@ -16,8 +16,14 @@ const ALL: [(TestToken, &str); 6] = [
     (TestToken::Mastercard, "tok_mastercard"),
     (TestToken::Amex, "tok_amex"),
     (TestToken::Declined, "tok_chargeDeclined"),
-    (TestToken::DeclinedInsufficientFunds, "tok_chargeDeclinedInsufficientFunds"),
-    (TestToken::DeclinedExpiredCard, "tok_chargeDeclinedExpiredCard"),
+    (
+        TestToken::DeclinedInsufficientFunds,
+        "tok_chargeDeclinedInsufficientFunds",
+    ),
+    (
+        TestToken::DeclinedExpiredCard,
+        "tok_chargeDeclinedExpiredCard",
+    ),
 ];
 
 impl TestToken {
@@ -27,7 +33,10 @@ impl TestToken {
     }
 
     pub fn as_str(self) -> &'static str {
-        ALL.iter().find(|(t, _)| *t == self).map(|(_, n)| *n).expect("every token is listed")
+        ALL.iter()
+            .find(|(t, _)| *t == self)
+            .map(|(_, n)| *n)
+            .expect("every token is listed")
     }
 
     /// The decline this card always gets, as (code, message); `None` for cards that pay.

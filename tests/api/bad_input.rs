@@ -1,0 +1,391 @@
+//! Bad input: every case gets a 4xx problem with its stable code, never a
+//! 500, and writes nothing (no charge, no key, no processor call).
+
+use serde_json::{Value, json};
+
+use crate::helpers::{Answer, Settings, TestApp, spawn_app, spawn_app_with};
+
+#[track_caller]
+fn assert_nothing_written(counts: (i64, i64, i64), case: &str) {
+    assert_eq!(counts, (0, 0, 0), "{case}: charges, keys, processor rows");
+}
+
+async fn counts(app: &TestApp) -> (i64, i64, i64) {
+    (
+        app.charges().await,
+        app.keys().await,
+        app.count("SELECT count(*) FROM processor_operations").await,
+    )
+}
+
+/// Sends each JSON body with a key and checks the problem it gets.
+async fn check_json(app: &TestApp, cases: Vec<(Value, u16, &str, Option<&str>)>) {
+    for (i, (body, status, code, param)) in cases.into_iter().enumerate() {
+        let answer = Answer::of(app.post_charge(Some(&format!("bad-{i}")), &body).await).await;
+        answer.assert_problem(status, code);
+        if let Some(param) = param {
+            assert_eq!(answer.json()["param"], param, "{body}");
+        }
+        assert_nothing_written(counts(app).await, &body.to_string());
+    }
+}
+
+fn with(field: &str, value: Value) -> Value {
+    let mut body = json!({"amount": 2000, "currency": "usd", "source": "tok_visa"});
+    body[field] = value;
+    body
+}
+
+fn without(field: &str) -> Value {
+    let mut body = json!({"amount": 2000, "currency": "usd", "source": "tok_visa"});
+    body.as_object_mut().unwrap().remove(field);
+    body
+}
+
+#[tokio::test]
+async fn malformed_json_is_400_invalid_json() {
+    let app = spawn_app().await;
+    for body in [
+        "{",
+        "{\"amount\": 2000,}",
+        "[1, 2]",
+        "\"amount\"",
+        "",
+        "null",
+    ] {
+        let answer = Answer::of(app.post_raw(Some("k"), "application/json", body).await).await;
+        answer.assert_problem(400, "invalid_json");
+        assert_nothing_written(counts(&app).await, body);
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_or_missing_content_type_is_415() {
+    let app = spawn_app().await;
+    let body = json!({"amount": 2000, "currency": "usd", "source": "tok_visa"}).to_string();
+    for content_type in [
+        "text/plain",
+        "application/xml",
+        "multipart/form-data; boundary=x",
+    ] {
+        let answer = Answer::of(app.post_raw(Some("k"), content_type, body.clone()).await).await;
+        answer.assert_problem(415, "unsupported_media_type");
+    }
+    let no_type = app
+        .client
+        .post(app.url("/v1/charges"))
+        .bearer_auth(&app.api_key)
+        .header("Idempotency-Key", "k")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    Answer::of(no_type)
+        .await
+        .assert_problem(415, "unsupported_media_type");
+    assert_nothing_written(counts(&app).await, "content types");
+}
+
+#[tokio::test]
+async fn missing_and_unknown_parameters_are_named() {
+    let app = spawn_app().await;
+    check_json(
+        &app,
+        vec![
+            (without("amount"), 400, "parameter_missing", Some("amount")),
+            (
+                without("currency"),
+                400,
+                "parameter_missing",
+                Some("currency"),
+            ),
+            (without("source"), 400, "parameter_missing", Some("source")),
+            (
+                with("amount", Value::Null),
+                400,
+                "parameter_missing",
+                Some("amount"),
+            ),
+            (
+                with("capture", json!(false)),
+                400,
+                "parameter_unknown",
+                Some("capture"),
+            ),
+            (
+                with("customer", json!("cus_1")),
+                400,
+                "parameter_unknown",
+                Some("customer"),
+            ),
+            (json!({}), 400, "parameter_missing", Some("amount")),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn wrong_types_are_refused() {
+    let app = spawn_app().await;
+    check_json(
+        &app,
+        vec![
+            (
+                with("currency", json!(840)),
+                400,
+                "parameter_invalid_type",
+                Some("currency"),
+            ),
+            (
+                with("source", json!({"number": "4242"})),
+                400,
+                "parameter_invalid_type",
+                Some("source"),
+            ),
+            (
+                with("description", json!(42)),
+                400,
+                "parameter_invalid_type",
+                Some("description"),
+            ),
+            (
+                with("metadata", json!("order=1")),
+                400,
+                "metadata_invalid",
+                Some("metadata"),
+            ),
+            (
+                with("metadata", json!({"n": 1})),
+                400,
+                "metadata_invalid",
+                Some("metadata[n]"),
+            ),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn bad_amounts_are_refused() {
+    let app = spawn_app().await;
+    check_json(
+        &app,
+        vec![
+            (
+                with("amount", json!(0)),
+                400,
+                "amount_too_small",
+                Some("amount"),
+            ),
+            (
+                with("amount", json!(-2000)),
+                400,
+                "amount_too_small",
+                Some("amount"),
+            ),
+            (
+                with("amount", json!(20.5)),
+                400,
+                "parameter_invalid_integer",
+                Some("amount"),
+            ),
+            (
+                with("amount", json!(1e3)),
+                400,
+                "parameter_invalid_integer",
+                Some("amount"),
+            ),
+            (
+                with("amount", json!("2000")),
+                400,
+                "parameter_invalid_integer",
+                Some("amount"),
+            ),
+            (
+                with("amount", json!(100_000_000)),
+                400,
+                "amount_too_large",
+                Some("amount"),
+            ),
+            (
+                with("amount", json!(u64::MAX)),
+                400,
+                "amount_too_large",
+                Some("amount"),
+            ),
+            (
+                with("amount", json!(1e300)),
+                400,
+                "parameter_invalid_integer",
+                Some("amount"),
+            ),
+        ],
+    )
+    .await;
+    // In a form, the amount must be digits.
+    for (form, code) in [
+        (
+            "amount=20.50&currency=usd&source=tok_visa",
+            "parameter_invalid_integer",
+        ),
+        (
+            "amount=twenty&currency=usd&source=tok_visa",
+            "parameter_invalid_integer",
+        ),
+        ("amount=-1&currency=usd&source=tok_visa", "amount_too_small"),
+        (
+            "amount=100000000&currency=usd&source=tok_visa",
+            "amount_too_large",
+        ),
+        (
+            "amount=1&amount=2&currency=usd&source=tok_visa",
+            "parameter_duplicate",
+        ),
+    ] {
+        let answer = Answer::of(
+            app.post_raw(Some("f"), "application/x-www-form-urlencoded", form)
+                .await,
+        )
+        .await;
+        answer.assert_problem(400, code);
+    }
+    assert_nothing_written(counts(&app).await, "form amounts");
+}
+
+#[tokio::test]
+async fn unknown_currencies_and_sources_are_refused() {
+    let app = spawn_app().await;
+    check_json(
+        &app,
+        vec![
+            (
+                with("currency", json!("usx")),
+                400,
+                "invalid_currency",
+                Some("currency"),
+            ),
+            (
+                with("currency", json!("dollars")),
+                400,
+                "invalid_currency",
+                Some("currency"),
+            ),
+            (
+                with("currency", json!("")),
+                400,
+                "invalid_currency",
+                Some("currency"),
+            ),
+            (
+                with("source", json!("tok_unknown")),
+                400,
+                "resource_missing",
+                Some("source"),
+            ),
+            (
+                with("source", json!("4242424242424242")),
+                400,
+                "resource_missing",
+                Some("source"),
+            ),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn oversized_strings_and_metadata_are_refused() {
+    let app = spawn_app().await;
+    let many: serde_json::Map<String, Value> =
+        (0..51).map(|i| (format!("k{i}"), json!("v"))).collect();
+    check_json(
+        &app,
+        vec![
+            (
+                with("description", json!("d".repeat(1001))),
+                400,
+                "parameter_too_long",
+                Some("description"),
+            ),
+            (
+                with("metadata", Value::Object(many)),
+                400,
+                "metadata_invalid",
+                Some("metadata"),
+            ),
+            (
+                with("metadata", json!({"k".repeat(41): "v"})),
+                400,
+                "metadata_invalid",
+                None,
+            ),
+            (
+                with("metadata", json!({"": "v"})),
+                400,
+                "metadata_invalid",
+                Some("metadata[]"),
+            ),
+            (
+                with("metadata", json!({"k": "v".repeat(501)})),
+                400,
+                "metadata_invalid",
+                Some("metadata[k]"),
+            ),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_over_long_body_is_413() {
+    let app = spawn_app_with(Settings::new().set("MAX_BODY_BYTES", 1024)).await;
+    let body = with("description", json!("d".repeat(2000))).to_string();
+    let answer = Answer::of(app.post_raw(Some("k"), "application/json", body).await).await;
+    answer.assert_problem(413, "payload_too_large");
+    assert_nothing_written(counts(&app).await, "413");
+}
+
+#[tokio::test]
+async fn bad_idempotency_keys_are_400() {
+    let app = spawn_app().await;
+    let body = json!({"amount": 2000, "currency": "usd", "source": "tok_visa"});
+    let long = "k".repeat(256);
+    let bad: Vec<&[u8]> = vec![
+        b"",
+        b"has space",
+        long.as_bytes(),
+        b"caf\xc3\xa9",
+        b"\"open",
+        b"\"\"",
+    ];
+    for key in bad {
+        let response = app
+            .client
+            .post(app.url("/v1/charges"))
+            .bearer_auth(&app.api_key)
+            .header(
+                "Idempotency-Key",
+                reqwest::header::HeaderValue::from_bytes(key).unwrap(),
+            )
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let answer = Answer::of(response).await;
+        answer.assert_problem(400, "invalid_idempotency_key");
+    }
+    let twice = app
+        .client
+        .post(app.url("/v1/charges"))
+        .bearer_auth(&app.api_key)
+        .header("Idempotency-Key", "a")
+        .header("Idempotency-Key", "b")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    Answer::of(twice)
+        .await
+        .assert_problem(400, "invalid_idempotency_key");
+    assert_nothing_written(counts(&app).await, "bad keys");
+}

@@ -1,0 +1,81 @@
+//! The `oncepay` binary's commands, run as a user would.
+
+use std::process::Command;
+
+use oncepay::merchants::{self, ApiKey};
+
+use crate::helpers::TestDb;
+
+fn oncepay(db: &TestDb, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_oncepay"))
+        .args(args)
+        .env_clear()
+        .env("DATABASE_URL", &db.url)
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run oncepay")
+}
+
+#[tokio::test]
+async fn merchants_create_prints_only_the_new_key_and_the_key_works() {
+    let db = TestDb::create().await;
+    let out = oncepay(&db, &["migrate"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = oncepay(&db, &["merchants", "create", "--name", "Ada's Tea"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let key = stdout.trim_end();
+    assert_eq!(stdout.lines().count(), 1);
+    assert!(key.starts_with("sk_test_") && key.len() >= 40, "{key}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains(key),
+        "the key never reaches the log"
+    );
+
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let key = ApiKey::parse(key).expect("a well-formed key");
+    let merchant = merchants::find_by_key(&pool, &key)
+        .await
+        .unwrap()
+        .expect("the key finds its merchant");
+    assert_eq!(merchant.name, "Ada's Tea");
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn sweep_once_runs_one_pass_and_reports_it() {
+    let db = TestDb::create().await;
+    let out = oncepay(&db, &["sweep", "--once"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        "settled_succeeded=0 settled_failed=0 keys_deleted=0"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_setting_stops_the_binary_with_the_variable_named() {
+    let db = TestDb::create().await;
+    let out = Command::new(env!("CARGO_BIN_EXE_oncepay"))
+        .arg("migrate")
+        .env_clear()
+        .env("DATABASE_URL", &db.url)
+        .env("PROCESSING_TIMEOUT", "soon")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("PROCESSING_TIMEOUT"));
+}

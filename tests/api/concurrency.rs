@@ -1,0 +1,132 @@
+//! Races on one key over real HTTP: one effect, whatever the interleaving.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use oncepay::merchants::{self, ApiKey};
+
+use crate::helpers::{Answer, Settings, spawn_app_with, visa};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_identical_requests_create_one_charge_and_one_payment() {
+    let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 300)).await;
+    let requests = (0..50)
+        .map(|_| async { Answer::of(app.post_charge(Some("storm"), &visa(2000)).await).await });
+    let answers = join_all(requests).await;
+
+    let originals: Vec<_> = answers
+        .iter()
+        .filter(|a| a.status == 201 && !a.replayed())
+        .collect();
+    assert_eq!(originals.len(), 1, "exactly one request did the work");
+    for answer in &answers {
+        match answer.status {
+            201 => assert_eq!(answer.body, originals[0].body, "a replay of the one charge"),
+            409 => {
+                answer.assert_problem(409, "idempotency_key_in_use");
+                assert!(answer.header("retry-after").is_some());
+            }
+            other => panic!("unexpected status {other}: {:?}", answer.body),
+        }
+    }
+    assert!(
+        answers.iter().any(|a| a.status == 409),
+        "the race really overlapped"
+    );
+    assert_eq!(app.charges().await, 1);
+    assert_eq!(app.payments().await, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM processor_operations").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_requests_with_distinct_keys_create_fifty_charges() {
+    let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 50)).await;
+    let requests = (0..50).map(|i| {
+        let app = &app;
+        async move {
+            app.post_charge(Some(&format!("key-{i}")), &visa(100 + i))
+                .await
+                .status()
+        }
+    });
+    let statuses = join_all(requests).await;
+    assert!(statuses.iter().all(|s| s.as_u16() == 201), "{statuses:?}");
+    assert_eq!(app.charges().await, 50);
+    assert_eq!(app.payments().await, 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_in_flight_gets_409_with_retry_after() {
+    let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 1000)).await;
+    let body = visa(2000);
+    let first = app.post_charge(Some("slow"), &body);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Answer::of(app.post_charge(Some("slow"), &visa(2000)).await).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first.status(), 201);
+    second.assert_problem(409, "idempotency_key_in_use");
+    assert_eq!(second.header("retry-after"), Some("1"));
+    // A changed request in flight is a misuse of the key, not a wait.
+    assert_eq!(app.charges().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_different_request_in_flight_with_the_same_key_is_422() {
+    let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 1000)).await;
+    let body = visa(2000);
+    let first = app.post_charge(Some("slow"), &body);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Answer::of(app.post_charge(Some("slow"), &visa(9999)).await).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first.status(), 201);
+    second.assert_problem(422, "idempotency_key_reused");
+    assert_eq!(app.charges().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefer_wait_replays_the_first_result_instead_of_409() {
+    let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 800)).await;
+    let first = async { Answer::of(app.post_charge(Some("patient"), &visa(2000)).await).await };
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let response = app
+            .client
+            .post(app.url("/v1/charges"))
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", "patient")
+            .header("Prefer", "wait=5")
+            .json(&visa(2000))
+            .send()
+            .await
+            .unwrap();
+        Answer::of(response).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first.status, 201);
+    assert_eq!(second.status, 201);
+    assert!(second.replayed());
+    assert_eq!(second.body, first.body);
+    assert_eq!(app.charges().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensuring_the_demo_merchant_from_many_tasks_at_once_makes_one() {
+    let app = spawn_app_with(Settings::new()).await;
+    let key = ApiKey::generate();
+    let tasks = (0..20).map(|_| merchants::ensure(&app.pool, "demo", &key));
+    let merchants = join_all(tasks).await;
+    let ids: std::collections::HashSet<_> = merchants.into_iter().map(|m| m.unwrap().id).collect();
+    assert_eq!(ids.len(), 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM merchants WHERE name = 'demo'")
+            .await,
+        1
+    );
+}

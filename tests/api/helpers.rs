@@ -1,0 +1,342 @@
+//! Test helpers: a fresh, migrated database per test and the real server on
+//! a free port, with request and database helpers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncepay::config::Config;
+use oncepay::merchants;
+use oncepay::processor::{Processor, SimulatedProcessor};
+use oncepay::startup::Application;
+use oncepay::sweeper::{SweepReport, Sweeper};
+use reqwest::Response;
+use serde_json::Value;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+/// A database of its own, dropped when the test passes and kept (with its
+/// name printed) when it fails, for a look.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    admin_url: String,
+}
+
+impl TestDb {
+    pub async fn create() -> Self {
+        let admin_url = std::env::var("DATABASE_URL")
+            .expect("DATABASE_URL must point at a Postgres server (scripts/test sets it up)");
+        let name = format!("oncepay_test_{}", Uuid::new_v4().simple());
+        let mut admin = PgConnection::connect(&admin_url)
+            .await
+            .expect("connect to DATABASE_URL");
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .await
+            .expect("create the test database");
+        admin.close().await.ok();
+        let url = with_database(&admin_url, &name);
+        let pool = PgPool::connect(&url)
+            .await
+            .expect("connect to the test database");
+        oncepay::db::migrate(&pool)
+            .await
+            .expect("migrate the test database");
+        pool.close().await;
+        TestDb {
+            name,
+            url,
+            admin_url,
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test failed; its database {} is kept for a look", self.name);
+            return;
+        }
+        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
+        // Drop runs inside the test's runtime: use a thread with its own.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
+                    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                    let _ = sqlx::query(&drop).execute(&mut admin).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Replaces the database name of a `postgres://` URL.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[scheme_end..].find('/') {
+        Some(slash) => &base[..scheme_end + slash],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+/// Settings for a test server, on top of the defaults.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub vars: Vec<(&'static str, String)>,
+}
+
+impl Settings {
+    pub fn new() -> Self {
+        Settings { vars: Vec::new() }
+    }
+
+    pub fn set(mut self, name: &'static str, value: impl ToString) -> Self {
+        self.vars.push((name, value.to_string()));
+        self
+    }
+}
+
+/// The real server on a free port, its database, and one merchant.
+pub struct TestApp {
+    pub address: String,
+    pub pool: PgPool,
+    pub client: reqwest::Client,
+    pub api_key: String,
+    pub merchant_id: Uuid,
+    pub config: Config,
+    pub processor: Arc<dyn Processor>,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<()>,
+    // Last, so the server and pool go before the database is dropped.
+    _db: TestDb,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(Settings::new()).await
+}
+
+/// Starts the server with `settings`. Its own sweeper is set to a long
+/// interval so tests decide when a sweep happens (`sweep_once`).
+pub async fn spawn_app_with(settings: Settings) -> TestApp {
+    let db = TestDb::create().await;
+    let mut vars = vec![
+        ("DATABASE_URL", db.url.clone()),
+        ("PORT", "0".to_owned()),
+        ("SWEEP_INTERVAL", "1h".to_owned()),
+        ("DATABASE_MAX_CONNECTIONS", "20".to_owned()),
+    ];
+    vars.extend(settings.vars);
+    let config = Config::from_lookup(|name| {
+        vars.iter()
+            .rev()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    })
+    .expect("a valid test configuration");
+    let pool = PgPoolOptions::new()
+        .max_connections(config.database_max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&db.url)
+        .await
+        .expect("connect to the test database");
+    let (merchant, key) = merchants::create(&pool, "test merchant").await.unwrap();
+    let app = Application::build(config.clone(), pool.clone())
+        .await
+        .expect("build the app");
+    app.prepare_database().await.expect("prepare the database");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let (shutdown, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        app.run_until_stopped(async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("the server runs");
+    });
+    let processor: Arc<dyn Processor> =
+        Arc::new(SimulatedProcessor::new(pool.clone(), Duration::ZERO));
+    TestApp {
+        address,
+        pool,
+        client: reqwest::Client::new(),
+        api_key: key.expose().to_owned(),
+        merchant_id: merchant.id,
+        config,
+        processor,
+        shutdown: Some(shutdown),
+        server,
+        _db: db,
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        self.server.abort();
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.address, path)
+    }
+
+    /// `POST /v1/charges` with a JSON body, as this app's merchant.
+    pub async fn post_charge(&self, key: Option<&str>, body: &Value) -> Response {
+        self.post_charge_as(&self.api_key, key, body).await
+    }
+
+    pub async fn post_charge_as(&self, api_key: &str, key: Option<&str>, body: &Value) -> Response {
+        let mut request = self
+            .client
+            .post(self.url("/v1/charges"))
+            .bearer_auth(api_key)
+            .json(body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        request.send().await.expect("send the request")
+    }
+
+    /// `POST /v1/charges` with a raw body and content type.
+    pub async fn post_raw(
+        &self,
+        key: Option<&str>,
+        content_type: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> Response {
+        let mut request = self
+            .client
+            .post(self.url("/v1/charges"))
+            .bearer_auth(&self.api_key)
+            .header("Content-Type", content_type)
+            .body(body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        request.send().await.expect("send the request")
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(&self.api_key)
+            .send()
+            .await
+            .expect("send the request")
+    }
+
+    /// Another merchant in the same database; returns its key.
+    pub async fn other_merchant(&self) -> String {
+        let (_, key) = merchants::create(&self.pool, "other merchant")
+            .await
+            .unwrap();
+        key.expose().to_owned()
+    }
+
+    pub async fn sweep_once(&self) -> SweepReport {
+        Sweeper::new(
+            self.pool.clone(),
+            self.processor.clone(),
+            self.config.processing_timeout,
+        )
+        .sweep_once()
+        .await
+        .expect("a sweep pass")
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect(sql)
+    }
+
+    pub async fn charges(&self) -> i64 {
+        self.count("SELECT count(*) FROM charges").await
+    }
+
+    /// Money moved: successful authorizations at the processor.
+    pub async fn payments(&self) -> i64 {
+        self.count("SELECT count(*) FROM processor_operations WHERE outcome = 'succeeded'")
+            .await
+    }
+
+    pub async fn keys(&self) -> i64 {
+        self.count("SELECT count(*) FROM idempotency_keys").await
+    }
+}
+
+pub fn visa(amount: i64) -> Value {
+    serde_json::json!({"amount": amount, "currency": "usd", "source": "tok_visa"})
+}
+
+/// Reads a response: status, the named headers, the raw body.
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: bytes::Bytes,
+}
+
+impl Answer {
+    pub async fn of(response: Response) -> Self {
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.bytes().await.expect("read the body");
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+
+    /// Asserts a problem response with this status and code.
+    #[track_caller]
+    pub fn assert_problem(&self, status: u16, code: &str) {
+        assert_eq!(
+            self.status,
+            status,
+            "status of {:?}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json")
+        );
+        let body = self.json();
+        assert_eq!(body["code"], code, "code of {body}");
+        assert_eq!(body["status"], status);
+        assert!(
+            body["type"].is_string() && body["title"].is_string() && body["detail"].is_string()
+        );
+    }
+}

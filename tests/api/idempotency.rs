@@ -1,0 +1,284 @@
+//! Retries, replays, reuse with other parameters, expiry.
+
+use serde_json::json;
+
+use crate::helpers::{Answer, Settings, spawn_app, spawn_app_with, visa};
+
+#[tokio::test]
+async fn a_charge_without_a_key_is_created_once_per_request() {
+    let app = spawn_app().await;
+    let first = Answer::of(app.post_charge(None, &visa(2000)).await).await;
+    let second = Answer::of(app.post_charge(None, &visa(2000)).await).await;
+    assert_eq!((first.status, second.status), (201, 201));
+    assert_ne!(first.json()["id"], second.json()["id"]);
+    assert_eq!(app.charges().await, 2, "no key, no protection: two charges");
+    assert_eq!(app.payments().await, 2);
+}
+
+#[tokio::test]
+async fn a_retry_replays_the_same_body_and_creates_one_charge() {
+    let app = spawn_app().await;
+    let first = Answer::of(app.post_charge(Some("order-1"), &visa(2000)).await).await;
+    let retry = Answer::of(app.post_charge(Some("order-1"), &visa(2000)).await).await;
+
+    assert_eq!(first.status, 201);
+    assert!(!first.replayed());
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(first.body, retry.body, "the replay is byte for byte");
+    assert_eq!(first.header("content-type"), retry.header("content-type"));
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        first.header("location"),
+        Some(format!("/v1/charges/{id}").as_str())
+    );
+    assert_eq!(retry.header("location"), first.header("location"));
+
+    let charge = first.json();
+    assert_eq!(charge["object"], "charge");
+    assert_eq!(charge["status"], "succeeded");
+    assert_eq!(charge["amount"], 2000);
+    assert_eq!(charge["livemode"], false);
+    assert!(id.starts_with("ch_") && id.len() >= 27);
+
+    assert_eq!(app.charges().await, 1);
+    assert_eq!(app.payments().await, 1);
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM idempotency_keys WHERE key = 'order-1'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "completed");
+}
+
+#[tokio::test]
+async fn a_different_amount_with_the_same_key_is_422_and_changes_nothing() {
+    let app = spawn_app().await;
+    let first = Answer::of(app.post_charge(Some("order-1"), &visa(2000)).await).await;
+    assert_eq!(first.status, 201);
+    let (charges, keys) = (app.charges().await, app.keys().await);
+    let saved: Vec<u8> = sqlx::query_scalar("SELECT response_body FROM idempotency_keys")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+
+    let reused = Answer::of(app.post_charge(Some("order-1"), &visa(3000)).await).await;
+    reused.assert_problem(422, "idempotency_key_reused");
+    assert_eq!((app.charges().await, app.keys().await), (charges, keys));
+    assert_eq!(app.payments().await, 1);
+    let saved_after: Vec<u8> = sqlx::query_scalar("SELECT response_body FROM idempotency_keys")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(saved, saved_after, "the saved response is untouched");
+
+    // And the original still replays.
+    let retry = Answer::of(app.post_charge(Some("order-1"), &visa(2000)).await).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+}
+
+#[tokio::test]
+async fn json_and_form_bodies_with_equal_parameters_share_a_fingerprint() {
+    let app = spawn_app().await;
+    let json_body = json!({
+        "metadata": {"order": "42", "customer": "ada"},
+        "source": "tok_visa", "currency": "USD", "amount": 2000, "description": "Tea"
+    });
+    let first = Answer::of(app.post_charge(Some("k"), &json_body).await).await;
+    assert_eq!(first.status, 201);
+    let form = "amount=2000&currency=usd&source=tok_visa&description=Tea&metadata[customer]=ada&metadata%5Border%5D=42";
+    let retry = Answer::of(
+        app.post_raw(Some("k"), "application/x-www-form-urlencoded", form)
+            .await,
+    )
+    .await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed(), "the form request is the same operation");
+    assert_eq!(retry.body, first.body);
+    // White space and key order in JSON do not matter either.
+    let spaced = r#"{ "amount" : 2000 , "currency":"usd","source":"tok_visa",
+        "description":"Tea", "metadata": {"customer":"ada","order":"42"} }"#;
+    let again = Answer::of(
+        app.post_raw(Some("k"), "application/json; charset=utf-8", spaced)
+            .await,
+    )
+    .await;
+    assert!(again.replayed());
+    assert_eq!(app.charges().await, 1);
+}
+
+#[tokio::test]
+async fn two_merchants_with_one_key_string_get_two_charges() {
+    let app = spawn_app().await;
+    let other = app.other_merchant().await;
+    let mine = Answer::of(app.post_charge(Some("shared-key"), &visa(2000)).await).await;
+    let theirs = Answer::of(
+        app.post_charge_as(&other, Some("shared-key"), &visa(2000))
+            .await,
+    )
+    .await;
+    assert_eq!((mine.status, theirs.status), (201, 201));
+    assert!(!theirs.replayed());
+    assert_ne!(mine.json()["id"], theirs.json()["id"]);
+    assert_eq!(app.charges().await, 2);
+    assert_eq!(app.keys().await, 2);
+    assert_eq!(app.payments().await, 2);
+}
+
+#[tokio::test]
+async fn a_decline_is_stored_and_replayed() {
+    let app = spawn_app().await;
+    let body =
+        json!({"amount": 500, "currency": "eur", "source": "tok_chargeDeclinedInsufficientFunds"});
+    let first = Answer::of(app.post_charge(Some("d1"), &body).await).await;
+    first.assert_problem(402, "insufficient_funds");
+    let charge_id = first.json()["charge"].as_str().unwrap().to_owned();
+    let retry = Answer::of(app.post_charge(Some("d1"), &body).await).await;
+    assert_eq!(retry.status, 402);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+
+    let (status, code): (String, String) =
+        sqlx::query_as("SELECT status, failure_code FROM charges WHERE id = $1")
+            .bind(&charge_id)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), code.as_str()),
+        ("failed", "insufficient_funds")
+    );
+    assert_eq!(app.charges().await, 1);
+    assert_eq!(app.payments().await, 0, "a decline moves no money");
+
+    let charge = Answer::of(app.get(&format!("/v1/charges/{charge_id}")).await).await;
+    assert_eq!(charge.json()["failure_code"], "insufficient_funds");
+}
+
+#[tokio::test]
+async fn every_decline_token_fails_with_its_code() {
+    let app = spawn_app().await;
+    for (token, code) in [
+        ("tok_chargeDeclined", "card_declined"),
+        ("tok_chargeDeclinedInsufficientFunds", "insufficient_funds"),
+        ("tok_chargeDeclinedExpiredCard", "expired_card"),
+    ] {
+        let body = json!({"amount": 100, "currency": "usd", "source": token});
+        Answer::of(app.post_charge(None, &body).await)
+            .await
+            .assert_problem(402, code);
+    }
+    for token in ["tok_visa", "tok_mastercard", "tok_amex"] {
+        let body = json!({"amount": 100, "currency": "usd", "source": token});
+        assert_eq!(app.post_charge(None, &body).await.status(), 201);
+    }
+    assert_eq!(app.payments().await, 3);
+    assert_eq!(
+        app.count("SELECT count(*) FROM charges WHERE status = 'failed'")
+            .await,
+        3
+    );
+}
+
+#[tokio::test]
+async fn a_validation_error_leaves_the_key_free() {
+    let app = spawn_app().await;
+    let bad = json!({"amount": 0, "currency": "usd", "source": "tok_visa"});
+    Answer::of(app.post_charge(Some("fix-me"), &bad).await)
+        .await
+        .assert_problem(400, "amount_too_small");
+    assert_eq!(app.keys().await, 0, "nothing saved for a refused request");
+
+    let corrected = Answer::of(app.post_charge(Some("fix-me"), &visa(2000)).await).await;
+    assert_eq!(corrected.status, 201);
+    assert!(!corrected.replayed(), "the corrected request runs normally");
+    assert_eq!(app.charges().await, 1);
+}
+
+#[tokio::test]
+async fn an_expired_key_runs_anew() {
+    let app = spawn_app().await;
+    let first = Answer::of(app.post_charge(Some("old"), &visa(2000)).await).await;
+    sqlx::query("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    // Expired counts as never seen, with other parameters too.
+    let again = Answer::of(app.post_charge(Some("old"), &visa(3000)).await).await;
+    assert_eq!(again.status, 201);
+    assert!(!again.replayed());
+    assert_ne!(again.json()["id"], first.json()["id"]);
+    assert_eq!(app.charges().await, 2);
+    assert_eq!(app.keys().await, 1, "the expired row was taken over");
+    let expires_in: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at - now())::float8 FROM idempotency_keys",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert!(expires_in > 23.0 * 3600.0, "a fresh TTL: {expires_in}");
+}
+
+#[tokio::test]
+async fn the_quoted_form_of_a_key_names_the_same_key() {
+    let app = spawn_app().await;
+    let first = Answer::of(app.post_charge(Some("order-7"), &visa(2000)).await).await;
+    let quoted = Answer::of(app.post_charge(Some("\"order-7\""), &visa(2000)).await).await;
+    assert!(quoted.replayed());
+    assert_eq!(quoted.body, first.body);
+    assert_eq!(app.charges().await, 1);
+}
+
+#[tokio::test]
+async fn a_missing_key_is_refused_when_keys_are_required() {
+    let app = spawn_app_with(Settings::new().set("IDEMPOTENCY_KEY_REQUIRED", "true")).await;
+    Answer::of(app.post_charge(None, &visa(2000)).await)
+        .await
+        .assert_problem(400, "idempotency_key_missing");
+    assert_eq!(app.charges().await, 0);
+    assert_eq!(app.post_charge(Some("k"), &visa(2000)).await.status(), 201);
+}
+
+#[tokio::test]
+async fn the_key_endpoint_shows_the_state_of_a_key() {
+    let app = spawn_app().await;
+    let created = Answer::of(app.post_charge(Some("watch/me"), &visa(2000)).await).await;
+    let key = Answer::of(app.get("/v1/idempotency_keys/watch%2Fme").await).await;
+    assert_eq!(key.status, 200);
+    let key = key.json();
+    assert_eq!(key["key"], "watch/me");
+    assert_eq!(key["status"], "completed");
+    assert_eq!(
+        key["request"],
+        json!({"method": "POST", "path": "/v1/charges"})
+    );
+    assert_eq!(key["response"]["status_code"], 201);
+    assert_eq!(key["charge"], created.json()["id"]);
+    assert_eq!(
+        key["expires_at"].as_i64().unwrap() - key["created_at"].as_i64().unwrap(),
+        86_400
+    );
+
+    Answer::of(app.get("/v1/idempotency_keys/unknown").await)
+        .await
+        .assert_problem(404, "resource_missing");
+    let other = app.other_merchant().await;
+    let theirs = app
+        .client
+        .get(app.url("/v1/idempotency_keys/watch%2Fme"))
+        .bearer_auth(other)
+        .send()
+        .await
+        .unwrap();
+    Answer::of(theirs)
+        .await
+        .assert_problem(404, "resource_missing");
+    sqlx::query("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    Answer::of(app.get("/v1/idempotency_keys/watch%2Fme").await)
+        .await
+        .assert_problem(404, "resource_missing");
+}

@@ -1,0 +1,11 @@
+//! oncepay's integration tests: the real server over HTTP, a fresh migrated
+//! database per test, every assertion checked in the database too.
+
+mod auth;
+mod bad_input;
+mod cli;
+mod concurrency;
+mod helpers;
+mod idempotency;
+mod reads;
+mod sweeper;

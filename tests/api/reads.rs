@@ -1,0 +1,133 @@
+//! Reading charges back, health checks, and problems for unknown routes.
+
+use serde_json::Value;
+
+use crate::helpers::{Answer, spawn_app, visa};
+
+#[tokio::test]
+async fn a_charge_reads_back_as_it_was_created() {
+    let app = spawn_app().await;
+    let created = Answer::of(
+        app.post_charge(
+            None,
+            &serde_json::json!({
+                "amount": 1234, "currency": "GBP", "source": "tok_amex",
+                "description": "Blue mug", "metadata": {"sku": "mug-1"}
+            }),
+        )
+        .await,
+    )
+    .await
+    .json();
+    let id = created["id"].as_str().unwrap();
+    let read = Answer::of(app.get(&format!("/v1/charges/{id}")).await).await;
+    assert_eq!(read.status, 200);
+    assert_eq!(read.json(), created);
+    assert_eq!(created["currency"], "gbp");
+    assert_eq!(created["metadata"]["sku"], "mug-1");
+    for field in ["failure_code", "failure_message"] {
+        assert_eq!(created[field], Value::Null);
+    }
+    assert_eq!(created["amount_refunded"], 0);
+    assert!(created["created"].as_i64().unwrap() > 1_700_000_000);
+    Answer::of(app.get("/v1/charges/ch_doesnotexist").await)
+        .await
+        .assert_problem(404, "resource_missing");
+}
+
+#[tokio::test]
+async fn the_list_is_newest_first_and_pages_with_starting_after() {
+    let app = spawn_app().await;
+    let mut ids = Vec::new();
+    for amount in 1..=5 {
+        let charge = Answer::of(app.post_charge(None, &visa(amount)).await)
+            .await
+            .json();
+        ids.push(charge["id"].as_str().unwrap().to_owned());
+    }
+    ids.reverse();
+    let page = Answer::of(app.get("/v1/charges?limit=2").await)
+        .await
+        .json();
+    assert_eq!(page["object"], "list");
+    assert_eq!(page["has_more"], true);
+    let got: Vec<_> = page["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(got, ids[..2]);
+    let next = Answer::of(
+        app.get(&format!("/v1/charges?limit=2&starting_after={}", ids[1]))
+            .await,
+    )
+    .await
+    .json();
+    let got: Vec<_> = next["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(got, ids[2..4]);
+    let last = Answer::of(
+        app.get(&format!("/v1/charges?starting_after={}", ids[3]))
+            .await,
+    )
+    .await
+    .json();
+    assert_eq!(last["has_more"], false);
+    assert_eq!(last["data"].as_array().unwrap().len(), 1);
+    let all = Answer::of(app.get("/v1/charges").await).await.json();
+    assert_eq!(all["data"].as_array().unwrap().len(), 5);
+}
+
+#[tokio::test]
+async fn bad_list_parameters_are_400_problems() {
+    let app = spawn_app().await;
+    for (query, code) in [
+        ("limit=0", "parameter_invalid_integer"),
+        ("limit=101", "parameter_invalid_integer"),
+        ("limit=ten", "parameter_invalid_integer"),
+        ("starting_after=ch_nope", "resource_missing"),
+        ("ending_before=ch_x", "parameter_unknown"),
+    ] {
+        Answer::of(app.get(&format!("/v1/charges?{query}")).await)
+            .await
+            .assert_problem(400, code);
+    }
+}
+
+#[tokio::test]
+async fn health_and_readiness_answer() {
+    let app = spawn_app().await;
+    assert_eq!(
+        app.client
+            .get(app.url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let ready = app.client.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_get_problems() {
+    let app = spawn_app().await;
+    Answer::of(app.get("/v1/nothing").await)
+        .await
+        .assert_problem(404, "route_not_found");
+    let delete = app
+        .client
+        .delete(app.url("/v1/charges"))
+        .send()
+        .await
+        .unwrap();
+    Answer::of(delete)
+        .await
+        .assert_problem(405, "method_not_allowed");
+}
