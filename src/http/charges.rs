@@ -16,6 +16,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::AppState;
 use super::auth::Authenticated;
@@ -40,6 +41,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/charges/{id}", get(retrieve))
 }
 
+#[tracing::instrument(name = "create_charge", skip_all, fields(merchant = %merchant.id, idempotency_key))]
 async fn create(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
@@ -55,6 +57,9 @@ async fn create(
         )
         .with_param("Idempotency-Key")
     })?;
+    if let Some(key) = &key {
+        tracing::Span::current().record("idempotency_key", key.as_str());
+    }
     if key.is_none() && state.config.idempotency_key_required {
         return Err(Problem::new(
             StatusCode::BAD_REQUEST,
@@ -107,7 +112,10 @@ async fn create(
 
     // 3 and 4 run in their own task: if the client goes away now, the
     // charge is still carried through to a definite outcome.
-    let work = tokio::spawn(authorize_and_settle(state.clone(), charge_id, new_charge));
+    let work = tokio::spawn(
+        authorize_and_settle(state.clone(), charge_id, new_charge)
+            .instrument(tracing::Span::current()),
+    );
     let response = work
         .await
         .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("charge task failed")))??;

@@ -15,7 +15,8 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use sqlx::PgPool;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
+use tracing::Level;
 
 use crate::config::Config;
 use crate::processor::Processor;
@@ -51,7 +52,12 @@ pub fn router(state: AppState) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(TraceLayer::new_for_http())
+        // Spans carry method and path only: headers (Authorization!) are never logged.
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+                .on_response(DefaultOnResponse::new().level(Level::INFO)),
+        )
         .layer(CatchPanicLayer::custom(|_| {
             use axum::response::IntoResponse;
             tracing::error!("a handler panicked");
