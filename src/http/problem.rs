@@ -86,7 +86,7 @@ impl IntoResponse for Problem {
 pub enum ApiError {
     /// A problem the client can act on.
     #[error("{} {}: {}", .0.status, .0.code, .0.detail)]
-    Problem(Problem),
+    Problem(Box<Problem>),
     /// The database cannot be reached: 503, try again.
     #[error("database unavailable")]
     Unavailable(#[source] anyhow::Error),
@@ -97,7 +97,7 @@ pub enum ApiError {
 
 impl From<Problem> for ApiError {
     fn from(problem: Problem) -> Self {
-        ApiError::Problem(problem)
+        ApiError::Problem(Box::new(problem))
     }
 }
 
