@@ -31,6 +31,8 @@ pub struct Config {
     pub sweep_interval: Duration,
     pub processor_latency: Duration,
     pub max_body_bytes: usize,
+    /// Honour the `Oncepay-Fault` request header (tests and workshops only).
+    pub fault_injection: bool,
 }
 
 impl Config {
@@ -97,6 +99,7 @@ impl Config {
             max_body_bytes: parse(&get, "MAX_BODY_BYTES", 64 * 1024, |v| {
                 positive(v.parse::<usize>().map_err(|e| e.to_string())?)
             })?,
+            fault_injection: parse(&get, "FAULT_INJECTION", false, boolean)?,
         };
         Ok(config)
     }

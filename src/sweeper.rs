@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::charges::settle::{Settled, settle};
+use crate::charges::settle::recover;
 use crate::charges::store as charges;
 use crate::idempotency::store as keys;
-use crate::processor::{self, Outcome, Processor};
+use crate::processor::{Outcome, Processor};
 
 /// How many rows one statement handles.
 const BATCH: i64 = 500;
@@ -55,7 +55,7 @@ impl Sweeper {
         let mut stale = keys::lease_stale(&self.pool, self.processing_timeout, BATCH).await?;
         stale.extend(charges::stale_unguarded(&self.pool, self.processing_timeout, BATCH).await?);
         for charge_id in stale {
-            match self.settle_stale(&charge_id).await {
+            match recover(&self.pool, self.processor.as_ref(), &charge_id).await {
                 Ok(Some(Outcome::Succeeded)) => report.settled_succeeded += 1,
                 Ok(Some(_)) => report.settled_failed += 1,
                 Ok(None) => {}
@@ -75,24 +75,6 @@ impl Sweeper {
             tracing::info!(?report, "sweep pass");
         }
         Ok(report)
-    }
-
-    /// Fences the charge's processor key, so no late authorization can move
-    /// money any more, and settles the charge with what the processor holds:
-    /// the payment if one was recorded first, otherwise the void. Returns the
-    /// outcome if this call settled the charge.
-    async fn settle_stale(&self, charge_id: &str) -> anyhow::Result<Option<Outcome>> {
-        let outcome = self
-            .processor
-            .void_unless_recorded(&processor::authorization_key(charge_id))
-            .await?;
-        match settle(&self.pool, charge_id, &outcome).await? {
-            Settled::Now(_) => {
-                tracing::info!(charge = %charge_id, ?outcome, "settled a stale charge");
-                Ok(Some(outcome))
-            }
-            Settled::Already => Ok(None),
-        }
     }
 
     /// Sweeps every `interval` until `shutdown` resolves; a failed pass is

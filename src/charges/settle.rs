@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use super::{Charge, ChargeStatus, store};
 use crate::http::problem::{self, Problem};
 use crate::idempotency::{SavedResponse, store as keys};
-use crate::processor::Outcome;
+use crate::processor::{self, Outcome, Processor};
 
 /// The failure code of a charge whose processor attempt was voided.
 pub const ABANDONED: &str = "processing_abandoned";
@@ -49,6 +49,29 @@ pub async fn settle(pool: &PgPool, charge_id: &str, outcome: &Outcome) -> sqlx::
     tx.commit().await?;
     tracing::info!(charge = %charge.id, status = %charge.status, keys_completed = completed, "charge settled");
     Ok(Settled::Now(response))
+}
+
+/// Settles a charge whose request went quiet (crashed, lost the processor's
+/// answer, or is just slow): first fence its processor key, so no late
+/// authorization can move money any more, then settle the charge with what
+/// the processor holds: the payment if one was recorded first, otherwise the
+/// void. Used by the sweeper and by a retry that finds its key stale.
+/// Returns the outcome if this call settled the charge.
+pub async fn recover(
+    pool: &PgPool,
+    processor: &dyn Processor,
+    charge_id: &str,
+) -> anyhow::Result<Option<Outcome>> {
+    let outcome = processor
+        .void_unless_recorded(&processor::authorization_key(charge_id))
+        .await?;
+    match settle(pool, charge_id, &outcome).await? {
+        Settled::Now(_) => {
+            tracing::info!(charge = %charge_id, ?outcome, "settled a stale charge");
+            Ok(Some(outcome))
+        }
+        Settled::Already => Ok(None),
+    }
 }
 
 /// The response a settled charge gets, and that its key saves for replay:

@@ -53,6 +53,6 @@ async fn retrieve(
         "expires_at": stored.expires_at.timestamp(),
         "request": { "method": stored.request_method, "path": stored.request_path },
         "response": stored.response.map(|r| json!({ "status_code": r.status })),
-        "charge": stored.charge_id,
+        "charge": stored.resource_id,
     })))
 }

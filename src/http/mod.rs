@@ -4,8 +4,10 @@
 pub mod auth;
 pub mod charges;
 pub mod extract;
+pub mod faults;
 pub mod health;
 pub mod idempotency_keys;
+pub mod idempotent;
 pub mod problem;
 
 use std::sync::Arc;
@@ -68,5 +70,10 @@ pub fn router(state: AppState) -> Router {
             )
             .into_response()
         }))
+        // Outermost, outside the panic catcher: see `faults::drop_response`.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            faults::drop_response,
+        ))
         .with_state(state)
 }

@@ -34,7 +34,8 @@ pub struct StoredKey {
     pub request_method: String,
     pub request_path: String,
     pub fingerprint: Fingerprint,
-    pub charge_id: Option<String>,
+    /// The record the key guards (today a charge id).
+    pub resource_id: Option<String>,
     pub response: Option<SavedResponse>,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
@@ -86,7 +87,7 @@ impl TryFrom<KeyRow> for StoredKey {
             request_path: row.request_path,
             fingerprint: Fingerprint::from_slice(&row.fingerprint)
                 .ok_or_else(|| corrupt("fingerprint"))?,
-            charge_id: row.charge_id,
+            resource_id: row.charge_id,
             response,
             created_at: row.created_at,
             expires_at: row.expires_at,
@@ -105,8 +106,9 @@ pub struct Claim<'a> {
     pub method: &'a str,
     pub path: &'a str,
     pub fingerprint: Fingerprint,
-    /// The id of the business record written in the same transaction.
-    pub charge_id: &'a str,
+    /// The id of the business record written in the same transaction
+    /// (today a charge id).
+    pub resource_id: &'a str,
     pub ttl: Duration,
 }
 
@@ -150,7 +152,7 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     .bind(claim.method)
     .bind(claim.path)
     .bind(&claim.fingerprint.0[..])
-    .bind(claim.charge_id)
+    .bind(claim.resource_id)
     .bind(claim.ttl.as_millis() as f64)
     .execute(&mut *tx)
     .await?
@@ -245,6 +247,53 @@ pub async fn lease_stale(
     .fetch_all(db)
     .await
     .map(|ids: Vec<Option<String>>| ids.into_iter().flatten().collect())
+}
+
+/// Leases one key if it has been `processing` for longer than `timeout`,
+/// returning the id of the record it guards; `None` when it is fresh, done,
+/// or someone else just leased it. Used by a retry that finds its key stuck.
+pub async fn lease_one(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    key: &IdempotencyKey,
+    timeout: Duration,
+) -> sqlx::Result<Option<String>> {
+    let leased: Option<Option<String>> = sqlx::query_scalar(
+        "UPDATE idempotency_keys SET locked_at = now()
+          WHERE merchant_id = $1 AND key = $2 AND status = 'processing'
+            AND locked_at < now() - $3::float8 * interval '1 millisecond'
+          RETURNING charge_id",
+    )
+    .bind(merchant_id)
+    .bind(key.as_str())
+    .bind(timeout.as_millis() as f64)
+    .fetch_optional(db)
+    .await?;
+    Ok(leased.flatten())
+}
+
+/// The response saved on the completed key that guards `resource_id`, if any.
+pub async fn saved_for_resource(
+    db: impl PgExecutor<'_>,
+    resource_id: &str,
+) -> sqlx::Result<Option<SavedResponse>> {
+    let row: Option<(i16, String, Option<String>, Vec<u8>)> = sqlx::query_as(
+        "SELECT response_status, response_content_type, response_location, response_body
+           FROM idempotency_keys WHERE charge_id = $1 AND status = 'completed'",
+    )
+    .bind(resource_id)
+    .fetch_optional(db)
+    .await?;
+    row.map(|(status, content_type, location, body)| {
+        Ok(SavedResponse {
+            status: u16::try_from(status)
+                .map_err(|_| sqlx::Error::Decode("idempotency_keys.response_status".into()))?,
+            content_type,
+            location,
+            body,
+        })
+    })
+    .transpose()
 }
 
 /// Deletes up to `limit` completed keys past their expiry; returns how many.

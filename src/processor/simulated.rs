@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::PgPool;
 
-use super::{Authorization, Outcome, Processor, ProcessorError};
+use super::{Authorization, Outcome, Processor, ProcessorError, TestToken};
 
 /// The simulated processor.
 #[derive(Clone, Debug)]
@@ -41,6 +41,9 @@ impl SimulatedProcessor {
 #[async_trait]
 impl Processor for SimulatedProcessor {
     async fn authorize(&self, request: Authorization<'_>) -> Result<Outcome, ProcessorError> {
+        if request.source == TestToken::ProcessorUnavailable {
+            return Err(ProcessorError::Unavailable);
+        }
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
         }
@@ -66,10 +69,17 @@ impl Processor for SimulatedProcessor {
         .fetch_optional(&self.pool)
         .await
         .map_err(unknown)?;
-        match inserted {
-            Some(row) => Ok(outcome(row)),
-            None => self.recorded(request.processor_key).await,
+        let outcome = match inserted {
+            Some(row) => outcome(row),
+            None => self.recorded(request.processor_key).await?,
+        };
+        if request.source == TestToken::ProcessorTimeoutAfterCapture {
+            // The money moved; the answer never arrives.
+            return Err(ProcessorError::OutcomeUnknown(anyhow::anyhow!(
+                "simulated timeout after capture"
+            )));
         }
+        Ok(outcome)
     }
 
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {

@@ -9,9 +9,13 @@ pub enum TestToken {
     Declined,
     DeclinedInsufficientFunds,
     DeclinedExpiredCard,
+    /// The processor records the payment, then the call times out.
+    ProcessorTimeoutAfterCapture,
+    /// The processor records nothing and the call fails at once.
+    ProcessorUnavailable,
 }
 
-const ALL: [(TestToken, &str); 6] = [
+const ALL: [(TestToken, &str); 8] = [
     (TestToken::Visa, "tok_visa"),
     (TestToken::Mastercard, "tok_mastercard"),
     (TestToken::Amex, "tok_amex"),
@@ -24,6 +28,11 @@ const ALL: [(TestToken, &str); 6] = [
         TestToken::DeclinedExpiredCard,
         "tok_chargeDeclinedExpiredCard",
     ),
+    (
+        TestToken::ProcessorTimeoutAfterCapture,
+        "tok_processorTimeoutAfterCapture",
+    ),
+    (TestToken::ProcessorUnavailable, "tok_processorUnavailable"),
 ];
 
 impl TestToken {
@@ -42,7 +51,11 @@ impl TestToken {
     /// The decline this card always gets, as (code, message); `None` for cards that pay.
     pub fn decline(self) -> Option<(&'static str, &'static str)> {
         match self {
-            TestToken::Visa | TestToken::Mastercard | TestToken::Amex => None,
+            TestToken::Visa
+            | TestToken::Mastercard
+            | TestToken::Amex
+            | TestToken::ProcessorTimeoutAfterCapture
+            | TestToken::ProcessorUnavailable => None,
             TestToken::Declined => Some(("card_declined", "Your card was declined.")),
             TestToken::DeclinedInsufficientFunds => {
                 Some(("insufficient_funds", "Your card has insufficient funds."))

@@ -1,0 +1,212 @@
+//! Step 2 of every idempotent `POST`, whatever the resource: claim the key in
+//! a transaction the caller then adds its business write to, or answer from
+//! what the key already holds (replay, `409`, `422`).
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use sqlx::{Postgres, Transaction};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::AppState;
+use super::problem::{ApiError, Problem};
+use crate::idempotency::{
+    Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, SavedResponse, store as keys,
+};
+
+pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// The longest `Prefer: wait=N` honoured, in seconds.
+const MAX_WAIT_SECS: u64 = 10;
+
+/// What a guarded request asks for.
+pub struct Guard<'a> {
+    pub merchant_id: Uuid,
+    pub key: &'a IdempotencyKey,
+    pub route: &'static str,
+    pub fingerprint: Fingerprint,
+    /// The id of the record the caller will write in the same transaction.
+    pub resource_id: &'a str,
+    /// From `Prefer: wait=N`; zero answers `409` at once.
+    pub wait: Duration,
+}
+
+/// The result of trying to claim.
+pub enum Begun {
+    /// The key is ours: write the business record in this transaction and commit.
+    Claimed(Transaction<'static, Postgres>),
+    /// The key was taken: this is the answer.
+    Answered(Response),
+}
+
+/// Claims the key, or answers from it. When the key is held by a request
+/// that has been `processing` for longer than `PROCESSING_TIMEOUT`, this
+/// request leases it (one conditional update, as the sweeper does) and runs
+/// `recover` on the resource id, which must settle it by the same fenced
+/// procedure the sweeper uses; then it answers from the settled key.
+pub async fn claim_or_answer<F, Fut>(
+    state: &AppState,
+    guard: Guard<'_>,
+    recover: F,
+) -> Result<Begun, ApiError>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let deadline = Instant::now() + guard.wait;
+    let mut poll = Duration::from_millis(20);
+    loop {
+        let mut tx = state.pool.begin().await?;
+        let claim = Claim {
+            merchant_id: guard.merchant_id,
+            key: guard.key,
+            method: "POST",
+            path: guard.route,
+            fingerprint: guard.fingerprint,
+            resource_id: guard.resource_id,
+            ttl: state.config.idempotency_key_ttl,
+        };
+        let stored = match keys::claim(&mut tx, claim).await? {
+            ClaimOutcome::Claimed => return Ok(Begun::Claimed(tx)),
+            ClaimOutcome::Taken(stored) => stored,
+        };
+        tx.rollback().await?;
+        if stored.fingerprint != guard.fingerprint || stored.request_path != guard.route {
+            return Err(reused(guard.key));
+        }
+        if let (KeyStatus::Completed, Some(saved)) = (stored.status, stored.response) {
+            tracing::info!(resource = ?stored.resource_id, "replaying a completed key");
+            return Ok(Begun::Answered(replay(saved, !guard.wait.is_zero())));
+        }
+        let stale = keys::lease_one(
+            &state.pool,
+            guard.merchant_id,
+            guard.key,
+            state.config.processing_timeout,
+        )
+        .await?;
+        if let Some(resource_id) = stale {
+            tracing::info!(resource = %resource_id, "a retry found its key stale; settling it");
+            recover(resource_id).await?;
+            continue;
+        }
+        if Instant::now() + poll <= deadline {
+            tokio::time::sleep(poll).await;
+            poll = (poll * 2).min(Duration::from_millis(250));
+            continue;
+        }
+        return Err(in_use(!guard.wait.is_zero()));
+    }
+}
+
+/// The answer for a resource someone else (the sweeper, a retry) settled
+/// while this request was working: what its key saved, if it has a key.
+pub async fn saved_answer(
+    state: &AppState,
+    resource_id: &str,
+) -> Result<Option<Response>, ApiError> {
+    Ok(keys::saved_for_resource(&state.pool, resource_id)
+        .await?
+        .map(send))
+}
+
+/// Sends a saved response exactly as saved.
+pub fn send(saved: SavedResponse) -> Response {
+    let status = StatusCode::from_u16(saved.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, saved.body).into_response();
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&saved.content_type) {
+        headers.insert(header::CONTENT_TYPE, value);
+    }
+    if let Some(value) = saved.location.and_then(|l| HeaderValue::from_str(&l).ok()) {
+        headers.insert(header::LOCATION, value);
+    }
+    response
+}
+
+fn replay(saved: SavedResponse, waited: bool) -> Response {
+    let mut response = send(saved);
+    response
+        .headers_mut()
+        .insert(REPLAYED, HeaderValue::from_static("true"));
+    if waited {
+        response
+            .headers_mut()
+            .insert("preference-applied", HeaderValue::from_static("wait"));
+    }
+    response
+}
+
+fn reused(key: &IdempotencyKey) -> ApiError {
+    Problem::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_key_reused",
+        format!(
+            "Keys are for one operation only: '{}' was used with different parameters. Use a new key for a new operation.",
+            key.as_str()
+        ),
+    )
+    .with_param("Idempotency-Key")
+    .into()
+}
+
+fn in_use(waited: bool) -> ApiError {
+    let detail = if waited {
+        "A request with this Idempotency-Key is still in progress and did not finish within the wait."
+    } else {
+        "A request with this Idempotency-Key is still in progress. Retry later, or send 'Prefer: wait=5'."
+    };
+    Problem::new(StatusCode::CONFLICT, "idempotency_key_in_use", detail)
+        .with_header(header::RETRY_AFTER, "1")
+        .into()
+}
+
+/// Reads the key header: `None` without one, a `400` when malformed, or
+/// missing while `IDEMPOTENCY_KEY_REQUIRED` is on.
+pub fn key_from_headers(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Option<IdempotencyKey>, ApiError> {
+    let key = IdempotencyKey::from_headers(headers).map_err(|e| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            e.to_string(),
+        )
+        .with_param("Idempotency-Key")
+    })?;
+    if key.is_none() && state.config.idempotency_key_required {
+        return Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "idempotency_key_missing",
+            "This server requires an Idempotency-Key header on POST requests.",
+        )
+        .into());
+    }
+    if let Some(key) = &key {
+        tracing::Span::current().record("idempotency_key", key.as_str());
+    }
+    Ok(key)
+}
+
+/// `Prefer: wait=N` (RFC 7240): how long to wait for a request in flight
+/// with the same key, at most ten seconds. Zero when absent or malformed.
+pub fn prefer_wait(headers: &HeaderMap) -> Duration {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split([',', ';']))
+        .filter_map(|pref| {
+            let (name, value) = pref.trim().split_once('=')?;
+            name.trim()
+                .eq_ignore_ascii_case("wait")
+                .then(|| value.trim().trim_matches('"').parse::<u64>().ok())?
+        })
+        .next()
+        .map_or(Duration::ZERO, |secs| {
+            Duration::from_secs(secs.min(MAX_WAIT_SECS))
+        })
+}
