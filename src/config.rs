@@ -17,7 +17,8 @@ pub struct ConfigError {
 }
 
 /// The service's settings. See `.env.example` for what each one does.
-#[derive(Clone, Debug)]
+/// Its `Debug` redacts the database password and the demo key.
+#[derive(Clone)]
 pub struct Config {
     pub database_url: String,
     pub database_max_connections: u32,
@@ -101,6 +102,18 @@ impl Config {
             })?,
             fault_injection: parse(&get, "FAULT_INJECTION", false, boolean)?,
         };
+        // A key must outlive any request holding it, or a retry could take
+        // over a key whose first request is still at work.
+        if config.idempotency_key_ttl < config.processing_timeout * 2 {
+            return Err(ConfigError {
+                name: "IDEMPOTENCY_KEY_TTL",
+                value: humantime::format_duration(config.idempotency_key_ttl).to_string(),
+                reason: format!(
+                    "must be at least twice PROCESSING_TIMEOUT ({})",
+                    humantime::format_duration(config.processing_timeout)
+                ),
+            });
+        }
         Ok(config)
     }
 
@@ -110,17 +123,50 @@ impl Config {
     }
 }
 
-/// Replaces the password of a `scheme://user:password@host/...` URL.
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("database_url", &self.redacted_database_url())
+            .field("database_max_connections", &self.database_max_connections)
+            .field("bind_addr", &self.bind_addr)
+            .field("port", &self.port)
+            .field("demo_api_key", &self.demo_api_key.as_ref().map(|_| "sk_test_***"))
+            .field("idempotency_key_ttl", &self.idempotency_key_ttl)
+            .field("idempotency_key_required", &self.idempotency_key_required)
+            .field("processing_timeout", &self.processing_timeout)
+            .field("sweep_interval", &self.sweep_interval)
+            .field("processor_latency", &self.processor_latency)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("fault_injection", &self.fault_injection)
+            .finish()
+    }
+}
+
+/// Replaces the password of a `scheme://user:password@host/...?password=...` URL.
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let Some((userinfo, host)) = rest.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+    let (url, query) = url.split_once('?').map_or((url, None), |(u, q)| (u, Some(q)));
+    let redacted = match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+                None => url.to_owned(),
+            },
+            None => url.to_owned(),
+        },
         None => url.to_owned(),
+    };
+    match query {
+        None => redacted,
+        Some(query) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _)) if name.eq_ignore_ascii_case("password") => format!("{name}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{redacted}?{}", params.join("&"))
+        }
     }
 }
 
@@ -217,6 +263,26 @@ mod tests {
     }
 
     #[test]
+    fn a_key_ttl_shorter_than_twice_the_processing_timeout_is_refused() {
+        let err = config(&[("IDEMPOTENCY_KEY_TTL", "1m"), ("PROCESSING_TIMEOUT", "45s")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMPOTENCY_KEY_TTL"), "{err}");
+        assert!(config(&[("IDEMPOTENCY_KEY_TTL", "1m"), ("PROCESSING_TIMEOUT", "30s")]).is_ok());
+    }
+
+    #[test]
+    fn debug_output_hides_secrets() {
+        let c = config(&[
+            ("DATABASE_URL", "postgres://app:hunter2@db/x"),
+            ("DEMO_API_KEY", "sk_test_abcdefghijklmnopqrstuvwxyz0123456789"),
+        ])
+        .unwrap();
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("hunter2") && !debug.contains("abcdefghij"), "{debug}");
+    }
+
+    #[test]
     fn a_bad_demo_key_is_refused_without_echoing_it() {
         let err = config(&[("DEMO_API_KEY", "sk_live_secret")])
             .unwrap_err()
@@ -230,6 +296,10 @@ mod tests {
         assert_eq!(
             redact_url("postgres://app:hunter2@db:5432/oncepay"),
             "postgres://app:***@db:5432/oncepay"
+        );
+        assert_eq!(
+            redact_url("postgres://app@db/x?sslmode=require&password=hunter2"),
+            "postgres://app@db/x?sslmode=require&password=***"
         );
         assert_eq!(
             redact_url("postgres://postgres@db/x"),

@@ -4,10 +4,19 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    // A missing .env is fine; the environment may hold everything.
-    let _ = dotenvy::dotenv();
-    oncepay::telemetry::init();
     let cli = oncepay::cli::Cli::parse();
+    // A missing .env is fine (the environment may hold everything); a
+    // malformed one is not.
+    if let Err(e) = dotenvy::dotenv() {
+        if !e.not_found() {
+            eprintln!("oncepay: reading .env: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    if let Err(e) = oncepay::telemetry::init() {
+        eprintln!("oncepay: {e:#}");
+        return std::process::ExitCode::FAILURE;
+    }
     match cli.run().await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -58,10 +58,15 @@ impl Params {
     /// Decodes a JSON object body.
     pub fn from_json(body: &[u8]) -> Result<Self, DecodeError> {
         match serde_json::from_slice::<Value>(body) {
-            Ok(Value::Object(fields)) => Ok(Params {
-                encoding: Encoding::Json,
-                fields,
-            }),
+            Ok(Value::Object(fields)) => {
+                for (name, value) in &fields {
+                    refuse_nul(name, value)?;
+                }
+                Ok(Params {
+                    encoding: Encoding::Json,
+                    fields,
+                })
+            }
             Ok(_) => Err(DecodeError::NotAnObject),
             Err(e) => Err(DecodeError::Json(e.to_string())),
         }
@@ -74,6 +79,7 @@ impl Params {
         let mut fields = Map::new();
         for (name, value) in form_urlencoded::parse(body) {
             let (name, value) = (name.into_owned(), value.into_owned());
+            refuse_nul(&name, &Value::String(value.clone()))?;
             let (slot, param) = match name.split_once('[') {
                 Some((outer, rest)) => {
                     let inner = rest
@@ -128,6 +134,35 @@ impl Params {
     }
 }
 
+/// Postgres text cannot hold U+0000, and no parameter needs it: refuse it
+/// here, as a client error, rather than fail in the database.
+fn refuse_nul(name: &str, value: &Value) -> Result<(), ParamError> {
+    let invalid = |param: &str| {
+        ParamError::new(
+            "parameter_invalid_string",
+            param,
+            format!("{param} must not contain the NUL character"),
+        )
+    };
+    if name.contains('\0') {
+        return Err(invalid(&name.replace('\0', "\\u0000")));
+    }
+    match value {
+        Value::String(s) if s.contains('\0') => Err(invalid(name)),
+        Value::Object(entries) => {
+            for (key, inner) in entries {
+                let param = format!("{name}[{}]", key.replace('\0', "\\u0000"));
+                let bad_value = matches!(inner, Value::String(s) if s.contains('\0'));
+                if key.contains('\0') || bad_value {
+                    return Err(invalid(&param));
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 fn duplicate(param: &str) -> DecodeError {
     ParamError::new(
         "parameter_duplicate",
@@ -176,6 +211,27 @@ mod tests {
                 ..
             }))
         ));
+    }
+
+    #[test]
+    fn nul_characters_are_refused_in_names_values_and_metadata() {
+        for body in [
+            &br#"{"description": "a\u0000b"}"#[..],
+            br#"{"metadata": {"k": "\u0000"}}"#,
+            br#"{"metadata": {"\u0000": "v"}}"#,
+            br#"{"a\u0000": 1}"#,
+        ] {
+            assert!(
+                matches!(
+                    Params::from_json(body),
+                    Err(DecodeError::Param(ParamError { code: "parameter_invalid_string", .. }))
+                ),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert!(Params::from_form(b"description=a%00b").is_err());
+        assert!(Params::from_form(b"metadata[k%00]=v").is_err());
     }
 
     #[test]

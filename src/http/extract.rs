@@ -72,6 +72,13 @@ impl<S: Send + Sync> FromRequestParts<S> for PathParam {
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match Path::<String>::from_request_parts(parts, state).await {
+            // No id contains NUL, and Postgres text cannot hold it.
+            Ok(Path(value)) if value.contains('\0') => Err(Problem::new(
+                StatusCode::NOT_FOUND,
+                "resource_missing",
+                "No such resource.",
+            )
+            .into()),
             Ok(Path(value)) => Ok(PathParam(value)),
             Err(rejection) => Err(Problem::new(
                 StatusCode::BAD_REQUEST,

@@ -161,7 +161,7 @@ impl IntoResponse for ApiError {
                 Problem::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "service_unavailable",
-                    "The service cannot reach its database right now. Retry with the same Idempotency-Key.",
+                    "The service cannot reach its database right now. Retry shortly (a POST with the same Idempotency-Key).",
                 )
                 .with_header(header::RETRY_AFTER, "1")
                 .into_response()
@@ -171,7 +171,7 @@ impl IntoResponse for ApiError {
                 Problem::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal_error",
-                    "Something went wrong on our side. Retry with the same Idempotency-Key.",
+                    "Something went wrong on our side. Retry shortly (a POST with the same Idempotency-Key).",
                 )
                 .into_response()
             }
