@@ -10,6 +10,7 @@ pub mod idempotency;
 pub mod merchants;
 pub mod params;
 pub mod processor;
+pub mod refunds;
 pub mod startup;
 pub mod sweeper;
 pub mod telemetry;

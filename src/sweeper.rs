@@ -1,6 +1,6 @@
 //! The background task in every `serve` process (and `oncepay sweep`):
-//! settles charges left `pending` by a crash or a lost processor answer, and
-//! deletes expired keys in bounded batches.
+//! settles charges and refunds left `pending` by a crash or a lost processor
+//! answer, and deletes expired keys in bounded batches.
 //!
 //! Several sweepers may run at once. Stale keys are leased (`FOR UPDATE SKIP
 //! LOCKED`, then a fresh `locked_at`), and every write is conditional, so
@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::charges::settle::recover;
-use crate::charges::store as charges;
-use crate::idempotency::store as keys;
+use crate::charges::{settle as charge_settle, store as charges};
+use crate::idempotency::{Resource, store as keys};
 use crate::processor::{Outcome, Processor};
+use crate::refunds::{settle as refund_settle, store as refunds};
 
 /// How many rows one statement handles.
 const BATCH: i64 = 500;
@@ -28,8 +28,39 @@ pub struct SweepReport {
     pub settled_succeeded: u64,
     /// Stale charges that were declined, or voided by this pass, now `failed`.
     pub settled_failed: u64,
+    /// Stale refunds rolled forward, now `succeeded`.
+    pub refunds_settled: u64,
     /// Expired keys deleted.
     pub keys_deleted: u64,
+}
+
+/// What recovering one stale record did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recovered {
+    /// A charge was settled with this outcome.
+    Charge(Outcome),
+    /// A refund was rolled forward and is `succeeded`.
+    Refund,
+}
+
+/// Settles a record whose request went quiet, by its kind: a charge is fenced
+/// at the processor and settled with what it holds
+/// ([`charge_settle::recover`]); a refund is rolled forward
+/// ([`refund_settle::recover`]). `None` when something else settled it first.
+/// Used by the sweeper and by a retry that finds its key stale.
+pub async fn recover(
+    pool: &PgPool,
+    processor: &dyn Processor,
+    resource: &Resource,
+) -> anyhow::Result<Option<Recovered>> {
+    Ok(match resource {
+        Resource::Charge(id) => charge_settle::recover(pool, processor, id)
+            .await?
+            .map(Recovered::Charge),
+        Resource::Refund(id) => refund_settle::recover(pool, processor, id)
+            .await?
+            .then_some(Recovered::Refund),
+    })
 }
 
 /// The sweeper.
@@ -49,18 +80,27 @@ impl Sweeper {
         }
     }
 
-    /// One pass: settle stale charges, then delete expired keys.
+    /// One pass: settle stale charges and refunds, then delete expired keys.
     pub async fn sweep_once(&self) -> anyhow::Result<SweepReport> {
         let mut report = SweepReport::default();
-        let mut stale = keys::lease_stale(&self.pool, self.processing_timeout, BATCH).await?;
-        stale.extend(charges::stale_unguarded(&self.pool, self.processing_timeout, BATCH).await?);
-        for charge_id in stale {
-            match recover(&self.pool, self.processor.as_ref(), &charge_id).await {
-                Ok(Some(Outcome::Succeeded)) => report.settled_succeeded += 1,
-                Ok(Some(_)) => report.settled_failed += 1,
+        let timeout = self.processing_timeout;
+        let mut stale = keys::lease_stale(&self.pool, timeout, BATCH).await?;
+        let keyless_charges = charges::stale_unguarded(&self.pool, timeout, BATCH).await?;
+        let keyless_refunds = refunds::stale_unguarded(&self.pool, timeout, BATCH).await?;
+        stale.extend(keyless_charges.into_iter().map(Resource::Charge));
+        stale.extend(keyless_refunds.into_iter().map(Resource::Refund));
+        for resource in stale {
+            match recover(&self.pool, self.processor.as_ref(), &resource).await {
+                Ok(Some(Recovered::Charge(Outcome::Succeeded))) => report.settled_succeeded += 1,
+                Ok(Some(Recovered::Charge(_))) => report.settled_failed += 1,
+                Ok(Some(Recovered::Refund)) => report.refunds_settled += 1,
                 Ok(None) => {}
                 Err(e) => {
-                    tracing::warn!(charge = %charge_id, error = format!("{e:#}"), "could not settle a stale charge")
+                    tracing::warn!(
+                        ?resource,
+                        error = format!("{e:#}"),
+                        "could not settle a stale record"
+                    )
                 }
             }
         }

@@ -42,7 +42,7 @@ impl Amount {
     }
 
     /// Reads `amount`: a JSON integer, or a string of digits in a form.
-    fn from_param(value: Value, encoding: Encoding) -> Result<Self, ParamError> {
+    pub fn from_param(value: Value, encoding: Encoding) -> Result<Self, ParamError> {
         let invalid = || {
             ParamError::new(
                 "parameter_invalid_integer",
@@ -157,7 +157,8 @@ impl NewCharge {
     }
 }
 
-fn required(params: &mut Params, name: &str) -> Result<Value, ParamError> {
+/// Takes a parameter that must be there.
+pub fn required(params: &mut Params, name: &str) -> Result<Value, ParamError> {
     params.take(name).ok_or_else(|| {
         ParamError::new(
             "parameter_missing",
@@ -167,7 +168,8 @@ fn required(params: &mut Params, name: &str) -> Result<Value, ParamError> {
     })
 }
 
-fn string(value: Value, name: &str) -> Result<String, ParamError> {
+/// A parameter that must be a string.
+pub fn string(value: Value, name: &str) -> Result<String, ParamError> {
     match value {
         Value::String(s) => Ok(s),
         _ => Err(ParamError::new(
@@ -178,7 +180,9 @@ fn string(value: Value, name: &str) -> Result<String, ParamError> {
     }
 }
 
-fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {
+/// Validates `metadata`: up to 50 keys of 1 to 40 characters, string values
+/// of up to 500.
+pub fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {
     let invalid =
         |param: String, message: String| ParamError::new("metadata_invalid", param, message);
     let Value::Object(entries) = value else {
@@ -296,13 +300,18 @@ impl Charge {
 
 /// A new charge id: `ch_` and 24 random letters and digits.
 pub fn new_charge_id() -> String {
+    new_id("ch")
+}
+
+/// A new id: `prefix`, `_` and 24 random letters and digits.
+pub fn new_id(prefix: &str) -> String {
     use rand::Rng;
     let random: String = rand::rng()
         .sample_iter(&rand::distr::Alphanumeric)
         .take(24)
         .map(char::from)
         .collect();
-    format!("ch_{random}")
+    format!("{prefix}_{random}")
 }
 
 #[cfg(test)]

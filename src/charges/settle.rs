@@ -8,7 +8,7 @@ use sqlx::PgPool;
 
 use super::{Charge, ChargeStatus, store};
 use crate::http::problem::{self, Problem};
-use crate::idempotency::{SavedResponse, store as keys};
+use crate::idempotency::{Resource, SavedResponse, store as keys};
 use crate::processor::{self, Outcome, Processor};
 
 /// The failure code of a charge whose processor attempt was voided.
@@ -45,7 +45,8 @@ pub async fn settle(pool: &PgPool, charge_id: &str, outcome: &Outcome) -> sqlx::
         return Ok(Settled::Already);
     };
     let response = response_for(&charge);
-    let completed = keys::complete_for_charge(&mut tx, &charge.id, &response).await?;
+    let completed =
+        keys::complete_for(&mut tx, &Resource::Charge(charge.id.clone()), &response).await?;
     tx.commit().await?;
     tracing::info!(charge = %charge.id, status = %charge.status, keys_completed = completed, "charge settled");
     Ok(Settled::Now(response))

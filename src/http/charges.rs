@@ -24,8 +24,9 @@ use super::problem::{ApiError, Problem};
 use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
 use crate::charges::{NewCharge, store};
-use crate::idempotency::{Fingerprint, store as keys};
+use crate::idempotency::{Fingerprint, Resource, store as keys};
 use crate::processor::{self, Authorization, ProcessorError};
+use crate::sweeper;
 
 const ROUTE: &str = "/v1/charges";
 
@@ -48,6 +49,7 @@ async fn create(
     let new_charge = NewCharge::from_params(decode(&headers, &body)?)?;
     let fingerprint = Fingerprint::of("POST", ROUTE, &new_charge.canonical());
     let charge_id = new_charge_id();
+    let resource = Resource::Charge(charge_id.clone());
 
     // 2. Claim the key and write the pending charge, in one transaction.
     let mut tx = match &key {
@@ -58,13 +60,13 @@ async fn create(
                 key,
                 route: ROUTE,
                 fingerprint,
-                resource_id: &charge_id,
+                resource: &resource,
                 wait: idempotent::prefer_wait(&headers),
             };
-            let recover = |stale: String| {
+            let recover = |stale: Resource| {
                 let state = state.clone();
                 async move {
-                    settle::recover(&state.pool, state.processor.as_ref(), &stale)
+                    sweeper::recover(&state.pool, state.processor.as_ref(), &stale)
                         .await
                         .map(drop)
                 }
@@ -115,7 +117,7 @@ async fn authorize_and_settle(
         Err(ProcessorError::Unavailable) => {
             // Nothing was recorded: give the key back so a retry runs anew.
             let mut tx = state.pool.begin().await?;
-            keys::release(&mut tx, &charge_id).await?;
+            keys::release(&mut tx, &Resource::Charge(charge_id.clone())).await?;
             store::delete_pending(&mut tx, &charge_id).await?;
             tx.commit().await?;
             Err(Problem::new(
@@ -149,7 +151,8 @@ async fn authorize_and_settle(
 /// The answer for a charge someone else settled: its key's saved response,
 /// or, for a charge made without a key, the charge rendered afresh.
 async fn settled_elsewhere(state: &AppState, charge_id: &str) -> Result<Response, ApiError> {
-    if let Some(response) = idempotent::saved_answer(state, charge_id).await? {
+    let resource = Resource::Charge(charge_id.to_owned());
+    if let Some(response) = idempotent::saved_answer(state, &resource).await? {
         return Ok(response);
     }
     let charge = store::find_any(&state.pool, charge_id)

@@ -11,7 +11,7 @@ use super::AppState;
 use super::auth::Authenticated;
 use super::extract::PathParam;
 use super::problem::{ApiError, Problem};
-use crate::idempotency::{IdempotencyKey, KeyStatus, store};
+use crate::idempotency::{IdempotencyKey, KeyStatus, Resource, store};
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/v1/idempotency_keys/{key}", get(retrieve))
@@ -53,6 +53,13 @@ async fn retrieve(
         "expires_at": stored.expires_at.timestamp(),
         "request": { "method": stored.request_method, "path": stored.request_path },
         "response": stored.response.map(|r| json!({ "status_code": r.status })),
-        "charge": stored.resource_id,
+        "charge": match &stored.resource {
+            Some(Resource::Charge(id)) => Some(id),
+            _ => None,
+        },
+        "refund": match &stored.resource {
+            Some(Resource::Refund(id)) => Some(id),
+            _ => None,
+        },
     })))
 }

@@ -14,7 +14,8 @@ use uuid::Uuid;
 use super::AppState;
 use super::problem::{ApiError, Problem};
 use crate::idempotency::{
-    Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, SavedResponse, store as keys,
+    Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
+    store as keys,
 };
 
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -27,8 +28,8 @@ pub struct Guard<'a> {
     pub key: &'a IdempotencyKey,
     pub route: &'static str,
     pub fingerprint: Fingerprint,
-    /// The id of the record the caller will write in the same transaction.
-    pub resource_id: &'a str,
+    /// The record the caller will write in the same transaction.
+    pub resource: &'a Resource,
     /// From `Prefer: wait=N`; zero answers `409` at once.
     pub wait: Duration,
 }
@@ -44,7 +45,7 @@ pub enum Begun {
 /// Claims the key, or answers from it. When the key is held by a request
 /// that has been `processing` for longer than `PROCESSING_TIMEOUT`, this
 /// request leases it (one conditional update, as the sweeper does) and runs
-/// `recover` on the resource id, which must settle it by the same fenced
+/// `recover` on the record it guards, which must settle it by the same
 /// procedure the sweeper uses; then it answers from the settled key.
 pub async fn claim_or_answer<F, Fut>(
     state: &AppState,
@@ -52,7 +53,7 @@ pub async fn claim_or_answer<F, Fut>(
     recover: F,
 ) -> Result<Begun, ApiError>
 where
-    F: Fn(String) -> Fut,
+    F: Fn(Resource) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
     let deadline = Instant::now() + guard.wait;
@@ -65,7 +66,7 @@ where
             method: "POST",
             path: guard.route,
             fingerprint: guard.fingerprint,
-            resource_id: guard.resource_id,
+            resource: guard.resource,
             ttl: state.config.idempotency_key_ttl,
         };
         let stored = match keys::claim(&mut tx, claim).await? {
@@ -77,7 +78,7 @@ where
             return Err(reused(guard.key));
         }
         if let (KeyStatus::Completed, Some(saved)) = (stored.status, stored.response) {
-            tracing::info!(resource = ?stored.resource_id, "replaying a completed key");
+            tracing::info!(resource = ?stored.resource, "replaying a completed key");
             return Ok(Begun::Answered(replay(saved, !guard.wait.is_zero())));
         }
         let stale = keys::lease_one(
@@ -87,9 +88,9 @@ where
             state.config.processing_timeout,
         )
         .await?;
-        if let Some(resource_id) = stale {
-            tracing::info!(resource = %resource_id, "a retry found its key stale; settling it");
-            recover(resource_id).await?;
+        if let Some(resource) = stale {
+            tracing::info!(?resource, "a retry found its key stale; settling it");
+            recover(resource).await?;
             continue;
         }
         if Instant::now() + poll <= deadline {
@@ -105,9 +106,9 @@ where
 /// while this request was working: what its key saved, if it has a key.
 pub async fn saved_answer(
     state: &AppState,
-    resource_id: &str,
+    resource: &Resource,
 ) -> Result<Option<Response>, ApiError> {
-    Ok(keys::saved_for_resource(&state.pool, resource_id)
+    Ok(keys::saved_for_resource(&state.pool, resource)
         .await?
         .map(send))
 }

@@ -2,6 +2,7 @@
 //! per resource.
 
 pub mod auth;
+pub mod balance;
 pub mod charges;
 pub mod extract;
 pub mod faults;
@@ -9,6 +10,7 @@ pub mod health;
 pub mod idempotency_keys;
 pub mod idempotent;
 pub mod problem;
+pub mod refunds;
 
 use std::sync::Arc;
 
@@ -37,6 +39,8 @@ pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
     Router::new()
         .merge(charges::router())
+        .merge(refunds::router())
+        .merge(balance::router())
         .merge(idempotency_keys::router())
         .merge(health::router())
         .fallback(|| async {

@@ -11,4 +11,4 @@ pub mod store;
 
 pub use fingerprint::Fingerprint;
 pub use key::IdempotencyKey;
-pub use store::{Claim, ClaimOutcome, KeyStatus, SavedResponse, StoredKey};
+pub use store::{Claim, ClaimOutcome, KeyStatus, Resource, SavedResponse, StoredKey};

@@ -26,6 +26,53 @@ pub enum KeyStatus {
     Completed,
 }
 
+/// The record a key guards: the charge or the refund its request creates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resource {
+    Charge(String),
+    Refund(String),
+}
+
+impl Resource {
+    /// The record's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Resource::Charge(id) | Resource::Refund(id) => id,
+        }
+    }
+
+    /// The `idempotency_keys` column that points at it.
+    fn column(&self) -> &'static str {
+        match self {
+            Resource::Charge(_) => "charge_id",
+            Resource::Refund(_) => "refund_id",
+        }
+    }
+
+    fn charge_id(&self) -> Option<&str> {
+        match self {
+            Resource::Charge(id) => Some(id),
+            Resource::Refund(_) => None,
+        }
+    }
+
+    fn refund_id(&self) -> Option<&str> {
+        match self {
+            Resource::Refund(id) => Some(id),
+            Resource::Charge(_) => None,
+        }
+    }
+
+    /// From the two columns, of which the schema allows at most one.
+    fn from_columns(charge_id: Option<String>, refund_id: Option<String>) -> Option<Self> {
+        match (charge_id, refund_id) {
+            (Some(id), _) => Some(Resource::Charge(id)),
+            (None, Some(id)) => Some(Resource::Refund(id)),
+            (None, None) => None,
+        }
+    }
+}
+
 /// A key as stored.
 #[derive(Clone, Debug)]
 pub struct StoredKey {
@@ -34,8 +81,8 @@ pub struct StoredKey {
     pub request_method: String,
     pub request_path: String,
     pub fingerprint: Fingerprint,
-    /// The record the key guards (today a charge id).
-    pub resource_id: Option<String>,
+    /// The record the key guards.
+    pub resource: Option<Resource>,
     pub response: Option<SavedResponse>,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
@@ -49,6 +96,7 @@ struct KeyRow {
     request_path: String,
     fingerprint: Vec<u8>,
     charge_id: Option<String>,
+    refund_id: Option<String>,
     response_status: Option<i16>,
     response_content_type: Option<String>,
     response_location: Option<String>,
@@ -87,7 +135,7 @@ impl TryFrom<KeyRow> for StoredKey {
             request_path: row.request_path,
             fingerprint: Fingerprint::from_slice(&row.fingerprint)
                 .ok_or_else(|| corrupt("fingerprint"))?,
-            resource_id: row.charge_id,
+            resource: Resource::from_columns(row.charge_id, row.refund_id),
             response,
             created_at: row.created_at,
             expires_at: row.expires_at,
@@ -96,7 +144,7 @@ impl TryFrom<KeyRow> for StoredKey {
 }
 
 const COLUMNS: &str = "key, status, request_method, request_path, fingerprint, charge_id,
-    response_status, response_content_type, response_location, response_body, created_at, expires_at";
+    refund_id, response_status, response_content_type, response_location, response_body, created_at, expires_at";
 
 /// What a request asks to claim.
 #[derive(Debug)]
@@ -106,9 +154,8 @@ pub struct Claim<'a> {
     pub method: &'a str,
     pub path: &'a str,
     pub fingerprint: Fingerprint,
-    /// The id of the business record written in the same transaction
-    /// (today a charge id).
-    pub resource_id: &'a str,
+    /// The business record written in the same transaction.
+    pub resource: &'a Resource,
     pub ttl: Duration,
 }
 
@@ -128,8 +175,8 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     let claimed = sqlx::query(
         "INSERT INTO idempotency_keys
              (merchant_id, key, status, request_method, request_path, fingerprint, charge_id,
-              created_at, locked_at, expires_at)
-         VALUES ($1, $2, 'processing', $3, $4, $5, $6,
+              refund_id, created_at, locked_at, expires_at)
+         VALUES ($1, $2, 'processing', $3, $4, $5, $6, $8,
                  now(), now(), now() + $7::float8 * interval '1 millisecond')
          ON CONFLICT (merchant_id, key) DO UPDATE SET
              status = 'processing',
@@ -137,6 +184,7 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
              request_path = EXCLUDED.request_path,
              fingerprint = EXCLUDED.fingerprint,
              charge_id = EXCLUDED.charge_id,
+             refund_id = EXCLUDED.refund_id,
              response_status = NULL,
              response_content_type = NULL,
              response_location = NULL,
@@ -152,8 +200,9 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     .bind(claim.method)
     .bind(claim.path)
     .bind(&claim.fingerprint.0[..])
-    .bind(claim.resource_id)
+    .bind(claim.resource.charge_id())
     .bind(claim.ttl.as_millis() as f64)
+    .bind(claim.resource.refund_id())
     .execute(&mut *tx)
     .await?
     .rows_affected();
@@ -170,21 +219,22 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     Ok(ClaimOutcome::Taken(Box::new(row.try_into()?)))
 }
 
-/// Marks the key that guards `charge_id` completed with its saved response.
-/// Returns how many keys changed: 0 when the charge had no key, or when its
+/// Marks the key that guards `resource` completed with its saved response.
+/// Returns how many keys changed: 0 when the record had no key, or when its
 /// key is no longer `processing` (someone else completed it first).
-pub async fn complete_for_charge(
+pub async fn complete_for(
     tx: &mut PgConnection,
-    charge_id: &str,
+    resource: &Resource,
     response: &SavedResponse,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(
+    let done = sqlx::query(&format!(
         "UPDATE idempotency_keys
             SET status = 'completed', response_status = $2, response_content_type = $3,
                 response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL
-          WHERE charge_id = $1 AND status = 'processing'",
-    )
-    .bind(charge_id)
+          WHERE {} = $1 AND status = 'processing'",
+        resource.column()
+    ))
+    .bind(resource.id())
     .bind(response.status as i16)
     .bind(&response.content_type)
     .bind(&response.location)
@@ -196,12 +246,14 @@ pub async fn complete_for_charge(
 
 /// Gives a key back when the work could not start: the claim is deleted, so a
 /// retry runs anew. Only the holder's own claim, still processing, is deleted.
-pub async fn release(tx: &mut PgConnection, charge_id: &str) -> sqlx::Result<u64> {
-    let released =
-        sqlx::query("DELETE FROM idempotency_keys WHERE charge_id = $1 AND status = 'processing'")
-            .bind(charge_id)
-            .execute(tx)
-            .await?;
+pub async fn release(tx: &mut PgConnection, resource: &Resource) -> sqlx::Result<u64> {
+    let released = sqlx::query(&format!(
+        "DELETE FROM idempotency_keys WHERE {} = $1 AND status = 'processing'",
+        resource.column()
+    ))
+    .bind(resource.id())
+    .execute(tx)
+    .await?;
     Ok(released.rows_affected())
 }
 
@@ -223,15 +275,15 @@ pub async fn find(
 }
 
 /// Leases up to `limit` keys stuck in `processing` for longer than `timeout`,
-/// returning their charge ids. Taking the lease moves `locked_at` to now, so
+/// returning the records they guard. Taking the lease moves `locked_at` to now, so
 /// another sweeper skips these rows (`SKIP LOCKED` while the statement runs,
 /// the fresh `locked_at` afterwards) for another `timeout`.
 pub async fn lease_stale(
     db: impl PgExecutor<'_>,
     timeout: Duration,
     limit: i64,
-) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar(
+) -> sqlx::Result<Vec<Resource>> {
+    sqlx::query_as(
         "UPDATE idempotency_keys k SET locked_at = now()
            FROM (SELECT merchant_id, key FROM idempotency_keys
                   WHERE status = 'processing'
@@ -240,13 +292,17 @@ pub async fn lease_stale(
                   LIMIT $2
                   FOR UPDATE SKIP LOCKED) stale
           WHERE k.merchant_id = stale.merchant_id AND k.key = stale.key
-          RETURNING k.charge_id",
+          RETURNING k.charge_id, k.refund_id",
     )
     .bind(timeout.as_millis() as f64)
     .bind(limit)
     .fetch_all(db)
     .await
-    .map(|ids: Vec<Option<String>>| ids.into_iter().flatten().collect())
+    .map(|rows: Vec<(Option<String>, Option<String>)>| {
+        rows.into_iter()
+            .filter_map(|(charge, refund)| Resource::from_columns(charge, refund))
+            .collect()
+    })
 }
 
 /// Leases one key if it has been `processing` for longer than `timeout`,
@@ -257,31 +313,32 @@ pub async fn lease_one(
     merchant_id: Uuid,
     key: &IdempotencyKey,
     timeout: Duration,
-) -> sqlx::Result<Option<String>> {
-    let leased: Option<Option<String>> = sqlx::query_scalar(
+) -> sqlx::Result<Option<Resource>> {
+    let leased: Option<(Option<String>, Option<String>)> = sqlx::query_as(
         "UPDATE idempotency_keys SET locked_at = now()
           WHERE merchant_id = $1 AND key = $2 AND status = 'processing'
             AND locked_at < now() - $3::float8 * interval '1 millisecond'
-          RETURNING charge_id",
+          RETURNING charge_id, refund_id",
     )
     .bind(merchant_id)
     .bind(key.as_str())
     .bind(timeout.as_millis() as f64)
     .fetch_optional(db)
     .await?;
-    Ok(leased.flatten())
+    Ok(leased.and_then(|(charge, refund)| Resource::from_columns(charge, refund)))
 }
 
-/// The response saved on the completed key that guards `resource_id`, if any.
+/// The response saved on the completed key that guards `resource`, if any.
 pub async fn saved_for_resource(
     db: impl PgExecutor<'_>,
-    resource_id: &str,
+    resource: &Resource,
 ) -> sqlx::Result<Option<SavedResponse>> {
-    let row: Option<(i16, String, Option<String>, Vec<u8>)> = sqlx::query_as(
+    let row: Option<(i16, String, Option<String>, Vec<u8>)> = sqlx::query_as(&format!(
         "SELECT response_status, response_content_type, response_location, response_body
-           FROM idempotency_keys WHERE charge_id = $1 AND status = 'completed'",
-    )
-    .bind(resource_id)
+           FROM idempotency_keys WHERE {} = $1 AND status = 'completed'",
+        resource.column()
+    ))
+    .bind(resource.id())
     .fetch_optional(db)
     .await?;
     row.map(|(status, content_type, location, body)| {

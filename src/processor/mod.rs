@@ -19,6 +19,12 @@ pub fn authorization_key(charge_id: &str) -> String {
     format!("auth:{charge_id}")
 }
 
+/// The processor key for refunding money: derived from the refund id, so a
+/// roll-forward after a crash repeats the same refund instead of adding one.
+pub fn refund_key(refund_id: &str) -> String {
+    format!("refund:{refund_id}")
+}
+
 /// A request to move money.
 #[derive(Clone, Debug)]
 pub struct Authorization<'a> {
@@ -26,6 +32,16 @@ pub struct Authorization<'a> {
     pub amount: i64,
     pub currency: &'a str,
     pub source: TestToken,
+}
+
+/// A request to give money back from a payment.
+#[derive(Clone, Debug)]
+pub struct Refund<'a> {
+    pub processor_key: &'a str,
+    /// The processor key of the payment refunded (its authorization key).
+    pub payment_key: &'a str,
+    pub amount: i64,
+    pub currency: &'a str,
 }
 
 /// What the processor recorded for a processor key.
@@ -63,4 +79,9 @@ pub trait Processor: Send + Sync + 'static {
     /// stands. After this returns, no later authorization can move money
     /// under that key: it will find the void.
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError>;
+
+    /// Refunds part or all of a recorded payment, idempotently on
+    /// `processor_key`: a repeat returns `Ok` and moves no more money.
+    /// `Ok` means the refund is recorded.
+    async fn refund(&self, request: Refund<'_>) -> Result<(), ProcessorError>;
 }

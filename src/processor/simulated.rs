@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::PgPool;
 
-use super::{Authorization, Outcome, Processor, ProcessorError, TestToken};
+use super::{Authorization, Outcome, Processor, ProcessorError, Refund, TestToken};
 
 /// The simulated processor.
 #[derive(Clone, Debug)]
@@ -93,6 +93,44 @@ impl Processor for SimulatedProcessor {
         .await
         .map_err(unknown)?;
         self.recorded(processor_key).await
+    }
+
+    async fn refund(&self, request: Refund<'_>) -> Result<(), ProcessorError> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+        // Only a recorded payment can be refunded; a repeat inserts nothing.
+        sqlx::query(
+            "INSERT INTO processor_operations
+                 (processor_key, kind, outcome, amount, currency, payment_key)
+             SELECT $1, 'refund', 'refunded', $2, $3, $4
+              WHERE EXISTS (SELECT 1 FROM processor_operations
+                             WHERE processor_key = $4 AND outcome = 'succeeded')
+             ON CONFLICT (processor_key) DO NOTHING",
+        )
+        .bind(request.processor_key)
+        .bind(request.amount)
+        .bind(request.currency)
+        .bind(request.payment_key)
+        .execute(&self.pool)
+        .await
+        .map_err(unknown)?;
+        let recorded: Option<String> =
+            sqlx::query_scalar("SELECT outcome FROM processor_operations WHERE processor_key = $1")
+                .bind(request.processor_key)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(unknown)?;
+        match recorded.as_deref() {
+            Some("refunded") => Ok(()),
+            // Cannot happen for a succeeded charge; the refund stays pending
+            // and the failure is logged on every recovery attempt.
+            _ => Err(ProcessorError::OutcomeUnknown(anyhow::anyhow!(
+                "no refund recorded under {}: no payment under {}",
+                request.processor_key,
+                request.payment_key
+            ))),
+        }
     }
 }
 

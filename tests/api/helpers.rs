@@ -214,6 +214,30 @@ impl TestApp {
         request.send().await.expect("send the request")
     }
 
+    /// `POST /v1/refunds` with a JSON body, as this app's merchant.
+    pub async fn post_refund(&self, key: Option<&str>, body: &Value) -> Response {
+        self.post_refund_as(&self.api_key, key, body).await
+    }
+
+    pub async fn post_refund_as(&self, api_key: &str, key: Option<&str>, body: &Value) -> Response {
+        let mut request = self
+            .client
+            .post(self.url("/v1/refunds"))
+            .bearer_auth(api_key)
+            .json(body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        request.send().await.expect("send the request")
+    }
+
+    /// A succeeded `visa(amount)` charge, made over HTTP; returns its id.
+    pub async fn paid_charge(&self, amount: i64) -> String {
+        let charge = Answer::of(self.post_charge(None, &visa(amount)).await).await;
+        assert_eq!(charge.status, 201, "{:?}", charge.body);
+        charge.json()["id"].as_str().unwrap().to_owned()
+    }
+
     /// `POST /v1/charges` with a raw body and content type.
     pub async fn post_raw(
         &self,
@@ -251,14 +275,16 @@ impl TestApp {
     }
 
     pub async fn sweep_once(&self) -> SweepReport {
-        Sweeper::new(
-            self.pool.clone(),
-            self.processor.clone(),
-            self.config.processing_timeout,
-        )
-        .sweep_once()
-        .await
-        .expect("a sweep pass")
+        self.sweep_once_with_timeout(self.config.processing_timeout)
+            .await
+    }
+
+    /// One sweeper pass that treats rows older than `timeout` as stale.
+    pub async fn sweep_once_with_timeout(&self, timeout: Duration) -> SweepReport {
+        Sweeper::new(self.pool.clone(), self.processor.clone(), timeout)
+            .sweep_once()
+            .await
+            .expect("a sweep pass")
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
@@ -280,6 +306,25 @@ impl TestApp {
 
     pub async fn keys(&self) -> i64 {
         self.count("SELECT count(*) FROM idempotency_keys").await
+    }
+
+    pub async fn refunds(&self) -> i64 {
+        self.count("SELECT count(*) FROM refunds").await
+    }
+
+    /// Money given back: refunds recorded at the processor.
+    pub async fn processor_refunds(&self) -> i64 {
+        self.count("SELECT count(*) FROM processor_operations WHERE kind = 'refund'")
+            .await
+    }
+
+    /// A charge's `amount_refunded`, as stored.
+    pub async fn amount_refunded(&self, charge_id: &str) -> i64 {
+        sqlx::query_scalar("SELECT amount_refunded FROM charges WHERE id = $1")
+            .bind(charge_id)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
     }
 }
 

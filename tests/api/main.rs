@@ -8,4 +8,5 @@ mod concurrency;
 mod helpers;
 mod idempotency;
 mod reads;
+mod refunds;
 mod sweeper;

@@ -1,0 +1,63 @@
+//! `GET /v1/balance`: per currency, what the merchant's succeeded charges
+//! came to, what succeeded refunds gave back, and the difference, so "charged
+//! once" can be shown in money.
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+use super::AppState;
+use super::auth::Authenticated;
+use super::problem::ApiError;
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/balance", get(retrieve))
+}
+
+async fn retrieve(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+) -> Result<Json<Value>, ApiError> {
+    let available: Vec<_> = totals(&state.pool, merchant.id)
+        .await?
+        .into_iter()
+        .map(|(currency, charged, refunded)| {
+            json!({
+                "currency": currency,
+                "amount": charged - refunded,
+                "charged": charged,
+                "refunded": refunded,
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "object": "balance",
+        "livemode": false,
+        "available": available,
+    })))
+}
+
+/// (currency, succeeded charges, succeeded refunds) per currency, in one
+/// statement so both sums come from one snapshot. Pending refunds, whose
+/// amount is only reserved on the charge, do not count yet.
+async fn totals(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+) -> sqlx::Result<Vec<(String, i64, i64)>> {
+    sqlx::query_as(
+        "SELECT currency, sum(charged)::bigint, sum(refunded)::bigint
+           FROM (SELECT currency, amount AS charged, 0::bigint AS refunded
+                   FROM charges WHERE merchant_id = $1 AND status = 'succeeded'
+                 UNION ALL
+                 SELECT currency, 0::bigint, amount
+                   FROM refunds WHERE merchant_id = $1 AND status = 'succeeded') movements
+          GROUP BY currency
+          ORDER BY currency",
+    )
+    .bind(merchant_id)
+    .fetch_all(db)
+    .await
+}

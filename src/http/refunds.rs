@@ -1,0 +1,231 @@
+//! `POST /v1/refunds`, `GET /v1/refunds/{id}`.
+//!
+//! Creating a refund is the exactly-once flow of charges, with one more
+//! decision in step 2:
+//! 1. authenticate, parse, validate, fingerprint: nothing is written yet;
+//! 2. one transaction: claim the key, reserve the amount on the charge with
+//!    one conditional update (which decides any race between refunds), and
+//!    write the refund as `pending`; if nothing could be reserved, roll back
+//!    and say why;
+//! 3. call the processor, outside any transaction;
+//! 4. one transaction: mark the refund succeeded if still pending, save the
+//!    response on the key (see [`crate::refunds::settle`]).
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::AppState;
+use super::auth::Authenticated;
+use super::extract::{PathParam, RawBody, decode};
+use super::idempotent::{self, Begun, Guard};
+use super::problem::{ApiError, Problem};
+use crate::charges::settle::Settled;
+use crate::charges::{ChargeStatus, store as charges};
+use crate::idempotency::{Fingerprint, Resource, store as keys};
+use crate::processor::ProcessorError;
+use crate::refunds::domain::new_refund_id;
+use crate::refunds::settle::{self, Pending};
+use crate::refunds::{NewRefund, store};
+use crate::sweeper;
+
+const ROUTE: &str = "/v1/refunds";
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route(ROUTE, post(create))
+        .route("/v1/refunds/{id}", get(retrieve))
+}
+
+#[tracing::instrument(name = "create_refund", skip_all, fields(merchant = %merchant.id, idempotency_key))]
+async fn create(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Response, ApiError> {
+    // 1. Everything that can refuse the request, before anything is written.
+    let key = idempotent::key_from_headers(&state, &headers)?;
+    let new_refund = NewRefund::from_params(decode(&headers, &body)?)?;
+    let fingerprint = Fingerprint::of("POST", ROUTE, &new_refund.canonical());
+    let refund_id = new_refund_id();
+    let resource = Resource::Refund(refund_id.clone());
+
+    // 2. Claim the key, reserve the amount and write the pending refund, in
+    // one transaction.
+    let mut tx = match &key {
+        None => state.pool.begin().await?,
+        Some(key) => {
+            let guard = Guard {
+                merchant_id: merchant.id,
+                key,
+                route: ROUTE,
+                fingerprint,
+                resource: &resource,
+                wait: idempotent::prefer_wait(&headers),
+            };
+            let recover = |stale: Resource| {
+                let state = state.clone();
+                async move {
+                    sweeper::recover(&state.pool, state.processor.as_ref(), &stale)
+                        .await
+                        .map(drop)
+                }
+            };
+            match idempotent::claim_or_answer(&state, guard, recover).await? {
+                Begun::Claimed(tx) => tx,
+                Begun::Answered(response) => return Ok(response),
+            }
+        }
+    };
+    let amount = new_refund.amount.map(|a| a.minor_units());
+    let Some(reserved) = store::reserve(&mut tx, merchant.id, &new_refund.charge, amount).await?
+    else {
+        // Refused before the work: the claim goes with the rollback.
+        tx.rollback().await?;
+        return Err(refused(&state, merchant.id, &new_refund).await);
+    };
+    store::insert_pending(&mut tx, &refund_id, merchant.id, &new_refund, &reserved).await?;
+    tx.commit().await?;
+
+    // 3 and 4 run in their own task: if the client goes away now, the
+    // refund is still carried through to a definite outcome.
+    let refund = Pending {
+        id: refund_id,
+        charge_id: new_refund.charge,
+        amount: reserved.amount,
+        currency: reserved.currency,
+    };
+    let work =
+        tokio::spawn(refund_and_settle(state.clone(), refund).instrument(tracing::Span::current()));
+    work.await
+        .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("refund task failed")))?
+}
+
+async fn refund_and_settle(state: AppState, refund: Pending) -> Result<Response, ApiError> {
+    let refund_id = refund.id.clone();
+    match settle::refund_at_processor(state.processor.as_ref(), &refund).await {
+        Ok(()) => match settle::settle(&state.pool, &refund_id).await? {
+            Settled::Now(response) => Ok(idempotent::send(response)),
+            // Recovery rolled it forward while the processor was answering;
+            // both wrote the same thing.
+            Settled::Already => settled_elsewhere(&state, &refund_id).await,
+        },
+        Err(ProcessorError::Unavailable) => {
+            // Nothing was recorded: give the key and the reserved amount back,
+            // so a retry runs anew.
+            let mut tx = state.pool.begin().await?;
+            keys::release(&mut tx, &Resource::Refund(refund_id.clone())).await?;
+            store::delete_pending(&mut tx, &refund_id).await?;
+            tx.commit().await?;
+            Err(Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "processor_unavailable",
+                "The card processor is unavailable and nothing was refunded. Retry with the same Idempotency-Key.",
+            )
+            .with_header(header::RETRY_AFTER, "1")
+            .into())
+        }
+        Err(e @ ProcessorError::OutcomeUnknown(_)) => {
+            // The refund may be recorded: keep the claim and the reservation;
+            // recovery repeats the idempotent refund and settles it.
+            tracing::warn!(refund = %refund_id, error = format!("{:#}", anyhow::Error::new(e)), "processor outcome unknown");
+            let retry_after = state.config.processing_timeout.as_secs().max(1).to_string();
+            let mut problem = Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "processing_outcome_unknown",
+                "The card processor did not confirm the refund. Retry with the same Idempotency-Key to get it.",
+            )
+            .with_extra("refund", refund_id.clone());
+            if let Ok(value) = HeaderValue::from_str(&retry_after) {
+                problem.headers.push((header::RETRY_AFTER, value));
+            }
+            Err(problem.into())
+        }
+    }
+}
+
+/// Why nothing could be reserved, read after the update decided. The charge
+/// may have changed since; the answer describes what the update saw as well
+/// as a later read can.
+async fn refused(state: &AppState, merchant_id: Uuid, refund: &NewRefund) -> ApiError {
+    let charge = match charges::find(&state.pool, merchant_id, &refund.charge).await {
+        Ok(Some(charge)) => charge,
+        Ok(None) => {
+            return Problem::new(
+                StatusCode::BAD_REQUEST,
+                "resource_missing",
+                format!("No such charge: '{}'", refund.charge),
+            )
+            .with_param("charge")
+            .into();
+        }
+        Err(e) => return e.into(),
+    };
+    let problem = if charge.status != ChargeStatus::Succeeded.as_str() {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "charge_not_refundable",
+            format!(
+                "Charge {} is {}: only a succeeded charge can be refunded.",
+                charge.id, charge.status
+            ),
+        )
+        .with_param("charge")
+    } else if charge.amount_refunded >= charge.amount {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "charge_already_refunded",
+            format!("Charge {} has already been refunded in full.", charge.id),
+        )
+        .with_param("charge")
+    } else {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "amount_too_large",
+            format!(
+                "Refund amount is greater than what is left to refund on charge {} ({}).",
+                charge.id,
+                charge.amount - charge.amount_refunded
+            ),
+        )
+        .with_param("amount")
+    };
+    problem.into()
+}
+
+/// The answer for a refund someone else settled: its key's saved response,
+/// or, for a refund made without a key, the refund rendered afresh.
+async fn settled_elsewhere(state: &AppState, refund_id: &str) -> Result<Response, ApiError> {
+    let resource = Resource::Refund(refund_id.to_owned());
+    if let Some(response) = idempotent::saved_answer(state, &resource).await? {
+        return Ok(response);
+    }
+    let refund = store::find_any(&state.pool, refund_id)
+        .await?
+        .ok_or_else(|| {
+            ApiError::Internal(anyhow::anyhow!("settled refund {refund_id} vanished"))
+        })?;
+    Ok(idempotent::send(settle::response_for(&refund)))
+}
+
+async fn retrieve(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    PathParam(id): PathParam,
+) -> Result<Response, ApiError> {
+    match store::find(&state.pool, merchant.id, &id).await? {
+        Some(refund) => Ok(Json(refund.to_object()).into_response()),
+        None => Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            "resource_missing",
+            format!("No such refund: '{id}'"),
+        )
+        .with_param("id")
+        .into()),
+    }
+}

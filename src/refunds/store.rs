@@ -1,0 +1,141 @@
+//! The refunds table's SQL, and the reservation of a refund's amount on its
+//! charge.
+
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use super::{NewRefund, Refund};
+
+const COLUMNS: &str = "id, charge_id, amount, currency, status, reason, metadata, created_at";
+
+/// An amount reserved on a charge for a refund.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct Reserved {
+    pub amount: i64,
+    pub currency: String,
+}
+
+/// Reserves `amount` (or, when `None`, whatever is left) on the merchant's
+/// charge, in one conditional update that decides any race between refunds:
+/// the charge row is locked, and the amount is added only if the charge
+/// succeeded and the sum stays within what was charged. `None` when nothing
+/// was reserved; the caller finds out why with a read afterwards.
+pub async fn reserve(
+    tx: &mut PgConnection,
+    merchant_id: Uuid,
+    charge_id: &str,
+    amount: Option<i64>,
+) -> sqlx::Result<Option<Reserved>> {
+    sqlx::query_as(
+        "UPDATE charges c SET amount_refunded = c.amount_refunded + r.amount
+           FROM (SELECT id, COALESCE($2, amount - amount_refunded) AS amount
+                   FROM charges WHERE id = $1 AND merchant_id = $3
+                    FOR UPDATE) r
+          WHERE c.id = r.id AND c.status = 'succeeded'
+            AND r.amount > 0 AND c.amount_refunded + r.amount <= c.amount
+          RETURNING r.amount, c.currency",
+    )
+    .bind(charge_id)
+    .bind(amount)
+    .bind(merchant_id)
+    .fetch_optional(tx)
+    .await
+}
+
+/// Writes a new refund in status `pending`, after its amount was reserved.
+pub async fn insert_pending(
+    tx: &mut PgConnection,
+    id: &str,
+    merchant_id: Uuid,
+    refund: &NewRefund,
+    reserved: &Reserved,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO refunds (id, merchant_id, charge_id, amount, currency, status, reason, metadata)
+         VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7)",
+    )
+    .bind(id)
+    .bind(merchant_id)
+    .bind(&refund.charge)
+    .bind(reserved.amount)
+    .bind(&reserved.currency)
+    .bind(refund.reason.map(|r| r.as_str()))
+    .bind(sqlx::types::Json(&refund.metadata))
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// Marks a pending refund succeeded. `None` means it was not pending any
+/// more: something else settled it first, and what it wrote stands.
+pub async fn succeed_pending(tx: &mut PgConnection, id: &str) -> sqlx::Result<Option<Refund>> {
+    sqlx::query_as(&format!(
+        "UPDATE refunds SET status = 'succeeded'
+          WHERE id = $1 AND status = 'pending'
+          RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .fetch_optional(tx)
+    .await
+}
+
+/// Deletes a pending refund whose processor call certainly recorded nothing,
+/// and gives its reserved amount back to the charge, in one statement: the
+/// amount goes back only if this call deleted the refund.
+pub async fn delete_pending(tx: &mut PgConnection, id: &str) -> sqlx::Result<u64> {
+    let released = sqlx::query(
+        "WITH gone AS (DELETE FROM refunds WHERE id = $1 AND status = 'pending'
+                       RETURNING charge_id, amount)
+         UPDATE charges c SET amount_refunded = c.amount_refunded - gone.amount
+           FROM gone WHERE c.id = gone.charge_id",
+    )
+    .bind(id)
+    .execute(tx)
+    .await?;
+    Ok(released.rows_affected())
+}
+
+/// One refund by id; `merchant_id` scopes it, so another merchant's id is not found.
+pub async fn find(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    id: &str,
+) -> sqlx::Result<Option<Refund>> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM refunds WHERE merchant_id = $1 AND id = $2"
+    ))
+    .bind(merchant_id)
+    .bind(id)
+    .fetch_optional(db)
+    .await
+}
+
+/// One refund by id, whoever owns it (for recovery).
+pub async fn find_any(db: impl PgExecutor<'_>, id: &str) -> sqlx::Result<Option<Refund>> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM refunds WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(db)
+        .await
+}
+
+/// Pending refunds older than `timeout` that no `processing` key guards (the
+/// keyless ones a crash left behind); keyed ones are found through their key.
+pub async fn stale_unguarded(
+    db: impl PgExecutor<'_>,
+    timeout: std::time::Duration,
+    limit: i64,
+) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar(
+        "SELECT r.id FROM refunds r
+          WHERE r.status = 'pending'
+            AND r.created_at < now() - $1::float8 * interval '1 millisecond'
+            AND NOT EXISTS (SELECT 1 FROM idempotency_keys k
+                             WHERE k.refund_id = r.id AND k.status = 'processing')
+          ORDER BY r.created_at
+          LIMIT $2",
+    )
+    .bind(timeout.as_millis() as f64)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
