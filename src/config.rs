@@ -22,6 +22,9 @@ pub struct ConfigError {
 pub struct Config {
     pub database_url: String,
     pub database_max_connections: u32,
+    /// How long a request waits for a database connection before it gets a
+    /// `503` (also while the database is away).
+    pub database_acquire_timeout: Duration,
     pub bind_addr: IpAddr,
     pub port: u16,
     /// The demo merchant's secret key, created at start when set.
@@ -66,6 +69,12 @@ impl Config {
             database_max_connections: parse(&get, "DATABASE_MAX_CONNECTIONS", 10, |v| {
                 positive(v.parse::<u32>().map_err(|e| e.to_string())?)
             })?,
+            database_acquire_timeout: parse(
+                &get,
+                "DATABASE_ACQUIRE_TIMEOUT",
+                Duration::from_secs(5),
+                positive_duration,
+            )?,
             bind_addr: parse(&get, "BIND_ADDR", IpAddr::from([127, 0, 0, 1]), |v| {
                 IpAddr::from_str(v).map_err(|e| e.to_string())
             })?,
@@ -128,6 +137,7 @@ impl std::fmt::Debug for Config {
         f.debug_struct("Config")
             .field("database_url", &self.redacted_database_url())
             .field("database_max_connections", &self.database_max_connections)
+            .field("database_acquire_timeout", &self.database_acquire_timeout)
             .field("bind_addr", &self.bind_addr)
             .field("port", &self.port)
             .field("demo_api_key", &self.demo_api_key.as_ref().map(|_| "sk_test_***"))

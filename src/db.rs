@@ -1,7 +1,6 @@
 //! The connection pool and the migrations.
 
 use std::str::FromStr;
-use std::time::Duration;
 
 use anyhow::Context;
 use sqlx::PgPool;
@@ -13,14 +12,14 @@ use crate::config::Config;
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Connects lazily: the server starts even if the database is briefly away,
-/// and each request waits at most a few seconds for a connection.
+/// and each request waits at most `DATABASE_ACQUIRE_TIMEOUT` for a connection.
 pub fn pool(config: &Config) -> anyhow::Result<PgPool> {
     let options = PgConnectOptions::from_str(&config.database_url)
         .with_context(|| format!("invalid DATABASE_URL {}", config.redacted_database_url()))?
         .application_name("oncepay");
     Ok(PgPoolOptions::new()
         .max_connections(config.database_max_connections)
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(config.database_acquire_timeout)
         .connect_lazy_with(options))
 }
 

@@ -258,6 +258,7 @@ async fn a_database_restart_under_load_loses_nothing_and_doubles_nothing() {
             ("PROCESSING_TIMEOUT", "1s"),
             ("SWEEP_INTERVAL", "300ms"),
             ("PROCESSOR_LATENCY_MS", "20"),
+            ("DATABASE_ACQUIRE_TIMEOUT", "500ms"),
         ],
     )
     .await;
@@ -293,7 +294,7 @@ async fn a_database_restart_under_load_loses_nothing_and_doubles_nothing() {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let down = Instant::now();
         tokio::task::block_in_place(|| cluster.stop());
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        tokio::time::sleep(Duration::from_millis(2500)).await;
         tokio::task::block_in_place(|| cluster.start_again());
         down.elapsed()
     };
