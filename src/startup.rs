@@ -29,6 +29,16 @@ impl Application {
             pool.clone(),
             config.processor_latency,
         ));
+        Self::build_with_processor(config, pool, processor).await
+    }
+
+    /// [`Application::build`] with another processor, such as a test double
+    /// that fails on purpose.
+    pub async fn build_with_processor(
+        config: Config,
+        pool: PgPool,
+        processor: Arc<dyn Processor>,
+    ) -> anyhow::Result<Self> {
         let listener = TcpListener::bind((config.bind_addr, config.port))
             .await
             .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;

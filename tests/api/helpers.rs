@@ -132,6 +132,21 @@ pub async fn spawn_app() -> TestApp {
 /// Starts the server with `settings`. Its own sweeper is set to a long
 /// interval so tests decide when a sweep happens (`sweep_once`).
 pub async fn spawn_app_with(settings: Settings) -> TestApp {
+    spawn(settings, None).await
+}
+
+/// Starts the server with `settings` and the processor `processor` makes
+/// from the test database's pool, used by the server and by `sweep_once`.
+pub async fn spawn_app_with_processor(
+    settings: Settings,
+    processor: impl FnOnce(PgPool) -> Arc<dyn Processor> + 'static,
+) -> TestApp {
+    spawn(settings, Some(Box::new(processor))).await
+}
+
+type MakeProcessor = Box<dyn FnOnce(PgPool) -> Arc<dyn Processor>>;
+
+async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> TestApp {
     let db = TestDb::create().await;
     let mut vars = vec![
         ("DATABASE_URL", db.url.clone()),
@@ -154,9 +169,26 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
         .await
         .expect("connect to the test database");
     let (merchant, key) = merchants::create(&pool, "test merchant").await.unwrap();
-    let app = Application::build(config.clone(), pool.clone())
-        .await
-        .expect("build the app");
+    // By default the server's processor honours PROCESSOR_LATENCY_MS, and
+    // the tests' own (for `sweep_once` and direct calls) answers at once.
+    let (app, processor) = match make_processor {
+        Some(make) => {
+            let processor = make(pool.clone());
+            let app =
+                Application::build_with_processor(config.clone(), pool.clone(), processor.clone())
+                    .await;
+            (app, processor)
+        }
+        None => {
+            let processor: Arc<dyn Processor> =
+                Arc::new(SimulatedProcessor::new(pool.clone(), Duration::ZERO));
+            (
+                Application::build(config.clone(), pool.clone()).await,
+                processor,
+            )
+        }
+    };
+    let app = app.expect("build the app");
     app.prepare_database().await.expect("prepare the database");
     let address = format!("http://127.0.0.1:{}", app.port());
     let (shutdown, stopped) = oneshot::channel::<()>();
@@ -167,8 +199,6 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
         .await
         .expect("the server runs");
     });
-    let processor: Arc<dyn Processor> =
-        Arc::new(SimulatedProcessor::new(pool.clone(), Duration::ZERO));
     TestApp {
         address,
         pool,

@@ -1,13 +1,22 @@
 //! Refunds: replays, partial and full refunds, races between refunds with
 //! different keys, refusals, roll-forward recovery, and the balance.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
 use futures::future::join_all;
 use oncepay::idempotency::Fingerprint;
 use oncepay::params::Params;
+use oncepay::processor::{
+    self, Authorization, Outcome, Processor, ProcessorError, SimulatedProcessor,
+};
 use oncepay::refunds::NewRefund;
 use serde_json::{Value, json};
 
-use crate::helpers::{Answer, Settings, TestApp, spawn_app, spawn_app_with, visa};
+use crate::helpers::{
+    Answer, Settings, TestApp, spawn_app, spawn_app_with, spawn_app_with_processor, visa,
+};
 
 fn refund(charge: &str, amount: Option<i64>) -> Value {
     match amount {
@@ -644,5 +653,64 @@ async fn the_balance_shows_charged_minus_refunded_per_currency() {
         Answer::of(theirs).await.json()["available"],
         json!([]),
         "a merchant sees only its own money"
+    );
+}
+
+/// The simulated processor, except that every refund call finds the
+/// processor unavailable (nothing recorded).
+struct RefundsUnavailable(SimulatedProcessor);
+
+#[async_trait]
+impl Processor for RefundsUnavailable {
+    async fn authorize(&self, request: Authorization<'_>) -> Result<Outcome, ProcessorError> {
+        self.0.authorize(request).await
+    }
+
+    async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
+        self.0.void_unless_recorded(processor_key).await
+    }
+
+    async fn refund(&self, _: processor::Refund<'_>) -> Result<(), ProcessorError> {
+        Err(ProcessorError::Unavailable)
+    }
+}
+
+#[tokio::test]
+async fn an_unavailable_processor_leaves_nothing_reserved_and_the_key_free() {
+    let app = spawn_app_with_processor(Settings::new(), |pool| {
+        Arc::new(RefundsUnavailable(SimulatedProcessor::new(
+            pool,
+            Duration::ZERO,
+        )))
+    })
+    .await;
+    let charge = app.paid_charge(2000).await;
+    for _ in 0..2 {
+        let answer = Answer::of(
+            app.post_refund(Some("later"), &refund(&charge, Some(500)))
+                .await,
+        )
+        .await;
+        answer.assert_problem(503, "processor_unavailable");
+        assert_eq!(answer.header("retry-after"), Some("1"));
+        assert!(!answer.replayed(), "a retry runs anew");
+        assert_eq!(
+            app.amount_refunded(&charge).await,
+            0,
+            "the reservation went back"
+        );
+        assert_eq!(app.refunds().await, 0);
+        assert_eq!(app.keys().await, 0);
+        assert_eq!(app.processor_refunds().await, 0);
+    }
+    let charge = Answer::of(app.get(&format!("/v1/charges/{charge}")).await)
+        .await
+        .json();
+    assert_eq!(
+        (
+            charge["amount_refunded"].as_i64(),
+            charge["refunded"].as_bool()
+        ),
+        (Some(0), Some(false))
     );
 }
