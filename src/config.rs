@@ -140,7 +140,10 @@ impl std::fmt::Debug for Config {
             .field("database_acquire_timeout", &self.database_acquire_timeout)
             .field("bind_addr", &self.bind_addr)
             .field("port", &self.port)
-            .field("demo_api_key", &self.demo_api_key.as_ref().map(|_| "sk_test_***"))
+            .field(
+                "demo_api_key",
+                &self.demo_api_key.as_ref().map(|_| "sk_test_***"),
+            )
             .field("idempotency_key_ttl", &self.idempotency_key_ttl)
             .field("idempotency_key_required", &self.idempotency_key_required)
             .field("processing_timeout", &self.processing_timeout)
@@ -154,7 +157,9 @@ impl std::fmt::Debug for Config {
 
 /// Replaces the password of a `scheme://user:password@host/...?password=...` URL.
 pub fn redact_url(url: &str) -> String {
-    let (url, query) = url.split_once('?').map_or((url, None), |(u, q)| (u, Some(q)));
+    let (url, query) = url
+        .split_once('?')
+        .map_or((url, None), |(u, q)| (u, Some(q)));
     let redacted = match url.split_once("://") {
         Some((scheme, rest)) => match rest.rsplit_once('@') {
             Some((userinfo, host)) => match userinfo.split_once(':') {
@@ -171,7 +176,9 @@ pub fn redact_url(url: &str) -> String {
             let params: Vec<String> = query
                 .split('&')
                 .map(|pair| match pair.split_once('=') {
-                    Some((name, _)) if name.eq_ignore_ascii_case("password") => format!("{name}=***"),
+                    Some((name, _)) if name.eq_ignore_ascii_case("password") => {
+                        format!("{name}=***")
+                    }
                     _ => pair.to_owned(),
                 })
                 .collect();
@@ -285,11 +292,17 @@ mod tests {
     fn debug_output_hides_secrets() {
         let c = config(&[
             ("DATABASE_URL", "postgres://app:hunter2@db/x"),
-            ("DEMO_API_KEY", "sk_test_abcdefghijklmnopqrstuvwxyz0123456789"),
+            (
+                "DEMO_API_KEY",
+                "sk_test_abcdefghijklmnopqrstuvwxyz0123456789",
+            ),
         ])
         .unwrap();
         let debug = format!("{c:?}");
-        assert!(!debug.contains("hunter2") && !debug.contains("abcdefghij"), "{debug}");
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("abcdefghij"),
+            "{debug}"
+        );
     }
 
     #[test]

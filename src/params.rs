@@ -224,7 +224,10 @@ mod tests {
             assert!(
                 matches!(
                     Params::from_json(body),
-                    Err(DecodeError::Param(ParamError { code: "parameter_invalid_string", .. }))
+                    Err(DecodeError::Param(ParamError {
+                        code: "parameter_invalid_string",
+                        ..
+                    }))
                 ),
                 "{}",
                 String::from_utf8_lossy(body)

@@ -23,7 +23,7 @@ const FAULTS_ON: (&str, &str) = ("FAULT_INJECTION", "true");
 async fn a_retry_storm_on_one_key_per_operation_charges_each_once() {
     let db = Database::create().await;
     let server = Server::start(&db.url, &[("PROCESSOR_LATENCY_MS", "100")]).await;
-    let urls = vec![server.url()];
+    let urls = [server.url()];
     let http = client(Duration::from_secs(15));
     let deadline = Instant::now() + Duration::from_secs(60);
     let operations = 20 * scale();
@@ -57,7 +57,7 @@ async fn a_retry_storm_on_one_key_per_operation_charges_each_once() {
 async fn a_lost_answer_is_replayed_on_retry() {
     let db = Database::create().await;
     let server = Server::start(&db.url, &[FAULTS_ON]).await;
-    let urls = vec![server.url()];
+    let urls = [server.url()];
     let http = client(Duration::from_secs(15));
     let operations = 10 * scale();
     let mut outcomes = Vec::new();
@@ -116,7 +116,7 @@ async fn a_processor_timeout_after_capture_ends_succeeded_after_the_sweep() {
         &[("PROCESSING_TIMEOUT", "1s"), ("SWEEP_INTERVAL", "300ms")],
     )
     .await;
-    let urls = vec![server.url()];
+    let urls = [server.url()];
     let http = client(Duration::from_secs(15));
     let operations = 5 * scale();
     let mut outcomes = Vec::new();
@@ -262,7 +262,7 @@ async fn a_database_restart_under_load_loses_nothing_and_doubles_nothing() {
         ],
     )
     .await;
-    let urls = vec![server.url()];
+    let urls = [server.url()];
     let http = client(Duration::from_secs(15));
     let deadline = Instant::now() + Duration::from_secs(60);
     let load_until = Instant::now() + Duration::from_secs(5);
