@@ -14,6 +14,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 use tracing::Instrument;
+use uuid::Uuid;
 
 use super::AppState;
 use super::auth::Authenticated;
@@ -24,7 +25,7 @@ use super::problem::{ApiError, Problem};
 use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
 use crate::charges::{NewCharge, store};
-use crate::idempotency::{Fingerprint, Resource, store as keys};
+use crate::idempotency::{Fingerprint, IdempotencyKey, Resource, store as keys};
 use crate::processor::{self, Authorization, ProcessorError};
 use crate::sweeper;
 
@@ -48,20 +49,48 @@ async fn create(
     let fault = Fault::from_headers(&state, &headers)?;
     let new_charge = NewCharge::from_params(decode(&headers, &body)?)?;
     let fingerprint = Fingerprint::of("POST", ROUTE, &new_charge.canonical());
+    let wait = idempotent::prefer_wait(&headers);
+
+    // Steps 2 to 4 run in their own task: once the claim may have committed,
+    // a client that hangs up must not cancel the work half-way.
+    let work = Work {
+        merchant_id: merchant.id,
+        key,
+        fingerprint,
+        wait,
+        charge: new_charge,
+        fault,
+    };
+    tokio::spawn(claim_and_charge(state, work).instrument(tracing::Span::current()))
+        .await
+        .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("charge task failed")))?
+}
+
+/// A validated request, ready for steps 2 to 4.
+struct Work {
+    merchant_id: Uuid,
+    key: Option<IdempotencyKey>,
+    fingerprint: Fingerprint,
+    wait: std::time::Duration,
+    charge: NewCharge,
+    fault: Option<Fault>,
+}
+
+async fn claim_and_charge(state: AppState, work: Work) -> Result<Response, ApiError> {
     let charge_id = new_charge_id();
     let resource = Resource::Charge(charge_id.clone());
 
     // 2. Claim the key and write the pending charge, in one transaction.
-    let mut tx = match &key {
+    let mut tx = match &work.key {
         None => state.pool.begin().await?,
         Some(key) => {
             let guard = Guard {
-                merchant_id: merchant.id,
+                merchant_id: work.merchant_id,
                 key,
                 route: ROUTE,
-                fingerprint,
+                fingerprint: work.fingerprint,
                 resource: &resource,
-                wait: idempotent::prefer_wait(&headers),
+                wait: work.wait,
             };
             let recover = |stale: Resource| {
                 let state = state.clone();
@@ -77,18 +106,12 @@ async fn create(
             }
         }
     };
-    store::insert_pending(&mut tx, &charge_id, merchant.id, &new_charge).await?;
+    store::insert_pending(&mut tx, &charge_id, work.merchant_id, &work.charge).await?;
     tx.commit().await?;
-    faults::crash_if(fault, Fault::CrashAfterClaim);
+    faults::crash_if(work.fault, Fault::CrashAfterClaim);
 
-    // 3 and 4 run in their own task: if the client goes away now, the
-    // charge is still carried through to a definite outcome.
-    let work = tokio::spawn(
-        authorize_and_settle(state.clone(), charge_id, new_charge, fault)
-            .instrument(tracing::Span::current()),
-    );
-    work.await
-        .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("charge task failed")))?
+    // 3 and 4.
+    authorize_and_settle(state, charge_id, work.charge, work.fault).await
 }
 
 async fn authorize_and_settle(
@@ -116,9 +139,15 @@ async fn authorize_and_settle(
         },
         Err(ProcessorError::Unavailable) => {
             // Nothing was recorded: give the key back so a retry runs anew.
+            // The charge goes first, in the same lock order as settling; if
+            // it is no longer pending, the sweeper settled it meanwhile and
+            // that answer stands.
             let mut tx = state.pool.begin().await?;
+            if store::delete_pending(&mut tx, &charge_id).await? == 0 {
+                tx.rollback().await?;
+                return settled_elsewhere(&state, &charge_id).await;
+            }
             keys::release(&mut tx, &Resource::Charge(charge_id.clone())).await?;
-            store::delete_pending(&mut tx, &charge_id).await?;
             tx.commit().await?;
             Err(Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -211,6 +240,10 @@ async fn list(
                         )
                         .with_param("limit")
                     })?;
+            }
+            // No id contains NUL (and Postgres text cannot hold it).
+            "starting_after" if value.contains('\0') => {
+                return Err(no_such_charge("\\u0000", "starting_after"));
             }
             "starting_after" => starting_after = Some(value.into_owned()),
             other => {

@@ -58,6 +58,7 @@ where
 {
     let deadline = Instant::now() + guard.wait;
     let mut poll = Duration::from_millis(20);
+    let mut waited = false;
     loop {
         let mut tx = state.pool.begin().await?;
         let claim = Claim {
@@ -79,7 +80,7 @@ where
         }
         if let (KeyStatus::Completed, Some(saved)) = (stored.status, stored.response) {
             tracing::info!(resource = ?stored.resource, "replaying a completed key");
-            return Ok(Begun::Answered(replay(saved, !guard.wait.is_zero())));
+            return Ok(Begun::Answered(replay(saved, waited)));
         }
         let stale = keys::lease_one(
             &state.pool,
@@ -93,12 +94,14 @@ where
             recover(resource).await?;
             continue;
         }
-        if Instant::now() + poll <= deadline {
-            tokio::time::sleep(poll).await;
+        let now = Instant::now();
+        if now < deadline {
+            tokio::time::sleep(poll.min(deadline - now)).await;
             poll = (poll * 2).min(Duration::from_millis(250));
+            waited = true;
             continue;
         }
-        return Err(in_use(!guard.wait.is_zero()));
+        return Err(in_use(waited));
     }
 }
 

@@ -26,7 +26,7 @@ use super::idempotent::{self, Begun, Guard};
 use super::problem::{ApiError, Problem};
 use crate::charges::settle::Settled;
 use crate::charges::{ChargeStatus, store as charges};
-use crate::idempotency::{Fingerprint, Resource, store as keys};
+use crate::idempotency::{Fingerprint, IdempotencyKey, Resource, store as keys};
 use crate::processor::ProcessorError;
 use crate::refunds::domain::new_refund_id;
 use crate::refunds::settle::{self, Pending};
@@ -52,6 +52,27 @@ async fn create(
     let key = idempotent::key_from_headers(&state, &headers)?;
     let new_refund = NewRefund::from_params(decode(&headers, &body)?)?;
     let fingerprint = Fingerprint::of("POST", ROUTE, &new_refund.canonical());
+    let wait = idempotent::prefer_wait(&headers);
+
+    // Steps 2 to 4 run in their own task: once the claim may have committed,
+    // a client that hangs up must not cancel the work half-way.
+    let merchant_id = merchant.id;
+    tokio::spawn(
+        async move { claim_and_refund(state, merchant_id, key, fingerprint, wait, new_refund).await }
+            .instrument(tracing::Span::current()),
+    )
+    .await
+    .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("refund task failed")))?
+}
+
+async fn claim_and_refund(
+    state: AppState,
+    merchant_id: Uuid,
+    key: Option<IdempotencyKey>,
+    fingerprint: Fingerprint,
+    wait: std::time::Duration,
+    new_refund: NewRefund,
+) -> Result<Response, ApiError> {
     let refund_id = new_refund_id();
     let resource = Resource::Refund(refund_id.clone());
 
@@ -61,12 +82,12 @@ async fn create(
         None => state.pool.begin().await?,
         Some(key) => {
             let guard = Guard {
-                merchant_id: merchant.id,
+                merchant_id,
                 key,
                 route: ROUTE,
                 fingerprint,
                 resource: &resource,
-                wait: idempotent::prefer_wait(&headers),
+                wait,
             };
             let recover = |stale: Resource| {
                 let state = state.clone();
@@ -83,27 +104,23 @@ async fn create(
         }
     };
     let amount = new_refund.amount.map(|a| a.minor_units());
-    let Some(reserved) = store::reserve(&mut tx, merchant.id, &new_refund.charge, amount).await?
+    let Some(reserved) = store::reserve(&mut tx, merchant_id, &new_refund.charge, amount).await?
     else {
         // Refused before the work: the claim goes with the rollback.
         tx.rollback().await?;
-        return Err(refused(&state, merchant.id, &new_refund).await);
+        return Err(refused(&state, merchant_id, &new_refund).await);
     };
-    store::insert_pending(&mut tx, &refund_id, merchant.id, &new_refund, &reserved).await?;
+    store::insert_pending(&mut tx, &refund_id, merchant_id, &new_refund, &reserved).await?;
     tx.commit().await?;
 
-    // 3 and 4 run in their own task: if the client goes away now, the
-    // refund is still carried through to a definite outcome.
+    // 3 and 4.
     let refund = Pending {
         id: refund_id,
         charge_id: new_refund.charge,
         amount: reserved.amount,
         currency: reserved.currency,
     };
-    let work =
-        tokio::spawn(refund_and_settle(state.clone(), refund).instrument(tracing::Span::current()));
-    work.await
-        .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("refund task failed")))?
+    refund_and_settle(state, refund).await
 }
 
 async fn refund_and_settle(state: AppState, refund: Pending) -> Result<Response, ApiError> {

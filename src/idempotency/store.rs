@@ -167,8 +167,10 @@ pub enum ClaimOutcome {
     Taken(Box<StoredKey>),
 }
 
-/// Claims a key in one statement: insert it, or take over a row that has
-/// expired (an expired key counts as never seen). When neither happens, the
+/// Claims a key in one statement: insert it, or take over a completed row
+/// that has expired (an expired key counts as never seen). A row still
+/// `processing` is never taken over, however old: its request may still be
+/// at work, so it is settled first (sweeper or stale retry). When neither happens, the
 /// conflicting row is locked by the statement and read in the same
 /// transaction, so the answer is built from a committed, current row.
 pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<ClaimOutcome> {
@@ -193,7 +195,8 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
              locked_at = EXCLUDED.locked_at,
              expires_at = EXCLUDED.expires_at,
              completed_at = NULL
-         WHERE idempotency_keys.expires_at <= now()",
+         WHERE idempotency_keys.expires_at <= now()
+           AND idempotency_keys.status = 'completed'",
     )
     .bind(claim.merchant_id)
     .bind(claim.key.as_str())

@@ -99,14 +99,17 @@ async fn another_merchants_charge_is_not_found() {
 }
 
 #[tokio::test]
-async fn only_a_hash_of_the_key_is_stored() {
+async fn only_the_sha256_of_the_key_is_stored() {
     let app = spawn_app().await;
-    let stored: Vec<Vec<u8>> = sqlx::query_scalar("SELECT api_key_hash FROM merchants")
-        .fetch_all(&app.pool)
+    let stored: Vec<u8> = sqlx::query_scalar("SELECT api_key_hash FROM merchants WHERE id = $1")
+        .bind(app.merchant_id)
+        .fetch_one(&app.pool)
         .await
         .unwrap();
-    for hash in stored {
-        assert_eq!(hash.len(), 32);
-        assert!(!String::from_utf8_lossy(&hash).contains("sk_test_"));
-    }
+    let expected: Vec<u8> = sqlx::query_scalar("SELECT sha256($1::bytea)")
+        .bind(app.api_key.as_bytes())
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, expected);
 }

@@ -389,3 +389,46 @@ async fn bad_idempotency_keys_are_400() {
         .assert_problem(400, "invalid_idempotency_key");
     assert_nothing_written(counts(&app).await, "bad keys");
 }
+
+#[tokio::test]
+async fn nul_characters_are_400_and_write_nothing() {
+    let app = spawn_app().await;
+    check_json(
+        &app,
+        vec![
+            (
+                with("description", json!("a\u{0}b")),
+                400,
+                "parameter_invalid_string",
+                Some("description"),
+            ),
+            (
+                with("metadata", json!({"k": "v\u{0}"})),
+                400,
+                "parameter_invalid_string",
+                Some("metadata[k]"),
+            ),
+            (
+                with("metadata", json!({"k\u{0}": "v"})),
+                400,
+                "parameter_invalid_string",
+                None,
+            ),
+        ],
+    )
+    .await;
+    let form = "amount=1&currency=usd&source=tok_visa&description=a%00b";
+    let answer = Answer::of(
+        app.post_raw(Some("f"), "application/x-www-form-urlencoded", form)
+            .await,
+    )
+    .await;
+    answer.assert_problem(400, "parameter_invalid_string");
+    Answer::of(app.get("/v1/charges/ch_%00").await)
+        .await
+        .assert_problem(404, "resource_missing");
+    Answer::of(app.get("/v1/charges?starting_after=%00").await)
+        .await
+        .assert_problem(400, "resource_missing");
+    assert_nothing_written(counts(&app).await, "NUL");
+}

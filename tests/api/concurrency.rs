@@ -71,12 +71,12 @@ async fn a_duplicate_in_flight_gets_409_with_retry_after() {
     assert_eq!(first.status(), 201);
     second.assert_problem(409, "idempotency_key_in_use");
     assert_eq!(second.header("retry-after"), Some("1"));
-    // A changed request in flight is a misuse of the key, not a wait.
     assert_eq!(app.charges().await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_different_request_in_flight_with_the_same_key_is_422() {
+    // A changed request in flight is a misuse of the key, not a wait.
     let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 1000)).await;
     let body = visa(2000);
     let first = app.post_charge(Some("slow"), &body);

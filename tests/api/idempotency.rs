@@ -282,3 +282,24 @@ async fn the_key_endpoint_shows_the_state_of_a_key() {
         .await
         .assert_problem(404, "resource_missing");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_still_in_flight_is_never_taken_over_even_past_its_expiry() {
+    let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 1500)).await;
+    let body = visa(2000);
+    let first = app.post_charge(Some("slow"), &body);
+    let second = async {
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        // The key expires while its first request is still at the processor.
+        sqlx::query("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
+            .execute(&app.pool)
+            .await
+            .unwrap();
+        Answer::of(app.post_charge(Some("slow"), &body).await).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first.status(), 201);
+    second.assert_problem(409, "idempotency_key_in_use");
+    assert_eq!(app.charges().await, 1);
+    assert_eq!(app.payments().await, 1);
+}

@@ -131,3 +131,42 @@ async fn unknown_routes_and_methods_get_problems() {
         .await
         .assert_problem(405, "method_not_allowed");
 }
+
+#[tokio::test]
+async fn without_a_database_readiness_and_requests_are_503_problems() {
+    let config = oncepay::config::Config::from_lookup(|name| {
+        let value = match name {
+            "DATABASE_URL" => "postgres://postgres@127.0.0.1:1/nowhere",
+            "PORT" => "0",
+            "DATABASE_ACQUIRE_TIMEOUT" => "300ms",
+            "SWEEP_INTERVAL" => "1h",
+            _ => return None,
+        };
+        Some(value.to_owned())
+    })
+    .unwrap();
+    let pool = oncepay::db::pool(&config).unwrap();
+    let app = oncepay::startup::Application::build(config, pool)
+        .await
+        .unwrap();
+    let url = format!("http://127.0.0.1:{}", app.port());
+    let server = tokio::spawn(app.run_until_stopped(std::future::pending()));
+    let client = reqwest::Client::new();
+
+    let health = client.get(format!("{url}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200, "the process is up");
+    let ready = Answer::of(client.get(format!("{url}/readyz")).send().await.unwrap()).await;
+    ready.assert_problem(503, "service_unavailable");
+    assert!(ready.header("retry-after").is_some());
+    let charge = client
+        .post(format!("{url}/v1/charges"))
+        .bearer_auth(format!("sk_test_{}", "a".repeat(32)))
+        .json(&visa(100))
+        .send()
+        .await
+        .unwrap();
+    Answer::of(charge)
+        .await
+        .assert_problem(503, "service_unavailable");
+    server.abort();
+}

@@ -1,12 +1,19 @@
 //! The background task: stale charges settled both ways, late authorizations
 //! fenced off, expired keys deleted.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use async_trait::async_trait;
 
 use oncepay::charges::NewCharge;
 use oncepay::idempotency::Fingerprint;
 use oncepay::params::Params;
-use oncepay::processor::{Authorization, Outcome, TestToken, authorization_key};
+use oncepay::processor::{
+    Authorization, Outcome, Processor, ProcessorError, Refund, TestToken, authorization_key,
+};
+use oncepay::sweeper::Sweeper;
 
 use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, visa};
 
@@ -226,8 +233,21 @@ async fn two_sweepers_at_once_settle_each_stale_row_once() {
         )
         .await;
     }
-    let (a, b) = tokio::join!(app.sweep_once(), app.sweep_once());
+    // Two sweepers sharing one processor that counts the fences it is asked for.
+    let counting = Arc::new(CountingProcessor {
+        inner: app.processor.clone(),
+        voids: AtomicUsize::new(0),
+    });
+    let sweeper = || Sweeper::new(app.pool.clone(), counting.clone(), Duration::from_secs(1));
+    let (first, second) = (sweeper(), sweeper());
+    let (a, b) = tokio::join!(first.sweep_once(), second.sweep_once());
+    let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a.settled_failed + b.settled_failed, 20, "{a:?} {b:?}");
+    assert_eq!(
+        counting.voids.load(Ordering::SeqCst),
+        20,
+        "the lease kept the two sweepers off each other's rows"
+    );
     assert_eq!(
         app.count("SELECT count(*) FROM charges WHERE status = 'failed'")
             .await,
@@ -267,4 +287,26 @@ async fn the_sweeper_deletes_expired_keys_and_keeps_live_ones() {
     assert_eq!(report.keys_deleted, 1200);
     assert_eq!(app.keys().await, 3, "live keys stay");
     assert_eq!(app.charges().await, 3, "charges are never deleted");
+}
+
+/// A processor that counts the fences (voids) it is asked for.
+struct CountingProcessor {
+    inner: Arc<dyn Processor>,
+    voids: AtomicUsize,
+}
+
+#[async_trait]
+impl Processor for CountingProcessor {
+    async fn authorize(&self, request: Authorization<'_>) -> Result<Outcome, ProcessorError> {
+        self.inner.authorize(request).await
+    }
+
+    async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
+        self.voids.fetch_add(1, Ordering::SeqCst);
+        self.inner.void_unless_recorded(processor_key).await
+    }
+
+    async fn refund(&self, request: Refund<'_>) -> Result<(), ProcessorError> {
+        self.inner.refund(request).await
+    }
 }
