@@ -37,6 +37,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Honour the `Oncepay-Fault` request header (tests and workshops only).
     pub fault_injection: bool,
+    /// Serve the deliberately broken `POST /demo/naive/charges` (workshops only).
+    pub demo_unsafe_endpoints: bool,
 }
 
 impl Config {
@@ -110,6 +112,7 @@ impl Config {
                 positive(v.parse::<usize>().map_err(|e| e.to_string())?)
             })?,
             fault_injection: parse(&get, "FAULT_INJECTION", false, boolean)?,
+            demo_unsafe_endpoints: parse(&get, "DEMO_UNSAFE_ENDPOINTS", false, boolean)?,
         };
         // A key must outlive any request holding it, or a retry could take
         // over a key whose first request is still at work.
@@ -151,6 +154,7 @@ impl std::fmt::Debug for Config {
             .field("processor_latency", &self.processor_latency)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("fault_injection", &self.fault_injection)
+            .field("demo_unsafe_endpoints", &self.demo_unsafe_endpoints)
             .finish()
     }
 }

@@ -5,6 +5,7 @@ pub mod charges;
 pub mod cli;
 pub mod config;
 pub mod db;
+pub mod demo;
 pub mod http;
 pub mod idempotency;
 pub mod merchants;

@@ -52,6 +52,15 @@ impl Application {
 
     /// Applies migrations and makes sure the demo merchant exists.
     pub async fn prepare_database(&self) -> anyhow::Result<()> {
+        if self.state.config.demo_unsafe_endpoints {
+            tracing::warn!(
+                "DEMO_UNSAFE_ENDPOINTS=true: POST /demo/naive/charges is served. It double-charges \
+                 on purpose, for teaching; never enable it anywhere real"
+            );
+        }
+        if self.state.config.fault_injection {
+            tracing::warn!("FAULT_INJECTION=true: requests may crash this process on purpose");
+        }
         crate::db::migrate(&self.state.pool).await?;
         if let Some(key) = &self.state.config.demo_api_key {
             let key = ApiKey::parse(key).context("DEMO_API_KEY")?;

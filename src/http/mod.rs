@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod balance;
 pub mod charges;
+pub mod demo;
 pub mod extract;
 pub mod faults;
 pub mod health;
@@ -43,6 +44,7 @@ pub fn router(state: AppState) -> Router {
         .merge(balance::router())
         .merge(idempotency_keys::router())
         .merge(health::router())
+        .merge(demo::router(state.config.demo_unsafe_endpoints))
         .fallback(|| async {
             Problem::new(
                 StatusCode::NOT_FOUND,

@@ -5,6 +5,7 @@ mod auth;
 mod bad_input;
 mod cli;
 mod concurrency;
+mod demo;
 mod faults;
 mod helpers;
 mod idempotency;

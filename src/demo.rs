@@ -1,0 +1,131 @@
+//! The workshop's SQL: effect counts, and the naive endpoint's key table.
+//! Nothing here is used by the real charge path.
+
+use sqlx::{PgExecutor, PgPool};
+use uuid::Uuid;
+
+use crate::charges::domain::new_charge_id;
+use crate::charges::settle::{Settled, response_for, settle};
+use crate::charges::{NewCharge, store};
+use crate::http::AppState;
+use crate::idempotency::SavedResponse;
+use crate::processor::{self, Authorization};
+
+/// What the database holds for a set of charges.
+#[derive(Debug, Clone, Copy, Default, sqlx::FromRow)]
+pub struct Effects {
+    /// Payments the processor recorded: money moved.
+    pub payments: i64,
+    pub charges: i64,
+    pub succeeded: i64,
+    pub failed: i64,
+    pub pending: i64,
+}
+
+/// Counts the merchant's charges tagged `metadata.demo_run = run` (all of
+/// its charges when `run` is `None`) and the payments behind them.
+pub async fn effects(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    run: Option<&str>,
+) -> sqlx::Result<Effects> {
+    sqlx::query_as(
+        "SELECT count(p.processor_key) FILTER (WHERE p.outcome = 'succeeded') AS payments,
+                count(*) AS charges,
+                count(*) FILTER (WHERE c.status = 'succeeded') AS succeeded,
+                count(*) FILTER (WHERE c.status = 'failed') AS failed,
+                count(*) FILTER (WHERE c.status = 'pending') AS pending
+           FROM charges c
+           LEFT JOIN processor_operations p ON p.processor_key = 'auth:' || c.id
+          WHERE c.merchant_id = $1 AND ($2::text IS NULL OR c.metadata->>'demo_run' = $2)",
+    )
+    .bind(merchant_id)
+    .bind(run)
+    .fetch_one(db)
+    .await
+}
+
+/// The naive endpoint's lookup.
+pub async fn naive_lookup(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    key: &str,
+) -> sqlx::Result<Option<SavedResponse>> {
+    let row: Option<(i16, String, Vec<u8>)> = sqlx::query_as(
+        "SELECT status, content_type, response FROM naive_demo_keys WHERE merchant_id = $1 AND key = $2",
+    )
+    .bind(merchant_id)
+    .bind(key)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|(status, content_type, body)| SavedResponse {
+        status: status as u16,
+        content_type,
+        location: None,
+        body,
+    }))
+}
+
+/// The naive endpoint's work: a pending charge, the processor, the settle.
+pub async fn naive_charge(
+    state: &AppState,
+    merchant_id: Uuid,
+    charge: &NewCharge,
+) -> anyhow::Result<SavedResponse> {
+    let id = new_charge_id();
+    let mut tx = state.pool.begin().await?;
+    store::insert_pending(&mut tx, &id, merchant_id, charge).await?;
+    tx.commit().await?;
+    let processor_key = processor::authorization_key(&id);
+    let outcome = state
+        .processor
+        .authorize(Authorization {
+            processor_key: &processor_key,
+            amount: charge.amount.minor_units(),
+            currency: charge.currency.as_str(),
+            source: charge.source,
+        })
+        .await?;
+    match settle(&state.pool, &id, &outcome).await? {
+        Settled::Now(saved) => Ok(saved),
+        Settled::Already => {
+            let charge = store::find_any(&state.pool, &id)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("charge {id} vanished"))?;
+            Ok(response_for(&charge))
+        }
+    }
+}
+
+/// The naive endpoint's write, after the work. The loser of a race inserts
+/// nothing; its duplicate charge already happened.
+pub async fn naive_remember(
+    pool: &PgPool,
+    merchant_id: Uuid,
+    key: &str,
+    saved: &SavedResponse,
+) -> sqlx::Result<()> {
+    let charge_id = serde_json::from_slice::<serde_json::Value>(&saved.body)
+        .ok()
+        .and_then(|v| {
+            v.get("id")
+                .or_else(|| v.get("charge"))
+                .and_then(|id| id.as_str())
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    sqlx::query(
+        "INSERT INTO naive_demo_keys (merchant_id, key, charge_id, status, content_type, response)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (merchant_id, key) DO NOTHING",
+    )
+    .bind(merchant_id)
+    .bind(key)
+    .bind(charge_id)
+    .bind(saved.status as i16)
+    .bind(&saved.content_type)
+    .bind(&saved.body)
+    .execute(pool)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,123 @@
+//! The workshop routes: the effect counter, the lab page, and the naive
+//! endpoint that double-charges on purpose.
+
+use serde_json::json;
+
+use crate::helpers::{Answer, Settings, TestApp, spawn_app, spawn_app_with};
+
+fn tagged(run: &str) -> serde_json::Value {
+    json!({"amount": 500, "currency": "usd", "source": "tok_visa", "metadata": {"demo_run": run}})
+}
+
+async fn naive(app: &TestApp, key: &str, run: &str) -> Answer {
+    let response = app
+        .client
+        .post(app.url("/demo/naive/charges"))
+        .bearer_auth(&app.api_key)
+        .header("Idempotency-Key", key)
+        .json(&tagged(run))
+        .send()
+        .await
+        .unwrap();
+    Answer::of(response).await
+}
+
+#[tokio::test]
+async fn the_naive_endpoint_does_not_exist_unless_enabled() {
+    let app = spawn_app().await;
+    naive(&app, "k", "r")
+        .await
+        .assert_problem(404, "route_not_found");
+    assert_eq!(app.charges().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_naive_endpoint_charges_twice_when_two_requests_race_on_one_key() {
+    let app = spawn_app_with(
+        Settings::new()
+            .set("DEMO_UNSAFE_ENDPOINTS", "true")
+            .set("PROCESSOR_LATENCY_MS", 500),
+    )
+    .await;
+    let (a, b) = tokio::join!(naive(&app, "race", "naive"), naive(&app, "race", "naive"));
+    assert_eq!((a.status, b.status), (201, 201));
+    assert_ne!(
+        a.json()["id"],
+        b.json()["id"],
+        "the bug: two charges for one key"
+    );
+    assert_eq!(app.payments().await, 2);
+    // Sequential retries do replay: the bug needs the race.
+    let retry = naive(&app, "race", "naive").await;
+    assert!(retry.replayed());
+    assert_eq!(app.payments().await, 2);
+
+    // The real endpoint, same race, same latency: one effect.
+    let body = tagged("real");
+    let (a, b) = tokio::join!(
+        app.post_charge(Some("race-real"), &body),
+        app.post_charge(Some("race-real"), &body)
+    );
+    let statuses = [a.status().as_u16(), b.status().as_u16()];
+    assert!(
+        statuses.contains(&201) && statuses.contains(&409),
+        "{statuses:?}"
+    );
+    assert_eq!(app.payments().await, 3);
+}
+
+#[tokio::test]
+async fn the_effect_counter_reads_the_database_per_run() {
+    let app = spawn_app().await;
+    for _ in 0..2 {
+        assert_eq!(app.post_charge(None, &tagged("one")).await.status(), 201);
+    }
+    let declined = json!({"amount": 500, "currency": "usd", "source": "tok_chargeDeclined", "metadata": {"demo_run": "one"}});
+    assert_eq!(app.post_charge(None, &declined).await.status(), 402);
+    assert_eq!(app.post_charge(None, &tagged("two")).await.status(), 201);
+
+    let one = Answer::of(app.get("/demo/effects?run=one").await)
+        .await
+        .json();
+    assert_eq!(
+        (one["payments"].as_i64(), one["charges"].as_i64()),
+        (Some(2), Some(3))
+    );
+    assert_eq!(
+        (one["succeeded"].as_i64(), one["failed"].as_i64()),
+        (Some(2), Some(1))
+    );
+    let all = Answer::of(app.get("/demo/effects").await).await.json();
+    assert_eq!(all["payments"], 3);
+    let other = app.other_merchant().await;
+    let theirs = app
+        .client
+        .get(app.url("/demo/effects"))
+        .bearer_auth(other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(Answer::of(theirs).await.json()["payments"], 0);
+    Answer::of(app.get("/demo/effects?nope=1").await)
+        .await
+        .assert_problem(400, "parameter_unknown");
+}
+
+#[tokio::test]
+async fn the_lab_page_is_served_without_authentication() {
+    let app = spawn_app().await;
+    let page = app.client.get(app.url("/lab")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(
+        page.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    let html = page.text().await.unwrap();
+    assert!(html.contains("oncepay"));
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "nothing from the internet"
+    );
+}
