@@ -1,0 +1,324 @@
+// The lab page (GET /lab), end to end: a real `oncepay serve` on a fresh
+// database, the page in headless Chromium (Debian's /usr/bin/chromium driven
+// by playwright-core), every scenario clicked, and every effect count the
+// page shows checked against the database with psql. Saves screenshots to
+// target/lab/: lab.png (the whole page), scenario-*.png (one per scenario).
+//
+// Run by scripts/test after cargo test; alone:
+//   cargo build --bin oncepay && (cd tests/lab && npm ci) &&
+//   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres node --test tests/lab/
+//
+// Settings (environment): DATABASE_URL (any database of a server where the
+// user may create databases), ONCEPAY_BIN (default target/debug/oncepay),
+// CHROMIUM (default /usr/bin/chromium).
+
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { createWriteStream, existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
+const OUT = join(ROOT, "target", "lab");
+const BIN = process.env.ONCEPAY_BIN || join(ROOT, "target", "debug", "oncepay");
+const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+const SERVER_URL = process.env.DATABASE_URL || "postgres://postgres@127.0.0.1:5432/postgres";
+const API_KEY = "sk_test_lab" + randomBytes(20).toString("hex");
+const DB_NAME = "oncepay_lab_" + randomBytes(6).toString("hex");
+const SCENARIO_TIMEOUT = 60_000;
+
+const servers = [];
+let context = null;
+let page = null;
+let base = null;
+let dbUrl = null;
+let dbCreated = false;
+let userDataDir = null;
+const pageErrors = [];
+
+// ---- helpers ----------------------------------------------------------------
+
+/** Runs SQL on URL with psql and returns its unaligned output. */
+function psql(url, sql) {
+  return execFileSync("psql", ["-X", "-w", "-Atq", "-v", "ON_ERROR_STOP=1", url, "-c", sql], {
+    encoding: "utf8",
+    stdio: ["ignore", "pipe", "pipe"],
+  }).trim();
+}
+
+/** Processor payments (money moved) for the charges tagged with run TAG. */
+function paymentsInDb(tag) {
+  assert.match(tag, /^lab-[0-9a-f]+$/, `unexpected run tag ${tag}`);
+  return Number(
+    psql(
+      dbUrl,
+      `SELECT count(*) FROM processor_operations p JOIN charges c ON p.processor_key = 'auth:' || c.id
+        WHERE p.outcome = 'succeeded' AND c.metadata->>'demo_run' = '${tag}'`,
+    ),
+  );
+}
+
+function withDatabase(url, name) {
+  const u = new URL(url);
+  u.pathname = "/" + name;
+  return u.toString();
+}
+
+function freePort() {
+  return new Promise((ok, fail) => {
+    const s = createServer();
+    s.once("error", fail);
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => ok(port));
+    });
+  });
+}
+
+const times4 = (x) => [x, x, x, x];
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function waitForHealth(proc, url, logName, ms) {
+  const deadline = Date.now() + ms;
+  while (Date.now() < deadline) {
+    if (proc.exited) throw new Error(`oncepay serve exited (${proc.exited}); see ${OUT}/${logName}`);
+    try {
+      if ((await fetch(url + "/healthz")).ok) return;
+    } catch (_) {
+      // not listening yet
+    }
+    await sleep(100);
+  }
+  throw new Error(`oncepay did not answer /healthz within ${ms} ms; see ${OUT}/${logName}`);
+}
+
+const byId = (id) => page.locator(`[data-testid="${id}"]`);
+const text = async (id) => (await byId(id).textContent()).trim();
+const number = async (id) => Number(await text(id));
+
+/** Clicks scenario ID's button and waits until it has finished. */
+async function run(id) {
+  await byId("run-" + id).click();
+  const section = byId("scenario-" + id);
+  await page.waitForFunction(
+    (sel) => ["done", "error"].includes(document.querySelector(sel)?.dataset.state),
+    `[data-testid="scenario-${id}"]`,
+    { timeout: SCENARIO_TIMEOUT },
+  );
+  const state = await section.getAttribute("data-state");
+  assert.equal(state, "done", `scenario ${id} ended in ${state}: ${await text("message")}`);
+}
+
+/** The part's "effects after", checked against the database; returns it. */
+async function effectsAfter(part) {
+  const tag = await text(part + "-tag");
+  const shown = await number(part + "-effects-after");
+  assert.equal(await number(part + "-effects-before"), 0, `${part}: a fresh run starts at 0`);
+  assert.equal(shown, paymentsInDb(tag), `${part}: the page shows what the database holds for ${tag}`);
+  return shown;
+}
+
+async function rows(part) {
+  const out = [];
+  for (let i = 1; await byId(`${part}-row-${i}`).count(); i++) {
+    out.push({
+      status: await text(`${part}-row-${i}-status`),
+      replayed: (await text(`${part}-row-${i}-replayed`)) === "replayed",
+      charge: await text(`${part}-row-${i}-charge`),
+    });
+  }
+  return out;
+}
+
+/** Starts `oncepay serve` on the test database and a free port, with ENV. */
+async function serve(logName, env) {
+  const port = await freePort();
+  const url = `http://127.0.0.1:${port}`;
+  const log = createWriteStream(join(OUT, logName));
+  const proc = spawn(BIN, ["serve"], {
+    cwd: OUT, // away from the repository's .env
+    env: {
+      PATH: process.env.PATH,
+      DATABASE_URL: dbUrl,
+      PORT: String(port),
+      BIND_ADDR: "127.0.0.1",
+      DEMO_API_KEY: API_KEY,
+      RUST_LOG: "info,sqlx=warn",
+      ...env,
+    },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  proc.stdout.pipe(log);
+  proc.stderr.pipe(log);
+  proc.exited = null;
+  proc.on("exit", (code, signal) => {
+    proc.exited = signal || `code ${code}`;
+  });
+  servers.push(proc);
+  await waitForHealth(proc, url, logName, 60_000);
+  return { proc, base: url };
+}
+
+async function stop(proc) {
+  if (proc.exited) return;
+  proc.kill("SIGTERM");
+  for (let i = 0; i < 100 && !proc.exited; i++) await sleep(100);
+  if (!proc.exited) proc.kill("SIGKILL");
+}
+
+// ---- set-up and clean-up ----------------------------------------------------
+
+before(async () => {
+  assert.ok(existsSync(BIN), `${BIN} is missing: run cargo build --bin oncepay first`);
+  assert.ok(existsSync(CHROMIUM), `${CHROMIUM} is missing: apt-get install chromium`);
+  mkdirSync(OUT, { recursive: true });
+
+  psql(SERVER_URL, `CREATE DATABASE "${DB_NAME}"`);
+  dbCreated = true;
+  dbUrl = withDatabase(SERVER_URL, DB_NAME);
+
+  ({ base } = await serve("server.log", {
+    FAULT_INJECTION: "true",
+    DEMO_UNSAFE_ENDPOINTS: "true",
+    PROCESSOR_LATENCY_MS: "400",
+  }));
+
+  userDataDir = mkdtempSync(join(tmpdir(), "oncepay-lab-chromium-"));
+  context = await chromium.launchPersistentContext(userDataDir, {
+    executablePath: CHROMIUM,
+    headless: true,
+    viewport: { width: 1440, height: 900 },
+    args: [
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+    ],
+  });
+  page = context.pages()[0] || (await context.newPage());
+  page.on("pageerror", (e) => pageErrors.push(String(e)));
+  await page.goto(`${base}/lab?key=${API_KEY}`);
+});
+
+after(async () => {
+  await context?.close().catch(() => {});
+  if (userDataDir) rmSync(userDataDir, { recursive: true, force: true });
+  for (const proc of servers) await stop(proc);
+  if (dbCreated) psql(SERVER_URL, `DROP DATABASE IF EXISTS "${DB_NAME}" WITH (FORCE)`);
+});
+
+// ---- the scenarios ----------------------------------------------------------
+
+test("the page takes the merchant key from the address, remembers it, and works offline", async () => {
+  assert.equal(await byId("api-key").inputValue(), API_KEY);
+  await page.goto(`${base}/lab`);
+  assert.equal(await byId("api-key").inputValue(), API_KEY, "remembered in local storage");
+  const html = await page.content();
+  assert.ok(!/https?:\/\//.test(html), "nothing loaded from the internet");
+});
+
+test("1: four requests without a key apply the effect four times", async () => {
+  await run("1");
+  assert.equal(await effectsAfter("s1"), 4);
+  assert.deepEqual(
+    (await rows("s1")).map((r) => r.charge),
+    ["#1", "#2", "#3", "#4"],
+  );
+  assert.match(await text("s1-verdict"), /duplicates/);
+});
+
+test("2: the same four requests with one key apply it once", async () => {
+  await run("2");
+  assert.equal(await effectsAfter("s2"), 1);
+  const r = await rows("s2");
+  assert.deepEqual(
+    r.map((x) => [x.status, x.replayed, x.charge]),
+    [
+      ["201 Created", false, "#1"],
+      ["201 Created", true, "#1"],
+      ["201 Created", true, "#1"],
+      ["201 Created", true, "#1"],
+    ],
+  );
+  assert.match(await text("s2-key-state"), /completed/);
+  assert.match(await text("s2-verdict"), /exactly once/);
+});
+
+test("3: a lost answer, then a retry, is one effect", async () => {
+  await run("3");
+  assert.equal(await number("s3-effects-mid"), 1, "the effect happened before the answer was lost");
+  assert.equal(await effectsAfter("s3"), 1);
+  const r = await rows("s3");
+  assert.match(r[0].status, /no answer/);
+  assert.deepEqual([r[1].status, r[1].replayed, r[1].charge], ["201 Created", true, "#1"]);
+});
+
+test("4: two at once with one key: 1 effect on the real endpoint, 2 on the naive one", async () => {
+  await run("4");
+  assert.equal(await effectsAfter("s4-real"), 1);
+  const statuses = (await rows("s4-real")).map((r) => r.status.split(" ")[0]).sort();
+  assert.deepEqual(statuses, ["201", "409"]);
+  assert.equal(await effectsAfter("s4-naive"), 2);
+  assert.deepEqual(
+    (await rows("s4-naive")).map((r) => r.charge).sort(),
+    ["#1", "#2"],
+  );
+});
+
+test("5: three attempts with one key are 1 effect, with a new key each 3", async () => {
+  await run("5");
+  const one = await effectsAfter("s5-one");
+  const fresh = await effectsAfter("s5-new");
+  assert.deepEqual([one, fresh], [1, 3]);
+  assert.equal(await number("s5-effects-total"), 4);
+});
+
+test("N at once with one key is one effect", async () => {
+  await byId("n-input").fill("8");
+  await run("n");
+  assert.equal((await rows("sn")).length, 8);
+  assert.equal(await effectsAfter("sn"), 1);
+});
+
+test("N at once with Prefer: wait replays the first answer to the others", async () => {
+  await byId("n-input").fill("4");
+  await byId("prefer-wait").check();
+  await run("n");
+  const r = await rows("sn");
+  assert.deepEqual(r.map((x) => [x.status, x.charge]), times4(["201 Created", "#1"]));
+  assert.equal(r.filter((x) => x.replayed).length, 3);
+  assert.equal(await effectsAfter("sn"), 1);
+  await byId("prefer-wait").uncheck();
+});
+
+test("the page ran without script errors; screenshot saved", async () => {
+  assert.deepEqual(pageErrors, []);
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await page.screenshot({ path: join(OUT, "lab.png"), fullPage: true });
+  for (const id of ["1", "2", "3", "4", "5", "n"]) {
+    await byId("scenario-" + id).screenshot({ path: join(OUT, `scenario-${id}.png`) });
+  }
+  console.log(`# screenshot: ${join(OUT, "lab.png")}`);
+});
+
+test("without the workshop switches, scenarios 3 and 4 say what to turn on", async () => {
+  const plain = await serve("server-plain.log", {});
+  await page.goto(`${plain.base}/lab?key=${API_KEY}`);
+  await run("3");
+  assert.match(await text("s3-note"), /FAULT_INJECTION=true/);
+  assert.equal(await effectsAfter("s3"), 0, "the first try was refused, so no retry either");
+  await run("4");
+  assert.equal(await effectsAfter("s4-real"), 1, "the real endpoint needs no switch");
+  assert.match(await text("s4-naive-note"), /DEMO_UNSAFE_ENDPOINTS=true/);
+  assert.equal(await effectsAfter("s4-naive"), 0);
+  await page.screenshot({ path: join(OUT, "lab-without-switches.png"), fullPage: true });
+  await stop(plain.proc);
+});
