@@ -39,6 +39,10 @@ pub struct Config {
     pub fault_injection: bool,
     /// Serve the deliberately broken `POST /demo/naive/charges` (workshops only).
     pub demo_unsafe_endpoints: bool,
+    /// The longest a request may take before it is answered `503 request_timeout`.
+    pub request_timeout: Duration,
+    /// How long shutdown waits for requests in flight to finish.
+    pub shutdown_grace: Duration,
 }
 
 impl Config {
@@ -113,6 +117,18 @@ impl Config {
             })?,
             fault_injection: parse(&get, "FAULT_INJECTION", false, boolean)?,
             demo_unsafe_endpoints: parse(&get, "DEMO_UNSAFE_ENDPOINTS", false, boolean)?,
+            request_timeout: parse(
+                &get,
+                "REQUEST_TIMEOUT",
+                Duration::from_secs(30),
+                positive_duration,
+            )?,
+            shutdown_grace: parse(
+                &get,
+                "SHUTDOWN_GRACE",
+                Duration::from_secs(10),
+                positive_duration,
+            )?,
         };
         // A key must outlive any request holding it, or a retry could take
         // over a key whose first request is still at work.
@@ -155,6 +171,8 @@ impl std::fmt::Debug for Config {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("fault_injection", &self.fault_injection)
             .field("demo_unsafe_endpoints", &self.demo_unsafe_endpoints)
+            .field("request_timeout", &self.request_timeout)
+            .field("shutdown_grace", &self.shutdown_grace)
             .finish()
     }
 }

@@ -9,6 +9,7 @@ pub mod demo;
 pub mod http;
 pub mod idempotency;
 pub mod merchants;
+pub mod metrics;
 pub mod params;
 pub mod processor;
 pub mod refunds;

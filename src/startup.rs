@@ -45,7 +45,9 @@ impl Application {
         let state = AppState {
             pool,
             config: Arc::new(config),
-            processor,
+            processor: crate::metrics::MeteredProcessor::wrap(processor),
+            metrics: crate::metrics::handle(),
+            tasks: tokio_util::task::TaskTracker::new(),
         };
         Ok(Application { listener, state })
     }
@@ -85,6 +87,8 @@ impl Application {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let config = self.state.config.clone();
+        let tasks = self.state.tasks.clone();
+        let pool = self.state.pool.clone();
         let (stop_tx, stop_rx) = watch::channel(false);
         let sweeper = Sweeper::new(
             self.state.pool.clone(),
@@ -96,16 +100,39 @@ impl Application {
             let _ = sweeper_stop.wait_for(|stop| *stop).await;
         }));
         tracing::info!(addr = %self.listener.local_addr()?, "oncepay listening");
-        let pool = self.state.pool.clone();
-        axum::serve(self.listener, http::router(self.state))
-            .with_graceful_shutdown(async move {
+        let mut stopping = stop_rx.clone();
+        let server = axum::serve(self.listener, http::router(self.state)).with_graceful_shutdown(
+            async move {
                 shutdown.await;
+                tracing::info!("shutting down: no new connections; finishing requests in flight");
                 let _ = stop_tx.send(true);
-            })
+            },
+        );
+        // Serve until the signal, then give requests in flight (and the work
+        // they handed to their own tasks) SHUTDOWN_GRACE to finish.
+        let grace_period = config.shutdown_grace;
+        let grace = async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+            tokio::time::sleep(grace_period).await;
+        };
+        tokio::select! {
+            served = server => served.context("serving")?,
+            _ = grace => tracing::warn!("shutdown grace over; dropping open connections"),
+        }
+        tasks.close();
+        if tokio::time::timeout(grace_period, tasks.wait())
             .await
-            .context("serving")?;
+            .is_err()
+        {
+            tracing::warn!(
+                unfinished = tasks.len(),
+                "shutdown grace over with work in flight; the sweeper will settle it"
+            );
+        }
+        // The sweeper stops between passes.
         let _ = sweeper.await;
         pool.close().await;
+        tracing::info!("stopped");
         Ok(())
     }
 }

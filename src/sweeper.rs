@@ -111,6 +111,15 @@ impl Sweeper {
                 break;
             }
         }
+        metrics::counter!("sweeper_runs_total").increment(1);
+        for (outcome, n) in [
+            ("charge_succeeded", report.settled_succeeded),
+            ("charge_failed", report.settled_failed),
+            ("refund_succeeded", report.refunds_settled),
+        ] {
+            metrics::counter!("sweeper_settled_total", "outcome" => outcome).increment(n);
+        }
+        metrics::counter!("sweeper_keys_deleted_total").increment(report.keys_deleted);
         if report != SweepReport::default() {
             tracing::info!(?report, "sweep pass");
         }

@@ -40,7 +40,10 @@ impl FromRequestParts<AppState> for Authenticated {
             ));
         };
         match merchants::find_by_key(&state.pool, &key).await? {
-            Some(merchant) => Ok(Authenticated(merchant)),
+            Some(merchant) => {
+                tracing::Span::current().record("merchant", tracing::field::display(merchant.id));
+                Ok(Authenticated(merchant))
+            }
             None => Err(unauthorized(
                 "invalid_api_key",
                 "The API key provided is not valid.",

@@ -37,7 +37,6 @@ pub fn router() -> Router<AppState> {
         .route("/v1/charges/{id}", get(retrieve))
 }
 
-#[tracing::instrument(name = "create_charge", skip_all, fields(merchant = %merchant.id, idempotency_key))]
 async fn create(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
@@ -61,7 +60,10 @@ async fn create(
         charge: new_charge,
         fault,
     };
-    tokio::spawn(claim_and_charge(state, work).instrument(tracing::Span::current()))
+    state
+        .tasks
+        .clone()
+        .spawn(claim_and_charge(state, work).instrument(tracing::Span::current()))
         .await
         .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("charge task failed")))?
 }

@@ -17,6 +17,7 @@ use crate::idempotency::{
     Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
     store as keys,
 };
+use crate::metrics;
 
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// The longest `Prefer: wait=N` honoured, in seconds.
@@ -71,15 +72,24 @@ where
             ttl: state.config.idempotency_key_ttl,
         };
         let stored = match keys::claim(&mut tx, claim).await? {
-            ClaimOutcome::Claimed => return Ok(Begun::Claimed(tx)),
+            ClaimOutcome::Claimed { took_over } => {
+                metrics::idempotency(if took_over {
+                    "expired_taken_over"
+                } else {
+                    "executed"
+                });
+                return Ok(Begun::Claimed(tx));
+            }
             ClaimOutcome::Taken(stored) => stored,
         };
         tx.rollback().await?;
         if stored.fingerprint != guard.fingerprint || stored.request_path != guard.route {
+            metrics::idempotency("reused");
             return Err(reused(guard.key));
         }
         if let (KeyStatus::Completed, Some(saved)) = (stored.status, stored.response) {
             tracing::info!(resource = ?stored.resource, "replaying a completed key");
+            metrics::idempotency("replayed");
             return Ok(Begun::Answered(replay(saved, waited)));
         }
         let stale = keys::lease_one(
@@ -92,6 +102,7 @@ where
         if let Some(resource) = stale {
             tracing::info!(?resource, "a retry found its key stale; settling it");
             recover(resource).await?;
+            metrics::idempotency("stale_recovered");
             continue;
         }
         let now = Instant::now();
@@ -101,6 +112,7 @@ where
             waited = true;
             continue;
         }
+        metrics::idempotency("in_use");
         return Err(in_use(waited));
     }
 }
@@ -127,6 +139,10 @@ pub fn send(saved: SavedResponse) -> Response {
     if let Some(value) = saved.location.and_then(|l| HeaderValue::from_str(&l).ok()) {
         headers.insert(header::LOCATION, value);
     }
+    // Saved bytes go out as saved: nothing may add to them (see `observe`).
+    response
+        .extensions_mut()
+        .insert(super::observe::SavedAnswer);
     response
 }
 

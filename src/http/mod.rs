@@ -10,6 +10,7 @@ pub mod faults;
 pub mod health;
 pub mod idempotency_keys;
 pub mod idempotent;
+pub mod observe;
 pub mod problem;
 pub mod refunds;
 
@@ -19,8 +20,12 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use sqlx::PgPool;
+use tokio_util::task::TaskTracker;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 use crate::config::Config;
@@ -33,11 +38,18 @@ pub struct AppState {
     pub pool: PgPool,
     pub config: Arc<Config>,
     pub processor: Arc<dyn Processor>,
+    pub metrics: observe::Metrics,
+    /// The work a request hands to its own task (steps 2 to 4); shutdown
+    /// waits for it, within `SHUTDOWN_GRACE`.
+    pub tasks: TaskTracker,
 }
 
-/// The whole API.
+/// The whole API. Layers, from the outside in: fault injection (outside
+/// everything, see `faults::drop_response`), request id, tracing span,
+/// metrics, problem bodies, panic catcher, timeout, body limit.
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
+    let timeout = state.config.request_timeout;
     Router::new()
         .merge(charges::router())
         .merge(refunds::router())
@@ -45,6 +57,7 @@ pub fn router(state: AppState) -> Router {
         .merge(idempotency_keys::router())
         .merge(health::router())
         .merge(demo::router(state.config.demo_unsafe_endpoints))
+        .route("/metrics", axum::routing::get(observe::metrics_endpoint))
         .fallback(|| async {
             Problem::new(
                 StatusCode::NOT_FOUND,
@@ -60,12 +73,11 @@ pub fn router(state: AppState) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(max_body))
-        // Spans carry method and path only: headers (Authorization!) are never logged.
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
-                .on_response(DefaultOnResponse::new().level(Level::INFO)),
-        )
+        .layer(RequestBodyLimitLayer::new(max_body))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            timeout,
+        ))
         .layer(CatchPanicLayer::custom(|_| {
             use axum::response::IntoResponse;
             tracing::error!("a handler panicked");
@@ -76,6 +88,17 @@ pub fn router(state: AppState) -> Router {
             )
             .into_response()
         }))
+        .layer(axum::middleware::from_fn(observe::finish_problems))
+        .layer(axum::middleware::from_fn(observe::measure))
+        // Spans carry no headers: Authorization and API keys are never logged.
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|request: &axum::extract::Request| observe::span(request))
+                .on_response(DefaultOnResponse::new().level(Level::INFO)),
+        )
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(axum::middleware::from_fn(observe::sanitize_request_id))
         // Outermost, outside the panic catcher: see `faults::drop_response`.
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

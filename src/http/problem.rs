@@ -122,6 +122,9 @@ impl From<DecodeError> for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
+        if matches!(e, sqlx::Error::PoolTimedOut) {
+            metrics::counter!("db_pool_timeouts_total").increment(1);
+        }
         if is_unavailable(&e) {
             ApiError::Unavailable(e.into())
         } else {

@@ -41,7 +41,6 @@ pub fn router() -> Router<AppState> {
         .route("/v1/refunds/{id}", get(retrieve))
 }
 
-#[tracing::instrument(name = "create_refund", skip_all, fields(merchant = %merchant.id, idempotency_key))]
 async fn create(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
@@ -57,12 +56,17 @@ async fn create(
     // Steps 2 to 4 run in their own task: once the claim may have committed,
     // a client that hangs up must not cancel the work half-way.
     let merchant_id = merchant.id;
-    tokio::spawn(
-        async move { claim_and_refund(state, merchant_id, key, fingerprint, wait, new_refund).await }
+    state
+        .tasks
+        .clone()
+        .spawn(
+            async move {
+                claim_and_refund(state, merchant_id, key, fingerprint, wait, new_refund).await
+            }
             .instrument(tracing::Span::current()),
-    )
-    .await
-    .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("refund task failed")))?
+        )
+        .await
+        .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("refund task failed")))?
 }
 
 async fn claim_and_refund(

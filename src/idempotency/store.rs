@@ -162,7 +162,11 @@ pub struct Claim<'a> {
 #[derive(Debug)]
 pub enum ClaimOutcome {
     /// This request holds the key now.
-    Claimed,
+    Claimed {
+        /// The key existed, had expired, and was taken over (`xmax <> 0`:
+        /// the row was updated, not inserted).
+        took_over: bool,
+    },
     /// Someone else holds, or held, the key; here is its row.
     Taken(Box<StoredKey>),
 }
@@ -174,7 +178,7 @@ pub enum ClaimOutcome {
 /// conflicting row is locked by the statement and read in the same
 /// transaction, so the answer is built from a committed, current row.
 pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<ClaimOutcome> {
-    let claimed = sqlx::query(
+    let claimed: Option<bool> = sqlx::query_scalar(
         "INSERT INTO idempotency_keys
              (merchant_id, key, status, request_method, request_path, fingerprint, charge_id,
               refund_id, created_at, locked_at, expires_at)
@@ -196,7 +200,8 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
              expires_at = EXCLUDED.expires_at,
              completed_at = NULL
          WHERE idempotency_keys.expires_at <= now()
-           AND idempotency_keys.status = 'completed'",
+           AND idempotency_keys.status = 'completed'
+         RETURNING xmax <> 0 AS took_over",
     )
     .bind(claim.merchant_id)
     .bind(claim.key.as_str())
@@ -206,11 +211,10 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     .bind(claim.resource.charge_id())
     .bind(claim.ttl.as_millis() as f64)
     .bind(claim.resource.refund_id())
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if claimed == 1 {
-        return Ok(ClaimOutcome::Claimed);
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(took_over) = claimed {
+        return Ok(ClaimOutcome::Claimed { took_over });
     }
     let row: KeyRow = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM idempotency_keys WHERE merchant_id = $1 AND key = $2"

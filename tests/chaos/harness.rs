@@ -370,6 +370,16 @@ impl Server {
         }
     }
 
+    /// Sends SIGTERM, as an orchestrator stopping the service would.
+    pub fn terminate(&self) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -TERM {pid}");
+    }
+
     /// Whether the process is still running.
     pub fn alive(&mut self) -> bool {
         self.child

@@ -485,3 +485,127 @@ fn merge(outcomes: Vec<OpOutcome>) -> Vec<OpOutcome> {
     merged.sort_by(|a, b| a.key.cmp(&b.key));
     merged
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_requests_in_flight_finish_and_leaves_nothing_half_done() {
+    let db = Database::create().await;
+    let mut server = Server::start(
+        &db.url,
+        &[("PROCESSOR_LATENCY_MS", "1500"), ("SHUTDOWN_GRACE", "10s")],
+    )
+    .await;
+    let url = server.url();
+    let http = client(Duration::from_secs(20));
+    let requests = (0..10).map(|i| {
+        let (http, url) = (&http, &url);
+        async move {
+            let key = format!("term-{i}");
+            let answer = send(http, url, &key, &charge_body(&key, 100, "tok_visa"), &[]).await;
+            (key, answer.map(|(status, _, body)| (status, body)))
+        }
+    });
+    let signal = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        server.terminate();
+        // A request after the signal finds the door closed.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let key = "term-late".to_owned();
+        let answer = send(&http, &url, &key, &charge_body(&key, 100, "tok_visa"), &[]).await;
+        (key, answer.map(|(status, _, body)| (status, body)))
+    };
+    let (mut answers, late) = tokio::join!(join_all(requests), signal);
+    assert!(late.1.is_err(), "refused after SIGTERM: {:?}", late.1);
+    answers.push(late);
+    let status = server.wait_exit().await;
+    assert!(
+        status.success(),
+        "a clean exit: {status}\n{}",
+        server.log_text()
+    );
+
+    let pool = db.pool().await;
+    for (key, answer) in &answers {
+        let stored: Option<(String, Option<String>)> = sqlx::query_as(
+            "SELECT k.status, c.status FROM idempotency_keys k LEFT JOIN charges c ON c.id = k.charge_id
+              WHERE k.key = $1",
+        )
+        .bind(key)
+        .fetch_optional(&pool)
+        .await
+        .unwrap();
+        match answer {
+            // In flight at the signal: it finished, and its answer is what is stored.
+            Ok((201, body)) => {
+                assert_eq!(
+                    stored,
+                    Some(("completed".into(), Some("succeeded".into()))),
+                    "{key}"
+                );
+                let id: Option<String> =
+                    sqlx::query_scalar("SELECT charge_id FROM idempotency_keys WHERE key = $1")
+                        .bind(key)
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                assert_eq!(body["id"].as_str(), id.as_deref());
+            }
+            // Refused at the door: never claimed.
+            Err(_) => assert_eq!(stored, None, "{key}"),
+            Ok((status, body)) => panic!("{key}: {status} {body}"),
+        }
+    }
+    assert!(
+        answers.iter().any(|(_, a)| matches!(a, Ok((201, _)))),
+        "some were in flight"
+    );
+    let half_done: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM idempotency_keys WHERE status = 'processing')
+              + (SELECT count(*) FROM charges WHERE status = 'pending')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(half_done, 0);
+    let log = server.log_text();
+    assert!(
+        log.contains("shutting down") && log.contains("stopped"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_request_id_merchant_route_and_key_but_never_the_api_key() {
+    let db = Database::create().await;
+    let server = Server::start(&db.url, &[("LOG_FORMAT", "json")]).await;
+    let http = client(Duration::from_secs(10));
+    let response = http
+        .post(format!("{}/v1/charges", server.url()))
+        .bearer_auth(harness::API_KEY)
+        .header("Idempotency-Key", "log-me")
+        .header("X-Request-Id", "req-log-1")
+        .json(&charge_body("log-me", 100, "tok_visa"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let log = server.log_text();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let settled = lines
+        .iter()
+        .find(|l| l["message"] == "charge settled")
+        .unwrap_or_else(|| panic!("no settle line in {log}"));
+    let span = &settled["span"];
+    assert_eq!(span["request_id"], "req-log-1", "{settled}");
+    assert_eq!(span["route"], "/v1/charges");
+    assert_eq!(span["idempotency_key"], "log-me");
+    assert!(span["merchant"].is_string());
+    assert!(
+        !log.contains(harness::API_KEY),
+        "the API key never reaches the log"
+    );
+    assert!(!log.to_lowercase().contains("authorization"));
+}

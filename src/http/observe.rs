@@ -1,0 +1,152 @@
+//! What every request passes through on its way in and out: a request id,
+//! a tracing span, metrics, and the last word on error bodies (every error is
+//! a problem, and every fresh problem names its request id).
+
+use std::time::Instant;
+
+use axum::body::{Body, to_bytes};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tracing::Span;
+
+use super::AppState;
+use super::problem::{CONTENT_TYPE, Problem};
+
+pub const REQUEST_ID: &str = "x-request-id";
+/// The longest incoming `X-Request-Id` honoured; others are replaced.
+const MAX_REQUEST_ID: usize = 128;
+
+/// Marks a response whose bytes were saved for replay: sent untouched.
+#[derive(Clone, Copy, Debug)]
+pub struct SavedAnswer;
+
+/// Drops an incoming `X-Request-Id` that is empty, too long or not visible
+/// ASCII, so that the next layer makes a fresh one.
+pub async fn sanitize_request_id(mut request: Request, next: Next) -> Response {
+    let valid = request.headers().get(REQUEST_ID).is_some_and(|v| {
+        let bytes = v.as_bytes();
+        !bytes.is_empty() && bytes.len() <= MAX_REQUEST_ID && bytes.iter().all(u8::is_ascii_graphic)
+    });
+    if !valid {
+        request.headers_mut().remove(REQUEST_ID);
+    }
+    next.run(request).await
+}
+
+fn request_id(request: &Request) -> &str {
+    request
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// The route template (`/v1/charges/{id}`), never the raw path, so that logs
+/// and metrics do not explode with ids.
+fn route(request: &Request) -> String {
+    request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned())
+}
+
+/// The span every line of a request is logged in. `merchant` and
+/// `idempotency_key` are filled in once known.
+pub fn span(request: &Request) -> Span {
+    tracing::info_span!(
+        "request",
+        request_id = %request_id(request),
+        method = %request.method(),
+        route = %route(request),
+        merchant = tracing::field::Empty,
+        idempotency_key = tracing::field::Empty,
+    )
+}
+
+/// Counts requests and their latency by method, route and status.
+pub async fn measure(request: Request, next: Next) -> Response {
+    let (method, route) = (request.method().to_string(), route(&request));
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    let labels = [("method", method), ("route", route), ("status", status)];
+    metrics::counter!("http_requests_total", &labels).increment(1);
+    metrics::histogram!("http_request_duration_seconds", &labels)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// Makes every error a problem with the request id: an error body from a
+/// layer (timeout, body limit) becomes a problem; a fresh problem gets
+/// `request_id`. Saved answers pass untouched, so replays stay byte for byte.
+pub async fn finish_problems(request: Request, next: Next) -> Response {
+    let id = request_id(&request).to_owned();
+    let response = next.run(request).await;
+    let status = response.status();
+    if status.as_u16() < 400 || response.extensions().get::<SavedAnswer>().is_some() {
+        return response;
+    }
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(CONTENT_TYPE.as_bytes()));
+    if !is_problem {
+        let (code, detail) = match status {
+            StatusCode::REQUEST_TIMEOUT | StatusCode::SERVICE_UNAVAILABLE => (
+                "request_timeout",
+                "The request took too long and was stopped. Retry (a POST with the same Idempotency-Key).",
+            ),
+            StatusCode::PAYLOAD_TOO_LARGE => (
+                "payload_too_large",
+                "The request body is larger than this server accepts.",
+            ),
+            _ => ("http_error", "The request failed."),
+        };
+        let mut problem = Problem::new(status, code, detail).with_extra("request_id", id);
+        if code == "request_timeout" {
+            problem = problem.with_header(header::RETRY_AFTER, "1");
+        }
+        let mut fresh = problem.into_response();
+        for (name, value) in response.headers() {
+            if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+                fresh.headers_mut().append(name.clone(), value.clone());
+            }
+        }
+        return fresh;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = to_bytes(body, 64 * 1024).await else {
+        return Response::from_parts(parts, Body::empty());
+    };
+    let body = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(serde_json::Value::Object(mut object)) => {
+            object.insert("request_id".into(), id.into());
+            serde_json::to_vec(&object).unwrap_or_else(|_| bytes.to_vec())
+        }
+        _ => bytes.to_vec(),
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts
+        .headers
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    Response::from_parts(parts, Body::from(body))
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics_endpoint(State(state): State<AppState>) -> Response {
+    let body = crate::metrics::render(&state.metrics, &state.pool);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// The handle type, re-exported for the state.
+pub type Metrics = PrometheusHandle;

@@ -1,0 +1,115 @@
+//! Prometheus metrics, served at `GET /metrics`.
+//!
+//! | metric | labels |
+//! | --- | --- |
+//! | `http_requests_total`, `http_request_duration_seconds` | `method`, `route`, `status` |
+//! | `idempotency_outcomes_total` | `outcome`: `executed`, `replayed`, `in_use`, `reused`, `expired_taken_over`, `stale_recovered` |
+//! | `processor_calls_total`, `processor_call_duration_seconds` | `call` (`authorize`, `void`, `refund`), `outcome` |
+//! | `sweeper_runs_total`, `sweeper_settled_total` (`outcome`), `sweeper_keys_deleted_total` | |
+//! | `db_pool_connections` (`state`: `idle`, `in_use`), `db_pool_max_connections`, `db_pool_timeouts_total` | |
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use sqlx::PgPool;
+
+use crate::processor::{Authorization, Outcome, Processor, ProcessorError, Refund};
+
+/// The process-wide recorder (one per process, however many apps it runs).
+pub fn handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let buckets = [
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ];
+            let builder = PrometheusBuilder::new()
+                .set_buckets(&buckets)
+                .expect("non-empty buckets");
+            match builder.install_recorder() {
+                Ok(handle) => handle,
+                // Another recorder is installed (an embedding program): keep
+                // a private one so /metrics still answers.
+                Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+            }
+        })
+        .clone()
+}
+
+/// Renders every metric, after sampling the pool's gauges.
+pub fn render(handle: &PrometheusHandle, pool: &PgPool) -> String {
+    let size = pool.size() as f64;
+    let idle = pool.num_idle() as f64;
+    metrics::gauge!("db_pool_connections", "state" => "idle").set(idle);
+    metrics::gauge!("db_pool_connections", "state" => "in_use").set(size - idle);
+    metrics::gauge!("db_pool_max_connections").set(pool.options().get_max_connections() as f64);
+    handle.render()
+}
+
+/// Counts one outcome of the idempotency check.
+pub fn idempotency(outcome: &'static str) {
+    metrics::counter!("idempotency_outcomes_total", "outcome" => outcome).increment(1);
+}
+
+/// A processor that measures every call of the one it wraps.
+pub struct MeteredProcessor {
+    inner: Arc<dyn Processor>,
+}
+
+impl MeteredProcessor {
+    pub fn wrap(inner: Arc<dyn Processor>) -> Arc<dyn Processor> {
+        Arc::new(MeteredProcessor { inner })
+    }
+}
+
+fn record<T>(
+    call: &'static str,
+    started: Instant,
+    result: &Result<T, ProcessorError>,
+    ok: &'static str,
+) {
+    let outcome = match result {
+        Ok(_) => ok,
+        Err(ProcessorError::Unavailable) => "unavailable",
+        Err(ProcessorError::OutcomeUnknown(_)) => "unknown",
+    };
+    metrics::counter!("processor_calls_total", "call" => call, "outcome" => outcome).increment(1);
+    metrics::histogram!("processor_call_duration_seconds", "call" => call)
+        .record(started.elapsed().as_secs_f64());
+}
+
+fn outcome_label(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Succeeded => "succeeded",
+        Outcome::Declined { .. } => "declined",
+        Outcome::Voided => "voided",
+    }
+}
+
+#[async_trait]
+impl Processor for MeteredProcessor {
+    async fn authorize(&self, request: Authorization<'_>) -> Result<Outcome, ProcessorError> {
+        let started = Instant::now();
+        let result = self.inner.authorize(request).await;
+        let ok = result.as_ref().map_or("error", outcome_label);
+        record("authorize", started, &result, ok);
+        result
+    }
+
+    async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
+        let started = Instant::now();
+        let result = self.inner.void_unless_recorded(processor_key).await;
+        let ok = result.as_ref().map_or("error", outcome_label);
+        record("void", started, &result, ok);
+        result
+    }
+
+    async fn refund(&self, request: Refund<'_>) -> Result<(), ProcessorError> {
+        let started = Instant::now();
+        let result = self.inner.refund(request).await;
+        record("refund", started, &result, "refunded");
+        result
+    }
+}
