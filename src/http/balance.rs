@@ -2,21 +2,35 @@
 //! came to, what succeeded refunds gave back, and the difference, so "charged
 //! once" can be shown in money.
 
+use axum::Json;
 use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde_json::{Value, json};
 use sqlx::PgExecutor;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::AppState;
 use super::auth::Authenticated;
 use super::problem::ApiError;
 
-pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/balance", get(retrieve))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(retrieve))
 }
 
+/// Per currency: succeeded charges, succeeded refunds, and the difference.
+#[utoipa::path(
+    get,
+    path = "/v1/balance",
+    tag = "refunds",
+    security(("bearer" = []), ("basic" = [])),
+    responses(
+        (status = 200, description = "The balance", body = super::openapi::Balance),
+        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+    )
+)]
 async fn retrieve(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,

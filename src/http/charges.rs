@@ -7,13 +7,14 @@
 //! 4. one transaction: settle the charge if still pending, save the response
 //!    on the key (see [`crate::charges::settle`]).
 
+use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
 use serde_json::json;
 use tracing::Instrument;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::AppState;
@@ -31,12 +32,40 @@ use crate::sweeper;
 
 const ROUTE: &str = "/v1/charges";
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(ROUTE, get(list).post(create))
-        .route("/v1/charges/{id}", get(retrieve))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(retrieve))
 }
 
+/// Charges a card, exactly once per `Idempotency-Key`.
+#[utoipa::path(
+    post,
+    path = "/v1/charges",
+    tag = "charges",
+    security(("bearer" = []), ("basic" = [])),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters, one per logical operation; the quoted RFC 8941 form names the same key"),
+        ("Prefer" = Option<String>, Header, description = "`wait=N` (N up to 10): if the same request is in flight, wait for it and replay its answer instead of 409")
+    ),
+    request_body(content(
+        (super::openapi::CreateCharge = "application/json"),
+        (super::openapi::CreateCharge = "application/x-www-form-urlencoded")
+    )),
+    responses(
+        (status = 201, description = "Charged (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::Charge,
+         headers(("Location" = String, description = "/v1/charges/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 402, description = "Declined or abandoned; saved and replayed for the key", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 409, description = "The same request is still in flight (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 413, description = "The body is too large", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 415, description = "Neither JSON nor a form", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 422, description = "The key was used with other parameters", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+    )
+)]
 async fn create(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
@@ -194,6 +223,22 @@ async fn settled_elsewhere(state: &AppState, charge_id: &str) -> Result<Response
     Ok(idempotent::send(settle::response_for(&charge)))
 }
 
+/// One of the merchant's charges.
+#[utoipa::path(
+    get,
+    path = "/v1/charges/{id}",
+    tag = "charges",
+    security(("bearer" = []), ("basic" = [])),
+    params(("id" = String, Path, description = "A charge id, `ch_...`")),
+    responses(
+        (status = 200, description = "The charge", body = super::openapi::Charge),
+        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 404, description = "No such resource for this merchant", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+    )
+)]
 async fn retrieve(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
@@ -220,6 +265,24 @@ fn no_such_charge(id: &str, param: &str) -> ApiError {
     .into()
 }
 
+/// The merchant's charges, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/charges",
+    tag = "charges",
+    security(("bearer" = []), ("basic" = [])),
+    params(
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10"),
+        ("starting_after" = Option<String>, Query, description = "A charge id from the previous page")
+    ),
+    responses(
+        (status = 200, description = "A list object", body = super::openapi::ChargeList),
+        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+    )
+)]
 async fn list(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,

@@ -2,12 +2,13 @@
 //! (`GET /lab`), and, only with `DEMO_UNSAFE_ENDPOINTS=true`, the
 //! deliberately broken `POST /demo/naive/charges`.
 
+use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::Authenticated;
@@ -20,17 +21,20 @@ use crate::demo;
 /// The lab page: one self-contained file, no build step, nothing from the internet.
 const LAB_PAGE: &str = include_str!("../../static/lab.html");
 
-pub fn router(unsafe_endpoints: bool) -> Router<AppState> {
-    let router = Router::new()
-        .route("/lab", get(lab))
-        .route("/demo/effects", get(effects));
+pub fn router(unsafe_endpoints: bool) -> OpenApiRouter<AppState> {
+    let router = OpenApiRouter::new()
+        .routes(routes!(lab))
+        .routes(routes!(effects));
     if unsafe_endpoints {
-        router.route("/demo/naive/charges", post(naive_charge))
+        router.routes(routes!(naive_charge))
     } else {
         router
     }
 }
 
+/// The workshop's lab page (HTML, self-contained).
+#[utoipa::path(get, path = "/lab", tag = "workshop",
+    responses((status = 200, description = "The lab page", content_type = "text/html")))]
 async fn lab() -> Html<&'static str> {
     Html(LAB_PAGE)
 }
@@ -38,6 +42,21 @@ async fn lab() -> Html<&'static str> {
 /// `GET /demo/effects?run=TAG`: what the database holds for the merchant's
 /// charges tagged `metadata[demo_run]=TAG` (all its charges without `run`):
 /// payments recorded by the processor (money moved) and charges by status.
+/// Payments and charges in the database for a workshop run.
+#[utoipa::path(
+    get,
+    path = "/demo/effects",
+    tag = "workshop",
+    security(("bearer" = []), ("basic" = [])),
+    params(("run" = Option<String>, Query, description = "The run tag, `metadata[demo_run]`; all charges without it")),
+    responses(
+        (status = 200, description = "The counts", body = super::openapi::Effects),
+        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+    )
+)]
 async fn effects(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
@@ -73,6 +92,30 @@ async fn effects(
 /// THE CLASSIC BUG, ON PURPOSE. Look the key up, do the work, then write the
 /// key: two requests that both look before either writes both do the work.
 /// The real endpoint claims the key first, atomically; see `charges.rs`.
+/// WRONG ON PURPOSE, for teaching (only with `DEMO_UNSAFE_ENDPOINTS=true`):
+/// looks the key up, does the work, then writes the key, so two requests at
+/// once both charge.
+#[utoipa::path(
+    post,
+    path = "/demo/naive/charges",
+    tag = "workshop",
+    security(("bearer" = []), ("basic" = [])),
+    params(("Idempotency-Key" = String, Header, description = "Required here")),
+    request_body(content(
+        (super::openapi::CreateCharge = "application/json"),
+        (super::openapi::CreateCharge = "application/x-www-form-urlencoded")
+    )),
+    responses(
+        (status = 201, description = "Charged, or looked up", body = super::openapi::Charge),
+        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 402, description = "Declined or abandoned; saved and replayed for the key", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 413, description = "The body is too large", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 415, description = "Neither JSON nor a form", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+    )
+)]
 async fn naive_charge(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,

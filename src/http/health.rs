@@ -2,24 +2,35 @@
 
 use std::time::Duration;
 
+use axum::Json;
 use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde_json::{Value, json};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::problem::ApiError;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
 }
 
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "Up", body = super::openapi::Health)))]
 async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// The database answers.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = super::openapi::Health),
+        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+    ))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let ping = sqlx::query("SELECT 1").execute(&state.pool);
     match tokio::time::timeout(Duration::from_secs(2), ping).await {

@@ -1,11 +1,12 @@
 //! `GET /v1/idempotency_keys/{key}`: what the server remembers of one of the
 //! merchant's keys, so a client (or a workshop) can watch the flow.
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde_json::{Value, json};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::Authenticated;
@@ -13,10 +14,26 @@ use super::extract::PathParam;
 use super::problem::{ApiError, Problem};
 use crate::idempotency::{IdempotencyKey, KeyStatus, Resource, store};
 
-pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/idempotency_keys/{key}", get(retrieve))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(retrieve))
 }
 
+/// What the server remembers of one of the merchant's keys.
+#[utoipa::path(
+    get,
+    path = "/v1/idempotency_keys/{key}",
+    tag = "idempotency",
+    security(("bearer" = []), ("basic" = [])),
+    params(("key" = String, Path, description = "The key, percent-encoded")),
+    responses(
+        (status = 200, description = "The key's state", body = super::openapi::IdempotencyKeyState),
+        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 404, description = "No such resource for this merchant", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+    )
+)]
 async fn retrieve(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,

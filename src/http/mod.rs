@@ -11,6 +11,7 @@ pub mod health;
 pub mod idempotency_keys;
 pub mod idempotent;
 pub mod observe;
+pub mod openapi;
 pub mod problem;
 pub mod refunds;
 
@@ -27,6 +28,9 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::config::Config;
 use crate::processor::Processor;
@@ -47,17 +51,26 @@ pub struct AppState {
 /// The whole API. Layers, from the outside in: fault injection (outside
 /// everything, see `faults::drop_response`), request id, tracing span,
 /// metrics, problem bodies, panic catcher, timeout, body limit.
-pub fn router(state: AppState) -> Router {
-    let max_body = state.config.max_body_bytes;
-    let timeout = state.config.request_timeout;
-    Router::new()
+/// Every route, each described as it is registered (`routes!`), so the
+/// OpenAPI document cannot miss one.
+pub fn api(config: &Config) -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(charges::router())
         .merge(refunds::router())
         .merge(balance::router())
         .merge(idempotency_keys::router())
         .merge(health::router())
-        .merge(demo::router(state.config.demo_unsafe_endpoints))
-        .route("/metrics", axum::routing::get(observe::metrics_endpoint))
+        .merge(demo::router(config.demo_unsafe_endpoints))
+        .routes(routes!(observe::metrics_endpoint))
+        .routes(routes!(openapi::openapi_json))
+        .routes(routes!(openapi::docs))
+}
+
+pub fn router(state: AppState) -> Router {
+    let max_body = state.config.max_body_bytes;
+    let timeout = state.config.request_timeout;
+    let (routes, _) = api(&state.config).split_for_parts();
+    routes
         .fallback(|| async {
             Problem::new(
                 StatusCode::NOT_FOUND,

@@ -11,12 +11,13 @@
 //! 4. one transaction: mark the refund succeeded if still pending, save the
 //!    response on the key (see [`crate::refunds::settle`]).
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use tracing::Instrument;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::AppState;
@@ -35,12 +36,40 @@ use crate::sweeper;
 
 const ROUTE: &str = "/v1/refunds";
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(ROUTE, post(create))
-        .route("/v1/refunds/{id}", get(retrieve))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create))
+        .routes(routes!(retrieve))
 }
 
+/// Refunds a succeeded charge, in part or in full, exactly once per key and
+/// never more than was charged.
+#[utoipa::path(
+    post,
+    path = "/v1/refunds",
+    tag = "refunds",
+    security(("bearer" = []), ("basic" = [])),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters, one per logical operation; the quoted RFC 8941 form names the same key"),
+        ("Prefer" = Option<String>, Header, description = "`wait=N` (N up to 10): if the same request is in flight, wait for it and replay its answer instead of 409")
+    ),
+    request_body(content(
+        (super::openapi::CreateRefund = "application/json"),
+        (super::openapi::CreateRefund = "application/x-www-form-urlencoded")
+    )),
+    responses(
+        (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::Refund,
+         headers(("Location" = String, description = "/v1/refunds/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 409, description = "The same request is still in flight (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 413, description = "The body is too large", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 415, description = "Neither JSON nor a form", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 422, description = "The key was used with other parameters", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+    )
+)]
 async fn create(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
@@ -234,6 +263,22 @@ async fn settled_elsewhere(state: &AppState, refund_id: &str) -> Result<Response
     Ok(idempotent::send(settle::response_for(&refund)))
 }
 
+/// One of the merchant's refunds.
+#[utoipa::path(
+    get,
+    path = "/v1/refunds/{id}",
+    tag = "refunds",
+    security(("bearer" = []), ("basic" = [])),
+    params(("id" = String, Path, description = "A refund id, `re_...`")),
+    responses(
+        (status = 200, description = "The refund", body = super::openapi::Refund),
+        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 404, description = "No such resource for this merchant", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
+        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+    )
+)]
 async fn retrieve(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,

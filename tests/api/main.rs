@@ -9,6 +9,7 @@ mod demo;
 mod faults;
 mod helpers;
 mod idempotency;
+mod openapi;
 mod operability;
 mod reads;
 mod refunds;

@@ -1,0 +1,423 @@
+//! The OpenAPI 3.1 description, generated from the handlers' `#[utoipa::path]`
+//! annotations as the router is built (`utoipa_axum::OpenApiRouter`), so a
+//! route cannot be served without being described. Served at
+//! `GET /openapi.json`, and read by the offline reference page at `GET /docs`.
+//!
+//! The schemas here describe what the handlers serialise; `scripts/test`
+//! runs schemathesis against the served document to catch any drift.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::Html;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use super::AppState;
+
+/// The reference page: one self-contained file that renders `/openapi.json`.
+const DOCS_PAGE: &str = include_str!("../../static/docs.html");
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "oncepay",
+        description = "A payments API that charges a card exactly once, however often a client retries. \
+Send an `Idempotency-Key` (one per logical operation) with every POST: a retry gets the saved answer \
+(`Idempotent-Replayed: true`), a duplicate still in flight gets `409` with `Retry-After` (or waits, with \
+`Prefer: wait=N`), and a key reused with other parameters gets `422`. Every error is \
+`application/problem+json` with a stable `code`; see the `Problem` schema for the list.",
+        license(name = "MIT")
+    ),
+    modifiers(&Security),
+    tags(
+        (name = "charges", description = "Charging a card, exactly once"),
+        (name = "refunds", description = "Giving money back, never more than was charged"),
+        (name = "idempotency", description = "What the server remembers of a key"),
+        (name = "operations", description = "Health, readiness, metrics, this document"),
+        (name = "workshop", description = "The lab page and its effect counter")
+    )
+)]
+pub struct ApiDoc;
+
+/// Bearer with the secret key, or Basic with the key as user name and an
+/// empty password (`curl -u sk_test_...:`).
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("sk_test_...")
+                    .description(Some(
+                        "The merchant's secret key: `Authorization: Bearer sk_test_...`",
+                    ))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "basic",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Basic)
+                    .description(Some("The secret key as user name, an empty password"))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// `GET /openapi.json`: this document.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json"))
+)]
+pub async fn openapi_json(State(state): State<AppState>) -> Json<utoipa::openapi::OpenApi> {
+    Json(super::api(&state.config).split_for_parts().1)
+}
+
+/// `GET /docs`: a readable reference, rendered from `/openapi.json` in the
+/// browser with nothing fetched from the internet.
+#[utoipa::path(
+    get,
+    path = "/docs",
+    tag = "operations",
+    responses((status = 200, description = "The API reference page", content_type = "text/html"))
+)]
+pub async fn docs() -> Html<&'static str> {
+    Html(DOCS_PAGE)
+}
+
+/// The parameters of `POST /v1/charges`, as JSON or as a form
+/// (`metadata[key]=value`). Unknown parameters are refused.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct CreateCharge {
+    /// Integer minor units (2000 = 20.00 USD), 1 to 99 999 999.
+    #[schema(minimum = 1, maximum = 99_999_999, example = 2000)]
+    amount: i64,
+    /// An ISO 4217 code, any case; stored in lower case.
+    #[schema(example = "usd", min_length = 3, max_length = 3)]
+    currency: String,
+    /// A test token: `tok_visa`, `tok_mastercard`, `tok_amex` succeed;
+    /// `tok_chargeDeclined`, `tok_chargeDeclinedInsufficientFunds`,
+    /// `tok_chargeDeclinedExpiredCard` are declined;
+    /// `tok_processorTimeoutAfterCapture`, `tok_processorUnavailable` simulate faults.
+    #[schema(example = "tok_visa")]
+    source: String,
+    /// Up to 1000 characters.
+    #[schema(max_length = 1000)]
+    description: Option<String>,
+    /// Up to 50 keys of 1 to 40 characters; string values of up to 500.
+    metadata: Option<BTreeMap<String, String>>,
+}
+
+/// A charge.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Charge {
+    /// `ch_` and 24 letters or digits.
+    #[schema(example = "ch_FSqF13LohwPRt53icfinsfKa")]
+    id: String,
+    #[schema(example = "charge")]
+    object: String,
+    amount: i64,
+    currency: String,
+    #[schema(example = "succeeded")]
+    status: ChargeStatus,
+    source: String,
+    description: Option<String>,
+    metadata: BTreeMap<String, String>,
+    failure_code: Option<String>,
+    failure_message: Option<String>,
+    amount_refunded: i64,
+    refunded: bool,
+    /// Unix seconds.
+    created: i64,
+    livemode: bool,
+}
+
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum ChargeStatus {
+    Pending,
+    Succeeded,
+    Failed,
+}
+
+/// A page of charges, newest first.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ChargeList {
+    #[schema(example = "list")]
+    object: String,
+    url: String,
+    has_more: bool,
+    data: Vec<Charge>,
+}
+
+/// The parameters of `POST /v1/refunds`, as JSON or as a form.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct CreateRefund {
+    /// The id of a succeeded charge.
+    charge: String,
+    /// Integer minor units; default: what is left to refund.
+    #[schema(minimum = 1)]
+    amount: Option<i64>,
+    /// `duplicate`, `fraudulent` or `requested_by_customer`.
+    reason: Option<String>,
+    metadata: Option<BTreeMap<String, String>>,
+}
+
+/// A refund.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Refund {
+    /// `re_` and 24 letters or digits.
+    id: String,
+    #[schema(example = "refund")]
+    object: String,
+    amount: i64,
+    charge: String,
+    currency: String,
+    status: ChargeStatus,
+    reason: Option<String>,
+    metadata: BTreeMap<String, String>,
+    created: i64,
+}
+
+/// What the merchant's charges came to, per currency.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Balance {
+    #[schema(example = "balance")]
+    object: String,
+    livemode: bool,
+    available: Vec<BalanceAmount>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct BalanceAmount {
+    currency: String,
+    /// `charged - refunded`.
+    amount: i64,
+    /// Succeeded charges.
+    charged: i64,
+    /// Succeeded refunds.
+    refunded: i64,
+}
+
+/// What the server remembers of one key.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct IdempotencyKeyState {
+    #[schema(example = "idempotency_key")]
+    object: String,
+    key: String,
+    /// `processing` (claimed, work under way) or `completed` (answer saved).
+    status: String,
+    /// Unix seconds.
+    created_at: i64,
+    /// Unix seconds; after this the key counts as never seen.
+    expires_at: i64,
+    request: KeyRequest,
+    /// The saved answer's status code, once completed.
+    response: Option<KeyResponse>,
+    /// The charge the key guards, if it guards a charge.
+    charge: Option<String>,
+    /// The refund the key guards, if it guards a refund.
+    refund: Option<String>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct KeyRequest {
+    method: String,
+    path: String,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct KeyResponse {
+    status_code: u16,
+}
+
+/// Effects in the database for a workshop run.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Effects {
+    #[schema(example = "demo_effects")]
+    object: String,
+    run: Option<String>,
+    /// Payments the processor recorded: money moved.
+    payments: i64,
+    charges: i64,
+    succeeded: i64,
+    failed: i64,
+    pending: i64,
+}
+
+/// Liveness or readiness.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Health {
+    #[schema(example = "ok")]
+    status: String,
+    database: Option<String>,
+}
+
+/// An error (RFC 9457). `code` is stable and machine-readable; `param`
+/// names the parameter at fault; `charge` names the failed charge of a
+/// decline; `request_id` is the request's `X-Request-Id` (absent from a
+/// replayed answer, which is sent exactly as first saved).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Problem {
+    /// A relative URI, `/problems/{code}`.
+    r#type: String,
+    title: String,
+    status: u16,
+    detail: String,
+    code: ProblemCode,
+    param: Option<String>,
+    charge: Option<String>,
+    request_id: Option<String>,
+}
+
+/// Every problem code, with its status:
+///
+/// - `parameter_missing` (400): a required parameter is absent.
+/// - `parameter_unknown` (400): a parameter is not accepted.
+/// - `parameter_duplicate` (400): a form repeats a parameter.
+/// - `parameter_invalid_type` (400): a parameter has the wrong type.
+/// - `parameter_invalid_integer` (400): not a whole number (`amount`, `limit`).
+/// - `parameter_invalid_string` (400): a string contains NUL.
+/// - `parameter_too_long` (400): over a length limit.
+/// - `amount_too_small` (400): `amount` below 1.
+/// - `amount_too_large` (400): `amount` above the maximum, or more than is left to refund.
+/// - `invalid_currency` (400): unknown currency.
+/// - `metadata_invalid` (400): metadata breaks its limits.
+/// - `invalid_reason` (400): unknown refund reason.
+/// - `resource_missing` (400/404): no such token, charge, refund or key.
+/// - `charge_not_refundable` (400): a refund of a pending or failed charge.
+/// - `charge_already_refunded` (400): a refund of a charge refunded in full.
+/// - `invalid_json` (400): the body is not a JSON object.
+/// - `invalid_body` (400): the body cannot be read.
+/// - `invalid_path` (400): the path cannot be read.
+/// - `invalid_idempotency_key` (400): the `Idempotency-Key` header is malformed or repeated.
+/// - `idempotency_key_missing` (400): no key while keys are required.
+/// - `fault_injection_disabled` (400): `Oncepay-Fault` while fault injection is off.
+/// - `invalid_fault` (400): an unknown `Oncepay-Fault`.
+/// - `authentication_required` (401): no API key.
+/// - `invalid_api_key` (401): a wrong API key.
+/// - `card_declined` (402): declined (saved and replayed).
+/// - `insufficient_funds` (402): declined for insufficient funds.
+/// - `expired_card` (402): declined, card expired.
+/// - `processing_abandoned` (402): abandoned before the network answered; no money moved.
+/// - `route_not_found` (404): unknown route.
+/// - `method_not_allowed` (405): the route does not take that method.
+/// - `idempotency_key_in_use` (409): the same request is still in flight (`Retry-After`).
+/// - `payload_too_large` (413): the body is too large.
+/// - `unsupported_media_type` (415): neither JSON nor a form.
+/// - `idempotency_key_reused` (422): the key was used with other parameters.
+/// - `internal_error` (500): a bug; details in the log only.
+/// - `processing_outcome_unknown` (503): the processor's outcome is unknown; retry later with the same key.
+/// - `processor_unavailable` (503): the processor recorded nothing; the key is free.
+/// - `service_unavailable` (503): the database is unreachable.
+/// - `request_timeout` (503): the request took longer than `REQUEST_TIMEOUT`.
+/// - `http_error`: An error status raised by a layer with no more specific code.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum ProblemCode {
+    /// 400: a required parameter is absent.
+    ParameterMissing,
+    /// 400: a parameter is not accepted.
+    ParameterUnknown,
+    /// 400: a form repeats a parameter.
+    ParameterDuplicate,
+    /// 400: a parameter has the wrong type.
+    ParameterInvalidType,
+    /// 400: not a whole number (`amount`, `limit`).
+    ParameterInvalidInteger,
+    /// 400: a string contains NUL.
+    ParameterInvalidString,
+    /// 400: over a length limit.
+    ParameterTooLong,
+    /// 400: `amount` below 1.
+    AmountTooSmall,
+    /// 400: `amount` above the maximum, or more than is left to refund.
+    AmountTooLarge,
+    /// 400: unknown currency.
+    InvalidCurrency,
+    /// 400: metadata breaks its limits.
+    MetadataInvalid,
+    /// 400: unknown refund reason.
+    InvalidReason,
+    /// 400/404: no such token, charge, refund or key.
+    ResourceMissing,
+    /// 400: a refund of a pending or failed charge.
+    ChargeNotRefundable,
+    /// 400: a refund of a charge refunded in full.
+    ChargeAlreadyRefunded,
+    /// 400: the body is not a JSON object.
+    InvalidJson,
+    /// 400: the body cannot be read.
+    InvalidBody,
+    /// 400: the path cannot be read.
+    InvalidPath,
+    /// 400: the `Idempotency-Key` header is malformed or repeated.
+    InvalidIdempotencyKey,
+    /// 400: no key while keys are required.
+    IdempotencyKeyMissing,
+    /// 400: `Oncepay-Fault` while fault injection is off.
+    FaultInjectionDisabled,
+    /// 400: an unknown `Oncepay-Fault`.
+    InvalidFault,
+    /// 401: no API key.
+    AuthenticationRequired,
+    /// 401: a wrong API key.
+    InvalidApiKey,
+    /// 402: declined (saved and replayed).
+    CardDeclined,
+    /// 402: declined for insufficient funds.
+    InsufficientFunds,
+    /// 402: declined, card expired.
+    ExpiredCard,
+    /// 402: abandoned before the network answered; no money moved.
+    ProcessingAbandoned,
+    /// 404: unknown route.
+    RouteNotFound,
+    /// 405: the route does not take that method.
+    MethodNotAllowed,
+    /// 409: the same request is still in flight (`Retry-After`).
+    IdempotencyKeyInUse,
+    /// 413: the body is too large.
+    PayloadTooLarge,
+    /// 415: neither JSON nor a form.
+    UnsupportedMediaType,
+    /// 422: the key was used with other parameters.
+    IdempotencyKeyReused,
+    /// 500: a bug; details in the log only.
+    InternalError,
+    /// 503: the processor's outcome is unknown; retry later with the same key.
+    ProcessingOutcomeUnknown,
+    /// 503: the processor recorded nothing; the key is free.
+    ProcessorUnavailable,
+    /// 503: the database is unreachable.
+    ServiceUnavailable,
+    /// 503: the request took longer than `REQUEST_TIMEOUT`.
+    RequestTimeout,
+    /// An error status raised by a layer with no more specific code.
+    HttpError,
+}

@@ -1,0 +1,163 @@
+//! The OpenAPI document and the reference page.
+
+use std::collections::BTreeSet;
+
+use crate::helpers::{Answer, Settings, spawn_app_with};
+
+/// Every route the router serves, as (method, path template). Routes are only
+/// ever added through `utoipa_axum::routes!` (see the source check below),
+/// which documents them as it registers them.
+const SERVED: &[(&str, &str)] = &[
+    ("get", "/v1/charges"),
+    ("post", "/v1/charges"),
+    ("get", "/v1/charges/{id}"),
+    ("post", "/v1/refunds"),
+    ("get", "/v1/refunds/{id}"),
+    ("get", "/v1/balance"),
+    ("get", "/v1/idempotency_keys/{key}"),
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+    ("get", "/openapi.json"),
+    ("get", "/docs"),
+    ("get", "/lab"),
+    ("get", "/demo/effects"),
+    ("post", "/demo/naive/charges"),
+];
+
+#[tokio::test]
+async fn the_served_document_lists_every_route_the_router_serves() {
+    let app = spawn_app_with(Settings::new().set("DEMO_UNSAFE_ENDPOINTS", "true")).await;
+    let doc = Answer::of(
+        app.client
+            .get(app.url("/openapi.json"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(doc.status, 200);
+    let doc = doc.json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let documented: BTreeSet<(String, String)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (m.clone(), path.clone()))
+        })
+        .collect();
+    let expected: BTreeSet<(String, String)> = SERVED
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    assert_eq!(documented, expected);
+
+    // And every documented operation is really served: none falls through
+    // to the router's 404 or 405.
+    for (method, path) in &documented {
+        let url = app.url(&path.replace("{id}", "x").replace("{key}", "x"));
+        let request = match method.as_str() {
+            "get" => app.client.get(url),
+            "post" => app.client.post(url).json(&serde_json::json!({})),
+            other => panic!("undocumented method {other}"),
+        };
+        let answer = Answer::of(request.bearer_auth(&app.api_key).send().await.unwrap()).await;
+        let code = serde_json::from_slice::<serde_json::Value>(&answer.body)
+            .ok()
+            .and_then(|b| b["code"].as_str().map(str::to_owned));
+        assert!(
+            !matches!(
+                code.as_deref(),
+                Some("route_not_found" | "method_not_allowed")
+            ),
+            "{method} {path} is documented but not served"
+        );
+    }
+}
+
+#[test]
+fn routes_are_only_added_where_they_are_documented() {
+    for entry in std::fs::read_dir("src/http").unwrap() {
+        let path = entry.unwrap().path();
+        let source = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in source.lines().enumerate() {
+            let code = line.trim_start();
+            assert!(
+                code.starts_with("//") || !(code.contains(".route(") || code.contains(".nest(")),
+                "{}:{}: add routes with utoipa_axum::routes! so they are documented",
+                path.display(),
+                n + 1
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_document_describes_headers_codes_and_auth() {
+    let app = spawn_app_with(Settings::new()).await;
+    let doc = Answer::of(
+        app.client
+            .get(app.url("/openapi.json"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+    .json();
+    let create = &doc["paths"]["/v1/charges"]["post"];
+    let params: Vec<&str> = create["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(params, ["Idempotency-Key", "Prefer"]);
+    let bodies: Vec<&String> = create["requestBody"]["content"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .collect();
+    assert_eq!(
+        bodies,
+        ["application/json", "application/x-www-form-urlencoded"]
+    );
+    assert!(create["responses"]["201"]["headers"]["Idempotent-Replayed"].is_object());
+    assert!(create["responses"]["409"].is_object() && create["responses"]["422"].is_object());
+    let schemes = doc["components"]["securitySchemes"].as_object().unwrap();
+    assert!(schemes.contains_key("bearer") && schemes.contains_key("basic"));
+    let codes = doc["components"]["schemas"]["ProblemCode"]["enum"]
+        .as_array()
+        .unwrap();
+    for code in [
+        "idempotency_key_in_use",
+        "idempotency_key_reused",
+        "card_declined",
+        "request_timeout",
+    ] {
+        assert!(codes.iter().any(|c| c == code), "{code}");
+    }
+    let explained = doc["components"]["schemas"]["ProblemCode"]["description"]
+        .as_str()
+        .unwrap();
+    assert!(
+        explained.contains("`idempotency_key_in_use` (409)"),
+        "{explained}"
+    );
+}
+
+#[tokio::test]
+async fn the_reference_page_works_offline() {
+    let app = spawn_app_with(Settings::new()).await;
+    let page = app.client.get(app.url("/docs")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    assert!(html.contains("openapi.json"));
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "nothing from the internet"
+    );
+}
