@@ -56,7 +56,12 @@ pub struct Database {
 
 impl Database {
     pub async fn create_on(admin_url: &str) -> Self {
-        let name = format!("oncepay_test_{}", Uuid::new_v4().simple());
+        // The creation time in the name lets scripts/test clear databases that
+        // failed tests left behind long ago, and only those.
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let name = format!("oncepay_test_{created}_{}", Uuid::new_v4().simple());
         let mut admin = PgConnection::connect(admin_url)
             .await
             .expect("connect to the admin database");

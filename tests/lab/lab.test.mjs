@@ -6,7 +6,7 @@
 //
 // Run by scripts/test after cargo test; alone:
 //   cargo build --bin oncepay && (cd tests/lab && npm ci) &&
-//   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres node --test tests/lab/
+//   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres node --test tests/lab/lab.test.mjs
 //
 // Settings (environment): DATABASE_URL (any database of a server where the
 // user may create databases), ONCEPAY_BIN (default target/debug/oncepay),
