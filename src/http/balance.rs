@@ -26,9 +26,9 @@ pub fn router() -> OpenApiRouter<AppState> {
     security(("bearer" = []), ("basic" = [])),
     responses(
         (status = 200, description = "The balance", body = super::openapi::Balance),
-        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
     )
 )]
 async fn retrieve(

@@ -51,10 +51,10 @@ async fn lab() -> Html<&'static str> {
     params(("run" = Option<String>, Query, description = "The run tag, `metadata[demo_run]`; all charges without it")),
     responses(
         (status = 200, description = "The counts", body = super::openapi::Effects),
-        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
     )
 )]
 async fn effects(
@@ -107,13 +107,13 @@ async fn effects(
     )),
     responses(
         (status = 201, description = "Charged, or looked up", body = super::openapi::Charge),
-        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 402, description = "Declined or abandoned; saved and replayed for the key", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 413, description = "The body is too large", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 415, description = "Neither JSON nor a form", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 402, response = super::openapi::PaymentFailed),
+        (status = 413, response = super::openapi::TooLarge),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
     )
 )]
 async fn naive_charge(

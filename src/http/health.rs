@@ -28,8 +28,8 @@ async fn healthz() -> Json<Value> {
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready", body = super::openapi::Health),
-        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
     ))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let ping = sqlx::query("SELECT 1").execute(&state.pool);

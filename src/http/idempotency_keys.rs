@@ -27,11 +27,11 @@ pub fn router() -> OpenApiRouter<AppState> {
     params(("key" = String, Path, description = "The key, percent-encoded")),
     responses(
         (status = 200, description = "The key's state", body = super::openapi::IdempotencyKeyState),
-        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 404, description = "No such resource for this merchant", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
     )
 )]
 async fn retrieve(

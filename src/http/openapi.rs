@@ -12,7 +12,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::Html;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{IntoParams, Modify, OpenApi, ToResponse, ToSchema};
 
 use super::AppState;
 
@@ -31,6 +31,13 @@ Send an `Idempotency-Key` (one per logical operation) with every POST: a retry g
         license(name = "MIT")
     ),
     modifiers(&Security),
+    components(
+        schemas(Problem, ProblemCode),
+        responses(
+            BadRequest, Unauthorized, PaymentFailed, NotFound, InFlight, TooLarge,
+            UnsupportedMediaType, KeyReused, InternalError, Unavailable
+        )
+    ),
     tags(
         (name = "charges", description = "Charging a card, exactly once"),
         (name = "refunds", description = "Giving money back, never more than was charged"),
@@ -421,3 +428,100 @@ pub enum ProblemCode {
     /// An error status raised by a layer with no more specific code.
     HttpError,
 }
+
+/// The `Idempotency-Key` and `Prefer` request headers of every idempotent POST.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+pub struct IdempotencyHeaders {
+    /// 1 to 255 visible ASCII characters, one per logical operation; the
+    /// quoted RFC 8941 form names the same key.
+    #[param(rename = "Idempotency-Key")]
+    idempotency_key: Option<String>,
+    /// `wait=N` (N up to 10): if the same request is in flight, wait for it
+    /// and replay its answer instead of 409.
+    #[param(rename = "Prefer")]
+    prefer: Option<String>,
+}
+
+// Error responses, one per status, all problems.
+
+#[derive(ToResponse)]
+#[response(
+    description = "Bad input (see `code` and `param`); nothing was written",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct BadRequest(Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "No or a wrong API key (`WWW-Authenticate`)",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct Unauthorized(Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "Declined or abandoned; saved and replayed for the key",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct PaymentFailed(Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "No such resource for this merchant",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct NotFound(Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "The same request is still in flight (`Retry-After`)",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct InFlight(Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "The body is too large",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct TooLarge(Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "Neither JSON nor a form",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct UnsupportedMediaType(Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "The key was used with other parameters",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct KeyReused(Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "A bug; details in the log",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct InternalError(Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)",
+    content_type = "application/problem+json"
+)]
+#[allow(dead_code)]
+pub struct Unavailable(Problem);

@@ -49,10 +49,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     path = "/v1/refunds",
     tag = "refunds",
     security(("bearer" = []), ("basic" = [])),
-    params(
-        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters, one per logical operation; the quoted RFC 8941 form names the same key"),
-        ("Prefer" = Option<String>, Header, description = "`wait=N` (N up to 10): if the same request is in flight, wait for it and replay its answer instead of 409")
-    ),
+    params(super::openapi::IdempotencyHeaders),
     request_body(content(
         (super::openapi::CreateRefund = "application/json"),
         (super::openapi::CreateRefund = "application/x-www-form-urlencoded")
@@ -60,14 +57,14 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses(
         (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::Refund,
          headers(("Location" = String, description = "/v1/refunds/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 409, description = "The same request is still in flight (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 413, description = "The body is too large", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 415, description = "Neither JSON nor a form", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 422, description = "The key was used with other parameters", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 409, response = super::openapi::InFlight),
+        (status = 413, response = super::openapi::TooLarge),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 422, response = super::openapi::KeyReused),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
     )
 )]
 async fn create(
@@ -272,11 +269,11 @@ async fn settled_elsewhere(state: &AppState, refund_id: &str) -> Result<Response
     params(("id" = String, Path, description = "A refund id, `re_...`")),
     responses(
         (status = 200, description = "The refund", body = super::openapi::Refund),
-        (status = 400, description = "Bad input (see `code` and `param`); nothing was written", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 401, description = "No or a wrong API key (`WWW-Authenticate`)", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 404, description = "No such resource for this merchant", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 500, description = "A bug; details in the log", content_type = "application/problem+json", body = super::openapi::Problem),
-        (status = 503, description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)", content_type = "application/problem+json", body = super::openapi::Problem)
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
     )
 )]
 async fn retrieve(
