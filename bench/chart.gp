@@ -10,7 +10,7 @@ set xlabel "concurrent clients"
 set ylabel "requests (transactions) per second"
 set yrange [0:*]
 set grid
-set key top left
+set key outside below
 set style data linespoints
 
 set title "new charges"
