@@ -29,7 +29,11 @@ pub fn handle() -> PrometheusHandle {
                 .set_buckets(&buckets)
                 .expect("non-empty buckets");
             match builder.install_recorder() {
-                Ok(handle) => handle,
+                Ok(handle) => {
+                    // Present from the start, so a dashboard sees 0, not nothing.
+                    metrics::counter!("db_pool_timeouts_total").increment(0);
+                    handle
+                }
                 // Another recorder is installed (an embedding program): keep
                 // a private one so /metrics still answers.
                 Err(_) => PrometheusBuilder::new().build_recorder().handle(),
@@ -76,7 +80,7 @@ fn record<T>(
         Err(ProcessorError::OutcomeUnknown(_)) => "unknown",
     };
     metrics::counter!("processor_calls_total", "call" => call, "outcome" => outcome).increment(1);
-    metrics::histogram!("processor_call_duration_seconds", "call" => call)
+    metrics::histogram!("processor_call_duration_seconds", "call" => call, "outcome" => outcome)
         .record(started.elapsed().as_secs_f64());
 }
 

@@ -110,17 +110,26 @@ impl Application {
         );
         // Serve until the signal, then give requests in flight (and the work
         // they handed to their own tasks) SHUTDOWN_GRACE to finish.
+        // One deadline, SHUTDOWN_GRACE after the signal, bounds everything
+        // that follows: open connections, the work they handed to tasks, the
+        // sweeper's current pass, and closing the pool.
         let grace_period = config.shutdown_grace;
+        let (deadline_tx, deadline_rx) = tokio::sync::oneshot::channel();
         let grace = async move {
             let _ = stopping.wait_for(|stop| *stop).await;
-            tokio::time::sleep(grace_period).await;
+            let deadline = tokio::time::Instant::now() + grace_period;
+            let _ = deadline_tx.send(deadline);
+            tokio::time::sleep_until(deadline).await;
         };
         tokio::select! {
             served = server => served.context("serving")?,
             _ = grace => tracing::warn!("shutdown grace over; dropping open connections"),
         }
+        let deadline = deadline_rx
+            .await
+            .unwrap_or_else(|_| tokio::time::Instant::now() + grace_period);
         tasks.close();
-        if tokio::time::timeout(grace_period, tasks.wait())
+        if tokio::time::timeout_at(deadline, tasks.wait())
             .await
             .is_err()
         {
@@ -129,9 +138,15 @@ impl Application {
                 "shutdown grace over with work in flight; the sweeper will settle it"
             );
         }
-        // The sweeper stops between passes.
-        let _ = sweeper.await;
-        pool.close().await;
+        // The sweeper stops between passes; a pass cut short by the deadline
+        // is safe (each step is its own transaction, and a leased row is
+        // simply taken again after PROCESSING_TIMEOUT).
+        let sweeper_abort = sweeper.abort_handle();
+        if tokio::time::timeout_at(deadline, sweeper).await.is_err() {
+            sweeper_abort.abort();
+            tracing::warn!("shutdown grace over during a sweep pass; stopped it");
+        }
+        let _ = tokio::time::timeout_at(deadline, pool.close()).await;
         tracing::info!("stopped");
         Ok(())
     }

@@ -114,6 +114,18 @@ _oncepay_pg_find_bindir() {
     return 1
 }
 
+# Makes sure initdb and pg_ctl exist (and, as root, the postgres user), for
+# tests that start and stop a cluster of their own; installs Debian's
+# postgresql package otherwise.
+oncepay_pg_ensure_binaries() {
+    if _oncepay_pg_find_bindir "" && { [[ "$(id -u)" -ne 0 ]] || id postgres >/dev/null 2>&1; }; then
+        return 0
+    fi
+    _oncepay_pg_apt_install postgresql || return 1
+    hash -r
+    _oncepay_pg_find_bindir "" || _oncepay_pg_die "initdb/pg_ctl still not found after installing postgresql"
+}
+
 # True if nothing listens on 127.0.0.1:PORT and it can be bound.
 _oncepay_pg_port_free() {
     local port="$1"

@@ -130,6 +130,7 @@ async fn naive_charge(
         )
         .into());
     };
+    super::faults::Fault::from_headers(&state, &headers)?;
     let charge = NewCharge::from_params(decode(&headers, &body)?)?;
     // 1. Look the key up. (Bug: nothing stops a second request from looking too.)
     if let Some(saved) = demo::naive_lookup(&state.pool, merchant.id, key.as_str()).await? {

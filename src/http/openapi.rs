@@ -298,6 +298,8 @@ pub struct Problem {
     code: ProblemCode,
     param: Option<String>,
     charge: Option<String>,
+    /// The refund a `processor_unavailable` or `processing_outcome_unknown` refund answer is about.
+    refund: Option<String>,
     request_id: Option<String>,
 }
 
@@ -481,7 +483,8 @@ pub struct NotFound(Problem);
 #[derive(ToResponse)]
 #[response(
     description = "The same request is still in flight (`Retry-After`)",
-    content_type = "application/problem+json"
+    content_type = "application/problem+json",
+    headers(("Retry-After" = String, description = "Seconds to wait before retrying"))
 )]
 #[allow(dead_code)]
 pub struct InFlight(Problem);
@@ -521,7 +524,8 @@ pub struct InternalError(Problem);
 #[derive(ToResponse)]
 #[response(
     description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)",
-    content_type = "application/problem+json"
+    content_type = "application/problem+json",
+    headers(("Retry-After" = String, description = "Seconds to wait before retrying"))
 )]
 #[allow(dead_code)]
 pub struct Unavailable(Problem);

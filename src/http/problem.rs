@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use crate::params::{DecodeError, ParamError};
+use crate::processor::ProcessorError;
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
@@ -135,6 +136,24 @@ impl From<sqlx::Error> for ApiError {
 
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> Self {
+        // A processor that failed while recovering a stale key (or on the
+        // naive demo path) is a 503 to retry, not a bug.
+        if let Some(processor) = e.downcast_ref::<ProcessorError>() {
+            tracing::warn!(error = format!("{e:#}"), "processor call failed");
+            let (code, detail) = match processor {
+                ProcessorError::Unavailable => (
+                    "processor_unavailable",
+                    "The card processor is unavailable. Retry with the same Idempotency-Key.",
+                ),
+                ProcessorError::OutcomeUnknown(_) => (
+                    "processing_outcome_unknown",
+                    "The card processor did not confirm the outcome. Retry with the same Idempotency-Key to get it.",
+                ),
+            };
+            return Problem::new(StatusCode::SERVICE_UNAVAILABLE, code, detail)
+                .with_header(header::RETRY_AFTER, "5")
+                .into();
+        }
         match e.downcast_ref::<sqlx::Error>() {
             Some(sqlx_error) if is_unavailable(sqlx_error) => ApiError::Unavailable(e),
             _ => ApiError::Internal(e),

@@ -23,11 +23,12 @@ use uuid::Uuid;
 use super::AppState;
 use super::auth::Authenticated;
 use super::extract::{PathParam, RawBody, decode};
+use super::faults::{self, Fault};
 use super::idempotent::{self, Begun, Guard};
 use super::problem::{ApiError, Problem};
 use crate::charges::settle::Settled;
 use crate::charges::{ChargeStatus, store as charges};
-use crate::idempotency::{Fingerprint, IdempotencyKey, Resource, store as keys};
+use crate::idempotency::{Fingerprint, IdempotencyKey, Resource};
 use crate::processor::ProcessorError;
 use crate::refunds::domain::new_refund_id;
 use crate::refunds::settle::{self, Pending};
@@ -75,6 +76,7 @@ async fn create(
 ) -> Result<Response, ApiError> {
     // 1. Everything that can refuse the request, before anything is written.
     let key = idempotent::key_from_headers(&state, &headers)?;
+    let fault = Fault::from_headers(&state, &headers)?;
     let new_refund = NewRefund::from_params(decode(&headers, &body)?)?;
     let fingerprint = Fingerprint::of("POST", ROUTE, &new_refund.canonical());
     let wait = idempotent::prefer_wait(&headers);
@@ -87,7 +89,8 @@ async fn create(
         .clone()
         .spawn(
             async move {
-                claim_and_refund(state, merchant_id, key, fingerprint, wait, new_refund).await
+                let request = (merchant_id, key, fingerprint, wait);
+                claim_and_refund(state, request, new_refund, fault).await
             }
             .instrument(tracing::Span::current()),
         )
@@ -97,11 +100,14 @@ async fn create(
 
 async fn claim_and_refund(
     state: AppState,
-    merchant_id: Uuid,
-    key: Option<IdempotencyKey>,
-    fingerprint: Fingerprint,
-    wait: std::time::Duration,
+    (merchant_id, key, fingerprint, wait): (
+        Uuid,
+        Option<IdempotencyKey>,
+        Fingerprint,
+        std::time::Duration,
+    ),
     new_refund: NewRefund,
+    fault: Option<Fault>,
 ) -> Result<Response, ApiError> {
     let refund_id = new_refund_id();
     let resource = Resource::Refund(refund_id.clone());
@@ -142,6 +148,7 @@ async fn claim_and_refund(
     };
     store::insert_pending(&mut tx, &refund_id, merchant_id, &new_refund, &reserved).await?;
     tx.commit().await?;
+    faults::crash_if(fault, Fault::CrashAfterClaim);
 
     // 3 and 4.
     let refund = Pending {
@@ -150,12 +157,18 @@ async fn claim_and_refund(
         amount: reserved.amount,
         currency: reserved.currency,
     };
-    refund_and_settle(state, refund).await
+    refund_and_settle(state, refund, fault).await
 }
 
-async fn refund_and_settle(state: AppState, refund: Pending) -> Result<Response, ApiError> {
+async fn refund_and_settle(
+    state: AppState,
+    refund: Pending,
+    fault: Option<Fault>,
+) -> Result<Response, ApiError> {
     let refund_id = refund.id.clone();
-    match settle::refund_at_processor(state.processor.as_ref(), &refund).await {
+    let outcome = settle::refund_at_processor(state.processor.as_ref(), &refund).await;
+    faults::crash_if(fault, Fault::CrashAfterProcessor);
+    match outcome {
         Ok(()) => match settle::settle(&state.pool, &refund_id).await? {
             Settled::Now(response) => Ok(idempotent::send(response)),
             // Recovery rolled it forward while the processor was answering;
@@ -163,18 +176,20 @@ async fn refund_and_settle(state: AppState, refund: Pending) -> Result<Response,
             Settled::Already => settled_elsewhere(&state, &refund_id).await,
         },
         Err(ProcessorError::Unavailable) => {
-            // Nothing was recorded: give the key and the reserved amount back,
-            // so a retry runs anew.
-            let mut tx = state.pool.begin().await?;
-            keys::release(&mut tx, &Resource::Refund(refund_id.clone())).await?;
-            store::delete_pending(&mut tx, &refund_id).await?;
-            tx.commit().await?;
+            // Unlike a charge, a reserved refund is never given back: the
+            // money was promised, and a recovery may already be re-driving
+            // the idempotent refund call, so giving the amount back here could
+            // leave money refunded at the processor with no record. The claim
+            // stays; the sweeper (or a retry after PROCESSING_TIMEOUT) rolls
+            // the refund forward once the processor answers.
+            tracing::warn!(refund = %refund_id, "processor unavailable; the refund stays reserved");
             Err(Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "processor_unavailable",
-                "The card processor is unavailable and nothing was refunded. Retry with the same Idempotency-Key.",
+                "The card processor is unavailable. The refund is reserved and will be completed; retry with the same Idempotency-Key to get it.",
             )
-            .with_header(header::RETRY_AFTER, "1")
+            .with_extra("refund", refund_id.clone())
+            .with_header(header::RETRY_AFTER, "5")
             .into())
         }
         Err(e @ ProcessorError::OutcomeUnknown(_)) => {

@@ -79,22 +79,6 @@ pub async fn succeed_pending(tx: &mut PgConnection, id: &str) -> sqlx::Result<Op
     .await
 }
 
-/// Deletes a pending refund whose processor call certainly recorded nothing,
-/// and gives its reserved amount back to the charge, in one statement: the
-/// amount goes back only if this call deleted the refund.
-pub async fn delete_pending(tx: &mut PgConnection, id: &str) -> sqlx::Result<u64> {
-    let released = sqlx::query(
-        "WITH gone AS (DELETE FROM refunds WHERE id = $1 AND status = 'pending'
-                       RETURNING charge_id, amount)
-         UPDATE charges c SET amount_refunded = c.amount_refunded - gone.amount
-           FROM gone WHERE c.id = gone.charge_id",
-    )
-    .bind(id)
-    .execute(tx)
-    .await?;
-    Ok(released.rows_affected())
-}
-
 /// One refund by id; `merchant_id` scopes it, so another merchant's id is not found.
 pub async fn find(
     db: impl PgExecutor<'_>,

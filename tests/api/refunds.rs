@@ -676,7 +676,7 @@ impl Processor for RefundsUnavailable {
 }
 
 #[tokio::test]
-async fn an_unavailable_processor_leaves_nothing_reserved_and_the_key_free() {
+async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_rolls_it_forward() {
     let app = spawn_app_with_processor(Settings::new(), |pool| {
         Arc::new(RefundsUnavailable(SimulatedProcessor::new(
             pool,
@@ -685,32 +685,43 @@ async fn an_unavailable_processor_leaves_nothing_reserved_and_the_key_free() {
     })
     .await;
     let charge = app.paid_charge(2000).await;
-    for _ in 0..2 {
-        let answer = Answer::of(
-            app.post_refund(Some("later"), &refund(&charge, Some(500)))
-                .await,
-        )
-        .await;
-        answer.assert_problem(503, "processor_unavailable");
-        assert_eq!(answer.header("retry-after"), Some("1"));
-        assert!(!answer.replayed(), "a retry runs anew");
-        assert_eq!(
-            app.amount_refunded(&charge).await,
-            0,
-            "the reservation went back"
-        );
-        assert_eq!(app.refunds().await, 0);
-        assert_eq!(app.keys().await, 0);
-        assert_eq!(app.processor_refunds().await, 0);
-    }
-    let charge = Answer::of(app.get(&format!("/v1/charges/{charge}")).await)
+    let answer = Answer::of(
+        app.post_refund(Some("later"), &refund(&charge, Some(500)))
+            .await,
+    )
+    .await;
+    answer.assert_problem(503, "processor_unavailable");
+    assert!(answer.header("retry-after").is_some());
+    assert_eq!(app.amount_refunded(&charge).await, 500, "still reserved");
+    assert_eq!(app.processor_refunds().await, 0);
+    // The key is held: a retry waits for the roll-forward instead of refunding again.
+    let retry = Answer::of(
+        app.post_refund(Some("later"), &refund(&charge, Some(500)))
+            .await,
+    )
+    .await;
+    retry.assert_problem(409, "idempotency_key_in_use");
+
+    // The processor is back: a sweeper rolls the refund forward.
+    sqlx::query("UPDATE idempotency_keys SET locked_at = now() - interval '1 hour'")
+        .execute(&app.pool)
         .await
-        .json();
-    assert_eq!(
-        (
-            charge["amount_refunded"].as_i64(),
-            charge["refunded"].as_bool()
-        ),
-        (Some(0), Some(false))
-    );
+        .unwrap();
+    let working: Arc<dyn oncepay::processor::Processor> =
+        Arc::new(SimulatedProcessor::new(app.pool.clone(), Duration::ZERO));
+    let report = oncepay::sweeper::Sweeper::new(app.pool.clone(), working, Duration::from_secs(60))
+        .sweep_once()
+        .await
+        .unwrap();
+    assert_eq!(report.refunds_settled, 1);
+    assert_eq!(app.processor_refunds().await, 1);
+    let settled = Answer::of(
+        app.post_refund(Some("later"), &refund(&charge, Some(500)))
+            .await,
+    )
+    .await;
+    assert_eq!(settled.status, 201);
+    assert!(settled.replayed());
+    assert_eq!(settled.json()["status"], "succeeded");
+    assert_eq!(app.amount_refunded(&charge).await, 500);
 }
