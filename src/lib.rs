@@ -1,6 +1,7 @@
 //! oncepay: a payments API that charges a card exactly once, however often a
 //! client retries. See README.md for the guided tour.
 
+pub mod cache;
 pub mod charges;
 pub mod cli;
 pub mod config;

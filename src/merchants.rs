@@ -43,7 +43,8 @@ impl ApiKey {
         &self.0
     }
 
-    fn hash(&self) -> Vec<u8> {
+    /// The SHA-256 of the key, as stored.
+    pub fn hash(&self) -> Vec<u8> {
         Sha256::digest(self.0.as_bytes()).to_vec()
     }
 }

@@ -48,6 +48,7 @@ impl Application {
             processor: crate::metrics::MeteredProcessor::wrap(processor),
             metrics: crate::metrics::handle(),
             tasks: tokio_util::task::TaskTracker::new(),
+            caches: Arc::default(),
         };
         Ok(Application { listener, state })
     }

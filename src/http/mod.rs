@@ -46,6 +46,8 @@ pub struct AppState {
     /// The work a request hands to its own task (steps 2 to 4); shutdown
     /// waits for it, within `SHUTDOWN_GRACE`.
     pub tasks: TaskTracker,
+    /// Completed answers and merchants, see [`crate::cache`].
+    pub caches: Arc<crate::cache::Caches>,
 }
 
 /// The whole API. Layers, from the outside in: fault injection (outside
