@@ -4,8 +4,12 @@
 -- src/charges/settle.rs::settle). Variables come from scripts/bench (-D).
 -- A unique key per transaction: the client id and a random 50-bit number.
 \set r random(1, 999999999999999)
--- Authentication (one lookup by key hash per request).
-SELECT id, name FROM merchants WHERE api_key_hash = :keyhash;
+-- Authentication: the merchant comes from the in-process cache (src/cache.rs),
+-- so there is no statement for it. A fresh key first gets the fast-path read
+-- of a completed key (src/idempotency/store.rs::find_completed), which finds nothing.
+SELECT 1 FROM idempotency_keys
+ WHERE merchant_id = :merchant AND key = 'pgb-' || :client_id::int || '-' || :r::bigint
+   AND status = 'completed' AND expires_at > now();
 -- Step 2: claim the key and write the pending charge, one transaction.
 BEGIN;
 INSERT INTO idempotency_keys
