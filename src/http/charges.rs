@@ -15,20 +15,18 @@ use serde_json::json;
 use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use uuid::Uuid;
 
 use super::AppState;
 use super::auth::Authenticated;
 use super::extract::{PathParam, RawBody, decode};
 use super::faults::{self, Fault};
-use super::idempotent::{self, Begun, Guard};
+use super::idempotent::{self, Begun, Request};
 use super::problem::{ApiError, Problem};
 use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
 use crate::charges::{NewCharge, store};
-use crate::idempotency::{Fingerprint, IdempotencyKey, Resource, store as keys};
+use crate::idempotency::{Fingerprint, Resource, store as keys};
 use crate::processor::{self, Authorization, ProcessorError};
-use crate::sweeper;
 
 const ROUTE: &str = "/v1/charges";
 
@@ -78,68 +76,43 @@ async fn create(
 
     // Steps 2 to 4 run in their own task: once the claim may have committed,
     // a client that hangs up must not cancel the work half-way.
-    let work = Work {
+    let request = Request {
         merchant_id: merchant.id,
         key,
         fingerprint,
         wait,
-        charge: new_charge,
-        fault,
     };
     state
         .tasks
         .clone()
-        .spawn(claim_and_charge(state, work).instrument(tracing::Span::current()))
+        .spawn(
+            claim_and_charge(state, request, new_charge, fault)
+                .instrument(tracing::Span::current()),
+        )
         .await
         .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("charge task failed")))?
 }
 
-/// A validated request, ready for steps 2 to 4.
-struct Work {
-    merchant_id: Uuid,
-    key: Option<IdempotencyKey>,
-    fingerprint: Fingerprint,
-    wait: std::time::Duration,
+async fn claim_and_charge(
+    state: AppState,
+    request: Request,
     charge: NewCharge,
     fault: Option<Fault>,
-}
-
-async fn claim_and_charge(state: AppState, work: Work) -> Result<Response, ApiError> {
+) -> Result<Response, ApiError> {
     let charge_id = new_charge_id();
     let resource = Resource::Charge(charge_id.clone());
 
     // 2. Claim the key and write the pending charge, in one transaction.
-    let mut tx = match &work.key {
-        None => state.pool.begin().await?,
-        Some(key) => {
-            let guard = Guard {
-                merchant_id: work.merchant_id,
-                key,
-                route: ROUTE,
-                fingerprint: work.fingerprint,
-                resource: &resource,
-                wait: work.wait,
-            };
-            let recover = |stale: Resource| {
-                let state = state.clone();
-                async move {
-                    sweeper::recover(&state.pool, state.processor.as_ref(), &stale)
-                        .await
-                        .map(drop)
-                }
-            };
-            match idempotent::claim_or_answer(&state, guard, recover).await? {
-                Begun::Claimed(tx) => tx,
-                Begun::Answered(response) => return Ok(response),
-            }
-        }
+    let mut tx = match idempotent::begin(&state, &request, ROUTE, &resource).await? {
+        Begun::Claimed(tx) => tx,
+        Begun::Answered(response) => return Ok(response),
     };
-    store::insert_pending(&mut tx, &charge_id, work.merchant_id, &work.charge).await?;
+    store::insert_pending(&mut tx, &charge_id, request.merchant_id, &charge).await?;
     tx.commit().await?;
-    faults::crash_if(work.fault, Fault::CrashAfterClaim);
+    faults::crash_if(fault, Fault::CrashAfterClaim);
 
     // 3 and 4.
-    authorize_and_settle(state, charge_id, work.charge, work.fault).await
+    authorize_and_settle(state, charge_id, charge, fault).await
 }
 
 async fn authorize_and_settle(

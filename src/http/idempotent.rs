@@ -2,7 +2,6 @@
 //! a transaction the caller then adds its business write to, or answer from
 //! what the key already holds (replay, `409`, `422`).
 
-use std::future::Future;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
@@ -16,7 +15,7 @@ use super::problem::{ApiError, Problem};
 use crate::cache::CachedAnswer;
 use crate::idempotency::{
     Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
-    store as keys,
+    StoredKey, store as keys,
 };
 use crate::metrics;
 
@@ -24,58 +23,60 @@ pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// The longest `Prefer: wait=N` honoured, in seconds.
 const MAX_WAIT_SECS: u64 = 10;
 
-/// What a guarded request asks for.
-pub struct Guard<'a> {
+/// The idempotency side of a validated request: who asks, with which key
+/// (if any), for what (the fingerprint), and how long it will wait.
+pub struct Request {
     pub merchant_id: Uuid,
-    pub key: &'a IdempotencyKey,
-    pub route: &'static str,
+    pub key: Option<IdempotencyKey>,
     pub fingerprint: Fingerprint,
-    /// The record the caller will write in the same transaction.
-    pub resource: &'a Resource,
     /// From `Prefer: wait=N`; zero answers `409` at once.
     pub wait: Duration,
 }
 
-/// The result of trying to claim.
+/// The result of step 2's opening.
 pub enum Begun {
-    /// The key is ours: write the business record in this transaction and commit.
+    /// The key is ours (or there is none): write the business record in
+    /// this transaction and commit.
     Claimed(Transaction<'static, Postgres>),
     /// The key was taken: this is the answer.
     Answered(Response),
 }
 
-/// Claims the key, or answers from it. When the key is held by a request
-/// that has been `processing` for longer than `PROCESSING_TIMEOUT`, this
-/// request leases it (one conditional update, as the sweeper does) and runs
-/// `recover` on the record it guards, which must settle it by the same
-/// procedure the sweeper uses; then it answers from the settled key.
-pub async fn claim_or_answer<F, Fut>(
+/// Opens step 2 for `resource` on `route`: a transaction holding the claim
+/// on the request's key, a plain transaction when it has none, or the
+/// answer the key already holds.
+///
+/// When the key is held by a request that has been `processing` for longer
+/// than `PROCESSING_TIMEOUT`, this request leases it (one conditional update,
+/// as the sweeper does) and settles its record by the sweeper's own
+/// procedure ([`crate::sweeper::recover`]); then it answers from the key.
+pub async fn begin(
     state: &AppState,
-    guard: Guard<'_>,
-    recover: F,
-) -> Result<Begun, ApiError>
-where
-    F: Fn(Resource) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>>,
-{
+    request: &Request,
+    route: &'static str,
+    resource: &Resource,
+) -> Result<Begun, ApiError> {
+    let Some(key) = &request.key else {
+        return Ok(Begun::Claimed(state.pool.begin().await?));
+    };
     // The fast path for a retry of a finished operation: a completed key
     // cannot change until it expires, so it is answered from memory or from
     // one plain read, with no transaction and no row lock.
-    if let Some(answer) = completed_answer(state, &guard).await? {
-        return answer;
+    if let Some(answer) = cached_or_completed(state, request.merchant_id, key).await? {
+        return answer_from(state, request, key, route, answer, false);
     }
-    let deadline = Instant::now() + guard.wait;
+    let deadline = Instant::now() + request.wait;
     let mut poll = Duration::from_millis(20);
     let mut waited = false;
     loop {
         let mut tx = state.pool.begin().await?;
         let claim = Claim {
-            merchant_id: guard.merchant_id,
-            key: guard.key,
+            merchant_id: request.merchant_id,
+            key,
             method: "POST",
-            path: guard.route,
-            fingerprint: guard.fingerprint,
-            resource: guard.resource,
+            path: route,
+            fingerprint: request.fingerprint,
+            resource,
             ttl: state.config.idempotency_key_ttl,
         };
         let stored = match keys::claim(&mut tx, claim).await? {
@@ -90,35 +91,27 @@ where
             ClaimOutcome::Taken(stored) => stored,
         };
         tx.rollback().await?;
-        if stored.fingerprint != guard.fingerprint || stored.request_path != guard.route {
-            metrics::idempotency("reused");
-            return Err(reused(guard.key));
+        let stored = *stored;
+        if stored.status == KeyStatus::Completed {
+            let answer = completed(stored).ok_or_else(|| {
+                ApiError::Internal(anyhow::anyhow!("a completed key without its response"))
+            })?;
+            return answer_from(state, request, key, route, answer, waited);
         }
-        if let (KeyStatus::Completed, Some(saved)) = (stored.status, stored.response) {
-            state.caches.remember_answer(
-                guard.merchant_id,
-                guard.key.as_str(),
-                CachedAnswer {
-                    route: stored.request_path.clone(),
-                    fingerprint: stored.fingerprint,
-                    response: saved.clone(),
-                    expires_at: stored.expires_at,
-                },
-            );
-            tracing::info!(resource = ?stored.resource, "replaying a completed key");
-            metrics::idempotency("replayed");
-            return Ok(Begun::Answered(replay(saved, waited)));
+        if stored.fingerprint != request.fingerprint || stored.request_path != route {
+            metrics::idempotency("reused");
+            return Err(reused(key));
         }
         let stale = keys::lease_one(
             &state.pool,
-            guard.merchant_id,
-            guard.key,
+            request.merchant_id,
+            key,
             state.config.processing_timeout,
         )
         .await?;
-        if let Some(resource) = stale {
-            tracing::info!(?resource, "a retry found its key stale; settling it");
-            recover(resource).await?;
+        if let Some(stale) = stale {
+            tracing::info!(resource = ?stale, "a retry found its key stale; settling it");
+            crate::sweeper::recover(&state.pool, state.processor.as_ref(), &stale).await?;
             metrics::idempotency("stale_recovered");
             continue;
         }
@@ -134,42 +127,52 @@ where
     }
 }
 
-/// The answer from a completed key, if the key is completed: a replay, or a
-/// `422` if the request differs. From the cache, else from one read.
-async fn completed_answer(
+/// A completed key's answer: from the cache, else from one read (which then
+/// fills the cache). `None` when the key is not completed.
+async fn cached_or_completed(
     state: &AppState,
-    guard: &Guard<'_>,
-) -> Result<Option<Result<Begun, ApiError>>, ApiError> {
-    let cached = state.caches.answer(guard.merchant_id, guard.key.as_str());
-    let answer = match cached {
-        Some(answer) => answer,
-        None => {
-            let Some(stored) =
-                keys::find_completed(&state.pool, guard.merchant_id, guard.key).await?
-            else {
-                return Ok(None);
-            };
-            let Some(saved) = stored.response else {
-                return Ok(None);
-            };
-            let answer = CachedAnswer {
-                route: stored.request_path,
-                fingerprint: stored.fingerprint,
-                response: saved,
-                expires_at: stored.expires_at,
-            };
-            state
-                .caches
-                .remember_answer(guard.merchant_id, guard.key.as_str(), answer.clone());
-            answer
-        }
-    };
-    if answer.fingerprint != guard.fingerprint || answer.route != guard.route {
-        metrics::idempotency("reused");
-        return Ok(Some(Err(reused(guard.key))));
+    merchant_id: Uuid,
+    key: &IdempotencyKey,
+) -> Result<Option<CachedAnswer>, ApiError> {
+    if let Some(answer) = state.caches.answer(merchant_id, key.as_str()) {
+        return Ok(Some(answer));
     }
+    let stored = keys::find_completed(&state.pool, merchant_id, key).await?;
+    Ok(stored.and_then(completed))
+}
+
+/// The saved answer of a key, if it is completed.
+fn completed(stored: StoredKey) -> Option<CachedAnswer> {
+    match (stored.status, stored.response) {
+        (KeyStatus::Completed, Some(response)) => Some(CachedAnswer {
+            route: stored.request_path,
+            fingerprint: stored.fingerprint,
+            response,
+            expires_at: stored.expires_at,
+        }),
+        _ => None,
+    }
+}
+
+/// Answers a request from a completed key: `422` if it asks for something
+/// else, else the saved answer, replayed (and remembered in the cache).
+fn answer_from(
+    state: &AppState,
+    request: &Request,
+    key: &IdempotencyKey,
+    route: &str,
+    answer: CachedAnswer,
+    waited: bool,
+) -> Result<Begun, ApiError> {
+    if answer.fingerprint != request.fingerprint || answer.route != route {
+        metrics::idempotency("reused");
+        return Err(reused(key));
+    }
+    state
+        .caches
+        .remember_answer(request.merchant_id, key.as_str(), answer.clone());
     metrics::idempotency("replayed");
-    Ok(Some(Ok(Begun::Answered(replay(answer.response, false)))))
+    Ok(Begun::Answered(replay(answer.response, waited)))
 }
 
 /// The answer for a resource someone else (the sweeper, a retry) settled

@@ -24,16 +24,15 @@ use super::AppState;
 use super::auth::Authenticated;
 use super::extract::{PathParam, RawBody, decode};
 use super::faults::{self, Fault};
-use super::idempotent::{self, Begun, Guard};
+use super::idempotent::{self, Begun, Request};
 use super::problem::{ApiError, Problem};
 use crate::charges::settle::Settled;
 use crate::charges::{ChargeStatus, store as charges};
-use crate::idempotency::{Fingerprint, IdempotencyKey, Resource};
+use crate::idempotency::{Fingerprint, Resource};
 use crate::processor::ProcessorError;
 use crate::refunds::domain::new_refund_id;
 use crate::refunds::settle::{self, Pending};
 use crate::refunds::{NewRefund, store};
-use crate::sweeper;
 
 const ROUTE: &str = "/v1/refunds";
 
@@ -83,16 +82,18 @@ async fn create(
 
     // Steps 2 to 4 run in their own task: once the claim may have committed,
     // a client that hangs up must not cancel the work half-way.
-    let merchant_id = merchant.id;
+    let request = Request {
+        merchant_id: merchant.id,
+        key,
+        fingerprint,
+        wait,
+    };
     state
         .tasks
         .clone()
         .spawn(
-            async move {
-                let request = (merchant_id, key, fingerprint, wait);
-                claim_and_refund(state, request, new_refund, fault).await
-            }
-            .instrument(tracing::Span::current()),
+            claim_and_refund(state, request, new_refund, fault)
+                .instrument(tracing::Span::current()),
         )
         .await
         .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("refund task failed")))?
@@ -100,44 +101,19 @@ async fn create(
 
 async fn claim_and_refund(
     state: AppState,
-    (merchant_id, key, fingerprint, wait): (
-        Uuid,
-        Option<IdempotencyKey>,
-        Fingerprint,
-        std::time::Duration,
-    ),
+    request: Request,
     new_refund: NewRefund,
     fault: Option<Fault>,
 ) -> Result<Response, ApiError> {
     let refund_id = new_refund_id();
     let resource = Resource::Refund(refund_id.clone());
+    let merchant_id = request.merchant_id;
 
     // 2. Claim the key, reserve the amount and write the pending refund, in
     // one transaction.
-    let mut tx = match &key {
-        None => state.pool.begin().await?,
-        Some(key) => {
-            let guard = Guard {
-                merchant_id,
-                key,
-                route: ROUTE,
-                fingerprint,
-                resource: &resource,
-                wait,
-            };
-            let recover = |stale: Resource| {
-                let state = state.clone();
-                async move {
-                    sweeper::recover(&state.pool, state.processor.as_ref(), &stale)
-                        .await
-                        .map(drop)
-                }
-            };
-            match idempotent::claim_or_answer(&state, guard, recover).await? {
-                Begun::Claimed(tx) => tx,
-                Begun::Answered(response) => return Ok(response),
-            }
-        }
+    let mut tx = match idempotent::begin(&state, &request, ROUTE, &resource).await? {
+        Begun::Claimed(tx) => tx,
+        Begun::Answered(response) => return Ok(response),
     };
     let amount = new_refund.amount.map(|a| a.minor_units());
     let Some(reserved) = store::reserve(&mut tx, merchant_id, &new_refund.charge, amount).await?

@@ -11,92 +11,12 @@ use oncepay::startup::Application;
 use oncepay::sweeper::{SweepReport, Sweeper};
 use reqwest::Response;
 use serde_json::Value;
+use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-/// A database of its own, dropped when the test passes and kept (with its
-/// name printed) when it fails, for a look.
-pub struct TestDb {
-    pub name: String,
-    pub url: String,
-    admin_url: String,
-}
-
-impl TestDb {
-    pub async fn create() -> Self {
-        let admin_url = std::env::var("DATABASE_URL")
-            .expect("DATABASE_URL must point at a Postgres server (scripts/test sets it up)");
-        // The creation time in the name lets scripts/test clear databases that
-        // failed tests left behind long ago, and only those.
-        let created = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let name = format!("oncepay_test_{created}_{}", Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(&admin_url)
-            .await
-            .expect("connect to DATABASE_URL");
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&mut admin)
-            .await
-            .expect("create the test database");
-        admin.close().await.ok();
-        let url = with_database(&admin_url, &name);
-        let pool = PgPool::connect(&url)
-            .await
-            .expect("connect to the test database");
-        oncepay::db::migrate(&pool)
-            .await
-            .expect("migrate the test database");
-        pool.close().await;
-        TestDb {
-            name,
-            url,
-            admin_url,
-        }
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("test failed; its database {} is kept for a look", self.name);
-            return;
-        }
-        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        // Drop runs inside the test's runtime: use a thread with its own.
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
-                    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                    let _ = sqlx::query(&drop).execute(&mut admin).await;
-                }
-            });
-        })
-        .join();
-    }
-}
-
-/// Replaces the database name of a `postgres://` URL.
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[scheme_end..].find('/') {
-        Some(slash) => &base[..scheme_end + slash],
-        None => base,
-    };
-    match query {
-        Some(q) => format!("{base}/{name}?{q}"),
-        None => format!("{base}/{name}"),
-    }
-}
+pub use crate::database::TestDb;
 
 /// Settings for a test server, on top of the defaults.
 #[derive(Clone, Debug)]

@@ -1,6 +1,9 @@
 //! oncepay's integration tests: the real server over HTTP, a fresh migrated
 //! database per test, every assertion checked in the database too.
 
+#[path = "../common/database.rs"]
+mod database;
+
 mod auth;
 mod bad_input;
 mod cli;

@@ -10,7 +10,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 /// The demo merchant's key every server ensures at start.
@@ -23,96 +23,6 @@ pub fn scale() -> usize {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1)
         .max(1)
-}
-
-fn admin_url() -> String {
-    std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL must point at a Postgres server (scripts/test sets it up)")
-}
-
-/// Replaces the database name of a `postgres://` URL.
-pub fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[scheme_end..].find('/') {
-        Some(slash) => &base[..scheme_end + slash],
-        None => base,
-    };
-    match query {
-        Some(q) => format!("{base}/{name}?{q}"),
-        None => format!("{base}/{name}"),
-    }
-}
-
-/// A fresh database on `admin_url`'s server, dropped at the end unless the
-/// test failed. The servers migrate it themselves.
-pub struct Database {
-    pub url: String,
-    admin_url: String,
-    name: String,
-}
-
-impl Database {
-    pub async fn create_on(admin_url: &str) -> Self {
-        // The creation time in the name lets scripts/test clear databases that
-        // failed tests left behind long ago, and only those.
-        let created = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let name = format!("oncepay_test_{created}_{}", Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(admin_url)
-            .await
-            .expect("connect to the admin database");
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        admin.close().await.ok();
-        Database {
-            url: with_database(admin_url, &name),
-            admin_url: admin_url.to_owned(),
-            name,
-        }
-    }
-
-    pub async fn create() -> Self {
-        Self::create_on(&admin_url()).await
-    }
-
-    pub async fn pool(&self) -> PgPool {
-        PgPool::connect(&self.url)
-            .await
-            .expect("connect to the scenario database")
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "scenario failed; its database {} is kept for a look",
-                self.name
-            );
-            return;
-        }
-        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
-                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .execute(&mut admin)
-                        .await;
-                }
-            });
-        })
-        .join();
-    }
 }
 
 /// A port nobody listens on right now.

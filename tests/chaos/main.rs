@@ -6,6 +6,8 @@
 //!
 //! `scripts/chaos` runs these with `CHAOS_SCALE=3` and prints the table.
 
+#[path = "../common/database.rs"]
+mod database;
 mod harness;
 
 use std::collections::HashMap;
@@ -13,15 +15,14 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 
-use harness::{
-    Database, OpOutcome, PrivateCluster, Report, Server, charge_body, client, drive, scale, send,
-};
+use database::TestDb as Database;
+use harness::{OpOutcome, PrivateCluster, Report, Server, charge_body, client, drive, scale, send};
 
 const FAULTS_ON: (&str, &str) = ("FAULT_INJECTION", "true");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_storm_on_one_key_per_operation_charges_each_once() {
-    let db = Database::create().await;
+    let db = Database::create_empty().await;
     let server = Server::start(&db.url, &[("PROCESSOR_LATENCY_MS", "100")]).await;
     let urls = [server.url()];
     let http = client(Duration::from_secs(15));
@@ -55,7 +56,7 @@ async fn a_retry_storm_on_one_key_per_operation_charges_each_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_answer_is_replayed_on_retry() {
-    let db = Database::create().await;
+    let db = Database::create_empty().await;
     let server = Server::start(&db.url, &[FAULTS_ON]).await;
     let urls = [server.url()];
     let http = client(Duration::from_secs(15));
@@ -110,7 +111,7 @@ async fn a_lost_answer_is_replayed_on_retry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_processor_timeout_after_capture_ends_succeeded_after_the_sweep() {
-    let db = Database::create().await;
+    let db = Database::create_empty().await;
     let server = Server::start(
         &db.url,
         &[("PROCESSING_TIMEOUT", "1s"), ("SWEEP_INTERVAL", "300ms")],
@@ -163,7 +164,7 @@ async fn crash_and_recover(
     fault: &'static str,
     source: &str,
 ) -> (Database, Vec<OpOutcome>, Duration) {
-    let db = Database::create().await;
+    let db = Database::create_empty().await;
     let mut server = Server::start(
         &db.url,
         &[
@@ -251,7 +252,7 @@ async fn a_crash_after_the_processor_is_settled_as_succeeded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_restart_under_load_loses_nothing_and_doubles_nothing() {
     let cluster = PrivateCluster::start();
-    let db = Database::create_on(&cluster.admin_url()).await;
+    let db = Database::create_empty_on(&cluster.admin_url()).await;
     let mut server = Server::start(
         &db.url,
         &[
@@ -315,19 +316,7 @@ async fn a_database_restart_under_load_loses_nothing_and_doubles_nothing() {
     assert_eq!(ready.status(), 200);
     let pool = db.pool().await;
     // Let the sweeper settle anything the outage left pending.
-    let settle_by = Instant::now() + Duration::from_secs(10);
-    while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM charges WHERE status = 'pending'")
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-        > 0
-    {
-        assert!(
-            Instant::now() < settle_by,
-            "pending charges were never settled"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until_nothing_pending(&pool).await;
     let report = Report::measure("database restart under load", &pool, &outcomes).await;
     report.publish();
     report.assert_exactly_once();
@@ -341,7 +330,7 @@ async fn a_database_restart_under_load_loses_nothing_and_doubles_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_on_one_database_charge_each_key_once_and_sweep_each_row_once() {
-    let db = Database::create().await;
+    let db = Database::create_empty().await;
     let settings = [
         ("PROCESSING_TIMEOUT", "1s"),
         ("SWEEP_INTERVAL", "200ms"),
@@ -408,19 +397,7 @@ async fn three_instances_on_one_database_charge_each_key_once_and_sweep_each_row
     });
     let outcomes = merge(join_all(drivers).await);
 
-    let settle_by = Instant::now() + Duration::from_secs(10);
-    while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM charges WHERE status = 'pending'")
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-        > 0
-    {
-        assert!(
-            Instant::now() < settle_by,
-            "stale charges were never settled"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until_nothing_pending(&pool).await;
     let report = Report::measure("three instances, one database", &pool, &outcomes).await;
     report.publish();
     report.assert_exactly_once();
@@ -456,6 +433,26 @@ async fn three_instances_on_one_database_charge_each_key_once_and_sweep_each_row
     );
 }
 
+/// Waits (up to ten seconds) until the sweepers have settled every pending charge.
+async fn wait_until_nothing_pending(pool: &sqlx::PgPool) {
+    let settle_by = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM charges WHERE status = 'pending'")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        if pending == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < settle_by,
+            "{pending} pending charges were never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Folds the outcomes of several drivers of the same operation into one per
 /// operation: requests and 5xx add up; acknowledgements must agree.
 fn merge(outcomes: Vec<OpOutcome>) -> Vec<OpOutcome> {
@@ -488,7 +485,7 @@ fn merge(outcomes: Vec<OpOutcome>) -> Vec<OpOutcome> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_requests_in_flight_finish_and_leaves_nothing_half_done() {
-    let db = Database::create().await;
+    let db = Database::create_empty().await;
     let mut server = Server::start(
         &db.url,
         &[("PROCESSOR_LATENCY_MS", "1500"), ("SHUTDOWN_GRACE", "10s")],
@@ -575,7 +572,7 @@ async fn sigterm_lets_requests_in_flight_finish_and_leaves_nothing_half_done() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_carry_request_id_merchant_route_and_key_but_never_the_api_key() {
-    let db = Database::create().await;
+    let db = Database::create_empty().await;
     let server = Server::start(&db.url, &[("LOG_FORMAT", "json")]).await;
     let http = client(Duration::from_secs(10));
     let response = http

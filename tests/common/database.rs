@@ -1,0 +1,107 @@
+//! A database of a test's own, shared by the test binaries (`tests/api`,
+//! `tests/chaos`): created fresh, dropped when the test passes, kept (and
+//! named) when it fails, for a look.
+
+// Each test binary uses part of this module.
+#![allow(dead_code)]
+
+use sqlx::{Connection, PgConnection, PgPool};
+use uuid::Uuid;
+
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    admin_url: String,
+}
+
+impl TestDb {
+    /// A database on `DATABASE_URL`'s server, migrated.
+    pub async fn create() -> Self {
+        let db = Self::create_empty_on(&admin_url()).await;
+        let pool = db.pool().await;
+        oncepay::db::migrate(&pool)
+            .await
+            .expect("migrate the test database");
+        pool.close().await;
+        db
+    }
+
+    /// An empty database on `DATABASE_URL`'s server (a server will migrate it).
+    pub async fn create_empty() -> Self {
+        Self::create_empty_on(&admin_url()).await
+    }
+
+    /// An empty database on the server of `admin_url`.
+    pub async fn create_empty_on(admin_url: &str) -> Self {
+        // The creation time in the name lets scripts/test clear databases that
+        // failed tests left behind long ago, and only those.
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let name = format!("oncepay_test_{created}_{}", Uuid::new_v4().simple());
+        let mut admin = PgConnection::connect(admin_url)
+            .await
+            .expect("connect to the admin database");
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .await
+            .expect("create the test database");
+        admin.close().await.ok();
+        TestDb {
+            url: with_database(admin_url, &name),
+            admin_url: admin_url.to_owned(),
+            name,
+        }
+    }
+
+    pub async fn pool(&self) -> PgPool {
+        PgPool::connect(&self.url)
+            .await
+            .expect("connect to the test database")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test failed; its database {} is kept for a look", self.name);
+            return;
+        }
+        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
+        // Drop runs inside the test's runtime: use a thread with its own.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
+                    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                    let _ = sqlx::query(&drop).execute(&mut admin).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+fn admin_url() -> String {
+    std::env::var("DATABASE_URL")
+        .expect("DATABASE_URL must point at a Postgres server (scripts/test sets it up)")
+}
+
+/// Replaces the database name of a `postgres://` URL.
+pub fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[scheme_end..].find('/') {
+        Some(slash) => &base[..scheme_end + slash],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
