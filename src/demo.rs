@@ -67,11 +67,12 @@ pub async fn naive_lookup(
 }
 
 /// The naive endpoint's work: a pending charge, the processor, the settle.
+/// Returns the charge id and its answer.
 pub async fn naive_charge(
     state: &AppState,
     merchant_id: Uuid,
     charge: &NewCharge,
-) -> anyhow::Result<SavedResponse> {
+) -> anyhow::Result<(String, SavedResponse)> {
     let id = new_charge_id();
     let mut tx = state.pool.begin().await?;
     store::insert_pending(&mut tx, &id, merchant_id, charge).await?;
@@ -86,15 +87,16 @@ pub async fn naive_charge(
             source: charge.source,
         })
         .await?;
-    match settle(&state.pool, &id, &outcome).await? {
-        Settled::Now(saved) => Ok(saved),
+    let saved = match settle(&state.pool, &id, &outcome).await? {
+        Settled::Now(saved) => saved,
         Settled::Already => {
             let charge = store::find_any(&state.pool, &id)
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("charge {id} vanished"))?;
-            Ok(response_for(&charge))
+            response_for(&charge)
         }
-    }
+    };
+    Ok((id, saved))
 }
 
 /// The naive endpoint's write, after the work. The loser of a race inserts
@@ -103,17 +105,9 @@ pub async fn naive_remember(
     pool: &PgPool,
     merchant_id: Uuid,
     key: &str,
+    charge_id: &str,
     saved: &SavedResponse,
 ) -> sqlx::Result<()> {
-    let charge_id = serde_json::from_slice::<serde_json::Value>(&saved.body)
-        .ok()
-        .and_then(|v| {
-            v.get("id")
-                .or_else(|| v.get("charge"))
-                .and_then(|id| id.as_str())
-                .map(str::to_owned)
-        })
-        .unwrap_or_default();
     sqlx::query(
         "INSERT INTO naive_demo_keys (merchant_id, key, charge_id, status, content_type, response)
          VALUES ($1, $2, $3, $4, $5, $6)
