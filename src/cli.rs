@@ -82,7 +82,12 @@ impl Cli {
                     pool.clone(),
                     config.processor_latency,
                 ));
-                let sweeper = Sweeper::new(pool, processor, config.processing_timeout);
+                let sweeper = Sweeper::new(
+                    pool,
+                    processor,
+                    config.processing_timeout,
+                    config.idempotency_key_ttl,
+                );
                 if once {
                     let report = sweeper.sweep_once().await?;
                     println!(

@@ -87,7 +87,7 @@ pub async fn naive_charge(
             source: charge.source,
         })
         .await?;
-    let saved = match settle(&state.pool, &id, &outcome).await? {
+    let saved = match settle(&state.pool, &id, &outcome, state.config.idempotency_key_ttl).await? {
         Settled::Now(saved) => saved,
         Settled::Already => {
             let charge = store::find_any(&state.pool, &id)

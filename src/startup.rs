@@ -95,6 +95,7 @@ impl Application {
             self.state.pool.clone(),
             self.state.processor.clone(),
             config.processing_timeout,
+            config.idempotency_key_ttl,
         );
         let mut sweeper_stop = stop_rx.clone();
         let sweeper = tokio::spawn(sweeper.run(config.sweep_interval, async move {

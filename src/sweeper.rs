@@ -52,12 +52,13 @@ pub async fn recover(
     pool: &PgPool,
     processor: &dyn Processor,
     resource: &Resource,
+    key_ttl: Duration,
 ) -> anyhow::Result<Option<Recovered>> {
     Ok(match resource {
-        Resource::Charge(id) => charge_settle::recover(pool, processor, id)
+        Resource::Charge(id) => charge_settle::recover(pool, processor, id, key_ttl)
             .await?
             .map(Recovered::Charge),
-        Resource::Refund(id) => refund_settle::recover(pool, processor, id)
+        Resource::Refund(id) => refund_settle::recover(pool, processor, id, key_ttl)
             .await?
             .then_some(Recovered::Refund),
     })
@@ -69,14 +70,24 @@ pub struct Sweeper {
     pool: PgPool,
     processor: Arc<dyn Processor>,
     processing_timeout: Duration,
+    key_ttl: Duration,
 }
 
 impl Sweeper {
-    pub fn new(pool: PgPool, processor: Arc<dyn Processor>, processing_timeout: Duration) -> Self {
+    /// A sweeper that settles records whose key has been `processing` for
+    /// longer than `processing_timeout`; the keys it completes keep their
+    /// answer for at least `key_ttl`.
+    pub fn new(
+        pool: PgPool,
+        processor: Arc<dyn Processor>,
+        processing_timeout: Duration,
+        key_ttl: Duration,
+    ) -> Self {
         Sweeper {
             pool,
             processor,
             processing_timeout,
+            key_ttl,
         }
     }
 
@@ -90,7 +101,7 @@ impl Sweeper {
         stale.extend(keyless_charges.into_iter().map(Resource::Charge));
         stale.extend(keyless_refunds.into_iter().map(Resource::Refund));
         for resource in stale {
-            match recover(&self.pool, self.processor.as_ref(), &resource).await {
+            match recover(&self.pool, self.processor.as_ref(), &resource, self.key_ttl).await {
                 Ok(Some(Recovered::Charge(Outcome::Succeeded))) => report.settled_succeeded += 1,
                 Ok(Some(Recovered::Charge(_))) => report.settled_failed += 1,
                 Ok(Some(Recovered::Refund)) => report.refunds_settled += 1,

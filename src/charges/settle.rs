@@ -3,6 +3,8 @@
 //! request that made the charge and by the sweeper that recovers it, so both
 //! write exactly the same thing and whichever comes second changes nothing.
 
+use std::time::Duration;
+
 use axum::http::StatusCode;
 use sqlx::PgPool;
 
@@ -23,8 +25,14 @@ pub enum Settled {
     Already,
 }
 
-/// Settles `charge_id` with `outcome` if it is still pending.
-pub async fn settle(pool: &PgPool, charge_id: &str, outcome: &Outcome) -> sqlx::Result<Settled> {
+/// Settles `charge_id` with `outcome` if it is still pending; its key keeps
+/// the answer for at least `key_ttl` from now.
+pub async fn settle(
+    pool: &PgPool,
+    charge_id: &str,
+    outcome: &Outcome,
+    key_ttl: Duration,
+) -> sqlx::Result<Settled> {
     let (status, failure) = match outcome {
         Outcome::Succeeded => (ChargeStatus::Succeeded, None),
         Outcome::Declined { code, message } => (
@@ -45,8 +53,13 @@ pub async fn settle(pool: &PgPool, charge_id: &str, outcome: &Outcome) -> sqlx::
         return Ok(Settled::Already);
     };
     let response = response_for(&charge);
-    let completed =
-        keys::complete_for(&mut tx, &Resource::Charge(charge.id.clone()), &response).await?;
+    let completed = keys::complete_for(
+        &mut tx,
+        &Resource::Charge(charge.id.clone()),
+        &response,
+        key_ttl,
+    )
+    .await?;
     tx.commit().await?;
     tracing::info!(charge = %charge.id, status = %charge.status, keys_completed = completed, "charge settled");
     Ok(Settled::Now(response))
@@ -62,11 +75,12 @@ pub async fn recover(
     pool: &PgPool,
     processor: &dyn Processor,
     charge_id: &str,
+    key_ttl: Duration,
 ) -> anyhow::Result<Option<Outcome>> {
     let outcome = processor
         .void_unless_recorded(&processor::authorization_key(charge_id))
         .await?;
-    match settle(pool, charge_id, &outcome).await? {
+    match settle(pool, charge_id, &outcome, key_ttl).await? {
         Settled::Now(_) => {
             tracing::info!(charge = %charge_id, ?outcome, "settled a stale charge");
             Ok(Some(outcome))

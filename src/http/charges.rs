@@ -131,7 +131,14 @@ async fn authorize_and_settle(
     let outcome = state.processor.authorize(authorization).await;
     faults::crash_if(fault, Fault::CrashAfterProcessor);
     match outcome {
-        Ok(outcome) => match settle::settle(&state.pool, &charge_id, &outcome).await? {
+        Ok(outcome) => match settle::settle(
+            &state.pool,
+            &charge_id,
+            &outcome,
+            state.config.idempotency_key_ttl,
+        )
+        .await?
+        {
             Settled::Now(response) => Ok(idempotent::send(response)),
             // The sweeper (or a retry) settled it while the processor was
             // answering: what it saved is the answer, since both came from

@@ -111,7 +111,13 @@ pub async fn begin(
         .await?;
         if let Some(stale) = stale {
             tracing::info!(resource = ?stale, "a retry found its key stale; settling it");
-            crate::sweeper::recover(&state.pool, state.processor.as_ref(), &stale).await?;
+            crate::sweeper::recover(
+                &state.pool,
+                state.processor.as_ref(),
+                &stale,
+                state.config.idempotency_key_ttl,
+            )
+            .await?;
             metrics::idempotency("stale_recovered");
             continue;
         }

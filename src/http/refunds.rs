@@ -145,12 +145,14 @@ async fn refund_and_settle(
     let outcome = settle::refund_at_processor(state.processor.as_ref(), &refund).await;
     faults::crash_if(fault, Fault::CrashAfterProcessor);
     match outcome {
-        Ok(()) => match settle::settle(&state.pool, &refund_id).await? {
-            Settled::Now(response) => Ok(idempotent::send(response)),
-            // Recovery rolled it forward while the processor was answering;
-            // both wrote the same thing.
-            Settled::Already => settled_elsewhere(&state, &refund_id).await,
-        },
+        Ok(()) => {
+            match settle::settle(&state.pool, &refund_id, state.config.idempotency_key_ttl).await? {
+                Settled::Now(response) => Ok(idempotent::send(response)),
+                // Recovery rolled it forward while the processor was answering;
+                // both wrote the same thing.
+                Settled::Already => settled_elsewhere(&state, &refund_id).await,
+            }
+        }
         Err(ProcessorError::Unavailable) => {
             // Unlike a charge, a reserved refund is never given back: the
             // money was promised, and a recovery may already be re-driving

@@ -229,15 +229,23 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
 /// Marks the key that guards `resource` completed with its saved response.
 /// Returns how many keys changed: 0 when the record had no key, or when its
 /// key is no longer `processing` (someone else completed it first).
+///
+/// The answer must stay replayable for a full `ttl` from the moment it
+/// exists, so `expires_at` moves to at least `now() + ttl`. Without that, an
+/// operation settled late (recovered after an outage longer than the TTL)
+/// would complete an already expired key, and the next retry would take it
+/// over and charge again.
 pub async fn complete_for(
     tx: &mut PgConnection,
     resource: &Resource,
     response: &SavedResponse,
+    ttl: Duration,
 ) -> sqlx::Result<u64> {
     let done = sqlx::query(&format!(
         "UPDATE idempotency_keys
             SET status = 'completed', response_status = $2, response_content_type = $3,
-                response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL
+                response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL,
+                expires_at = greatest(expires_at, now() + $6::float8 * interval '1 millisecond')
           WHERE {} = $1 AND status = 'processing'",
         resource.column()
     ))
@@ -246,6 +254,7 @@ pub async fn complete_for(
     .bind(&response.content_type)
     .bind(&response.location)
     .bind(&response.body)
+    .bind(ttl.as_millis() as f64)
     .execute(tx)
     .await?;
     Ok(done.rows_affected())
@@ -283,7 +292,9 @@ pub async fn find_completed(
     row.map(StoredKey::try_from).transpose()
 }
 
-/// A merchant's key, unless it is unknown or expired.
+/// A merchant's key, unless it is unknown or expired. A `processing` key is
+/// never expired: its operation may still be at work, or waiting to be
+/// recovered, and its answer will be kept for a full TTL once it exists.
 pub async fn find(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
@@ -291,7 +302,8 @@ pub async fn find(
 ) -> sqlx::Result<Option<StoredKey>> {
     let row: Option<KeyRow> = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM idempotency_keys
-          WHERE merchant_id = $1 AND key = $2 AND expires_at > now()"
+          WHERE merchant_id = $1 AND key = $2
+            AND (expires_at > now() OR status = 'processing')"
     ))
     .bind(merchant_id)
     .bind(key.as_str())

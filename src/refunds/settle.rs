@@ -5,6 +5,8 @@
 //! was promised when the amount was reserved, and the processor's refund is
 //! idempotent on its key, so repeating it is always safe.
 
+use std::time::Duration;
+
 use axum::http::StatusCode;
 use sqlx::PgPool;
 
@@ -13,16 +15,22 @@ use crate::charges::settle::Settled;
 use crate::idempotency::{Resource, SavedResponse, store as keys};
 use crate::processor::{self, Processor};
 
-/// Marks `refund_id` succeeded if it is still pending, and completes its key.
-pub async fn settle(pool: &PgPool, refund_id: &str) -> sqlx::Result<Settled> {
+/// Marks `refund_id` succeeded if it is still pending, and completes its key,
+/// which keeps the answer for at least `key_ttl` from now.
+pub async fn settle(pool: &PgPool, refund_id: &str, key_ttl: Duration) -> sqlx::Result<Settled> {
     let mut tx = pool.begin().await?;
     let Some(refund) = store::succeed_pending(&mut tx, refund_id).await? else {
         tx.rollback().await?;
         return Ok(Settled::Already);
     };
     let response = response_for(&refund);
-    let completed =
-        keys::complete_for(&mut tx, &Resource::Refund(refund.id.clone()), &response).await?;
+    let completed = keys::complete_for(
+        &mut tx,
+        &Resource::Refund(refund.id.clone()),
+        &response,
+        key_ttl,
+    )
+    .await?;
     tx.commit().await?;
     tracing::info!(refund = %refund.id, charge = %refund.charge_id, keys_completed = completed, "refund settled");
     Ok(Settled::Now(response))
@@ -73,6 +81,7 @@ pub async fn recover(
     pool: &PgPool,
     processor: &dyn Processor,
     refund_id: &str,
+    key_ttl: Duration,
 ) -> anyhow::Result<bool> {
     let Some(refund) = store::find_any(pool, refund_id).await? else {
         return Ok(false);
@@ -81,7 +90,7 @@ pub async fn recover(
         return Ok(false);
     }
     refund_at_processor(processor, &Pending::from(refund)).await?;
-    match settle(pool, refund_id).await? {
+    match settle(pool, refund_id, key_ttl).await? {
         Settled::Now(_) => {
             tracing::info!(refund = %refund_id, "rolled a stale refund forward");
             Ok(true)

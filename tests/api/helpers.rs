@@ -236,10 +236,15 @@ impl TestApp {
 
     /// One sweeper pass that treats rows older than `timeout` as stale.
     pub async fn sweep_once_with_timeout(&self, timeout: Duration) -> SweepReport {
-        Sweeper::new(self.pool.clone(), self.processor.clone(), timeout)
-            .sweep_once()
-            .await
-            .expect("a sweep pass")
+        Sweeper::new(
+            self.pool.clone(),
+            self.processor.clone(),
+            timeout,
+            self.config.idempotency_key_ttl,
+        )
+        .sweep_once()
+        .await
+        .expect("a sweep pass")
     }
 
     pub async fn count(&self, sql: &str) -> i64 {

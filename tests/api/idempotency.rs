@@ -303,3 +303,58 @@ async fn a_key_still_in_flight_is_never_taken_over_even_past_its_expiry() {
     assert_eq!(app.charges().await, 1);
     assert_eq!(app.payments().await, 1);
 }
+
+#[tokio::test]
+async fn a_processing_key_past_its_original_expiry_is_reported_and_its_answer_kept_a_full_ttl() {
+    let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 1500)).await;
+    let body = visa(2000);
+    let first = app.post_charge(Some("slow"), &body);
+    let watch = async {
+        // Wait until the claim is committed, then let its expiry pass.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while app
+            .count("SELECT count(*) FROM idempotency_keys WHERE key = 'slow' AND status = 'processing'")
+            .await
+            == 0
+        {
+            assert!(std::time::Instant::now() < deadline, "never claimed");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let backdated = sqlx::query(
+            "UPDATE idempotency_keys SET expires_at = now() - interval '1 second'
+              WHERE key = 'slow' AND status = 'processing'",
+        )
+        .execute(&app.pool)
+        .await
+        .unwrap()
+        .rows_affected();
+        assert_eq!(backdated, 1, "the key was still in flight");
+        Answer::of(app.get("/v1/idempotency_keys/slow").await).await
+    };
+    let (first, state) = tokio::join!(first, watch);
+    assert_eq!(first.status(), 201);
+    assert_eq!(state.status, 200, "{}", state.json());
+    assert_eq!(state.json()["status"], "processing");
+
+    // Completed past its original expiry, the key keeps its answer for a
+    // full TTL from the moment the answer exists.
+    let kept_for: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at - completed_at)::float8
+           FROM idempotency_keys WHERE key = 'slow' AND status = 'completed'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert!(
+        kept_for >= app.config.idempotency_key_ttl.as_secs_f64() - 1.0,
+        "kept {kept_for} s after completion"
+    );
+    let retry = Answer::of(app.post_charge(Some("slow"), &body).await).await;
+    assert_eq!(retry.status, 201);
+    assert!(
+        retry.replayed(),
+        "the retry replays instead of charging again"
+    );
+    assert_eq!(app.charges().await, 1);
+    assert_eq!(app.payments().await, 1);
+}

@@ -709,10 +709,15 @@ async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_roll
         .unwrap();
     let working: Arc<dyn oncepay::processor::Processor> =
         Arc::new(SimulatedProcessor::new(app.pool.clone(), Duration::ZERO));
-    let report = oncepay::sweeper::Sweeper::new(app.pool.clone(), working, Duration::from_secs(60))
-        .sweep_once()
-        .await
-        .unwrap();
+    let report = oncepay::sweeper::Sweeper::new(
+        app.pool.clone(),
+        working,
+        Duration::from_secs(60),
+        app.config.idempotency_key_ttl,
+    )
+    .sweep_once()
+    .await
+    .unwrap();
     assert_eq!(report.refunds_settled, 1);
     assert_eq!(app.processor_refunds().await, 1);
     let settled = Answer::of(

@@ -238,7 +238,14 @@ async fn two_sweepers_at_once_settle_each_stale_row_once() {
         inner: app.processor.clone(),
         voids: AtomicUsize::new(0),
     });
-    let sweeper = || Sweeper::new(app.pool.clone(), counting.clone(), Duration::from_secs(1));
+    let sweeper = || {
+        Sweeper::new(
+            app.pool.clone(),
+            counting.clone(),
+            Duration::from_secs(1),
+            app.config.idempotency_key_ttl,
+        )
+    };
     let (first, second) = (sweeper(), sweeper());
     let (a, b) = tokio::join!(first.sweep_once(), second.sweep_once());
     let (a, b) = (a.unwrap(), b.unwrap());

@@ -341,8 +341,8 @@ pub struct OpOutcome {
     pub hung: u64,
 }
 
-/// Sends one attempt; `None` means no answer at all (connection closed,
-/// refused, or timed out).
+/// Sends one charge attempt; an error means no answer at all (connection
+/// closed, refused, or timed out).
 pub async fn send(
     client: &reqwest::Client,
     url: &str,
@@ -350,8 +350,21 @@ pub async fn send(
     body: &Value,
     extra: &[(&str, &str)],
 ) -> Result<(u16, HashMap<String, String>, Value), reqwest::Error> {
+    post(client, url, "/v1/charges", key, body, extra).await
+}
+
+/// Sends one `POST` to `path` with an `Idempotency-Key`: the status, the
+/// headers (names in lower case) and the JSON body (`Null` if none).
+pub async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    path: &str,
+    key: &str,
+    body: &Value,
+    extra: &[(&str, &str)],
+) -> Result<(u16, HashMap<String, String>, Value), reqwest::Error> {
     let mut request = client
-        .post(format!("{url}/v1/charges"))
+        .post(format!("{url}{path}"))
         .bearer_auth(API_KEY)
         .header("Idempotency-Key", key)
         .json(body);

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 
 use database::TestDb as Database;
-use harness::{OpOutcome, PrivateCluster, Report, Server, charge_body, client, drive, scale, send};
+use harness::{
+    OpOutcome, PrivateCluster, Report, Server, charge_body, client, drive, post, scale, send,
+};
 
 const FAULTS_ON: (&str, &str) = ("FAULT_INJECTION", "true");
 
@@ -247,6 +249,156 @@ async fn a_crash_after_the_processor_is_settled_as_succeeded() {
         slowest < Duration::from_secs(5),
         "a definite answer came after {slowest:?}"
     );
+}
+
+/// A server whose keys live 2 s and whose stale work is recovered after 1 s,
+/// so an outage of 3 s outlasts every key in flight.
+const SHORT_TTL: [(&str, &str); 5] = [
+    FAULTS_ON,
+    ("IDEMPOTENCY_KEY_TTL", "2s"),
+    ("PROCESSING_TIMEOUT", "1s"),
+    ("REQUEST_TIMEOUT", "800ms"),
+    ("SWEEP_INTERVAL", "200ms"),
+];
+/// How long the server stays down: longer than the keys' TTL.
+const OUTAGE_PAST_THE_TTL: Duration = Duration::from_secs(3);
+
+/// Waits until the sweeper has settled every pending charge and refund.
+async fn wait_until_settled(pool: &sqlx::PgPool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM charges WHERE status = 'pending')
+                  + (SELECT count(*) FROM refunds WHERE status = 'pending')",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if pending == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{pending} still pending");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_settled_after_its_key_expired_is_replayed_and_never_charged_again() {
+    let db = Database::create_empty().await;
+    let mut server = Server::start(&db.url, &SHORT_TTL).await;
+    let pool = db.pool().await;
+    let http = client(Duration::from_secs(15));
+    let mut outcomes = Vec::new();
+    for op in 0..3 * scale() {
+        let key = format!("late-settle-{op}");
+        let body = charge_body(&key, 4000, "tok_visa");
+        let fault = [("Oncepay-Fault", "crash-after-processor")];
+        let first = send(&http, &server.url(), &key, &body, &fault).await;
+        assert!(
+            first.is_err(),
+            "the process died before answering: {first:?}"
+        );
+        assert!(!server.wait_exit().await.success());
+        // Down for longer than the key lives: when the charge is settled,
+        // the key's original expiry is already in the past.
+        tokio::time::sleep(OUTAGE_PAST_THE_TTL).await;
+        server.restart().await;
+        wait_until_settled(&pool).await;
+        let charge: String = sqlx::query_scalar(
+            "SELECT id FROM charges WHERE metadata->>'op' = $1 AND status = 'succeeded'",
+        )
+        .bind(&key)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+        let (status, headers, answer) = send(&http, &server.url(), &key, &body, &[]).await.unwrap();
+        assert_eq!(status, 201, "{answer}");
+        assert_eq!(
+            headers.get("idempotent-replayed").map(String::as_str),
+            Some("true")
+        );
+        assert_eq!(
+            answer["id"],
+            charge.as_str(),
+            "the retry gets the settled charge"
+        );
+        outcomes.push(OpOutcome {
+            key: key.clone(),
+            acked: Some(charge),
+            definite: Some(201),
+            requests: 2,
+            ..OpOutcome::default()
+        });
+    }
+    let report = Report::measure("late settle, down past the TTL", &pool, &outcomes).await;
+    report.publish();
+    report.assert_exactly_once();
+    assert_eq!(
+        report.effects,
+        outcomes.len() as i64,
+        "one payment per operation"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_settled_after_its_key_expired_is_replayed_and_never_refunded_again() {
+    let db = Database::create_empty().await;
+    let mut server = Server::start(&db.url, &SHORT_TTL).await;
+    let pool = db.pool().await;
+    let http = client(Duration::from_secs(15));
+    let operations = 2 * scale();
+    for op in 0..operations {
+        let paid = format!("late-refund-charge-{op}");
+        let (status, _, charge) = send(
+            &http,
+            &server.url(),
+            &paid,
+            &charge_body(&paid, 5000, "tok_visa"),
+            &[],
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 201, "{charge}");
+        let key = format!("late-refund-{op}");
+        let body = serde_json::json!({"charge": charge["id"], "amount": 1500});
+        let fault = [("Oncepay-Fault", "crash-after-processor")];
+        let first = post(&http, &server.url(), "/v1/refunds", &key, &body, &fault).await;
+        assert!(
+            first.is_err(),
+            "the process died before answering: {first:?}"
+        );
+        assert!(!server.wait_exit().await.success());
+        tokio::time::sleep(OUTAGE_PAST_THE_TTL).await;
+        server.restart().await;
+        wait_until_settled(&pool).await;
+
+        let (status, headers, answer) = post(&http, &server.url(), "/v1/refunds", &key, &body, &[])
+            .await
+            .unwrap();
+        assert_eq!(status, 201, "{answer}");
+        assert_eq!(
+            headers.get("idempotent-replayed").map(String::as_str),
+            Some("true")
+        );
+        assert_eq!(answer["status"], "succeeded");
+        assert_eq!(answer["amount"], 1500);
+    }
+    let (refunds, processor_refunds, refunded): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM refunds),
+                (SELECT count(*) FROM processor_operations WHERE kind = 'refund'),
+                (SELECT coalesce(sum(amount_refunded), 0)::bigint FROM charges)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let operations = operations as i64;
+    assert_eq!(refunds, operations, "one refund per operation");
+    assert_eq!(
+        processor_refunds, operations,
+        "one processor refund per operation"
+    );
+    assert_eq!(refunded, 1500 * operations);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
