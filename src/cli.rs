@@ -91,10 +91,11 @@ impl Cli {
                 if once {
                     let report = sweeper.sweep_once().await?;
                     println!(
-                        "settled_succeeded={} settled_failed={} refunds_settled={} keys_deleted={}",
+                        "settled_succeeded={} settled_failed={} refunds_settled={} refunds_failed={} keys_deleted={}",
                         report.settled_succeeded,
                         report.settled_failed,
                         report.refunds_settled,
+                        report.refunds_failed,
                         report.keys_deleted
                     );
                     Ok(())

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use sqlx::PgPool;
 
-use crate::processor::{Authorization, Outcome, Processor, ProcessorError, Refund};
+use crate::processor::{Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome};
 
 /// The process-wide recorder (one per process, however many apps it runs).
 pub fn handle() -> PrometheusHandle {
@@ -110,10 +110,15 @@ impl Processor for MeteredProcessor {
         result
     }
 
-    async fn refund(&self, request: Refund<'_>) -> Result<(), ProcessorError> {
+    async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
         let started = Instant::now();
         let result = self.inner.refund(request).await;
-        record("refund", started, &result, "refunded");
+        let ok = match &result {
+            Ok(RefundOutcome::Refunded) => "refunded",
+            Ok(RefundOutcome::Failed { .. }) => "refund_failed",
+            Err(_) => "error",
+        };
+        record("refund", started, &result, ok);
         result
     }
 }

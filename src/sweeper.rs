@@ -13,7 +13,7 @@ use sqlx::PgPool;
 
 use crate::charges::{settle as charge_settle, store as charges};
 use crate::idempotency::{Resource, store as keys};
-use crate::processor::{Outcome, Processor};
+use crate::processor::{Outcome, Processor, RefundOutcome};
 use crate::refunds::{settle as refund_settle, store as refunds};
 
 /// How many rows one statement handles.
@@ -30,6 +30,8 @@ pub struct SweepReport {
     pub settled_failed: u64,
     /// Stale refunds rolled forward, now `succeeded`.
     pub refunds_settled: u64,
+    /// Stale refunds rolled forward that the processor refused, now `failed`.
+    pub refunds_failed: u64,
     /// Expired keys deleted.
     pub keys_deleted: u64,
 }
@@ -39,8 +41,8 @@ pub struct SweepReport {
 pub enum Recovered {
     /// A charge was settled with this outcome.
     Charge(Outcome),
-    /// A refund was rolled forward and is `succeeded`.
-    Refund,
+    /// A refund was rolled forward and settled with this outcome.
+    Refund(RefundOutcome),
 }
 
 /// Settles a record whose request went quiet, by its kind: a charge is fenced
@@ -60,7 +62,7 @@ pub async fn recover(
             .map(Recovered::Charge),
         Resource::Refund(id) => refund_settle::recover(pool, processor, id, key_ttl)
             .await?
-            .then_some(Recovered::Refund),
+            .map(Recovered::Refund),
     })
 }
 
@@ -104,7 +106,10 @@ impl Sweeper {
             match recover(&self.pool, self.processor.as_ref(), &resource, self.key_ttl).await {
                 Ok(Some(Recovered::Charge(Outcome::Succeeded))) => report.settled_succeeded += 1,
                 Ok(Some(Recovered::Charge(_))) => report.settled_failed += 1,
-                Ok(Some(Recovered::Refund)) => report.refunds_settled += 1,
+                Ok(Some(Recovered::Refund(RefundOutcome::Refunded))) => report.refunds_settled += 1,
+                Ok(Some(Recovered::Refund(RefundOutcome::Failed { .. }))) => {
+                    report.refunds_failed += 1
+                }
                 Ok(None) => {}
                 Err(e) => {
                     tracing::warn!(
@@ -127,6 +132,7 @@ impl Sweeper {
             ("charge_succeeded", report.settled_succeeded),
             ("charge_failed", report.settled_failed),
             ("refund_succeeded", report.refunds_settled),
+            ("refund_failed", report.refunds_failed),
         ] {
             metrics::counter!("sweeper_settled_total", "outcome" => outcome).increment(n);
         }

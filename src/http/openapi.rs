@@ -116,7 +116,8 @@ pub struct CreateCharge {
     /// A test token: `tok_visa`, `tok_mastercard`, `tok_amex` succeed;
     /// `tok_chargeDeclined`, `tok_chargeDeclinedInsufficientFunds`,
     /// `tok_chargeDeclinedExpiredCard` are declined;
-    /// `tok_processorTimeoutAfterCapture`, `tok_processorUnavailable` simulate faults.
+    /// `tok_processorTimeoutAfterCapture`, `tok_processorUnavailable` simulate faults;
+    /// `tok_refundFail` pays, and the first refund of it is refused (`failed`).
     #[schema(example = "tok_visa")]
     source: String,
     /// Up to 1000 characters.
@@ -196,8 +197,12 @@ pub struct Refund {
     amount: i64,
     charge: String,
     currency: String,
+    /// `failed` when the card's issuer refused the refund; its amount can be
+    /// refunded again.
     status: ChargeStatus,
     reason: Option<String>,
+    /// Why the refund failed (`declined`), else null.
+    failure_reason: Option<String>,
     metadata: BTreeMap<String, String>,
     created: i64,
 }

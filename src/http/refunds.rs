@@ -145,14 +145,21 @@ async fn refund_and_settle(
     let outcome = settle::refund_at_processor(state.processor.as_ref(), &refund).await;
     faults::crash_if(fault, Fault::CrashAfterProcessor);
     match outcome {
-        Ok(()) => {
-            match settle::settle(&state.pool, &refund_id, state.config.idempotency_key_ttl).await? {
-                Settled::Now(response) => Ok(idempotent::send(response)),
-                // Recovery rolled it forward while the processor was answering;
-                // both wrote the same thing.
-                Settled::Already => settled_elsewhere(&state, &refund_id).await,
-            }
-        }
+        // Refunded, or refused for good by the card's issuer: either way the
+        // outcome is recorded and final, and settling saves it on the key.
+        Ok(outcome) => match settle::settle(
+            &state.pool,
+            &refund_id,
+            &outcome,
+            state.config.idempotency_key_ttl,
+        )
+        .await?
+        {
+            Settled::Now(response) => Ok(idempotent::send(response)),
+            // Recovery settled it while the processor was answering; both
+            // wrote the same recorded outcome.
+            Settled::Already => settled_elsewhere(&state, &refund_id).await,
+        },
         Err(ProcessorError::Unavailable) => {
             // Unlike a charge, a reserved refund is never given back: the
             // money was promised, and a recovery may already be re-driving

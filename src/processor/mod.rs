@@ -56,6 +56,16 @@ pub enum Outcome {
     Voided,
 }
 
+/// What the processor recorded for a refund.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RefundOutcome {
+    /// The money went back to the card.
+    Refunded,
+    /// The card's issuer refused the refund for good (a closed account, say):
+    /// no money moved, and repeating the call gets the same answer.
+    Failed { reason: String },
+}
+
 /// A call that did not return an outcome.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessorError {
@@ -81,7 +91,7 @@ pub trait Processor: Send + Sync + 'static {
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError>;
 
     /// Refunds part or all of a recorded payment, idempotently on
-    /// `processor_key`: a repeat returns `Ok` and moves no more money.
-    /// `Ok` means the refund is recorded.
-    async fn refund(&self, request: Refund<'_>) -> Result<(), ProcessorError>;
+    /// `processor_key`: a repeat returns the recorded outcome and moves no
+    /// more money. `Ok` means the outcome is recorded, refunded or failed.
+    async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError>;
 }

@@ -10,7 +10,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::PgPool;
 
-use super::{Authorization, Outcome, Processor, ProcessorError, Refund, TestToken};
+use super::{Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome, TestToken};
+
+/// Why the simulated issuer refuses the first refund of a `tok_refundFail` payment.
+const REFUND_REFUSED: &str = "declined";
 
 /// The simulated processor.
 #[derive(Clone, Debug)]
@@ -95,23 +98,31 @@ impl Processor for SimulatedProcessor {
         self.recorded(processor_key).await
     }
 
-    async fn refund(&self, request: Refund<'_>) -> Result<(), ProcessorError> {
+    async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
         }
         // Only a recorded payment can be refunded; a repeat inserts nothing.
+        // The issuer of a `tok_refundFail` card refuses the payment's first
+        // refund: recorded as `refund_failed`, so a repeat gets it again.
         sqlx::query(
             "INSERT INTO processor_operations
                  (processor_key, kind, outcome, amount, currency, payment_key)
-             SELECT $1, 'refund', 'refunded', $2, $3, $4
-              WHERE EXISTS (SELECT 1 FROM processor_operations
-                             WHERE processor_key = $4 AND outcome = 'succeeded')
+             SELECT $1, 'refund',
+                    CASE WHEN p.source = $5
+                          AND NOT EXISTS (SELECT 1 FROM processor_operations r
+                                           WHERE r.payment_key = p.processor_key)
+                         THEN 'refund_failed' ELSE 'refunded' END,
+                    $2, $3, $4
+               FROM processor_operations p
+              WHERE p.processor_key = $4 AND p.outcome = 'succeeded'
              ON CONFLICT (processor_key) DO NOTHING",
         )
         .bind(request.processor_key)
         .bind(request.amount)
         .bind(request.currency)
         .bind(request.payment_key)
+        .bind(TestToken::RefundFail.as_str())
         .execute(&self.pool)
         .await
         .map_err(unknown)?;
@@ -122,7 +133,10 @@ impl Processor for SimulatedProcessor {
                 .await
                 .map_err(unknown)?;
         match recorded.as_deref() {
-            Some("refunded") => Ok(()),
+            Some("refunded") => Ok(RefundOutcome::Refunded),
+            Some("refund_failed") => Ok(RefundOutcome::Failed {
+                reason: REFUND_REFUSED.to_owned(),
+            }),
             // Cannot happen for a succeeded charge; the refund stays pending
             // and the failure is logged on every recovery attempt.
             _ => Err(ProcessorError::OutcomeUnknown(anyhow::anyhow!(

@@ -13,9 +13,12 @@ pub enum TestToken {
     ProcessorTimeoutAfterCapture,
     /// The processor records nothing and the call fails at once.
     ProcessorUnavailable,
+    /// The payment succeeds; the first refund of it is refused by the card's
+    /// issuer, for good. Later refunds of the same charge go through.
+    RefundFail,
 }
 
-const ALL: [(TestToken, &str); 8] = [
+const ALL: [(TestToken, &str); 9] = [
     (TestToken::Visa, "tok_visa"),
     (TestToken::Mastercard, "tok_mastercard"),
     (TestToken::Amex, "tok_amex"),
@@ -33,6 +36,7 @@ const ALL: [(TestToken, &str); 8] = [
         "tok_processorTimeoutAfterCapture",
     ),
     (TestToken::ProcessorUnavailable, "tok_processorUnavailable"),
+    (TestToken::RefundFail, "tok_refundFail"),
 ];
 
 impl TestToken {
@@ -55,7 +59,8 @@ impl TestToken {
             | TestToken::Mastercard
             | TestToken::Amex
             | TestToken::ProcessorTimeoutAfterCapture
-            | TestToken::ProcessorUnavailable => None,
+            | TestToken::ProcessorUnavailable
+            | TestToken::RefundFail => None,
             TestToken::Declined => Some(("card_declined", "Your card was declined.")),
             TestToken::DeclinedInsufficientFunds => {
                 Some(("insufficient_funds", "Your card has insufficient funds."))

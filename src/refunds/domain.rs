@@ -102,8 +102,8 @@ impl NewRefund {
 }
 
 /// A refund's lifecycle: `pending` from the reservation until the processor
-/// confirms it. `failed` is in the schema for a real processor; the
-/// simulated one always refunds a recorded payment.
+/// answers; then `succeeded`, or `failed` when the card's issuer refused it
+/// for good (its reservation is given back on the charge).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RefundStatus {
     Pending,
@@ -132,6 +132,8 @@ pub struct Refund {
     pub reason: Option<String>,
     pub metadata: sqlx::types::Json<BTreeMap<String, String>>,
     pub created_at: DateTime<Utc>,
+    /// Why the refund failed, when it did (Stripe's `failure_reason`).
+    pub failure_reason: Option<String>,
 }
 
 /// The refund object of the API.
@@ -144,6 +146,7 @@ pub struct RefundObject<'a> {
     pub currency: &'a str,
     pub status: &'a str,
     pub reason: Option<&'a str>,
+    pub failure_reason: Option<&'a str>,
     pub metadata: &'a BTreeMap<String, String>,
     pub created: i64,
 }
@@ -158,6 +161,7 @@ impl Refund {
             currency: &self.currency,
             status: &self.status,
             reason: self.reason.as_deref(),
+            failure_reason: self.failure_reason.as_deref(),
             metadata: &self.metadata.0,
             created: self.created_at.timestamp(),
         }

@@ -1,9 +1,10 @@
-//! Settling a refund: once the processor has recorded it, the refund becomes
-//! `succeeded` and its key saves the response, in one transaction. Shared by
-//! the request that made the refund and by recovery (the sweeper, a retry
-//! finding its key stale), which rolls a stuck refund *forward*: the money
-//! was promised when the amount was reserved, and the processor's refund is
-//! idempotent on its key, so repeating it is always safe.
+//! Settling a refund: once the processor has recorded its outcome, the
+//! refund becomes `succeeded` (or `failed`, its reservation given back) and
+//! its key saves the response, in one transaction. Shared by the request that
+//! made the refund and by recovery (the sweeper, a retry finding its key
+//! stale), which rolls a stuck refund *forward*: the money was promised when
+//! the amount was reserved, and the processor's refund is idempotent on its
+//! key, so repeating it is always safe and returns the recorded outcome.
 
 use std::time::Duration;
 
@@ -13,13 +14,24 @@ use sqlx::PgPool;
 use super::{Refund, store};
 use crate::charges::settle::Settled;
 use crate::idempotency::{Resource, SavedResponse, store as keys};
-use crate::processor::{self, Processor};
+use crate::processor::{self, Processor, RefundOutcome};
 
-/// Marks `refund_id` succeeded if it is still pending, and completes its key,
-/// which keeps the answer for at least `key_ttl` from now.
-pub async fn settle(pool: &PgPool, refund_id: &str, key_ttl: Duration) -> sqlx::Result<Settled> {
+/// Settles `refund_id` with the processor's `outcome` if it is still
+/// pending: `succeeded`, or `failed` with its reservation given back. Its key
+/// completes in the same transaction and keeps the answer for at least
+/// `key_ttl` from now.
+pub async fn settle(
+    pool: &PgPool,
+    refund_id: &str,
+    outcome: &RefundOutcome,
+    key_ttl: Duration,
+) -> sqlx::Result<Settled> {
     let mut tx = pool.begin().await?;
-    let Some(refund) = store::succeed_pending(&mut tx, refund_id).await? else {
+    let settled = match outcome {
+        RefundOutcome::Refunded => store::succeed_pending(&mut tx, refund_id).await?,
+        RefundOutcome::Failed { reason } => store::fail_pending(&mut tx, refund_id, reason).await?,
+    };
+    let Some(refund) = settled else {
         tx.rollback().await?;
         return Ok(Settled::Already);
     };
@@ -32,7 +44,7 @@ pub async fn settle(pool: &PgPool, refund_id: &str, key_ttl: Duration) -> sqlx::
     )
     .await?;
     tx.commit().await?;
-    tracing::info!(refund = %refund.id, charge = %refund.charge_id, keys_completed = completed, "refund settled");
+    tracing::info!(refund = %refund.id, charge = %refund.charge_id, status = %refund.status, keys_completed = completed, "refund settled");
     Ok(Settled::Now(response))
 }
 
@@ -61,7 +73,7 @@ impl From<Refund> for Pending {
 pub async fn refund_at_processor(
     processor: &dyn Processor,
     refund: &Pending,
-) -> Result<(), processor::ProcessorError> {
+) -> Result<RefundOutcome, processor::ProcessorError> {
     let processor_key = processor::refund_key(&refund.id);
     let payment_key = processor::authorization_key(&refund.charge_id);
     processor
@@ -75,27 +87,28 @@ pub async fn refund_at_processor(
 }
 
 /// Rolls a refund whose request went quiet forward: repeats the processor's
-/// refund under the same processor key, then settles it. Returns whether
-/// this call settled it; a refund already settled (or released) is left alone.
+/// refund under the same processor key, then settles it with the recorded
+/// outcome. Returns the outcome if this call settled it; a refund already
+/// settled is left alone.
 pub async fn recover(
     pool: &PgPool,
     processor: &dyn Processor,
     refund_id: &str,
     key_ttl: Duration,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<Option<RefundOutcome>> {
     let Some(refund) = store::find_any(pool, refund_id).await? else {
-        return Ok(false);
+        return Ok(None);
     };
     if refund.status != super::RefundStatus::Pending.as_str() {
-        return Ok(false);
+        return Ok(None);
     }
-    refund_at_processor(processor, &Pending::from(refund)).await?;
-    match settle(pool, refund_id, key_ttl).await? {
+    let outcome = refund_at_processor(processor, &Pending::from(refund)).await?;
+    match settle(pool, refund_id, &outcome, key_ttl).await? {
         Settled::Now(_) => {
-            tracing::info!(refund = %refund_id, "rolled a stale refund forward");
-            Ok(true)
+            tracing::info!(refund = %refund_id, ?outcome, "rolled a stale refund forward");
+            Ok(Some(outcome))
         }
-        Settled::Already => Ok(false),
+        Settled::Already => Ok(None),
     }
 }
 

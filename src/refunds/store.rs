@@ -6,7 +6,8 @@ use uuid::Uuid;
 
 use super::{NewRefund, Refund};
 
-const COLUMNS: &str = "id, charge_id, amount, currency, status, reason, metadata, created_at";
+const COLUMNS: &str =
+    "id, charge_id, amount, currency, status, reason, metadata, created_at, failure_reason";
 
 /// An amount reserved on a charge for a refund.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
@@ -77,6 +78,37 @@ pub async fn succeed_pending(tx: &mut PgConnection, id: &str) -> sqlx::Result<Op
     .bind(id)
     .fetch_optional(tx)
     .await
+}
+
+/// Marks a pending refund failed with `reason` and gives its reservation
+/// back on the charge, so the amount can be refunded again. `None` means it
+/// was not pending any more: something else settled it first. The refund row
+/// is locked first, then the charge, the order settling and reserving use.
+pub async fn fail_pending(
+    tx: &mut PgConnection,
+    id: &str,
+    reason: &str,
+) -> sqlx::Result<Option<Refund>> {
+    let failed: Option<Refund> = sqlx::query_as(&format!(
+        "UPDATE refunds SET status = 'failed', failure_reason = $2
+          WHERE id = $1 AND status = 'pending'
+          RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(reason)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(refund) = failed else {
+        return Ok(None);
+    };
+    // The pending refund's amount is part of `amount_refunded`; the schema's
+    // check (0 <= amount_refunded) refuses to give back more than that.
+    sqlx::query("UPDATE charges SET amount_refunded = amount_refunded - $2 WHERE id = $1")
+        .bind(&refund.charge_id)
+        .bind(refund.amount)
+        .execute(&mut *tx)
+        .await?;
+    Ok(Some(refund))
 }
 
 /// One refund by id; `merchant_id` scopes it, so another merchant's id is not found.

@@ -62,7 +62,7 @@ async fn sweep_once_runs_one_pass_and_reports_it() {
     );
     assert_eq!(
         String::from_utf8(out.stdout).unwrap().trim(),
-        "settled_succeeded=0 settled_failed=0 refunds_settled=0 keys_deleted=0"
+        "settled_succeeded=0 settled_failed=0 refunds_settled=0 refunds_failed=0 keys_deleted=0"
     );
 }
 

@@ -274,7 +274,7 @@ impl TestApp {
 
     /// Money given back: refunds recorded at the processor.
     pub async fn processor_refunds(&self) -> i64 {
-        self.count("SELECT count(*) FROM processor_operations WHERE kind = 'refund'")
+        self.count("SELECT count(*) FROM processor_operations WHERE outcome = 'refunded'")
             .await
     }
 

@@ -9,7 +9,7 @@ use futures::future::join_all;
 use oncepay::idempotency::Fingerprint;
 use oncepay::params::Params;
 use oncepay::processor::{
-    self, Authorization, Outcome, Processor, ProcessorError, SimulatedProcessor,
+    self, Authorization, Outcome, Processor, ProcessorError, RefundOutcome, SimulatedProcessor,
 };
 use oncepay::refunds::NewRefund;
 use serde_json::{Value, json};
@@ -670,7 +670,7 @@ impl Processor for RefundsUnavailable {
         self.0.void_unless_recorded(processor_key).await
     }
 
-    async fn refund(&self, _: processor::Refund<'_>) -> Result<(), ProcessorError> {
+    async fn refund(&self, _: processor::Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
         Err(ProcessorError::Unavailable)
     }
 }
@@ -729,4 +729,95 @@ async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_roll
     assert!(settled.replayed());
     assert_eq!(settled.json()["status"], "succeeded");
     assert_eq!(app.amount_refunded(&charge).await, 500);
+}
+
+/// A succeeded charge made with `tok_refundFail`, whose first refund the
+/// card's issuer refuses.
+async fn charge_whose_first_refund_fails(app: &TestApp, amount: i64) -> String {
+    let body = json!({"amount": amount, "currency": "usd", "source": "tok_refundFail"});
+    let answer = Answer::of(app.post_charge(None, &body).await).await;
+    assert_eq!(answer.status, 201, "{}", answer.json());
+    answer.json()["id"].as_str().unwrap().to_owned()
+}
+
+async fn key_state(app: &TestApp, key: &str) -> String {
+    sqlx::query_scalar("SELECT status FROM idempotency_keys WHERE key = $1")
+        .bind(key)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_refused_refund_ends_failed_gives_its_reservation_back_and_its_retry_replays() {
+    let app = spawn_app().await;
+    let charge = charge_whose_first_refund_fails(&app, 1000).await;
+    let body = refund(&charge, Some(600));
+    let refused = Answer::of(app.post_refund(Some("refused"), &body).await).await;
+    assert_eq!(refused.status, 201, "{}", refused.json());
+    assert_eq!(refused.json()["status"], "failed");
+    assert_eq!(refused.json()["failure_reason"], "declined");
+    let id = refused.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(refund_state(&app, &id).await, ("failed".to_owned(), 600));
+    assert_eq!(
+        app.amount_refunded(&charge).await,
+        0,
+        "the reservation is given back"
+    );
+    assert_eq!(app.processor_refunds().await, 0, "no money moved");
+    assert_eq!(key_state(&app, "refused").await, "completed");
+
+    let retry = Answer::of(app.post_refund(Some("refused"), &body).await).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, refused.body, "the failure is the saved answer");
+    assert_eq!(app.refunds().await, 1);
+
+    // The whole amount is refundable again, and this time it goes through.
+    let later = Answer::of(app.post_refund(Some("later"), &refund(&charge, None)).await).await;
+    assert_eq!(later.status, 201, "{}", later.json());
+    assert_eq!(later.json()["status"], "succeeded");
+    assert_eq!(later.json()["amount"], 1000);
+    assert_eq!(later.json()["failure_reason"], Value::Null);
+    assert_eq!(app.amount_refunded(&charge).await, 1000);
+    assert_eq!(app.processor_refunds().await, 1);
+}
+
+#[tokio::test]
+async fn a_refund_refused_while_its_request_was_lost_is_failed_by_recovery() {
+    let app = spawn_app_with_processor(Settings::new(), |pool| {
+        Arc::new(RefundsUnavailable(SimulatedProcessor::new(
+            pool,
+            Duration::ZERO,
+        )))
+    })
+    .await;
+    let charge = charge_whose_first_refund_fails(&app, 2000).await;
+    let body = refund(&charge, Some(2000));
+    let answer = Answer::of(app.post_refund(Some("stuck"), &body).await).await;
+    answer.assert_problem(503, "processor_unavailable");
+    assert_eq!(app.amount_refunded(&charge).await, 2000, "still reserved");
+
+    // Recovery repeats the refund at the processor, which refuses it.
+    sqlx::query("UPDATE idempotency_keys SET locked_at = now() - interval '1 hour'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let working: Arc<dyn oncepay::processor::Processor> =
+        Arc::new(SimulatedProcessor::new(app.pool.clone(), Duration::ZERO));
+    let report = oncepay::sweeper::Sweeper::new(
+        app.pool.clone(),
+        working,
+        Duration::from_secs(60),
+        app.config.idempotency_key_ttl,
+    )
+    .sweep_once()
+    .await
+    .unwrap();
+    assert_eq!((report.refunds_settled, report.refunds_failed), (0, 1));
+    assert_eq!(app.amount_refunded(&charge).await, 0);
+    assert_eq!(app.processor_refunds().await, 0);
+    let retry = Answer::of(app.post_refund(Some("stuck"), &body).await).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.json()["status"], "failed");
+    assert_eq!(key_state(&app, "stuck").await, "completed");
 }

@@ -11,7 +11,8 @@ use oncepay::charges::NewCharge;
 use oncepay::idempotency::Fingerprint;
 use oncepay::params::Params;
 use oncepay::processor::{
-    Authorization, Outcome, Processor, ProcessorError, Refund, TestToken, authorization_key,
+    Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
+    authorization_key,
 };
 use oncepay::sweeper::Sweeper;
 
@@ -313,7 +314,7 @@ impl Processor for CountingProcessor {
         self.inner.void_unless_recorded(processor_key).await
     }
 
-    async fn refund(&self, request: Refund<'_>) -> Result<(), ProcessorError> {
+    async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
         self.inner.refund(request).await
     }
 }

@@ -386,7 +386,7 @@ async fn a_refund_settled_after_its_key_expired_is_replayed_and_never_refunded_a
     }
     let (refunds, processor_refunds, refunded): (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM refunds),
-                (SELECT count(*) FROM processor_operations WHERE kind = 'refund'),
+                (SELECT count(*) FROM processor_operations WHERE outcome = 'refunded'),
                 (SELECT coalesce(sum(amount_refunded), 0)::bigint FROM charges)",
     )
     .fetch_one(&pool)
