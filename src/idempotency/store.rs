@@ -300,6 +300,39 @@ pub async fn find(
     row.map(StoredKey::try_from).transpose()
 }
 
+/// A merchant's key as a waiter sees it, and whether it is stale (still
+/// `processing` after `timeout`): one plain read, no transaction, no lock.
+/// A `processing` key is found even past its expiry, since it is never taken
+/// over; a `completed` one is not, since a claim may take it over.
+pub async fn watch(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    key: &IdempotencyKey,
+    timeout: Duration,
+) -> sqlx::Result<Option<(StoredKey, bool)>> {
+    #[derive(sqlx::FromRow)]
+    struct Watched {
+        #[sqlx(flatten)]
+        key: KeyRow,
+        stale: bool,
+    }
+    let row: Option<Watched> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS},
+                status = 'processing'
+                    AND locked_at < now() - $3::float8 * interval '1 millisecond' AS stale
+           FROM idempotency_keys
+          WHERE merchant_id = $1 AND key = $2
+            AND (status = 'processing' OR expires_at > now())"
+    ))
+    .bind(merchant_id)
+    .bind(key.as_str())
+    .bind(timeout.as_millis() as f64)
+    .fetch_optional(db)
+    .await?;
+    row.map(|row| Ok((StoredKey::try_from(row.key)?, row.stale)))
+        .transpose()
+}
+
 /// Leases up to `limit` keys stuck in `processing` for longer than `timeout`,
 /// returning the records they guard. Taking the lease moves `locked_at` to now, so
 /// another sweeper skips these rows (`SKIP LOCKED` while the statement runs,
