@@ -264,26 +264,9 @@ pub async fn release(tx: &mut PgConnection, resource: &Resource) -> sqlx::Result
     Ok(released.rows_affected())
 }
 
-/// A merchant's key if it is `completed` and unexpired. Such a row never
+/// A merchant's key, unless it is unknown or expired. A `completed` row never
 /// changes until it expires, so reading it needs no transaction and no lock:
-/// a replay costs one statement.
-pub async fn find_completed(
-    db: impl PgExecutor<'_>,
-    merchant_id: Uuid,
-    key: &IdempotencyKey,
-) -> sqlx::Result<Option<StoredKey>> {
-    let row: Option<KeyRow> = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM idempotency_keys
-          WHERE merchant_id = $1 AND key = $2 AND status = 'completed' AND expires_at > now()"
-    ))
-    .bind(merchant_id)
-    .bind(key.as_str())
-    .fetch_optional(db)
-    .await?;
-    row.map(StoredKey::try_from).transpose()
-}
-
-/// A merchant's key, unless it is unknown or expired.
+/// a replay costs this one statement.
 pub async fn find(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
