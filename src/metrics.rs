@@ -4,6 +4,7 @@
 //! | --- | --- |
 //! | `http_requests_total`, `http_request_duration_seconds` | `method`, `route`, `status` |
 //! | `idempotency_outcomes_total` | `outcome`: `executed`, `replayed`, `in_use`, `reused`, `expired_taken_over`, `stale_recovered` |
+//! | `idempotency_waiters` (requests waiting on a key in flight), `idempotency_wait_polls_total` (reads their shared waits ran) | |
 //! | `processor_calls_total`, `processor_call_duration_seconds` | `call` (`authorize`, `void`, `refund`), `outcome` |
 //! | `sweeper_runs_total`, `sweeper_settled_total` (`outcome`), `sweeper_keys_deleted_total` | |
 //! | `db_pool_connections` (`state`: `idle`, `in_use`), `db_pool_max_connections`, `db_pool_timeouts_total` | |
@@ -32,6 +33,8 @@ pub fn handle() -> PrometheusHandle {
                 Ok(handle) => {
                     // Present from the start, so a dashboard sees 0, not nothing.
                     metrics::counter!("db_pool_timeouts_total").increment(0);
+                    metrics::counter!("idempotency_wait_polls_total").increment(0);
+                    metrics::gauge!("idempotency_waiters").set(0.0);
                     handle
                 }
                 // Another recorder is installed (an embedding program): keep

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::http::{self, AppState};
+use crate::idempotency::wait::Waits;
 use crate::merchants::{self, ApiKey};
 use crate::processor::{Processor, SimulatedProcessor};
 use crate::sweeper::Sweeper;
@@ -42,6 +43,7 @@ impl Application {
         let listener = TcpListener::bind((config.bind_addr, config.port))
             .await
             .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;
+        let waits = Waits::new(pool.clone(), config.processing_timeout);
         let state = AppState {
             pool,
             config: Arc::new(config),
@@ -49,6 +51,7 @@ impl Application {
             metrics: crate::metrics::handle(),
             tasks: tokio_util::task::TaskTracker::new(),
             caches: Arc::default(),
+            waits,
         };
         Ok(Application { listener, state })
     }

@@ -6,10 +6,10 @@
 \set r random(1, 999999999999999)
 -- Authentication: the merchant comes from the in-process cache (src/cache.rs),
 -- so there is no statement for it. A fresh key first gets the fast-path read
--- of a completed key (src/idempotency/store.rs::find_completed), which finds nothing.
+-- of the key (src/idempotency/store.rs::find), which finds nothing.
 SELECT 1 FROM idempotency_keys
  WHERE merchant_id = :merchant AND key = 'pgb-' || :client_id::int || '-' || :r::bigint
-   AND status = 'completed' AND expires_at > now();
+   AND expires_at > now();
 -- Step 2: claim the key and write the pending charge, one transaction.
 BEGIN;
 INSERT INTO idempotency_keys

@@ -12,6 +12,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -75,12 +76,16 @@ async fn create(
     let wait = idempotent::prefer_wait(&headers);
 
     // Steps 2 to 4 run in their own task: once the claim may have committed,
-    // a client that hangs up must not cancel the work half-way.
+    // a client that hangs up must not cancel the work half-way. Only a wait
+    // for a key in flight stops then.
+    let client_gone = CancellationToken::new();
+    let _hang_up = idempotent::hang_up_guard(&client_gone);
     let request = Request {
         merchant_id: merchant.id,
         key,
         fingerprint,
         wait,
+        client_gone,
     };
     state
         .tasks
@@ -112,7 +117,9 @@ async fn claim_and_charge(
     faults::crash_if(fault, Fault::CrashAfterClaim);
 
     // 3 and 4.
-    authorize_and_settle(state, charge_id, charge, fault).await
+    let answer = authorize_and_settle(state.clone(), charge_id, charge, fault).await;
+    idempotent::finished(&state, &request);
+    answer
 }
 
 async fn authorize_and_settle(

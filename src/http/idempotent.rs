@@ -8,11 +8,13 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sqlx::{Postgres, Transaction};
 use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
 use super::AppState;
 use super::problem::{ApiError, Problem};
 use crate::cache::CachedAnswer;
+use crate::idempotency::wait::News;
 use crate::idempotency::{
     Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
     StoredKey, store as keys,
@@ -31,6 +33,17 @@ pub struct Request {
     pub fingerprint: Fingerprint,
     /// From `Prefer: wait=N`; zero answers `409` at once.
     pub wait: Duration,
+    /// Cancelled when the client hangs up (see [`hang_up_guard`]): a wait
+    /// for a key in flight stops then, while claimed work goes on.
+    pub client_gone: CancellationToken,
+}
+
+/// Cancels `client_gone` when dropped. A handler keeps it in its own future,
+/// which hyper drops when the client disconnects (and the timeout layer
+/// when `REQUEST_TIMEOUT` passes), and hands the rest of the work to a task
+/// that outlives it.
+pub fn hang_up_guard(client_gone: &CancellationToken) -> DropGuard {
+    client_gone.clone().drop_guard()
 }
 
 /// The result of step 2's opening.
@@ -42,14 +55,31 @@ pub enum Begun {
     Answered(Response),
 }
 
+/// What [`begin`] does next.
+enum Step {
+    /// Try to claim the key (one locking statement).
+    Claim,
+    /// See whether the key is stale, and settle it if so.
+    Lease,
+    /// Wait for news of the key in flight, without touching the database.
+    Wait,
+}
+
 /// Opens step 2 for `resource` on `route`: a transaction holding the claim
 /// on the request's key, a plain transaction when it has none, or the
 /// answer the key already holds.
+///
+/// A request that finds its key in flight and asked to wait joins the
+/// process's shared wait on that key ([`crate::idempotency::wait`]): it holds
+/// no connection and takes no lock while it waits, answers from the
+/// completed row the poll read, claims again if the key was given back, and
+/// stops when its client hangs up.
 ///
 /// When the key is held by a request that has been `processing` for longer
 /// than `PROCESSING_TIMEOUT`, this request leases it (one conditional update,
 /// as the sweeper does) and settles its record by the sweeper's own
 /// procedure ([`crate::sweeper::recover`]); then it answers from the key.
+/// Every other request that tried the lease in vain goes back to waiting.
 pub async fn begin(
     state: &AppState,
     request: &Request,
@@ -59,92 +89,150 @@ pub async fn begin(
     let Some(key) = &request.key else {
         return Ok(Begun::Claimed(state.pool.begin().await?));
     };
+    let deadline = Instant::now() + request.wait;
+    // The moment this request last read the key itself: the shared wait's
+    // news from before it is no news.
+    let mut known_at = Instant::now();
     // The fast path for a retry of a finished operation: a completed key
     // cannot change until it expires, so it is answered from memory or from
-    // one plain read, with no transaction and no row lock.
-    if let Some(answer) = cached_or_completed(state, request.merchant_id, key).await? {
+    // one plain read, with no transaction and no row lock. The same read
+    // sends a request willing to wait on a key in flight straight to the
+    // wait, without a lock either.
+    let mut step = Step::Claim;
+    if let Some(answer) = state.caches.answer(request.merchant_id, key.as_str()) {
         return answer_from(state, request, key, route, answer, false);
     }
-    let deadline = Instant::now() + request.wait;
-    let mut poll = Duration::from_millis(20);
+    if let Some(stored) = keys::find(&state.pool, request.merchant_id, key).await? {
+        match stored.status {
+            KeyStatus::Completed => {
+                if let Some(answer) = completed(stored) {
+                    return answer_from(state, request, key, route, answer, false);
+                }
+            }
+            KeyStatus::Processing if !request.wait.is_zero() && same(&stored, request, route) => {
+                step = Step::Wait;
+            }
+            KeyStatus::Processing => {}
+        }
+    }
+    let mut waiter = None;
     let mut waited = false;
     loop {
-        let mut tx = state.pool.begin().await?;
-        let claim = Claim {
-            merchant_id: request.merchant_id,
-            key,
-            method: "POST",
-            path: route,
-            fingerprint: request.fingerprint,
-            resource,
-            ttl: state.config.idempotency_key_ttl,
-        };
-        let stored = match keys::claim(&mut tx, claim).await? {
-            ClaimOutcome::Claimed { took_over } => {
-                metrics::idempotency(if took_over {
-                    "expired_taken_over"
-                } else {
-                    "executed"
-                });
-                return Ok(Begun::Claimed(tx));
+        step = match step {
+            Step::Claim => {
+                known_at = Instant::now();
+                let mut tx = state.pool.begin().await?;
+                let claim = Claim {
+                    merchant_id: request.merchant_id,
+                    key,
+                    method: "POST",
+                    path: route,
+                    fingerprint: request.fingerprint,
+                    resource,
+                    ttl: state.config.idempotency_key_ttl,
+                };
+                let stored = match keys::claim(&mut tx, claim).await? {
+                    ClaimOutcome::Claimed { took_over } => {
+                        metrics::idempotency(if took_over {
+                            "expired_taken_over"
+                        } else {
+                            "executed"
+                        });
+                        return Ok(Begun::Claimed(tx));
+                    }
+                    ClaimOutcome::Taken(stored) => *stored,
+                };
+                tx.rollback().await?;
+                if stored.status == KeyStatus::Completed {
+                    let answer = completed(stored).ok_or_else(|| {
+                        ApiError::Internal(anyhow::anyhow!("a completed key without its response"))
+                    })?;
+                    return answer_from(state, request, key, route, answer, waited);
+                }
+                if !same(&stored, request, route) {
+                    metrics::idempotency("reused");
+                    return Err(reused(key));
+                }
+                Step::Lease
             }
-            ClaimOutcome::Taken(stored) => stored,
+            Step::Lease => {
+                known_at = Instant::now();
+                let stale = keys::lease_one(
+                    &state.pool,
+                    request.merchant_id,
+                    key,
+                    state.config.processing_timeout,
+                )
+                .await?;
+                if let Some(stale) = stale {
+                    tracing::info!(resource = ?stale, "a retry found its key stale; settling it");
+                    crate::sweeper::recover(
+                        &state.pool,
+                        state.processor.as_ref(),
+                        &stale,
+                        state.config.idempotency_key_ttl,
+                    )
+                    .await?;
+                    metrics::idempotency("stale_recovered");
+                    Step::Claim
+                } else if Instant::now() < deadline {
+                    Step::Wait
+                } else {
+                    metrics::idempotency("in_use");
+                    return Err(in_use(waited));
+                }
+            }
+            Step::Wait => {
+                waited = true;
+                let shared =
+                    waiter.get_or_insert_with(|| state.waits.join(request.merchant_id, key));
+                let news = tokio::select! {
+                    news = tokio::time::timeout_at(deadline, shared.news_since(known_at)) => news,
+                    () = request.client_gone.cancelled() => {
+                        tracing::info!("the client hung up; stopped waiting for the key in flight");
+                        return Err(in_use(waited));
+                    }
+                };
+                match news {
+                    Err(_) => {
+                        metrics::idempotency("in_use");
+                        return Err(in_use(waited));
+                    }
+                    Ok(Some(News::Completed(stored))) => {
+                        match completed(StoredKey::clone(&stored)) {
+                            Some(answer) => {
+                                return answer_from(state, request, key, route, answer, waited);
+                            }
+                            None => Step::Claim,
+                        }
+                    }
+                    Ok(Some(News::Stale)) => Step::Lease,
+                    Ok(Some(News::Gone)) => Step::Claim,
+                    Ok(Some(News::InFlight)) => Step::Wait,
+                    Ok(None) => {
+                        // The shared wait ended under us: look again, and
+                        // join a new one if still in flight.
+                        waiter = None;
+                        Step::Claim
+                    }
+                }
+            }
         };
-        tx.rollback().await?;
-        let stored = *stored;
-        if stored.status == KeyStatus::Completed {
-            let answer = completed(stored).ok_or_else(|| {
-                ApiError::Internal(anyhow::anyhow!("a completed key without its response"))
-            })?;
-            return answer_from(state, request, key, route, answer, waited);
-        }
-        if stored.fingerprint != request.fingerprint || stored.request_path != route {
-            metrics::idempotency("reused");
-            return Err(reused(key));
-        }
-        let stale = keys::lease_one(
-            &state.pool,
-            request.merchant_id,
-            key,
-            state.config.processing_timeout,
-        )
-        .await?;
-        if let Some(stale) = stale {
-            tracing::info!(resource = ?stale, "a retry found its key stale; settling it");
-            crate::sweeper::recover(
-                &state.pool,
-                state.processor.as_ref(),
-                &stale,
-                state.config.idempotency_key_ttl,
-            )
-            .await?;
-            metrics::idempotency("stale_recovered");
-            continue;
-        }
-        let now = Instant::now();
-        if now < deadline {
-            tokio::time::sleep(poll.min(deadline - now)).await;
-            poll = (poll * 2).min(Duration::from_millis(250));
-            waited = true;
-            continue;
-        }
-        metrics::idempotency("in_use");
-        return Err(in_use(waited));
     }
 }
 
-/// A completed key's answer: from the cache, else from one read (which then
-/// fills the cache). `None` when the key is not completed.
-async fn cached_or_completed(
-    state: &AppState,
-    merchant_id: Uuid,
-    key: &IdempotencyKey,
-) -> Result<Option<CachedAnswer>, ApiError> {
-    if let Some(answer) = state.caches.answer(merchant_id, key.as_str()) {
-        return Ok(Some(answer));
+/// Notes that the request holding `request`'s key has finished its work here
+/// (completed, or given the key back): requests waiting on the key in this
+/// process hear of it at once instead of at the next poll.
+pub fn finished(state: &AppState, request: &Request) {
+    if let Some(key) = &request.key {
+        state.waits.wake(request.merchant_id, key);
     }
-    let stored = keys::find_completed(&state.pool, merchant_id, key).await?;
-    Ok(stored.and_then(completed))
+}
+
+/// Whether a stored key was claimed for this very request.
+fn same(stored: &StoredKey, request: &Request, route: &str) -> bool {
+    stored.fingerprint == request.fingerprint && stored.request_path == route
 }
 
 /// The saved answer of a key, if it is completed.

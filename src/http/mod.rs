@@ -33,6 +33,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::config::Config;
+use crate::idempotency::wait::Waits;
 use crate::processor::Processor;
 use problem::Problem;
 
@@ -48,6 +49,8 @@ pub struct AppState {
     pub tasks: TaskTracker,
     /// Completed answers and merchants, see [`crate::cache`].
     pub caches: Arc<crate::cache::Caches>,
+    /// Requests waiting on keys in flight, see [`crate::idempotency::wait`].
+    pub waits: Waits,
 }
 
 /// The whole API. Layers, from the outside in: fault injection (outside

@@ -15,6 +15,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -81,12 +82,16 @@ async fn create(
     let wait = idempotent::prefer_wait(&headers);
 
     // Steps 2 to 4 run in their own task: once the claim may have committed,
-    // a client that hangs up must not cancel the work half-way.
+    // a client that hangs up must not cancel the work half-way. Only a wait
+    // for a key in flight stops then.
+    let client_gone = CancellationToken::new();
+    let _hang_up = idempotent::hang_up_guard(&client_gone);
     let request = Request {
         merchant_id: merchant.id,
         key,
         fingerprint,
         wait,
+        client_gone,
     };
     state
         .tasks
@@ -133,7 +138,9 @@ async fn claim_and_refund(
         amount: reserved.amount,
         currency: reserved.currency,
     };
-    refund_and_settle(state, refund, fault).await
+    let answer = refund_and_settle(state.clone(), refund, fault).await;
+    idempotent::finished(&state, &request);
+    answer
 }
 
 async fn refund_and_settle(

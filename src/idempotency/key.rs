@@ -7,7 +7,7 @@ pub const HEADER: &str = "idempotency-key";
 const MAX_LEN: usize = 255;
 
 /// A client-chosen key: 1 to 255 visible ASCII characters.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);
 
 /// Why a header value is not a key.

@@ -4,10 +4,12 @@
 //! - [`key`]: the `Idempotency-Key` header.
 //! - [`fingerprint`]: what makes two requests "the same".
 //! - [`store`]: the SQL that claims, completes, reads, leases and expires keys.
+//! - [`wait`]: requests waiting on a key in flight share one poll of it.
 
 pub mod fingerprint;
 pub mod key;
 pub mod store;
+pub mod wait;
 
 pub use fingerprint::Fingerprint;
 pub use key::IdempotencyKey;

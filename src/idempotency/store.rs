@@ -273,28 +273,11 @@ pub async fn release(tx: &mut PgConnection, resource: &Resource) -> sqlx::Result
     Ok(released.rows_affected())
 }
 
-/// A merchant's key if it is `completed` and unexpired. Such a row never
+/// A merchant's key, unless it is unknown or expired. A `completed` row never
 /// changes until it expires, so reading it needs no transaction and no lock:
-/// a replay costs one statement.
-pub async fn find_completed(
-    db: impl PgExecutor<'_>,
-    merchant_id: Uuid,
-    key: &IdempotencyKey,
-) -> sqlx::Result<Option<StoredKey>> {
-    let row: Option<KeyRow> = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM idempotency_keys
-          WHERE merchant_id = $1 AND key = $2 AND status = 'completed' AND expires_at > now()"
-    ))
-    .bind(merchant_id)
-    .bind(key.as_str())
-    .fetch_optional(db)
-    .await?;
-    row.map(StoredKey::try_from).transpose()
-}
-
-/// A merchant's key, unless it is unknown or expired. A `processing` key is
-/// never expired: its operation may still be at work, or waiting to be
-/// recovered, and its answer will be kept for a full TTL once it exists.
+/// a replay costs this one statement. A `processing` key is never expired:
+/// its operation may still be at work, or waiting to be recovered, and its
+/// answer will be kept for a full TTL once it exists.
 pub async fn find(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
@@ -310,6 +293,39 @@ pub async fn find(
     .fetch_optional(db)
     .await?;
     row.map(StoredKey::try_from).transpose()
+}
+
+/// A merchant's key as a waiter sees it, and whether it is stale (still
+/// `processing` after `timeout`): one plain read, no transaction, no lock.
+/// A `processing` key is found even past its expiry, since it is never taken
+/// over; a `completed` one is not, since a claim may take it over.
+pub async fn watch(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    key: &IdempotencyKey,
+    timeout: Duration,
+) -> sqlx::Result<Option<(StoredKey, bool)>> {
+    #[derive(sqlx::FromRow)]
+    struct Watched {
+        #[sqlx(flatten)]
+        key: KeyRow,
+        stale: bool,
+    }
+    let row: Option<Watched> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS},
+                status = 'processing'
+                    AND locked_at < now() - $3::float8 * interval '1 millisecond' AS stale
+           FROM idempotency_keys
+          WHERE merchant_id = $1 AND key = $2
+            AND (status = 'processing' OR expires_at > now())"
+    ))
+    .bind(merchant_id)
+    .bind(key.as_str())
+    .bind(timeout.as_millis() as f64)
+    .fetch_optional(db)
+    .await?;
+    row.map(|row| Ok((StoredKey::try_from(row.key)?, row.stale)))
+        .transpose()
 }
 
 /// Leases up to `limit` keys stuck in `processing` for longer than `timeout`,

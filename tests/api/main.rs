@@ -17,3 +17,4 @@ mod operability;
 mod reads;
 mod refunds;
 mod sweeper;
+mod waits;

@@ -20,7 +20,7 @@ use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, visa};
 
 /// A claim and a pending charge for `visa(2000)`, as a request that crashed
 /// right after step 2 leaves them, `age` ago.
-async fn stale_claim(app: &TestApp, key: &str, charge_id: &str, age: &str) {
+pub async fn stale_claim(app: &TestApp, key: &str, charge_id: &str, age: &str) {
     let params = Params::from_json(visa(2000).to_string().as_bytes()).unwrap();
     let fingerprint = Fingerprint::of(
         "POST",

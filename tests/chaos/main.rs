@@ -9,6 +9,7 @@
 #[path = "../common/database.rs"]
 mod database;
 mod harness;
+mod waits;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -1,0 +1,127 @@
+//! `Prefer: wait` when the key in flight does not simply complete: it goes
+//! stale under its waiters, or it is given back after a failure.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::join_all;
+use oncepay::processor::{
+    Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome, SimulatedProcessor,
+};
+
+use crate::helpers::{Answer, Settings, TestApp, spawn_app_with_processor, visa};
+use crate::sweeper::stale_claim;
+
+async fn post_waiting(app: &TestApp, key: &str) -> Answer {
+    let response = app
+        .client
+        .post(app.url("/v1/charges"))
+        .bearer_auth(&app.api_key)
+        .header("Idempotency-Key", key)
+        .header("Prefer", "wait=5")
+        .json(&visa(2000))
+        .send()
+        .await
+        .unwrap();
+    Answer::of(response).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_waiters_on_a_key_that_goes_stale_settle_it_once_and_all_get_its_answer() {
+    let voids = Arc::new(AtomicUsize::new(0));
+    let processor = {
+        let voids = voids.clone();
+        move |pool| -> Arc<dyn Processor> {
+            Arc::new(Counting {
+                inner: Arc::new(SimulatedProcessor::new(pool, Duration::ZERO)),
+                voids,
+                unavailable_first: None,
+                authorizations: AtomicUsize::new(0),
+            })
+        }
+    };
+    let app =
+        spawn_app_with_processor(Settings::new().set("PROCESSING_TIMEOUT", "1s"), processor).await;
+    // A request claimed the key and crashed just now: its waiters see it go
+    // stale a second later.
+    stale_claim(&app, "crashed", "ch_crashedwhilewaitedon00001", "0 seconds").await;
+
+    let answers = join_all((0..20).map(|_| post_waiting(&app, "crashed"))).await;
+
+    for answer in &answers {
+        answer.assert_problem(402, "processing_abandoned");
+        assert!(answer.replayed());
+        assert_eq!(answer.header("preference-applied"), Some("wait"));
+        assert_eq!(answer.body, answers[0].body, "one answer for all");
+    }
+    assert_eq!(
+        voids.load(Ordering::SeqCst),
+        1,
+        "one waiter won the lease and settled the key; the others waited for it"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM charges WHERE status = 'failed'")
+            .await,
+        1
+    );
+    assert_eq!(app.charges().await, 1);
+    assert_eq!(app.payments().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_claims_a_key_given_back_after_the_processor_was_unavailable() {
+    let processor = |pool| -> Arc<dyn Processor> {
+        Arc::new(Counting {
+            inner: Arc::new(SimulatedProcessor::new(pool, Duration::ZERO)),
+            voids: Arc::default(),
+            unavailable_first: Some(Duration::from_millis(600)),
+            authorizations: AtomicUsize::new(0),
+        })
+    };
+    let app = spawn_app_with_processor(Settings::new(), processor).await;
+    let first = async { Answer::of(app.post_charge(Some("flaky"), &visa(2000)).await).await };
+    let waiter = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        post_waiting(&app, "flaky").await
+    };
+    let (first, waiter) = tokio::join!(first, waiter);
+
+    first.assert_problem(503, "processor_unavailable");
+    assert_eq!(waiter.status, 201, "{:?}", waiter.body);
+    assert!(!waiter.replayed(), "the waiter did the work itself");
+    assert_eq!(app.charges().await, 1);
+    assert_eq!(app.payments().await, 1);
+}
+
+/// The simulated processor, counting voids, and optionally unavailable (after
+/// a delay) on its first authorization.
+struct Counting {
+    inner: Arc<dyn Processor>,
+    voids: Arc<AtomicUsize>,
+    unavailable_first: Option<Duration>,
+    authorizations: AtomicUsize,
+}
+
+#[async_trait]
+impl Processor for Counting {
+    async fn authorize(&self, request: Authorization<'_>) -> Result<Outcome, ProcessorError> {
+        if let Some(delay) = self.unavailable_first {
+            if self.authorizations.fetch_add(1, Ordering::SeqCst) == 0 {
+                tokio::time::sleep(delay).await;
+                return Err(ProcessorError::Unavailable);
+            }
+        }
+        self.inner.authorize(request).await
+    }
+
+    async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
+        self.voids.fetch_add(1, Ordering::SeqCst);
+        self.inner.void_unless_recorded(processor_key).await
+    }
+
+    async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
+        self.inner.refund(request).await
+    }
+}
