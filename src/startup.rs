@@ -42,13 +42,14 @@ impl Application {
         let listener = TcpListener::bind((config.bind_addr, config.port))
             .await
             .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;
+        let caches = Arc::new(crate::cache::Caches::new(config.replay_cache_bytes));
         let state = AppState {
             pool,
             config: Arc::new(config),
             processor: crate::metrics::MeteredProcessor::wrap(processor),
             metrics: crate::metrics::handle(),
             tasks: tokio_util::task::TaskTracker::new(),
-            caches: Arc::default(),
+            caches,
         };
         Ok(Application { listener, state })
     }

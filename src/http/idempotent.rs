@@ -2,8 +2,10 @@
 //! a transaction the caller then adds its business write to, or answer from
 //! what the key already holds (replay, `409`, `422`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sqlx::{Postgres, Transaction};
@@ -63,7 +65,7 @@ pub async fn begin(
     // cannot change until it expires, so it is answered from memory or from
     // one plain read, with no transaction and no row lock.
     if let Some(answer) = cached_or_completed(state, request.merchant_id, key).await? {
-        return answer_from(state, request, key, route, answer, false);
+        return answer_from(request, key, route, &answer, false);
     }
     let deadline = Instant::now() + request.wait;
     let mut poll = Duration::from_millis(20);
@@ -93,10 +95,10 @@ pub async fn begin(
         tx.rollback().await?;
         let stored = *stored;
         if stored.status == KeyStatus::Completed {
-            let answer = completed(stored).ok_or_else(|| {
+            let answer = remember(state, request.merchant_id, key, stored).ok_or_else(|| {
                 ApiError::Internal(anyhow::anyhow!("a completed key without its response"))
             })?;
-            return answer_from(state, request, key, route, answer, waited);
+            return answer_from(request, key, route, &answer, waited);
         }
         if stored.fingerprint != request.fingerprint || stored.request_path != route {
             metrics::idempotency("reused");
@@ -133,46 +135,53 @@ async fn cached_or_completed(
     state: &AppState,
     merchant_id: Uuid,
     key: &IdempotencyKey,
-) -> Result<Option<CachedAnswer>, ApiError> {
+) -> Result<Option<Arc<CachedAnswer>>, ApiError> {
     if let Some(answer) = state.caches.answer(merchant_id, key.as_str()) {
         return Ok(Some(answer));
     }
     let stored = keys::find_completed(&state.pool, merchant_id, key).await?;
-    Ok(stored.and_then(completed))
+    Ok(stored.and_then(|stored| remember(state, merchant_id, key, stored)))
 }
 
-/// The saved answer of a key, if it is completed.
-fn completed(stored: StoredKey) -> Option<CachedAnswer> {
-    match (stored.status, stored.response) {
-        (KeyStatus::Completed, Some(response)) => Some(CachedAnswer {
+/// The saved answer of a key just read from the database, if it is
+/// completed; it is remembered in the cache until the row's deadline.
+fn remember(
+    state: &AppState,
+    merchant_id: Uuid,
+    key: &IdempotencyKey,
+    stored: StoredKey,
+) -> Option<Arc<CachedAnswer>> {
+    let answer = match (stored.status, stored.response) {
+        (KeyStatus::Completed, Some(response)) => Arc::new(CachedAnswer {
             route: stored.request_path,
             fingerprint: stored.fingerprint,
             response,
-            expires_at: stored.expires_at,
+            deadline: stored.deadline,
         }),
-        _ => None,
-    }
+        _ => return None,
+    };
+    state
+        .caches
+        .remember_answer(merchant_id, key.as_str(), answer.clone());
+    Some(answer)
 }
 
 /// Answers a request from a completed key: `422` if it asks for something
-/// else, else the saved answer, replayed (and remembered in the cache).
+/// else, else the saved answer, replayed.
 fn answer_from(
-    state: &AppState,
     request: &Request,
     key: &IdempotencyKey,
     route: &str,
-    answer: CachedAnswer,
+    answer: &CachedAnswer,
     waited: bool,
 ) -> Result<Begun, ApiError> {
     if answer.fingerprint != request.fingerprint || answer.route != route {
         metrics::idempotency("reused");
         return Err(reused(key));
     }
-    state
-        .caches
-        .remember_answer(request.merchant_id, key.as_str(), answer.clone());
     metrics::idempotency("replayed");
-    Ok(Begun::Answered(replay(answer.response, waited)))
+    // The clone shares the body with the cache.
+    Ok(Begun::Answered(replay(answer.response.clone(), waited)))
 }
 
 /// The answer for a resource someone else (the sweeper, a retry) settled
@@ -186,10 +195,11 @@ pub async fn saved_answer(
         .map(send))
 }
 
-/// Sends a saved response exactly as saved.
+/// Sends a saved response exactly as saved. The body is sent from the saved
+/// `Bytes` as they are, without a copy.
 pub fn send(saved: SavedResponse) -> Response {
     let status = StatusCode::from_u16(saved.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = (status, saved.body).into_response();
+    let mut response = (status, Body::from(saved.body)).into_response();
     let headers = response.headers_mut();
     if let Ok(value) = HeaderValue::from_str(&saved.content_type) {
         headers.insert(header::CONTENT_TYPE, value);
