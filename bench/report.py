@@ -141,6 +141,10 @@ def table(raw_path, out_dir):
             target(f"new-charge p99 while the sweeper deletes expired keys / baseline", r, "<= 2.0", r <= 2.0)
         if e["name"] == "memory":
             target(f"server RSS with {e['connections']} connections (MiB)", e["rss_peak_mib"], "reported", True)
+        if e["name"] == "replay_cache_memory":
+            target(f"server RSS peak over {e['charges']} large charges and their replays, {e['label']} (MiB)",
+                   e["rss_peak_mib"], f"<= {e['limit_mib']} (replay cache budget + 64)",
+                   e["rss_peak_mib"] <= e["limit_mib"])
 
     date = meta.get("date") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     summary = {
@@ -166,10 +170,24 @@ def table(raw_path, out_dir):
     if summary["pool_trials"]:
         text += ["", "pool size trials (new charges, 32 clients): " + ", ".join(
             f"{t['pool']}: {t['rps']:.0f} req/s" for t in summary["pool_trials"])]
-    if extras:
+    plain = [e for e in extras if e["name"] != "replay_cache_memory"]
+    if plain:
         text += [""]
-        for e in extras:
+        for e in plain:
             text.append("extra: " + ", ".join(f"{k}={v}" for k, v in e.items() if k != "kind"))
+    memory = [e for e in extras if e["name"] == "replay_cache_memory"]
+    if memory:
+        m = memory[0]
+        text += ["", f"replay cache memory: {m['charges']} charges with the largest metadata "
+                 f"({m['answer_bytes']}-byte answers), then one replay of each; REPLAY_CACHE_BYTES "
+                 f"{m['budget_mib']} MiB; server VmRSS in MiB",
+                 "| build | start | after creates | after replays | peak | limit | under limit "
+                 "| creates/s | replays/s | unexpected answers |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+        text += [f"| {e['label']} | {e['rss_start_mib']} | {e['rss_after_create_mib']} "
+                 f"| {e['rss_after_replay_mib']} | {e['rss_peak_mib']} | {e['limit_mib']} "
+                 f"| {'yes' if e['under_limit'] else 'no'} | {e['create_rps']:.0f} | {e['replay_rps']:.0f} "
+                 f"| {e['unexpected_answers']} |" for e in memory]
     if targets:
         text += ["", "| issue 5 target | figure | goal | met |", "| --- | ---: | --- | --- |"]
         text += [f"| {t['target']} | {t['value']} | {t['goal']} | {'yes' if t['met'] else 'no'} |"

@@ -1,160 +1,383 @@
-//! Two small in-process caches on the hot path, each bounded and each safe
+//! Two in-process caches on the hot path, both `quick_cache` caches (sharded,
+//! concurrent, evicting by a CLOCK-style policy), each bounded and each safe
 //! with several instances because what it holds cannot change while cached:
 //!
-//! - **Completed answers.** A `completed` key's row never changes until it
-//!   expires (only completed rows past `expires_at` can be taken over), so its
-//!   saved answer can be replayed from memory. Entries are dropped a minute
-//!   before `expires_at`, so a clock skew between this instance and the
-//!   database of less than that cannot replay an expired key. The fingerprint
-//!   and route are still compared on every hit.
-//! - **Merchants by key hash.** Keys are never rotated or revoked in oncepay;
-//!   an entry lives `MERCHANT_TTL` anyway, so a future revocation would take
-//!   effect within that time.
+//! - **Completed answers**, bounded by bytes (`REPLAY_CACHE_BYTES`; 0 turns
+//!   it off). A `completed` key's row never changes until it expires (only
+//!   completed rows past `expires_at` can be taken over), so its saved answer
+//!   can be replayed from memory. An entry is served until its deadline: the
+//!   monotonic instant taken before the row was read plus the lifetime the
+//!   database gave the row in that same read. Neither this instance's wall
+//!   clock nor its skew from the database's enters into it. A hit shares the
+//!   saved body (`Bytes`), it does not copy it. The fingerprint and route are
+//!   still compared on every hit.
+//! - **Merchants by key hash**, bounded by count. Keys are never rotated or
+//!   revoked in oncepay; an entry lives `MERCHANT_TTL` from the moment it was
+//!   read from the database anyway (a hit does not extend it), so a future
+//!   revocation would take effect within that time.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
+use quick_cache::sync::Cache;
+use quick_cache::{OptionsBuilder, Weighter};
 use uuid::Uuid;
 
 use crate::idempotency::{Fingerprint, SavedResponse};
 use crate::merchants::Merchant;
 
-/// Entries kept at most, per cache; when full, the oldest half is dropped.
-const CAPACITY: usize = 10_000;
-/// Margin before a key's `expires_at` after which a cached answer is not used.
-const EXPIRY_MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
-const MERCHANT_TTL: Duration = Duration::from_secs(60);
+/// How long a merchant read from the database is trusted.
+pub const MERCHANT_TTL: Duration = Duration::from_secs(60);
+/// Merchants kept at most.
+const MERCHANT_CAPACITY: usize = 10_000;
+/// The largest answer cached, whatever the budget: well above any answer the
+/// API makes with the default `MAX_BODY_BYTES` (a charge with the most and
+/// longest metadata values, JSON-escaped, stays under 160 KiB).
+const MAX_ENTRY_BYTES: u64 = 256 * 1024;
+/// The most of the budget one answer may take, as a divisor: a few large
+/// answers cannot flush a small cache.
+const MAX_ENTRY_SHARE: u64 = 16;
+/// What an entry costs beyond the bytes of its key, strings and body: the
+/// `Arc`ed answer (about 190 bytes), the cache's slot and table entry (about
+/// 120 with the slack of their growth), and the allocator's headers and
+/// rounding of the six allocations (about 100). Checked in the tests against
+/// the structs' sizes.
+const ENTRY_OVERHEAD: u64 = 512;
+/// The answer cache's shards. Each holds an eighth of the budget, and
+/// `quick_cache` refuses an entry larger than its shard's share, so the
+/// per-entry cap (at most a sixteenth) always fits.
+const ANSWER_SHARDS: usize = 8;
+/// A guess at the average entry, only to size the shards' bookkeeping.
+const TYPICAL_ENTRY_BYTES: u64 = 4096;
 
 /// A completed key's answer.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct CachedAnswer {
     pub route: String,
     pub fingerprint: Fingerprint,
     pub response: SavedResponse,
-    pub expires_at: DateTime<Utc>,
+    /// The monotonic instant after which the answer is not served: the
+    /// instant taken before the row was read plus the lifetime the database
+    /// gave the row in that read ([`crate::idempotency::StoredKey::deadline`]).
+    pub deadline: Instant,
+}
+
+type AnswerKey = (Uuid, String);
+
+/// An answer's weight in bytes: its body, key, strings and fixed overhead.
+#[derive(Clone, Copy, Debug)]
+struct AnswerWeighter;
+
+impl Weighter<AnswerKey, Arc<CachedAnswer>> for AnswerWeighter {
+    fn weight(&self, key: &AnswerKey, answer: &Arc<CachedAnswer>) -> u64 {
+        answer_weight(&key.1, answer)
+    }
+}
+
+fn answer_weight(key: &str, answer: &CachedAnswer) -> u64 {
+    let response = &answer.response;
+    let bytes = key.len()
+        + answer.route.len()
+        + response.content_type.len()
+        + response.location.as_ref().map_or(0, String::len)
+        + response.body.len();
+    ENTRY_OVERHEAD + bytes as u64
+}
+
+struct Answers {
+    cache: Cache<AnswerKey, Arc<CachedAnswer>, AnswerWeighter>,
+    max_entry: u64,
 }
 
 /// The caches of one process.
-#[derive(Debug, Default)]
 pub struct Caches {
-    answers: Mutex<Bounded<(Uuid, String), CachedAnswer>>,
-    merchants: Mutex<Bounded<Vec<u8>, (Merchant, Instant)>>,
+    /// `None` when `REPLAY_CACHE_BYTES` is 0.
+    answers: Option<Answers>,
+    merchants: Cache<Vec<u8>, (Merchant, Instant)>,
+    merchant_ttl: Duration,
+}
+
+impl std::fmt::Debug for Caches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caches")
+            .field("answer_bytes", &self.answer_bytes())
+            .field("answer_budget", &self.answer_budget())
+            .field("merchants", &self.merchants.len())
+            .finish()
+    }
 }
 
 impl Caches {
-    /// The cached answer of a merchant's completed key, if still well before its expiry.
-    pub fn answer(&self, merchant_id: Uuid, key: &str) -> Option<CachedAnswer> {
-        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        let id = (merchant_id, key.to_owned());
-        match answers.get(&id) {
-            Some(answer) if Utc::now() < answer.expires_at - EXPIRY_MARGIN => Some(answer.clone()),
-            Some(_) => {
-                answers.remove(&id);
-                None
+    /// Caches that hold at most `answer_budget` bytes of answers (0: none).
+    pub fn new(answer_budget: u64) -> Self {
+        Self::with_merchant_ttl(answer_budget, MERCHANT_TTL)
+    }
+
+    /// [`Caches::new`] with another merchant lifetime (tests).
+    pub fn with_merchant_ttl(answer_budget: u64, merchant_ttl: Duration) -> Self {
+        // A multiple of the shard count, so the shards' shares add up to no
+        // more than the budget.
+        let budget = answer_budget - answer_budget % ANSWER_SHARDS as u64;
+        let answers = (budget > 0).then(|| {
+            let options = OptionsBuilder::new()
+                .shards(ANSWER_SHARDS)
+                .weight_capacity(budget)
+                .estimated_items_capacity((budget / TYPICAL_ENTRY_BYTES).max(1) as usize)
+                .build()
+                .expect("every option is set");
+            Answers {
+                cache: Cache::with_options(
+                    options,
+                    AnswerWeighter,
+                    Default::default(),
+                    Default::default(),
+                ),
+                max_entry: MAX_ENTRY_BYTES.min(budget / MAX_ENTRY_SHARE),
             }
-            None => None,
+        });
+        Caches {
+            answers,
+            merchants: Cache::new(MERCHANT_CAPACITY),
+            merchant_ttl,
         }
     }
 
-    /// Remembers a completed key's answer (call only with a `completed` row).
-    pub fn remember_answer(&self, merchant_id: Uuid, key: &str, answer: CachedAnswer) {
-        if Utc::now() < answer.expires_at - EXPIRY_MARGIN {
-            let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-            answers.insert((merchant_id, key.to_owned()), answer);
+    /// The cached answer of a merchant's completed key, if before its deadline.
+    pub fn answer(&self, merchant_id: Uuid, key: &str) -> Option<Arc<CachedAnswer>> {
+        let answers = self.answers.as_ref()?;
+        let id = (merchant_id, key.to_owned());
+        let answer = answers.cache.get(&id)?;
+        if Instant::now() < answer.deadline {
+            return Some(answer);
         }
+        answers.cache.remove_if(&id, |a| Arc::ptr_eq(a, &answer));
+        None
     }
 
-    pub fn merchant(&self, key_hash: &[u8]) -> Option<Merchant> {
-        let merchants = self.merchants.lock().unwrap_or_else(|e| e.into_inner());
-        merchants
-            .get(&key_hash.to_vec())
-            .filter(|(_, at)| at.elapsed() < MERCHANT_TTL)
-            .map(|(merchant, _)| merchant.clone())
-    }
-
-    pub fn remember_merchant(&self, key_hash: Vec<u8>, merchant: Merchant) {
-        let mut merchants = self.merchants.lock().unwrap_or_else(|e| e.into_inner());
-        merchants.insert(key_hash, (merchant, Instant::now()));
-    }
-}
-
-/// A map that never grows past `CAPACITY`: when full, it drops its older half
-/// (by insertion order), which keeps every operation cheap on average.
-#[derive(Debug)]
-struct Bounded<K, V> {
-    map: HashMap<K, (u64, V)>,
-    next: u64,
-}
-
-impl<K, V> Default for Bounded<K, V> {
-    fn default() -> Self {
-        Bounded {
-            map: HashMap::new(),
-            next: 0,
+    /// Remembers a completed key's answer (call only with a `completed`
+    /// row), unless it is past its deadline or larger than the per-entry cap.
+    pub fn remember_answer(&self, merchant_id: Uuid, key: &str, answer: Arc<CachedAnswer>) {
+        let Some(answers) = &self.answers else {
+            return;
+        };
+        if Instant::now() >= answer.deadline || answer_weight(key, &answer) > answers.max_entry {
+            return;
         }
-    }
-}
-
-impl<K: std::hash::Hash + Eq, V> Bounded<K, V> {
-    fn get(&self, key: &K) -> Option<&V> {
-        self.map.get(key).map(|(_, v)| v)
+        answers.cache.insert((merchant_id, key.to_owned()), answer);
     }
 
-    fn remove(&mut self, key: &K) {
-        self.map.remove(key);
+    /// Bytes of answers held now, by the same count as the budget.
+    pub fn answer_bytes(&self) -> u64 {
+        self.answers.as_ref().map_or(0, |a| a.cache.weight())
     }
 
-    fn insert(&mut self, key: K, value: V) {
-        if self.map.len() >= CAPACITY && !self.map.contains_key(&key) {
-            let cutoff = self.next - (CAPACITY as u64) / 2;
-            self.map.retain(|_, (at, _)| *at >= cutoff);
+    /// The most bytes of answers held at once.
+    pub fn answer_budget(&self) -> u64 {
+        self.answers.as_ref().map_or(0, |a| a.cache.capacity())
+    }
+
+    /// The merchant with this key hash: from the cache if it was read from
+    /// the database less than the merchant lifetime ago, else from `load`
+    /// (which then starts a new lifetime). A hit does not extend the entry.
+    pub async fn merchant_or_load<E, F>(
+        &self,
+        key_hash: Vec<u8>,
+        load: F,
+    ) -> Result<Option<Merchant>, E>
+    where
+        F: Future<Output = Result<Option<Merchant>, E>>,
+    {
+        if let Some((merchant, read_at)) = self.merchants.get(&key_hash) {
+            if read_at.elapsed() < self.merchant_ttl {
+                return Ok(Some(merchant));
+            }
+            self.merchants
+                .remove_if(&key_hash, |(_, at)| *at == read_at);
         }
-        self.map.insert(key, (self.next, value));
-        self.next += 1;
+        let read_at = Instant::now();
+        let found = load.await?;
+        if let Some(merchant) = &found {
+            self.merchants.insert(key_hash, (merchant.clone(), read_at));
+        }
+        Ok(found)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
 
-    fn answer(expires_in: chrono::TimeDelta) -> CachedAnswer {
-        CachedAnswer {
+    fn answer(body_bytes: usize, lives: Duration) -> Arc<CachedAnswer> {
+        Arc::new(CachedAnswer {
             route: "/v1/charges".into(),
             fingerprint: Fingerprint([0; 32]),
             response: SavedResponse {
                 status: 201,
                 content_type: "application/json".into(),
                 location: None,
-                body: b"{}".to_vec(),
+                body: vec![b'x'; body_bytes].into(),
             },
-            expires_at: Utc::now() + expires_in,
-        }
+            deadline: Instant::now() + lives,
+        })
     }
 
+    const HOUR: Duration = Duration::from_secs(3600);
+
     #[test]
-    fn answers_close_to_their_expiry_are_not_served() {
-        let caches = Caches::default();
+    fn answers_are_served_until_their_deadline_and_not_after() {
+        let caches = Caches::new(1 << 20);
         let merchant = Uuid::now_v7();
-        caches.remember_answer(merchant, "soon", answer(chrono::TimeDelta::seconds(30)));
-        caches.remember_answer(merchant, "later", answer(chrono::TimeDelta::hours(1)));
-        assert!(caches.answer(merchant, "soon").is_none());
-        assert!(caches.answer(merchant, "later").is_some());
+        caches.remember_answer(merchant, "soon", answer(2, Duration::from_millis(300)));
+        caches.remember_answer(merchant, "later", answer(2, HOUR));
+        assert!(
+            caches.answer(merchant, "soon").is_some(),
+            "before its deadline"
+        );
         assert!(
             caches.answer(Uuid::now_v7(), "later").is_none(),
             "scoped per merchant"
         );
+        std::thread::sleep(Duration::from_millis(350));
+        assert!(
+            caches.answer(merchant, "soon").is_none(),
+            "after its deadline"
+        );
+        assert!(caches.answer(merchant, "later").is_some());
     }
 
     #[test]
-    fn the_map_stays_bounded() {
-        let mut map = Bounded::default();
-        for i in 0..(CAPACITY * 3) {
-            map.insert(i, i);
+    fn answers_past_their_deadline_are_not_remembered() {
+        let caches = Caches::new(1 << 20);
+        let merchant = Uuid::now_v7();
+        caches.remember_answer(merchant, "gone", answer(2, Duration::ZERO));
+        assert!(caches.answer(merchant, "gone").is_none());
+        assert_eq!(caches.answer_bytes(), 0);
+    }
+
+    #[test]
+    fn a_hit_shares_the_body_instead_of_copying_it() {
+        let caches = Caches::new(1 << 20);
+        let merchant = Uuid::now_v7();
+        let saved = answer(1000, HOUR);
+        caches.remember_answer(merchant, "k", saved.clone());
+        let hit = caches.answer(merchant, "k").unwrap();
+        assert_eq!(hit.response.body.as_ptr(), saved.response.body.as_ptr());
+    }
+
+    #[test]
+    fn the_answers_never_weigh_more_than_the_budget() {
+        let budget = 1 << 20;
+        let caches = Caches::new(budget);
+        let merchant = Uuid::now_v7();
+        // 40 times the budget, in answers of 1 to 60 KiB.
+        let mut inserted = 0;
+        for i in 0..2_000u64 {
+            let body = 1024 * (1 + (i * 7919 % 60)) as usize;
+            inserted += body as u64;
+            caches.remember_answer(merchant, &format!("key-{i}"), answer(body, HOUR));
+            assert!(caches.answer_bytes() <= budget, "over budget after {i}");
         }
-        assert!(map.map.len() <= CAPACITY);
-        assert_eq!(map.get(&(CAPACITY * 3 - 1)), Some(&(CAPACITY * 3 - 1)));
+        assert!(inserted > 40 * budget);
+        assert!(caches.answer_budget() <= budget);
+        // Counted again from what is served, not from the cache's own tally.
+        let held: u64 = (0..2_000u64)
+            .filter_map(|i| caches.answer(merchant, &format!("key-{i}")))
+            .map(|a| a.response.body.len() as u64)
+            .sum();
+        assert!(held <= budget, "{held} bytes of bodies held");
+        assert!(
+            caches.answer_bytes() > budget / 2,
+            "the cache is used: {} bytes",
+            caches.answer_bytes()
+        );
+    }
+
+    #[test]
+    fn an_answer_larger_than_the_per_entry_cap_is_not_cached() {
+        let caches = Caches::new(64 << 20);
+        let merchant = Uuid::now_v7();
+        caches.remember_answer(merchant, "big", answer(MAX_ENTRY_BYTES as usize, HOUR));
+        assert!(caches.answer(merchant, "big").is_none());
+        assert_eq!(caches.answer_bytes(), 0);
+        let fits = MAX_ENTRY_BYTES as usize - ENTRY_OVERHEAD as usize - 64;
+        caches.remember_answer(merchant, "fits", answer(fits, HOUR));
+        assert!(caches.answer(merchant, "fits").is_some());
+
+        // With a small budget, the cap is a sixteenth of it.
+        let small = Caches::new(160 * 1024);
+        small.remember_answer(merchant, "big", answer(12 * 1024, HOUR));
+        assert!(small.answer(merchant, "big").is_none());
+        small.remember_answer(merchant, "fits", answer(8 * 1024, HOUR));
+        assert!(small.answer(merchant, "fits").is_some());
+    }
+
+    #[test]
+    fn a_zero_budget_turns_the_answer_cache_off() {
+        let caches = Caches::new(0);
+        let merchant = Uuid::now_v7();
+        caches.remember_answer(merchant, "k", answer(2, HOUR));
+        assert!(caches.answer(merchant, "k").is_none());
+        assert_eq!(caches.answer_budget(), 0);
+    }
+
+    #[test]
+    fn the_fixed_overhead_covers_the_entry_structs() {
+        let structs = std::mem::size_of::<AnswerKey>()
+            + std::mem::size_of::<Arc<CachedAnswer>>()
+            + std::mem::size_of::<CachedAnswer>()
+            + 2 * std::mem::size_of::<usize>();
+        // Leaves room for the cache's slot links, its table entry and the
+        // allocator's headers.
+        assert!(structs * 2 <= ENTRY_OVERHEAD as usize, "{structs} bytes");
+    }
+
+    #[tokio::test]
+    async fn a_merchant_hit_does_not_extend_its_life() {
+        let caches = Caches::with_merchant_ttl(0, Duration::from_millis(600));
+        let loads = AtomicUsize::new(0);
+        let load = || async {
+            loads.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, ()>(Some(Merchant {
+                id: Uuid::nil(),
+                name: "m".into(),
+            }))
+        };
+        let hash = b"hash".to_vec();
+        caches.merchant_or_load(hash.clone(), load()).await.unwrap();
+        assert_eq!(loads.load(Ordering::SeqCst), 1, "a miss reads the database");
+        for _ in 0..4 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            caches.merchant_or_load(hash.clone(), load()).await.unwrap();
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1, "hits within the lifetime");
+        // 350 ms after the last hit, 750 ms after the read: expired, though a
+        // lifetime counted from the last hit would still run.
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        caches.merchant_or_load(hash.clone(), load()).await.unwrap();
+        assert_eq!(
+            loads.load(Ordering::SeqCst),
+            2,
+            "read again after the lifetime"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unknown_key_is_not_cached() {
+        let caches = Caches::new(0);
+        let loads = AtomicUsize::new(0);
+        for _ in 0..2 {
+            let found = caches
+                .merchant_or_load(b"nope".to_vec(), async {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, ()>(None)
+                })
+                .await
+                .unwrap();
+            assert!(found.is_none());
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 2);
     }
 }

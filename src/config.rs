@@ -35,6 +35,9 @@ pub struct Config {
     pub sweep_interval: Duration,
     pub processor_latency: Duration,
     pub max_body_bytes: usize,
+    /// The most bytes of completed answers held in memory for replay (0: no
+    /// replay cache). See [`crate::cache`].
+    pub replay_cache_bytes: u64,
     /// Honour the `Oncepay-Fault` request header (tests and workshops only).
     pub fault_injection: bool,
     /// Serve the deliberately broken `POST /demo/naive/charges` (workshops only).
@@ -115,6 +118,10 @@ impl Config {
             max_body_bytes: parse(&get, "MAX_BODY_BYTES", 64 * 1024, |v| {
                 positive(v.parse::<usize>().map_err(|e| e.to_string())?)
             })?,
+            replay_cache_bytes: parse(&get, "REPLAY_CACHE_BYTES", 64 * 1024 * 1024, |v| {
+                v.parse::<u64>()
+                    .map_err(|e| format!("{e} (a whole number of bytes; 0 turns the cache off)"))
+            })?,
             fault_injection: parse(&get, "FAULT_INJECTION", false, boolean)?,
             demo_unsafe_endpoints: parse(&get, "DEMO_UNSAFE_ENDPOINTS", false, boolean)?,
             request_timeout: parse(
@@ -169,6 +176,7 @@ impl std::fmt::Debug for Config {
             .field("sweep_interval", &self.sweep_interval)
             .field("processor_latency", &self.processor_latency)
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("replay_cache_bytes", &self.replay_cache_bytes)
             .field("fault_injection", &self.fault_injection)
             .field("demo_unsafe_endpoints", &self.demo_unsafe_endpoints)
             .field("request_timeout", &self.request_timeout)
@@ -273,6 +281,15 @@ mod tests {
         assert_eq!(c.sweep_interval, Duration::from_secs(5));
         assert_eq!(c.processor_latency, Duration::ZERO);
         assert!(!c.idempotency_key_required);
+        assert_eq!(c.replay_cache_bytes, 67_108_864);
+    }
+
+    #[test]
+    fn the_replay_cache_is_sized_in_bytes_and_zero_turns_it_off() {
+        let c = config(&[("REPLAY_CACHE_BYTES", "1048576")]).unwrap();
+        assert_eq!(c.replay_cache_bytes, 1 << 20);
+        let c = config(&[("REPLAY_CACHE_BYTES", "0")]).unwrap();
+        assert_eq!(c.replay_cache_bytes, 0);
     }
 
     #[test]
@@ -294,6 +311,8 @@ mod tests {
             ("PROCESSING_TIMEOUT", "0s"),
             ("IDEMPOTENCY_KEY_REQUIRED", "maybe"),
             ("MAX_BODY_BYTES", "-1"),
+            ("REPLAY_CACHE_BYTES", "64MiB"),
+            ("REPLAY_CACHE_BYTES", "-1"),
             ("BIND_ADDR", "localhost:1"),
         ] {
             let err = config(&[(name, value)]).unwrap_err().to_string();

@@ -62,7 +62,7 @@ pub async fn naive_lookup(
         status: status as u16,
         content_type,
         location: None,
-        body,
+        body: body.into(),
     }))
 }
 
@@ -118,7 +118,7 @@ pub async fn naive_remember(
     .bind(charge_id)
     .bind(saved.status as i16)
     .bind(&saved.content_type)
-    .bind(&saved.body)
+    .bind(&saved.body[..])
     .execute(pool)
     .await?;
     Ok(())

@@ -44,13 +44,14 @@ impl Application {
             .await
             .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;
         let waits = Waits::new(pool.clone(), config.processing_timeout);
+        let caches = Arc::new(crate::cache::Caches::new(config.replay_cache_bytes));
         let state = AppState {
             pool,
             config: Arc::new(config),
             processor: crate::metrics::MeteredProcessor::wrap(processor),
             metrics: crate::metrics::handle(),
             tasks: tokio_util::task::TaskTracker::new(),
-            caches: Arc::default(),
+            caches,
             waits,
         };
         Ok(Application { listener, state })

@@ -98,7 +98,9 @@ pub fn response_for(charge: &Charge) -> SavedResponse {
             status: StatusCode::CREATED.as_u16(),
             content_type: "application/json".into(),
             location: Some(format!("/v1/charges/{}", charge.id)),
-            body: serde_json::to_vec(&charge.to_object()).expect("a charge serialises"),
+            body: serde_json::to_vec(&charge.to_object())
+                .expect("a charge serialises")
+                .into(),
         };
     }
     let code = match charge.failure_code.as_deref() {
@@ -117,6 +119,6 @@ pub fn response_for(charge: &Charge) -> SavedResponse {
         status: problem.status.as_u16(),
         content_type: problem::CONTENT_TYPE.into(),
         location: None,
-        body: problem.body(),
+        body: problem.body().into(),
     }
 }

@@ -39,14 +39,12 @@ impl FromRequestParts<AppState> for Authenticated {
                 "The API key provided is not valid.",
             ));
         };
-        let hash = key.hash();
-        let found = match state.caches.merchant(&hash) {
-            Some(merchant) => Some(merchant),
-            None => merchants::find_by_key(&state.pool, &key).await?,
-        };
+        let found = state
+            .caches
+            .merchant_or_load(key.hash(), merchants::find_by_key(&state.pool, &key))
+            .await?;
         match found {
             Some(merchant) => {
-                state.caches.remember_merchant(hash, merchant.clone());
                 tracing::Span::current().record("merchant", tracing::field::display(merchant.id));
                 Ok(Authenticated(merchant))
             }

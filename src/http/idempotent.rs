@@ -2,8 +2,10 @@
 //! a transaction the caller then adds its business write to, or answer from
 //! what the key already holds (replay, `409`, `422`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sqlx::{Postgres, Transaction};
@@ -100,13 +102,13 @@ pub async fn begin(
     // wait, without a lock either.
     let mut step = Step::Claim;
     if let Some(answer) = state.caches.answer(request.merchant_id, key.as_str()) {
-        return answer_from(state, request, key, route, answer, false);
+        return answer_from(request, key, route, &answer, false);
     }
     if let Some(stored) = keys::find(&state.pool, request.merchant_id, key).await? {
         match stored.status {
             KeyStatus::Completed => {
-                if let Some(answer) = completed(stored) {
-                    return answer_from(state, request, key, route, answer, false);
+                if let Some(answer) = remember(state, request.merchant_id, key, stored) {
+                    return answer_from(request, key, route, &answer, false);
                 }
             }
             KeyStatus::Processing if !request.wait.is_zero() && same(&stored, request, route) => {
@@ -144,10 +146,13 @@ pub async fn begin(
                 };
                 tx.rollback().await?;
                 if stored.status == KeyStatus::Completed {
-                    let answer = completed(stored).ok_or_else(|| {
-                        ApiError::Internal(anyhow::anyhow!("a completed key without its response"))
-                    })?;
-                    return answer_from(state, request, key, route, answer, waited);
+                    let answer =
+                        remember(state, request.merchant_id, key, stored).ok_or_else(|| {
+                            ApiError::Internal(anyhow::anyhow!(
+                                "a completed key without its response"
+                            ))
+                        })?;
+                    return answer_from(request, key, route, &answer, waited);
                 }
                 if !same(&stored, request, route) {
                     metrics::idempotency("reused");
@@ -199,9 +204,9 @@ pub async fn begin(
                         return Err(in_use(waited));
                     }
                     Ok(Some(News::Completed(stored))) => {
-                        match completed(StoredKey::clone(&stored)) {
+                        match remember(state, request.merchant_id, key, StoredKey::clone(&stored)) {
                             Some(answer) => {
-                                return answer_from(state, request, key, route, answer, waited);
+                                return answer_from(request, key, route, &answer, waited);
                             }
                             None => Step::Claim,
                         }
@@ -235,38 +240,45 @@ fn same(stored: &StoredKey, request: &Request, route: &str) -> bool {
     stored.fingerprint == request.fingerprint && stored.request_path == route
 }
 
-/// The saved answer of a key, if it is completed.
-fn completed(stored: StoredKey) -> Option<CachedAnswer> {
-    match (stored.status, stored.response) {
-        (KeyStatus::Completed, Some(response)) => Some(CachedAnswer {
+/// The saved answer of a key just read from the database, if it is
+/// completed; it is remembered in the cache until the row's deadline.
+fn remember(
+    state: &AppState,
+    merchant_id: Uuid,
+    key: &IdempotencyKey,
+    stored: StoredKey,
+) -> Option<Arc<CachedAnswer>> {
+    let answer = match (stored.status, stored.response) {
+        (KeyStatus::Completed, Some(response)) => Arc::new(CachedAnswer {
             route: stored.request_path,
             fingerprint: stored.fingerprint,
             response,
-            expires_at: stored.expires_at,
+            deadline: stored.deadline,
         }),
-        _ => None,
-    }
+        _ => return None,
+    };
+    state
+        .caches
+        .remember_answer(merchant_id, key.as_str(), answer.clone());
+    Some(answer)
 }
 
 /// Answers a request from a completed key: `422` if it asks for something
-/// else, else the saved answer, replayed (and remembered in the cache).
+/// else, else the saved answer, replayed.
 fn answer_from(
-    state: &AppState,
     request: &Request,
     key: &IdempotencyKey,
     route: &str,
-    answer: CachedAnswer,
+    answer: &CachedAnswer,
     waited: bool,
 ) -> Result<Begun, ApiError> {
     if answer.fingerprint != request.fingerprint || answer.route != route {
         metrics::idempotency("reused");
         return Err(reused(key));
     }
-    state
-        .caches
-        .remember_answer(request.merchant_id, key.as_str(), answer.clone());
     metrics::idempotency("replayed");
-    Ok(Begun::Answered(replay(answer.response, waited)))
+    // The clone shares the body with the cache.
+    Ok(Begun::Answered(replay(answer.response.clone(), waited)))
 }
 
 /// The answer for a resource someone else (the sweeper, a retry) settled
@@ -280,10 +292,11 @@ pub async fn saved_answer(
         .map(send))
 }
 
-/// Sends a saved response exactly as saved.
+/// Sends a saved response exactly as saved. The body is sent from the saved
+/// `Bytes` as they are, without a copy.
 pub fn send(saved: SavedResponse) -> Response {
     let status = StatusCode::from_u16(saved.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = (status, saved.body).into_response();
+    let mut response = (status, Body::from(saved.body)).into_response();
     let headers = response.headers_mut();
     if let Ok(value) = HeaderValue::from_str(&saved.content_type) {
         headers.insert(header::CONTENT_TYPE, value);

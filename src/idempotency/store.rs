@@ -1,21 +1,22 @@
 //! The idempotency-key table's SQL. Every state change is one conditional
 //! statement; none reads a row and then writes it on what it read.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
 use super::{Fingerprint, IdempotencyKey};
 
-/// A response saved for replay, byte for byte.
+/// A response saved for replay, byte for byte. Cloning it shares the body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SavedResponse {
     pub status: u16,
     pub content_type: String,
     pub location: Option<String>,
-    pub body: Vec<u8>,
+    pub body: Bytes,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +87,11 @@ pub struct StoredKey {
     pub response: Option<SavedResponse>,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// When the key expires at the latest, on this process's monotonic
+    /// clock: the instant taken before the read plus the lifetime the
+    /// database gave the row in that read. This instance's wall clock plays
+    /// no part, so its skew cannot make an expired key look alive.
+    pub deadline: Instant,
 }
 
 #[derive(sqlx::FromRow)]
@@ -103,48 +109,67 @@ struct KeyRow {
     response_body: Option<Vec<u8>>,
     created_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
+    /// Milliseconds from the read to `expires_at`, by the database's clock.
+    remaining_ms: f64,
 }
 
-impl TryFrom<KeyRow> for StoredKey {
-    type Error = sqlx::Error;
-
-    fn try_from(row: KeyRow) -> Result<Self, Self::Error> {
+impl KeyRow {
+    /// The key, with its deadline counted from `sent`: an instant taken
+    /// before the statement that read the row was sent.
+    fn into_stored(self, sent: Instant) -> sqlx::Result<StoredKey> {
         let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_keys.{what}").into());
-        let status = match row.status.as_str() {
+        let status = match self.status.as_str() {
             "processing" => KeyStatus::Processing,
             "completed" => KeyStatus::Completed,
             _ => return Err(corrupt("status")),
         };
         let response = match (
-            row.response_status,
-            row.response_content_type,
-            row.response_body,
+            self.response_status,
+            self.response_content_type,
+            self.response_body,
         ) {
             (Some(status), Some(content_type), Some(body)) => Some(SavedResponse {
                 status: u16::try_from(status).map_err(|_| corrupt("response_status"))?,
                 content_type,
-                location: row.response_location,
-                body,
+                location: self.response_location,
+                // Takes the decoded buffer over; no copy.
+                body: Bytes::from(body),
             }),
             _ => None,
         };
         Ok(StoredKey {
-            key: row.key,
+            key: self.key,
             status,
-            request_method: row.request_method,
-            request_path: row.request_path,
-            fingerprint: Fingerprint::from_slice(&row.fingerprint)
+            request_method: self.request_method,
+            request_path: self.request_path,
+            fingerprint: Fingerprint::from_slice(&self.fingerprint)
                 .ok_or_else(|| corrupt("fingerprint"))?,
-            resource: Resource::from_columns(row.charge_id, row.refund_id),
+            resource: Resource::from_columns(self.charge_id, self.refund_id),
             response,
-            created_at: row.created_at,
-            expires_at: row.expires_at,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            deadline: deadline(sent, self.remaining_ms),
         })
     }
 }
 
+/// `sent` plus `remaining_ms` (none if negative or not a number).
+fn deadline(sent: Instant, remaining_ms: f64) -> Instant {
+    let remaining = if remaining_ms > 0.0 {
+        Duration::try_from_secs_f64(remaining_ms / 1000.0).unwrap_or(Duration::MAX)
+    } else {
+        Duration::ZERO
+    };
+    sent.checked_add(remaining).unwrap_or(sent)
+}
+
+/// The columns of [`KeyRow`]. `remaining_ms` is measured from
+/// `clock_timestamp()`, the moment the row is read, not from `now()`: inside
+/// a transaction `now()` is the transaction's start, earlier than the instant
+/// taken before the read, which would stretch the deadline.
 const COLUMNS: &str = "key, status, request_method, request_path, fingerprint, charge_id,
-    refund_id, response_status, response_content_type, response_location, response_body, created_at, expires_at";
+    refund_id, response_status, response_content_type, response_location, response_body, created_at, expires_at,
+    (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8 AS remaining_ms";
 
 /// What a request asks to claim.
 #[derive(Debug)]
@@ -216,6 +241,7 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     if let Some(took_over) = claimed {
         return Ok(ClaimOutcome::Claimed { took_over });
     }
+    let sent = Instant::now();
     let row: KeyRow = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM idempotency_keys WHERE merchant_id = $1 AND key = $2"
     ))
@@ -223,7 +249,7 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     .bind(claim.key.as_str())
     .fetch_one(&mut *tx)
     .await?;
-    Ok(ClaimOutcome::Taken(Box::new(row.try_into()?)))
+    Ok(ClaimOutcome::Taken(Box::new(row.into_stored(sent)?)))
 }
 
 /// Marks the key that guards `resource` completed with its saved response.
@@ -253,7 +279,7 @@ pub async fn complete_for(
     .bind(response.status as i16)
     .bind(&response.content_type)
     .bind(&response.location)
-    .bind(&response.body)
+    .bind(&response.body[..])
     .bind(ttl.as_millis() as f64)
     .execute(tx)
     .await?;
@@ -283,6 +309,7 @@ pub async fn find(
     merchant_id: Uuid,
     key: &IdempotencyKey,
 ) -> sqlx::Result<Option<StoredKey>> {
+    let sent = Instant::now();
     let row: Option<KeyRow> = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM idempotency_keys
           WHERE merchant_id = $1 AND key = $2
@@ -292,7 +319,7 @@ pub async fn find(
     .bind(key.as_str())
     .fetch_optional(db)
     .await?;
-    row.map(StoredKey::try_from).transpose()
+    row.map(|row| row.into_stored(sent)).transpose()
 }
 
 /// A merchant's key as a waiter sees it, and whether it is stale (still
@@ -305,6 +332,7 @@ pub async fn watch(
     key: &IdempotencyKey,
     timeout: Duration,
 ) -> sqlx::Result<Option<(StoredKey, bool)>> {
+    let sent = Instant::now();
     #[derive(sqlx::FromRow)]
     struct Watched {
         #[sqlx(flatten)]
@@ -324,7 +352,7 @@ pub async fn watch(
     .bind(timeout.as_millis() as f64)
     .fetch_optional(db)
     .await?;
-    row.map(|row| Ok((StoredKey::try_from(row.key)?, row.stale)))
+    row.map(|row| Ok((row.key.into_stored(sent)?, row.stale)))
         .transpose()
 }
 
@@ -401,7 +429,7 @@ pub async fn saved_for_resource(
                 .map_err(|_| sqlx::Error::Decode("idempotency_keys.response_status".into()))?,
             content_type,
             location,
-            body,
+            body: Bytes::from(body),
         })
     })
     .transpose()
@@ -422,4 +450,19 @@ pub async fn delete_expired(db: impl PgExecutor<'_>, limit: i64) -> sqlx::Result
     .execute(db)
     .await?;
     Ok(deleted.rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_deadline_is_the_read_instant_plus_the_databases_remaining_lifetime() {
+        let sent = Instant::now();
+        assert_eq!(deadline(sent, 2_000.0), sent + Duration::from_secs(2));
+        assert_eq!(deadline(sent, 250.0), sent + Duration::from_millis(250));
+        assert_eq!(deadline(sent, -5.0), sent, "already expired");
+        assert_eq!(deadline(sent, f64::NAN), sent);
+        assert_eq!(deadline(sent, f64::INFINITY), sent, "no overflow");
+    }
 }

@@ -118,6 +118,8 @@ pub fn response_for(refund: &Refund) -> SavedResponse {
         status: StatusCode::CREATED.as_u16(),
         content_type: "application/json".into(),
         location: Some(format!("/v1/refunds/{}", refund.id)),
-        body: serde_json::to_vec(&refund.to_object()).expect("a refund serialises"),
+        body: serde_json::to_vec(&refund.to_object())
+            .expect("a refund serialises")
+            .into(),
     }
 }

@@ -1,5 +1,7 @@
 //! Retries, replays, reuse with other parameters, expiry.
 
+use std::time::{Duration, Instant};
+
 use serde_json::json;
 
 use crate::helpers::{Answer, Settings, spawn_app, spawn_app_with, visa};
@@ -218,6 +220,58 @@ async fn an_expired_key_runs_anew() {
     .await
     .unwrap();
     assert!(expires_in > 23.0 * 3600.0, "a fresh TTL: {expires_in}");
+}
+
+#[tokio::test]
+async fn a_cached_answer_lives_as_long_as_the_database_gives_its_key_and_no_longer() {
+    let app = spawn_app().await;
+    let first = Answer::of(app.post_charge(Some("short"), &visa(2000)).await).await;
+    assert_eq!(first.status, 201);
+    sqlx::query("UPDATE idempotency_keys SET expires_at = now() + interval '2 seconds'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    // This replay reads the row, with its 2 s left, and caches its answer.
+    let replay = Answer::of(app.post_charge(Some("short"), &visa(2000)).await).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    // What the database holds changes; an answer served from memory does not.
+    sqlx::query("UPDATE idempotency_keys SET response_body = convert_to('{}', 'UTF8')")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let cached = Answer::of(app.post_charge(Some("short"), &visa(2000)).await).await;
+    assert!(cached.replayed());
+    assert_eq!(cached.body, first.body, "served from the cache");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "too slow to tell"
+    );
+
+    // Past the database's deadline the cache does not answer: the key has
+    // expired, so the request runs anew.
+    tokio::time::sleep_until((started + Duration::from_millis(2100)).into()).await;
+    let after = Answer::of(app.post_charge(Some("short"), &visa(2000)).await).await;
+    assert_eq!(after.status, 201);
+    assert!(!after.replayed(), "not replayed after the key expired");
+    assert_ne!(after.json()["id"], first.json()["id"]);
+    assert_eq!(app.charges().await, 2);
+}
+
+#[tokio::test]
+async fn with_the_replay_cache_off_every_replay_reads_the_database() {
+    let app = spawn_app_with(Settings::new().set("REPLAY_CACHE_BYTES", 0)).await;
+    let first = Answer::of(app.post_charge(Some("k"), &visa(2000)).await).await;
+    let replay = Answer::of(app.post_charge(Some("k"), &visa(2000)).await).await;
+    assert_eq!(replay.body, first.body);
+    sqlx::query("UPDATE idempotency_keys SET response_body = convert_to('{}', 'UTF8')")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let again = Answer::of(app.post_charge(Some("k"), &visa(2000)).await).await;
+    assert!(again.replayed());
+    assert_eq!(&again.body[..], b"{}", "read from the database");
 }
 
 #[tokio::test]
