@@ -26,6 +26,7 @@ use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
 use crate::charges::{NewCharge, store};
 use crate::idempotency::{Fingerprint, Resource, store as keys};
+use crate::params::{ParamError, shorten};
 use crate::processor::{self, Authorization, ProcessorError};
 
 const ROUTE: &str = "/v1/charges";
@@ -229,7 +230,7 @@ fn no_such_charge(id: &str, param: &str) -> ApiError {
     Problem::new(
         status,
         "resource_missing",
-        format!("No such charge: '{id}'"),
+        format!("No such charge: '{}'", shorten(id)),
     )
     .with_param(param)
     .into()
@@ -281,15 +282,7 @@ async fn list(
                 return Err(no_such_charge("\\u0000", "starting_after"));
             }
             "starting_after" => starting_after = Some(value.into_owned()),
-            other => {
-                return Err(Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    "parameter_unknown",
-                    format!("Received unknown parameter: {other}"),
-                )
-                .with_param(other)
-                .into());
-            }
+            other => return Err(ParamError::unknown(other).into()),
         }
     }
     let cursor = match &starting_after {

@@ -17,6 +17,7 @@ use super::idempotent::{self, REPLAYED};
 use super::problem::{ApiError, Problem};
 use crate::charges::NewCharge;
 use crate::demo;
+use crate::params::ParamError;
 
 /// The lab page: one self-contained file, no build step, nothing from the internet.
 const LAB_PAGE: &str = include_str!("../../static/lab.html");
@@ -66,15 +67,7 @@ async fn effects(
     for (name, value) in form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
         match name.as_ref() {
             "run" if !value.contains('\0') => run = Some(value.into_owned()),
-            other => {
-                return Err(Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    "parameter_unknown",
-                    format!("Received unknown parameter: {other}"),
-                )
-                .with_param(other)
-                .into());
-            }
+            other => return Err(ParamError::unknown(other).into()),
         }
     }
     let counts = demo::effects(&state.pool, merchant.id, run.as_deref()).await?;

@@ -33,8 +33,13 @@ impl Problem {
         }
     }
 
+    /// Names the parameter at fault, cut to
+    /// [`MAX_PARAM_CHARS`](crate::params::MAX_PARAM_CHARS) should a caller
+    /// have passed a client's long name unshortened.
     pub fn with_param(mut self, param: impl Into<String>) -> Self {
-        self.param = Some(param.into());
+        let param = param.into();
+        let param = crate::params::shorten_to(&param, crate::params::MAX_PARAM_CHARS);
+        self.param = Some(param.into_owned());
         self
     }
 
@@ -75,9 +80,11 @@ impl IntoResponse for Problem {
             body,
         )
             .into_response();
-        for (name, value) in self.headers {
-            response.headers_mut().append(name, value);
+        for (name, value) in &self.headers {
+            response.headers_mut().append(name.clone(), value.clone());
         }
+        // For `observe::finish_problems`, which adds the request id.
+        response.extensions_mut().insert(self);
         response
     }
 }

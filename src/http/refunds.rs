@@ -29,6 +29,7 @@ use super::problem::{ApiError, Problem};
 use crate::charges::settle::Settled;
 use crate::charges::{ChargeStatus, store as charges};
 use crate::idempotency::{Fingerprint, Resource};
+use crate::params::shorten;
 use crate::processor::ProcessorError;
 use crate::refunds::domain::new_refund_id;
 use crate::refunds::settle::{self, Pending};
@@ -197,7 +198,7 @@ async fn refused(state: &AppState, merchant_id: Uuid, refund: &NewRefund) -> Api
             return Problem::new(
                 StatusCode::BAD_REQUEST,
                 "resource_missing",
-                format!("No such charge: '{}'", refund.charge),
+                format!("No such charge: '{}'", shorten(&refund.charge)),
             )
             .with_param("charge")
             .into();
@@ -277,7 +278,7 @@ async fn retrieve(
         None => Err(Problem::new(
             StatusCode::NOT_FOUND,
             "resource_missing",
-            format!("No such refund: '{id}'"),
+            format!("No such refund: '{}'", shorten(&id)),
         )
         .with_param("id")
         .into()),
