@@ -9,7 +9,7 @@
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tracing::Instrument;
@@ -22,6 +22,7 @@ use super::extract::{PathParam, RawBody, decode};
 use super::faults::{self, Fault};
 use super::idempotent::{self, Begun, Request};
 use super::problem::{ApiError, Problem};
+use super::retry_after;
 use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
 use crate::charges::{NewCharge, store};
@@ -112,8 +113,12 @@ async fn claim_and_charge(
     tx.commit().await?;
     faults::crash_if(fault, Fault::CrashAfterClaim);
 
-    // 3 and 4.
-    authorize_and_settle(state, charge_id, charge, fault).await
+    // 3 and 4. From here on the charge is pending: a failure leaves it to
+    // recovery.
+    let config = state.config.clone();
+    authorize_and_settle(state, charge_id, charge, fault)
+        .await
+        .map_err(|e| e.awaiting_recovery(&config))
 }
 
 async fn authorize_and_settle(
@@ -156,7 +161,7 @@ async fn authorize_and_settle(
                 "processor_unavailable",
                 "The card processor is unavailable and nothing was charged. Retry with the same Idempotency-Key.",
             )
-            .with_header(header::RETRY_AFTER, "1")
+            .with_retry_after(retry_after::SOON)
             .into())
         }
         Err(e @ ProcessorError::OutcomeUnknown(_)) => {
@@ -164,17 +169,14 @@ async fn authorize_and_settle(
             // after PROCESSING_TIMEOUT) settles the charge from the
             // processor's record, and later retries replay that.
             tracing::warn!(charge = %charge_id, error = format!("{:#}", anyhow::Error::new(e)), "processor outcome unknown");
-            let retry_after = state.config.processing_timeout.as_secs().max(1).to_string();
-            let mut problem = Problem::new(
+            Err(Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "processing_outcome_unknown",
                 "The card processor did not confirm the outcome. Retry with the same Idempotency-Key to get it.",
             )
-            .with_extra("charge", charge_id.clone());
-            if let Ok(value) = HeaderValue::from_str(&retry_after) {
-                problem.headers.push((header::RETRY_AFTER, value));
-            }
-            Err(problem.into())
+            .with_extra("charge", charge_id.clone())
+            .with_retry_after(retry_after::until_recovered(&state.config))
+            .into())
         }
     }
 }

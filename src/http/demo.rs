@@ -134,7 +134,9 @@ async fn naive_charge(
         return Ok(response);
     }
     // 2. Do the work: the same charge and processor code as the real path.
-    let (charge_id, saved) = demo::naive_charge(&state, merchant.id, &charge).await?;
+    let (charge_id, saved) = demo::naive_charge(&state, merchant.id, &charge)
+        .await
+        .map_err(|e| ApiError::from_recovery(e, &state.config))?;
     // 3. Write the key, after the work. (Bug: too late to stop a duplicate.)
     demo::naive_remember(&state.pool, merchant.id, key.as_str(), &charge_id, &saved).await?;
     Ok(idempotent::send(saved))

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::problem::{ApiError, Problem};
+use super::retry_after;
 use crate::cache::CachedAnswer;
 use crate::idempotency::{
     Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
@@ -111,7 +112,9 @@ pub async fn begin(
         .await?;
         if let Some(stale) = stale {
             tracing::info!(resource = ?stale, "a retry found its key stale; settling it");
-            crate::sweeper::recover(&state.pool, state.processor.as_ref(), &stale).await?;
+            crate::sweeper::recover(&state.pool, state.processor.as_ref(), &stale)
+                .await
+                .map_err(|e| ApiError::from_recovery(e, &state.config))?;
             metrics::idempotency("stale_recovered");
             continue;
         }
@@ -237,7 +240,7 @@ fn in_use(waited: bool) -> ApiError {
         "A request with this Idempotency-Key is still in progress. Retry later, or send 'Prefer: wait=5'."
     };
     Problem::new(StatusCode::CONFLICT, "idempotency_key_in_use", detail)
-        .with_header(header::RETRY_AFTER, "1")
+        .with_retry_after(retry_after::SOON)
         .into()
 }
 

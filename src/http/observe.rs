@@ -107,7 +107,7 @@ pub async fn finish_problems(request: Request, next: Next) -> Response {
         };
         let mut problem = Problem::new(status, code, detail).with_extra("request_id", id);
         if code == "request_timeout" {
-            problem = problem.with_header(header::RETRY_AFTER, "1");
+            problem = problem.with_retry_after(super::retry_after::SOON);
         }
         let mut fresh = problem.into_response();
         for (name, value) in response.headers() {

@@ -719,7 +719,10 @@ impl Processor for RefundsUnavailable {
 
 #[tokio::test]
 async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_rolls_it_forward() {
-    let app = spawn_app_with_processor(Settings::new(), |pool| {
+    let timing = Settings::new()
+        .set("PROCESSING_TIMEOUT", "20s")
+        .set("SWEEP_INTERVAL", "90500ms");
+    let app = spawn_app_with_processor(timing, |pool| {
         Arc::new(RefundsUnavailable(SimulatedProcessor::new(
             pool,
             Duration::ZERO,
@@ -733,7 +736,11 @@ async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_roll
     )
     .await;
     answer.assert_problem(503, "processor_unavailable");
-    assert!(answer.header("retry-after").is_some());
+    assert_eq!(
+        answer.header("retry-after"),
+        Some("111"),
+        "recovery rolls it forward: PROCESSING_TIMEOUT plus one SWEEP_INTERVAL, rounded up"
+    );
     assert_eq!(app.amount_refunded(&charge).await, 500, "still reserved");
     assert_eq!(app.processor_refunds().await, 0);
     // The key is held: a retry waits for the roll-forward instead of refunding again.
