@@ -7,3 +7,10 @@
 CREATE INDEX idempotency_keys_completed_expires_idx
     ON idempotency_keys (expires_at) WHERE status = 'completed';
 DROP INDEX idempotency_keys_expires_idx;
+
+-- GET /demo/effects counts one workshop run's charges (metadata.demo_run):
+-- an index on exactly the tagged charges, so the count reads that run's rows,
+-- never the merchant's whole history. Untagged charges (all real ones) are
+-- not in it, so it costs them nothing but the predicate.
+CREATE INDEX charges_demo_run_idx
+    ON charges (merchant_id, (metadata->>'demo_run')) WHERE (metadata->>'demo_run') IS NOT NULL;

@@ -41,15 +41,16 @@ async fn lab() -> Html<&'static str> {
 }
 
 /// `GET /demo/effects?run=TAG`: what the database holds for the merchant's
-/// charges tagged `metadata[demo_run]=TAG` (all its charges without `run`):
-/// payments recorded by the processor (money moved) and charges by status.
+/// charges tagged `metadata[demo_run]=TAG`: payments recorded by the
+/// processor (money moved) and charges by status. `run` is required: a count
+/// over all of a merchant's charges would read its whole history.
 /// Payments and charges in the database for a workshop run.
 #[utoipa::path(
     get,
     path = "/demo/effects",
     tag = "workshop",
     security(("bearer" = []), ("basic" = [])),
-    params(("run" = Option<String>, Query, description = "The run tag, `metadata[demo_run]`; all charges without it")),
+    params(("run" = String, Query, description = "The run tag, `metadata[demo_run]`")),
     responses(
         (status = 200, description = "The counts", body = super::openapi::Effects),
         (status = 400, response = super::openapi::BadRequest),
@@ -70,7 +71,14 @@ async fn effects(
             other => return Err(ParamError::unknown(other).into()),
         }
     }
-    let counts = demo::effects(&state.pool, merchant.id, run.as_deref()).await?;
+    let run = run.ok_or_else(|| {
+        ParamError::new(
+            "parameter_missing",
+            "run",
+            "Missing required param: run (the metadata[demo_run] tag of the charges to count)",
+        )
+    })?;
+    let counts = demo::effects(&state.pool, merchant.id, &run).await?;
     Ok(Json(json!({
         "object": "demo_effects",
         "run": run,

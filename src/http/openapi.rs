@@ -265,7 +265,7 @@ pub struct KeyResponse {
 pub struct Effects {
     #[schema(example = "demo_effects")]
     object: String,
-    run: Option<String>,
+    run: String,
     /// Payments the processor recorded: money moved.
     payments: i64,
     charges: i64,
