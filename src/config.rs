@@ -1,7 +1,8 @@
 //! Configuration, read once at start from the environment (and `.env`).
 //!
 //! Every variable is optional except `DATABASE_URL`. A value that does not
-//! parse stops the process with a message naming the variable.
+//! parse, or that contradicts another, stops the process with a message
+//! naming the variables.
 
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -43,6 +44,7 @@ pub struct Config {
     /// Serve the deliberately broken `POST /demo/naive/charges` (workshops only).
     pub demo_unsafe_endpoints: bool,
     /// The longest a request may take before it is answered `503 request_timeout`.
+    /// By default half of `processing_timeout`, at most 30 s; always below it.
     pub request_timeout: Duration,
     /// How long shutdown waits for requests in flight to finish.
     pub shutdown_grace: Duration,
@@ -73,7 +75,7 @@ impl Config {
                 });
             }
         }
-        let config = Config {
+        let mut config = Config {
             database_url,
             database_max_connections: parse(&get, "DATABASE_MAX_CONNECTIONS", 10, |v| {
                 positive(v.parse::<u32>().map_err(|e| e.to_string())?)
@@ -124,12 +126,8 @@ impl Config {
             })?,
             fault_injection: parse(&get, "FAULT_INJECTION", false, boolean)?,
             demo_unsafe_endpoints: parse(&get, "DEMO_UNSAFE_ENDPOINTS", false, boolean)?,
-            request_timeout: parse(
-                &get,
-                "REQUEST_TIMEOUT",
-                Duration::from_secs(30),
-                positive_duration,
-            )?,
+            // Set below, once PROCESSING_TIMEOUT is known.
+            request_timeout: Duration::ZERO,
             shutdown_grace: parse(
                 &get,
                 "SHUTDOWN_GRACE",
@@ -137,6 +135,40 @@ impl Config {
                 positive_duration,
             )?,
         };
+        config.request_timeout = parse(
+            &get,
+            "REQUEST_TIMEOUT",
+            (config.processing_timeout / 2).min(Duration::from_secs(30)),
+            positive_duration,
+        )?;
+        // A request (and the processor call in it) must be over before its
+        // key counts as stale: past PROCESSING_TIMEOUT, a retry or the sweeper
+        // settles the record, fencing off the processor, so a slower request
+        // would be voided while still at work.
+        for (name, value, written) in [
+            (
+                "PROCESSOR_LATENCY_MS",
+                config.processor_latency,
+                config.processor_latency.as_millis().to_string(),
+            ),
+            (
+                "REQUEST_TIMEOUT",
+                config.request_timeout,
+                humantime::format_duration(config.request_timeout).to_string(),
+            ),
+        ] {
+            if value >= config.processing_timeout {
+                return Err(ConfigError {
+                    name,
+                    value: written,
+                    reason: format!(
+                        "must be below PROCESSING_TIMEOUT ({}): a request still at work then \
+                         would have its record settled under it",
+                        humantime::format_duration(config.processing_timeout)
+                    ),
+                });
+            }
+        }
         // A key must outlive any request holding it, or a retry could take
         // over a key whose first request is still at work.
         if config.idempotency_key_ttl < config.processing_timeout * 2 {
@@ -280,6 +312,7 @@ mod tests {
         assert_eq!(c.processing_timeout, Duration::from_secs(30));
         assert_eq!(c.sweep_interval, Duration::from_secs(5));
         assert_eq!(c.processor_latency, Duration::ZERO);
+        assert_eq!(c.request_timeout, Duration::from_secs(15));
         assert!(!c.idempotency_key_required);
         assert_eq!(c.replay_cache_bytes, 67_108_864);
     }
@@ -290,6 +323,47 @@ mod tests {
         assert_eq!(c.replay_cache_bytes, 1 << 20);
         let c = config(&[("REPLAY_CACHE_BYTES", "0")]).unwrap();
         assert_eq!(c.replay_cache_bytes, 0);
+    }
+
+    #[test]
+    fn the_request_timeout_defaults_to_half_the_processing_timeout_at_most_30s() {
+        let c = config(&[("PROCESSING_TIMEOUT", "1s")]).unwrap();
+        assert_eq!(c.request_timeout, Duration::from_millis(500));
+        let c = config(&[("PROCESSING_TIMEOUT", "5m"), ("IDEMPOTENCY_KEY_TTL", "1h")]).unwrap();
+        assert_eq!(c.request_timeout, Duration::from_secs(30));
+        let c = config(&[("REQUEST_TIMEOUT", "29s")]).unwrap();
+        assert_eq!(c.request_timeout, Duration::from_secs(29));
+    }
+
+    #[test]
+    fn a_latency_or_request_timeout_at_or_above_the_processing_timeout_is_refused() {
+        for (name, value) in [
+            ("PROCESSOR_LATENCY_MS", "2000"),
+            ("PROCESSOR_LATENCY_MS", "3000"),
+            ("REQUEST_TIMEOUT", "2s"),
+            ("REQUEST_TIMEOUT", "1m"),
+        ] {
+            let err = config(&[("PROCESSING_TIMEOUT", "2s"), (name, value)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(name) && err.contains("PROCESSING_TIMEOUT"),
+                "{err} should name {name} and PROCESSING_TIMEOUT"
+            );
+        }
+        assert!(
+            config(&[
+                ("PROCESSING_TIMEOUT", "2s"),
+                ("PROCESSOR_LATENCY_MS", "1999"),
+                ("REQUEST_TIMEOUT", "1999ms"),
+            ])
+            .is_ok()
+        );
+        // The old default pair, both 30 s, is refused when written out.
+        let err = config(&[("REQUEST_TIMEOUT", "30s")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("REQUEST_TIMEOUT"), "{err}");
     }
 
     #[test]

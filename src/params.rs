@@ -5,8 +5,39 @@
 //! `metadata[key]=value` gives an object of strings); JSON gives typed values.
 //! The encoding is kept, because a string is a fine amount in a form and a
 //! type error in JSON.
+//!
+//! Neither encoding resolves a repeated parameter silently: a form that
+//! repeats a name, or a JSON object (at any depth) that repeats a key, is
+//! refused with `parameter_duplicate`.
 
-use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
+
+/// The most characters of a client's name or value that an error echoes.
+pub const MAX_ECHOED_CHARS: usize = 100;
+
+/// `text` as an error may echo it: its first [`MAX_ECHOED_CHARS`]
+/// characters, followed by `…` when it was longer. A problem names what the
+/// client sent, but a 60 KiB parameter name must not make a 120 KiB answer.
+pub fn shorten(text: &str) -> Cow<'_, str> {
+    shorten_to(text, MAX_ECHOED_CHARS)
+}
+
+/// The longest `param` of any error: room for a shortened name inside a
+/// shortened name (`metadata[…]`). Only a guard for a name nobody shortened.
+pub const MAX_PARAM_CHARS: usize = 2 * MAX_ECHOED_CHARS + 20;
+
+/// `text` cut to `max` characters, with `…` after a cut.
+pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
+    match text.char_indices().nth(max) {
+        None => Cow::Borrowed(text),
+        Some((cut, _)) => Cow::Owned(format!("{}…", &text[..cut])),
+    }
+}
 
 /// How the body was encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,12 +58,25 @@ pub struct ParamError {
 }
 
 impl ParamError {
+    /// A `param` or `message` that echoes a client's name or value should
+    /// [shorten] it; `param` is cut to [`MAX_PARAM_CHARS`] in any case.
     pub fn new(code: &'static str, param: impl Into<String>, message: impl Into<String>) -> Self {
+        let param = param.into();
         ParamError {
             code,
-            param: param.into(),
+            param: shorten_to(&param, MAX_PARAM_CHARS).into_owned(),
             message: message.into(),
         }
+    }
+
+    /// `parameter_unknown` for `name`.
+    pub fn unknown(name: &str) -> Self {
+        let name = shorten(name);
+        ParamError::new(
+            "parameter_unknown",
+            name.as_ref(),
+            format!("Received unknown parameter: {name}"),
+        )
     }
 }
 
@@ -55,9 +99,11 @@ pub struct Params {
 }
 
 impl Params {
-    /// Decodes a JSON object body.
+    /// Decodes a JSON object body. An object that repeats a key, at any
+    /// depth, is refused (`parameter_duplicate`): which of two amounts was
+    /// meant is not for the server to guess.
     pub fn from_json(body: &[u8]) -> Result<Self, DecodeError> {
-        match serde_json::from_slice::<Value>(body) {
+        match strict_json(body) {
             Ok(Value::Object(fields)) => {
                 for (name, value) in &fields {
                     refuse_nul(name, value)?;
@@ -68,7 +114,7 @@ impl Params {
                 })
             }
             Ok(_) => Err(DecodeError::NotAnObject),
-            Err(e) => Err(DecodeError::Json(e.to_string())),
+            Err(e) => Err(e),
         }
     }
 
@@ -86,12 +132,7 @@ impl Params {
                         .strip_suffix(']')
                         .filter(|inner| !inner.contains(['[', ']']));
                     let Some(inner) = inner else {
-                        return Err(ParamError::new(
-                            "parameter_unknown",
-                            name.clone(),
-                            format!("Received unknown parameter: {name}"),
-                        )
-                        .into());
+                        return Err(ParamError::unknown(&name).into());
                     };
                     let object = fields
                         .entry(outer.to_owned())
@@ -124,11 +165,7 @@ impl Params {
     /// Refuses whatever parameters are left, as Stripe does.
     pub fn reject_unknown(&self) -> Result<(), ParamError> {
         match self.fields.keys().next() {
-            Some(name) => Err(ParamError::new(
-                "parameter_unknown",
-                name.clone(),
-                format!("Received unknown parameter: {name}"),
-            )),
+            Some(name) => Err(ParamError::unknown(name)),
             None => Ok(()),
         }
     }
@@ -138,9 +175,10 @@ impl Params {
 /// here, as a client error, rather than fail in the database.
 fn refuse_nul(name: &str, value: &Value) -> Result<(), ParamError> {
     let invalid = |param: &str| {
+        let param = shorten(param);
         ParamError::new(
             "parameter_invalid_string",
-            param,
+            param.as_ref(),
             format!("{param} must not contain the NUL character"),
         )
     };
@@ -164,12 +202,121 @@ fn refuse_nul(name: &str, value: &Value) -> Result<(), ParamError> {
 }
 
 fn duplicate(param: &str) -> DecodeError {
+    let param = shorten(param);
     ParamError::new(
         "parameter_duplicate",
-        param,
+        param.as_ref(),
         format!("The parameter {param} was given more than once"),
     )
     .into()
+}
+
+/// Parses a JSON document like `serde_json::from_slice::<Value>`, except
+/// that an object repeating a key is an error (serde_json's `Value` keeps
+/// the last one).
+fn strict_json(body: &[u8]) -> Result<Value, DecodeError> {
+    let repeated = RefCell::new(None);
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let seed = StrictValue {
+        path: String::new(),
+        repeated: &repeated,
+    };
+    let value = seed
+        .deserialize(&mut deserializer)
+        .and_then(|value| deserializer.end().map(|()| value));
+    match (value, repeated.into_inner()) {
+        (_, Some(param)) => Err(duplicate(&param)),
+        (Ok(value), None) => Ok(value),
+        (Err(e), None) => Err(DecodeError::Json(e.to_string())),
+    }
+}
+
+/// One JSON value at `path` (`amount`, `metadata[order]`, the form-style name
+/// of a nested member). On a repeated key it records that key's path in
+/// `repeated` and stops the parse.
+struct StrictValue<'a> {
+    path: String,
+    repeated: &'a RefCell<Option<String>>,
+}
+
+impl StrictValue<'_> {
+    fn member(&self, name: &str) -> Self {
+        StrictValue {
+            path: if self.path.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{}[{name}]", self.path)
+            },
+            repeated: self.repeated,
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for StrictValue<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StrictValue<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        // JSON has no NaN or infinity, so this is always a number.
+        Ok(Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(self.member(&items.len().to_string()))? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(name) = map.next_key::<String>()? {
+            let member = self.member(&name);
+            if object.contains_key(&name) {
+                *self.repeated.borrow_mut() = Some(member.path);
+                return Err(de::Error::custom("a repeated key"));
+            }
+            let value = map.next_value_seed(member)?;
+            object.insert(name, value);
+        }
+        Ok(Value::Object(object))
+    }
 }
 
 #[cfg(test)]
@@ -235,6 +382,64 @@ mod tests {
         }
         assert!(Params::from_form(b"description=a%00b").is_err());
         assert!(Params::from_form(b"metadata[k%00]=v").is_err());
+    }
+
+    #[track_caller]
+    fn assert_duplicate(body: &str, param: &str) {
+        match Params::from_json(body.as_bytes()) {
+            Err(DecodeError::Param(e)) => {
+                assert_eq!(
+                    (e.code, e.param.as_str()),
+                    ("parameter_duplicate", param),
+                    "{body}"
+                );
+                assert!(e.message.contains(param), "{}", e.message);
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn repeated_json_keys_are_refused_at_any_depth() {
+        assert_duplicate(r#"{"amount":100,"amount":100000}"#, "amount");
+        assert_duplicate(r#"{"amount":100,"amount":100}"#, "amount");
+        assert_duplicate(
+            r#"{"amount":100,"metadata":{"order":"1","order":"2"}}"#,
+            "metadata[order]",
+        );
+        assert_duplicate(r#"{"x":[1,{"k":1,"k":2}]}"#, "x[1][k]");
+        // Escapes name the same key.
+        assert_duplicate(r#"{"amount":1,"\u0061mount":2}"#, "amount");
+        // The same key in two different objects is no repeat.
+        let mut p = Params::from_json(br#"{"a":{"k":1},"b":{"k":2}}"#).unwrap();
+        assert_eq!(p.take("b"), Some(json!({"k": 2})));
+    }
+
+    #[test]
+    fn strict_json_decodes_what_serde_json_decodes() {
+        let body = br#"{"s":"caf\u00e9 \"q\"","i":-5,"u":18446744073709551615,"f":1.5e3,
+            "t":true,"n":null,"a":[1,[2,{}]],"o":{"k":{"z":[]}}}"#;
+        assert_eq!(
+            strict_json(body).unwrap(),
+            serde_json::from_slice::<Value>(body).unwrap()
+        );
+        for bad in [&b"{} x"[..], b"{\"a\":}", b"", b"{\"a\":1,}"] {
+            assert!(matches!(strict_json(bad), Err(DecodeError::Json(_))));
+        }
+    }
+
+    #[test]
+    fn long_names_are_shortened_in_errors() {
+        let name = "a".repeat(60 * 1024);
+        let e = Params::from_json(format!(r#"{{"{name}": 1}}"#).as_bytes())
+            .unwrap()
+            .reject_unknown()
+            .unwrap_err();
+        assert_eq!(e.param, format!("{}…", "a".repeat(MAX_ECHOED_CHARS)));
+        assert!(e.message.len() < 200, "{}", e.message);
+        assert!(e.message.ends_with(&e.param), "{}", e.message);
+        assert_eq!(shorten("é".repeat(100).as_str()), "é".repeat(100));
+        assert_eq!(shorten(&"é".repeat(101)), format!("{}…", "é".repeat(100)));
     }
 
     #[test]

@@ -1,13 +1,13 @@
 //! The background task in every `serve` process (and `oncepay sweep`):
 //! settles charges and refunds left `pending` by a crash or a lost processor
-//! answer, and deletes expired keys in bounded batches.
+//! answer, and deletes expired keys in bounded batches, within a time budget.
 //!
 //! Several sweepers may run at once. Stale keys are leased (`FOR UPDATE SKIP
 //! LOCKED`, then a fresh `locked_at`), and every write is conditional, so
 //! no row is settled twice and a late request changes nothing.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
@@ -18,8 +18,13 @@ use crate::refunds::{settle as refund_settle, store as refunds};
 
 /// How many rows one statement handles.
 const BATCH: i64 = 500;
-/// How many delete batches one pass runs at most, so a pass stays short.
-const MAX_DELETE_BATCHES: usize = 20;
+/// How long one pass may go on deleting expired keys: batch after batch
+/// until none is left or this is spent. A backlog is cleared at the full
+/// rate the database allows rather than at a fixed count per pass, so no
+/// sustained rate of new keys can outgrow the deletes; and a pass still ends
+/// within about a second, so stale records (settled first in every pass)
+/// never wait behind a large backlog. Each batch is its own short statement.
+pub const DELETE_BUDGET: Duration = Duration::from_secs(1);
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +78,7 @@ pub struct Sweeper {
     processor: Arc<dyn Processor>,
     processing_timeout: Duration,
     key_ttl: Duration,
+    delete_budget: Duration,
 }
 
 impl Sweeper {
@@ -90,7 +96,15 @@ impl Sweeper {
             processor,
             processing_timeout,
             key_ttl,
+            delete_budget: DELETE_BUDGET,
         }
+    }
+
+    /// The same sweeper with another time budget for deleting expired keys
+    /// (see [`DELETE_BUDGET`]); for tests and measurements.
+    pub fn with_delete_budget(mut self, budget: Duration) -> Self {
+        self.delete_budget = budget;
+        self
     }
 
     /// One pass: settle stale charges and refunds, then delete expired keys.
@@ -120,10 +134,11 @@ impl Sweeper {
                 }
             }
         }
-        for _ in 0..MAX_DELETE_BATCHES {
+        let deleting = Instant::now();
+        loop {
             let deleted = keys::delete_expired(&self.pool, BATCH).await?;
             report.keys_deleted += deleted;
-            if deleted < BATCH as u64 {
+            if deleted < BATCH as u64 || deleting.elapsed() >= self.delete_budget {
                 break;
             }
         }

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::currency::Currency;
-use crate::params::{Encoding, ParamError, Params};
+use crate::params::{Encoding, ParamError, Params, shorten};
 use crate::processor::TestToken;
 
 /// Smallest and largest amount, in minor units (cents for USD).
@@ -102,7 +102,8 @@ impl NewCharge {
                 "invalid_currency",
                 "currency",
                 format!(
-                    "Invalid currency: {currency}. Use a three-letter ISO 4217 code such as usd"
+                    "Invalid currency: {}. Use a three-letter ISO 4217 code such as usd",
+                    shorten(&currency)
                 ),
             )
         })?;
@@ -111,7 +112,10 @@ impl NewCharge {
             ParamError::new(
                 "resource_missing",
                 "source",
-                format!("No such token: '{source}'. Use a test token such as tok_visa"),
+                format!(
+                    "No such token: '{}'. Use a test token such as tok_visa",
+                    shorten(&source)
+                ),
             )
         })?;
         let description = params
@@ -200,7 +204,7 @@ pub fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {
     entries
         .into_iter()
         .map(|(key, value)| {
-            let param = format!("metadata[{key}]");
+            let param = format!("metadata[{}]", shorten(&key));
             let key_chars = key.chars().count();
             if key_chars == 0 || key_chars > MAX_METADATA_KEY_CHARS {
                 return Err(invalid(

@@ -9,7 +9,7 @@
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -23,10 +23,12 @@ use super::extract::{PathParam, RawBody, decode};
 use super::faults::{self, Fault};
 use super::idempotent::{self, Begun, Request};
 use super::problem::{ApiError, Problem};
+use super::retry_after;
 use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
 use crate::charges::{NewCharge, store};
 use crate::idempotency::{Fingerprint, Resource, store as keys};
+use crate::params::{ParamError, shorten};
 use crate::processor::{self, Authorization, ProcessorError};
 
 const ROUTE: &str = "/v1/charges";
@@ -116,8 +118,12 @@ async fn claim_and_charge(
     tx.commit().await?;
     faults::crash_if(fault, Fault::CrashAfterClaim);
 
-    // 3 and 4.
-    let answer = authorize_and_settle(state.clone(), charge_id, charge, fault).await;
+    // 3 and 4. From here on the charge is pending: a failure leaves it to
+    // recovery.
+    let config = state.config.clone();
+    let answer = authorize_and_settle(state.clone(), charge_id, charge, fault)
+        .await
+        .map_err(|e| e.awaiting_recovery(&config));
     idempotent::finished(&state, &request);
     answer
 }
@@ -169,7 +175,7 @@ async fn authorize_and_settle(
                 "processor_unavailable",
                 "The card processor is unavailable and nothing was charged. Retry with the same Idempotency-Key.",
             )
-            .with_header(header::RETRY_AFTER, "1")
+            .with_retry_after(retry_after::SOON)
             .into())
         }
         Err(e @ ProcessorError::OutcomeUnknown(_)) => {
@@ -177,17 +183,14 @@ async fn authorize_and_settle(
             // after PROCESSING_TIMEOUT) settles the charge from the
             // processor's record, and later retries replay that.
             tracing::warn!(charge = %charge_id, error = format!("{:#}", anyhow::Error::new(e)), "processor outcome unknown");
-            let retry_after = state.config.processing_timeout.as_secs().max(1).to_string();
-            let mut problem = Problem::new(
+            Err(Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "processing_outcome_unknown",
                 "The card processor did not confirm the outcome. Retry with the same Idempotency-Key to get it.",
             )
-            .with_extra("charge", charge_id.clone());
-            if let Ok(value) = HeaderValue::from_str(&retry_after) {
-                problem.headers.push((header::RETRY_AFTER, value));
-            }
-            Err(problem.into())
+            .with_extra("charge", charge_id.clone())
+            .with_retry_after(retry_after::until_recovered(&state.config))
+            .into())
         }
     }
 }
@@ -243,7 +246,7 @@ fn no_such_charge(id: &str, param: &str) -> ApiError {
     Problem::new(
         status,
         "resource_missing",
-        format!("No such charge: '{id}'"),
+        format!("No such charge: '{}'", shorten(id)),
     )
     .with_param(param)
     .into()
@@ -295,15 +298,7 @@ async fn list(
                 return Err(no_such_charge("\\u0000", "starting_after"));
             }
             "starting_after" => starting_after = Some(value.into_owned()),
-            other => {
-                return Err(Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    "parameter_unknown",
-                    format!("Received unknown parameter: {other}"),
-                )
-                .with_param(other)
-                .into());
-            }
+            other => return Err(ParamError::unknown(other).into()),
         }
     }
     let cursor = match &starting_after {

@@ -17,6 +17,7 @@ use super::idempotent::{self, REPLAYED};
 use super::problem::{ApiError, Problem};
 use crate::charges::NewCharge;
 use crate::demo;
+use crate::params::ParamError;
 
 /// The lab page: one self-contained file, no build step, nothing from the internet.
 const LAB_PAGE: &str = include_str!("../../static/lab.html");
@@ -40,15 +41,16 @@ async fn lab() -> Html<&'static str> {
 }
 
 /// `GET /demo/effects?run=TAG`: what the database holds for the merchant's
-/// charges tagged `metadata[demo_run]=TAG` (all its charges without `run`):
-/// payments recorded by the processor (money moved) and charges by status.
+/// charges tagged `metadata[demo_run]=TAG`: payments recorded by the
+/// processor (money moved) and charges by status. `run` is required: a count
+/// over all of a merchant's charges would read its whole history.
 /// Payments and charges in the database for a workshop run.
 #[utoipa::path(
     get,
     path = "/demo/effects",
     tag = "workshop",
     security(("bearer" = []), ("basic" = [])),
-    params(("run" = Option<String>, Query, description = "The run tag, `metadata[demo_run]`; all charges without it")),
+    params(("run" = String, Query, description = "The run tag, `metadata[demo_run]`")),
     responses(
         (status = 200, description = "The counts", body = super::openapi::Effects),
         (status = 400, response = super::openapi::BadRequest),
@@ -66,18 +68,17 @@ async fn effects(
     for (name, value) in form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
         match name.as_ref() {
             "run" if !value.contains('\0') => run = Some(value.into_owned()),
-            other => {
-                return Err(Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    "parameter_unknown",
-                    format!("Received unknown parameter: {other}"),
-                )
-                .with_param(other)
-                .into());
-            }
+            other => return Err(ParamError::unknown(other).into()),
         }
     }
-    let counts = demo::effects(&state.pool, merchant.id, run.as_deref()).await?;
+    let run = run.ok_or_else(|| {
+        ParamError::new(
+            "parameter_missing",
+            "run",
+            "Missing required param: run (the metadata[demo_run] tag of the charges to count)",
+        )
+    })?;
+    let counts = demo::effects(&state.pool, merchant.id, &run).await?;
     Ok(Json(json!({
         "object": "demo_effects",
         "run": run,
@@ -141,7 +142,9 @@ async fn naive_charge(
         return Ok(response);
     }
     // 2. Do the work: the same charge and processor code as the real path.
-    let (charge_id, saved) = demo::naive_charge(&state, merchant.id, &charge).await?;
+    let (charge_id, saved) = demo::naive_charge(&state, merchant.id, &charge)
+        .await
+        .map_err(|e| ApiError::from_recovery(e, &state.config))?;
     // 3. Write the key, after the work. (Bug: too late to stop a duplicate.)
     demo::naive_remember(&state.pool, merchant.id, key.as_str(), &charge_id, &saved).await?;
     Ok(idempotent::send(saved))

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::problem::{ApiError, Problem};
+use super::retry_after;
 use crate::cache::CachedAnswer;
 use crate::idempotency::wait::News;
 use crate::idempotency::{
@@ -177,7 +178,8 @@ pub async fn begin(
                         &stale,
                         state.config.idempotency_key_ttl,
                     )
-                    .await?;
+                    .await
+                    .map_err(|e| ApiError::from_recovery(e, &state.config))?;
                     metrics::idempotency("stale_recovered");
                     Step::Claim
                 } else if Instant::now() < deadline {
@@ -344,7 +346,7 @@ fn in_use(waited: bool) -> ApiError {
         "A request with this Idempotency-Key is still in progress. Retry later, or send 'Prefer: wait=5'."
     };
     Problem::new(StatusCode::CONFLICT, "idempotency_key_in_use", detail)
-        .with_header(header::RETRY_AFTER, "1")
+        .with_retry_after(retry_after::SOON)
         .into()
 }
 

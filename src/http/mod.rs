@@ -14,6 +14,7 @@ pub mod observe;
 pub mod openapi;
 pub mod problem;
 pub mod refunds;
+pub mod retry_after;
 
 use std::sync::Arc;
 

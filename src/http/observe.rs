@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use axum::body::{Body, to_bytes};
+use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -107,7 +107,7 @@ pub async fn finish_problems(request: Request, next: Next) -> Response {
         };
         let mut problem = Problem::new(status, code, detail).with_extra("request_id", id);
         if code == "request_timeout" {
-            problem = problem.with_header(header::RETRY_AFTER, "1");
+            problem = problem.with_retry_after(super::retry_after::SOON);
         }
         let mut fresh = problem.into_response();
         for (name, value) in response.headers() {
@@ -117,17 +117,14 @@ pub async fn finish_problems(request: Request, next: Next) -> Response {
         }
         return fresh;
     }
+    // A fresh problem carries itself (see `Problem::into_response`): its body
+    // is rendered again with the request id, never read back from bytes, so
+    // no size limit can leave it empty.
     let (mut parts, body) = response.into_parts();
-    let Ok(bytes) = to_bytes(body, 64 * 1024).await else {
-        return Response::from_parts(parts, Body::empty());
+    let Some(problem) = parts.extensions.remove::<Problem>() else {
+        return Response::from_parts(parts, body);
     };
-    let body = match serde_json::from_slice::<serde_json::Value>(&bytes) {
-        Ok(serde_json::Value::Object(mut object)) => {
-            object.insert("request_id".into(), id.into());
-            serde_json::to_vec(&object).unwrap_or_else(|_| bytes.to_vec())
-        }
-        _ => bytes.to_vec(),
-    };
+    let body = problem.with_extra("request_id", id).body();
     parts.headers.remove(header::CONTENT_LENGTH);
     parts
         .headers

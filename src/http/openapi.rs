@@ -270,7 +270,7 @@ pub struct KeyResponse {
 pub struct Effects {
     #[schema(example = "demo_effects")]
     object: String,
-    run: Option<String>,
+    run: String,
     /// Payments the processor recorded: money moved.
     payments: i64,
     charges: i64,
@@ -345,9 +345,9 @@ pub struct Problem {
 /// - `unsupported_media_type` (415): neither JSON nor a form.
 /// - `idempotency_key_reused` (422): the key was used with other parameters.
 /// - `internal_error` (500): a bug; details in the log only.
-/// - `processing_outcome_unknown` (503): the processor's outcome is unknown; retry later with the same key.
-/// - `processor_unavailable` (503): the processor recorded nothing; the key is free.
-/// - `service_unavailable` (503): the database is unreachable.
+/// - `processing_outcome_unknown` (503): the processor's outcome is unknown; retry with the same key after `Retry-After` (`PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
+/// - `processor_unavailable` (503): for a charge, the processor recorded nothing and the key is free (`Retry-After: 1`); for a refund, it stays reserved until recovery rolls it forward (`Retry-After`: `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
+/// - `service_unavailable` (503): the database is unreachable (`Retry-After: 1`, or `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL` once the processor was called).
 /// - `request_timeout` (503): the request took longer than `REQUEST_TIMEOUT`.
 /// - `http_error`: An error status raised by a layer with no more specific code.
 #[derive(ToSchema)]
@@ -424,9 +424,9 @@ pub enum ProblemCode {
     IdempotencyKeyReused,
     /// 500: a bug; details in the log only.
     InternalError,
-    /// 503: the processor's outcome is unknown; retry later with the same key.
+    /// 503: the processor's outcome is unknown; retry with the same key after `Retry-After`.
     ProcessingOutcomeUnknown,
-    /// 503: the processor recorded nothing; the key is free.
+    /// 503: a charge: the processor recorded nothing, the key is free; a refund: reserved until rolled forward.
     ProcessorUnavailable,
     /// 503: the database is unreachable.
     ServiceUnavailable,
@@ -487,9 +487,9 @@ pub struct NotFound(Problem);
 
 #[derive(ToResponse)]
 #[response(
-    description = "The same request is still in flight (`Retry-After`)",
+    description = "The same request is still in flight (`Retry-After: 1`)",
     content_type = "application/problem+json",
-    headers(("Retry-After" = String, description = "Seconds to wait before retrying"))
+    headers(("Retry-After" = String, description = "Seconds to wait before retrying: 1"))
 )]
 #[allow(dead_code)]
 pub struct InFlight(Problem);
@@ -530,7 +530,10 @@ pub struct InternalError(Problem);
 #[response(
     description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)",
     content_type = "application/problem+json",
-    headers(("Retry-After" = String, description = "Seconds to wait before retrying"))
+    headers(("Retry-After" = String, description = "Seconds until a retry with the same key can get the answer: \
+`PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`, rounded up (35 by default), when the record is left pending for recovery \
+(`processing_outcome_unknown`, a refund's `processor_unavailable`, `service_unavailable` after the processor was called); \
+1 otherwise (a charge's `processor_unavailable`, `request_timeout`, `service_unavailable` before any work)"))
 )]
 #[allow(dead_code)]
 pub struct Unavailable(Problem);

@@ -4,6 +4,8 @@ use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
+use super::retry_after;
+use crate::config::Config;
 use crate::params::{DecodeError, ParamError};
 use crate::processor::ProcessorError;
 
@@ -33,8 +35,13 @@ impl Problem {
         }
     }
 
+    /// Names the parameter at fault, cut to
+    /// [`MAX_PARAM_CHARS`](crate::params::MAX_PARAM_CHARS) should a caller
+    /// have passed a client's long name unshortened.
     pub fn with_param(mut self, param: impl Into<String>) -> Self {
-        self.param = Some(param.into());
+        let param = param.into();
+        let param = crate::params::shorten_to(&param, crate::params::MAX_PARAM_CHARS);
+        self.param = Some(param.into_owned());
         self
     }
 
@@ -45,6 +52,13 @@ impl Problem {
 
     pub fn with_header(mut self, name: HeaderName, value: &'static str) -> Self {
         self.headers.push((name, HeaderValue::from_static(value)));
+        self
+    }
+
+    /// `Retry-After: seconds`, a value from [`retry_after`].
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.headers
+            .push((header::RETRY_AFTER, HeaderValue::from(seconds)));
         self
     }
 
@@ -75,9 +89,11 @@ impl IntoResponse for Problem {
             body,
         )
             .into_response();
-        for (name, value) in self.headers {
-            response.headers_mut().append(name, value);
+        for (name, value) in &self.headers {
+            response.headers_mut().append(name.clone(), value.clone());
         }
+        // For `observe::finish_problems`, which adds the request id.
+        response.extensions_mut().insert(self);
         response
     }
 }
@@ -136,29 +152,64 @@ impl From<sqlx::Error> for ApiError {
 
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> Self {
-        // A processor that failed while recovering a stale key (or on the
-        // naive demo path) is a 503 to retry, not a bug.
-        if let Some(processor) = e.downcast_ref::<ProcessorError>() {
-            tracing::warn!(error = format!("{e:#}"), "processor call failed");
-            let (code, detail) = match processor {
-                ProcessorError::Unavailable => (
-                    "processor_unavailable",
-                    "The card processor is unavailable. Retry with the same Idempotency-Key.",
-                ),
-                ProcessorError::OutcomeUnknown(_) => (
-                    "processing_outcome_unknown",
-                    "The card processor did not confirm the outcome. Retry with the same Idempotency-Key to get it.",
-                ),
-            };
-            return Problem::new(StatusCode::SERVICE_UNAVAILABLE, code, detail)
-                .with_header(header::RETRY_AFTER, "5")
-                .into();
-        }
         match e.downcast_ref::<sqlx::Error>() {
             Some(sqlx_error) if is_unavailable(sqlx_error) => ApiError::Unavailable(e),
             _ => ApiError::Internal(e),
         }
     }
+}
+
+impl ApiError {
+    /// An error from work that leaves its record pending for recovery when
+    /// it fails: recovering a stale key, or the naive demo path. A processor
+    /// failure is a `503` to retry once recovery can have settled the
+    /// record, not a bug.
+    pub fn from_recovery(e: anyhow::Error, config: &Config) -> Self {
+        let Some(processor) = e.downcast_ref::<ProcessorError>() else {
+            return ApiError::from(e).awaiting_recovery(config);
+        };
+        tracing::warn!(error = format!("{e:#}"), "processor call failed");
+        let (code, detail) = match processor {
+            ProcessorError::Unavailable => (
+                "processor_unavailable",
+                "The card processor is unavailable. Retry with the same Idempotency-Key.",
+            ),
+            ProcessorError::OutcomeUnknown(_) => (
+                "processing_outcome_unknown",
+                "The card processor did not confirm the outcome. Retry with the same Idempotency-Key to get it.",
+            ),
+        };
+        Problem::new(StatusCode::SERVICE_UNAVAILABLE, code, detail)
+            .with_retry_after(retry_after::until_recovered(config))
+            .into()
+    }
+
+    /// For an error after the processor was called: the record stays
+    /// pending until recovery settles it, so a database outage's `503`
+    /// tells the client to come back once that can have happened, not in a
+    /// second (when it would only get `409`).
+    pub fn awaiting_recovery(self, config: &Config) -> Self {
+        match self {
+            ApiError::Unavailable(error) => {
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "database unavailable after the processor call; the record stays pending"
+                );
+                service_unavailable(retry_after::until_recovered(config)).into()
+            }
+            other => other,
+        }
+    }
+}
+
+/// `503 service_unavailable`: the database cannot be reached.
+pub fn service_unavailable(retry_after: u64) -> Problem {
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        "The service cannot reach its database right now. Retry shortly (a POST with the same Idempotency-Key).",
+    )
+    .with_retry_after(retry_after)
 }
 
 /// Errors that mean "the database is not there right now", not "a bug".
@@ -180,13 +231,7 @@ impl IntoResponse for ApiError {
             ApiError::Problem(problem) => problem.into_response(),
             ApiError::Unavailable(error) => {
                 tracing::warn!(error = format!("{error:#}"), "database unavailable");
-                Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "service_unavailable",
-                    "The service cannot reach its database right now. Retry shortly (a POST with the same Idempotency-Key).",
-                )
-                .with_header(header::RETRY_AFTER, "1")
-                .into_response()
+                service_unavailable(retry_after::SOON).into_response()
             }
             ApiError::Internal(error) => {
                 tracing::error!(error = format!("{error:#}"), "internal error");

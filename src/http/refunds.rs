@@ -13,7 +13,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -27,9 +27,11 @@ use super::extract::{PathParam, RawBody, decode};
 use super::faults::{self, Fault};
 use super::idempotent::{self, Begun, Request};
 use super::problem::{ApiError, Problem};
+use super::retry_after;
 use crate::charges::settle::Settled;
 use crate::charges::{ChargeStatus, store as charges};
 use crate::idempotency::{Fingerprint, Resource};
+use crate::params::shorten;
 use crate::processor::ProcessorError;
 use crate::refunds::domain::new_refund_id;
 use crate::refunds::settle::{self, Pending};
@@ -138,7 +140,10 @@ async fn claim_and_refund(
         amount: reserved.amount,
         currency: reserved.currency,
     };
-    let answer = refund_and_settle(state.clone(), refund, fault).await;
+    let config = state.config.clone();
+    let answer = refund_and_settle(state.clone(), refund, fault)
+        .await
+        .map_err(|e| e.awaiting_recovery(&config));
     idempotent::finished(&state, &request);
     answer
 }
@@ -181,24 +186,21 @@ async fn refund_and_settle(
                 "The card processor is unavailable. The refund is reserved and will be completed; retry with the same Idempotency-Key to get it.",
             )
             .with_extra("refund", refund_id.clone())
-            .with_header(header::RETRY_AFTER, "5")
+            .with_retry_after(retry_after::until_recovered(&state.config))
             .into())
         }
         Err(e @ ProcessorError::OutcomeUnknown(_)) => {
             // The refund may be recorded: keep the claim and the reservation;
             // recovery repeats the idempotent refund and settles it.
             tracing::warn!(refund = %refund_id, error = format!("{:#}", anyhow::Error::new(e)), "processor outcome unknown");
-            let retry_after = state.config.processing_timeout.as_secs().max(1).to_string();
-            let mut problem = Problem::new(
+            Err(Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "processing_outcome_unknown",
                 "The card processor did not confirm the refund. Retry with the same Idempotency-Key to get it.",
             )
-            .with_extra("refund", refund_id.clone());
-            if let Ok(value) = HeaderValue::from_str(&retry_after) {
-                problem.headers.push((header::RETRY_AFTER, value));
-            }
-            Err(problem.into())
+            .with_extra("refund", refund_id.clone())
+            .with_retry_after(retry_after::until_recovered(&state.config))
+            .into())
         }
     }
 }
@@ -213,7 +215,7 @@ async fn refused(state: &AppState, merchant_id: Uuid, refund: &NewRefund) -> Api
             return Problem::new(
                 StatusCode::BAD_REQUEST,
                 "resource_missing",
-                format!("No such charge: '{}'", refund.charge),
+                format!("No such charge: '{}'", shorten(&refund.charge)),
             )
             .with_param("charge")
             .into();
@@ -293,7 +295,7 @@ async fn retrieve(
         None => Err(Problem::new(
             StatusCode::NOT_FOUND,
             "resource_missing",
-            format!("No such refund: '{id}'"),
+            format!("No such refund: '{}'", shorten(&id)),
         )
         .with_param("id")
         .into()),

@@ -435,20 +435,21 @@ pub async fn saved_for_resource(
     .transpose()
 }
 
-/// Deletes up to `limit` completed keys past their expiry; returns how many.
-/// Small batches keep each statement's locks short however large the backlog.
+/// The statement of [`delete_expired`], for tests that check its plan.
+pub const DELETE_EXPIRED: &str = "DELETE FROM idempotency_keys
+  WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_keys
+                           WHERE expires_at <= now() AND status = 'completed'
+                           ORDER BY expires_at
+                           LIMIT $1
+                           FOR UPDATE SKIP LOCKED))";
+
+/// Deletes up to `limit` completed keys past their expiry, oldest first;
+/// returns how many. Small batches keep each statement's locks short however
+/// large the backlog. The rows are found through the partial index on
+/// completed keys' `expires_at` and deleted by their row address (locked, so
+/// unchanged): a batch reads only the rows it deletes, never the table.
 pub async fn delete_expired(db: impl PgExecutor<'_>, limit: i64) -> sqlx::Result<u64> {
-    let deleted = sqlx::query(
-        "DELETE FROM idempotency_keys k
-          USING (SELECT merchant_id, key FROM idempotency_keys
-                  WHERE expires_at <= now() AND status = 'completed'
-                  LIMIT $1
-                  FOR UPDATE SKIP LOCKED) expired
-          WHERE k.merchant_id = expired.merchant_id AND k.key = expired.key",
-    )
-    .bind(limit)
-    .execute(db)
-    .await?;
+    let deleted = sqlx::query(DELETE_EXPIRED).bind(limit).execute(db).await?;
     Ok(deleted.rows_affected())
 }
 

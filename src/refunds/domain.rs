@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::charges::Amount;
 use crate::charges::domain::{metadata, new_id, required, string};
-use crate::params::{ParamError, Params};
+use crate::params::{ParamError, Params, shorten};
 
 /// Why a refund was asked for, with Stripe's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +67,8 @@ impl NewRefund {
                         "invalid_reason",
                         "reason",
                         format!(
-                            "Invalid reason: {reason}. Use duplicate, fraudulent or requested_by_customer"
+                            "Invalid reason: {}. Use duplicate, fraudulent or requested_by_customer",
+                            shorten(&reason)
                         ),
                     )
                 })

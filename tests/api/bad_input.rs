@@ -432,3 +432,104 @@ async fn nul_characters_are_400_and_write_nothing() {
         .assert_problem(400, "resource_missing");
     assert_nothing_written(counts(&app).await, "NUL");
 }
+
+/// A problem that names a long client-given string: never empty, and the
+/// name cut to 100 characters and a `…` in both `param` and `detail`.
+#[track_caller]
+fn assert_shortened(answer: &Answer, status: u16, code: &str, param: &str) {
+    assert!(!answer.body.is_empty(), "{code}: an empty problem body");
+    answer.assert_problem(status, code);
+    let body = answer.json();
+    assert_eq!(body["param"], param, "{code}");
+    let detail = body["detail"].as_str().unwrap();
+    let name = param.trim_start_matches("metadata[").trim_end_matches(']');
+    assert!(detail.contains(name) && detail.len() < 300, "{detail}");
+    assert!(body["request_id"].is_string(), "{body}");
+}
+
+#[tokio::test]
+async fn a_huge_parameter_name_gets_a_problem_naming_it_shortened() {
+    let app = spawn_app().await;
+    let name = "a".repeat(60 * 1024);
+    let short = format!("{}…", "a".repeat(100));
+
+    let json = format!(r#"{{"amount":1,"currency":"usd","source":"tok_visa","{name}": 1}}"#);
+    let answer = Answer::of(app.post_raw(Some("j"), "application/json", json).await).await;
+    assert_shortened(&answer, 400, "parameter_unknown", &short);
+
+    let form = format!("amount=1&currency=usd&source=tok_visa&{name}=1");
+    let answer = Answer::of(
+        app.post_raw(Some("f"), "application/x-www-form-urlencoded", form)
+            .await,
+    )
+    .await;
+    assert_shortened(&answer, 400, "parameter_unknown", &short);
+
+    let nested = format!("amount=1&currency=usd&source=tok_visa&{name}[a][b]=1");
+    let answer = Answer::of(
+        app.post_raw(Some("n"), "application/x-www-form-urlencoded", nested)
+            .await,
+    )
+    .await;
+    assert_eq!(
+        answer.json()["param"].as_str().unwrap().chars().count(),
+        101
+    );
+
+    let half = &name[..30 * 1024];
+    let repeated = format!("{half}=1&{half}=2");
+    let answer = Answer::of(
+        app.post_raw(Some("r"), "application/x-www-form-urlencoded", repeated)
+            .await,
+    )
+    .await;
+    assert_shortened(&answer, 400, "parameter_duplicate", &short);
+
+    let metadata = format!(
+        r#"{{"amount":1,"currency":"usd","source":"tok_visa","metadata":{{"{name}":"v"}}}}"#
+    );
+    let answer = Answer::of(app.post_raw(Some("m"), "application/json", metadata).await).await;
+    assert_eq!(answer.json()["param"], format!("metadata[{short}]"));
+
+    let answer = Answer::of(app.get(&format!("/v1/charges?{name}=1")).await).await;
+    assert_shortened(&answer, 400, "parameter_unknown", &short);
+    assert_nothing_written(counts(&app).await, "huge names");
+}
+
+#[tokio::test]
+async fn a_json_body_that_repeats_a_key_is_refused_at_any_depth() {
+    let app = spawn_app().await;
+    for (i, (body, param)) in [
+        (
+            r#"{"amount":100,"currency":"usd","source":"tok_visa","amount":100000}"#,
+            "amount",
+        ),
+        (
+            r#"{"amount":100,"currency":"usd","source":"tok_visa","metadata":{"order":"1","order":"2"}}"#,
+            "metadata[order]",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let answer = Answer::of(
+            app.post_raw(Some(&format!("dup-{i}")), "application/json", body)
+                .await,
+        )
+        .await;
+        answer.assert_problem(400, "parameter_duplicate");
+        assert_eq!(answer.json()["param"], param, "{body}");
+        assert_nothing_written(counts(&app).await, body);
+    }
+    // The same body without the repeat is a charge.
+    let answer = Answer::of(
+        app.post_raw(
+            Some("ok"),
+            "application/json",
+            r#"{"amount":100,"currency":"usd","source":"tok_visa","metadata":{"order":"1"}}"#,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(answer.status, 201);
+}

@@ -87,20 +87,67 @@ async fn the_effect_counter_reads_the_database_per_run() {
         (one["succeeded"].as_i64(), one["failed"].as_i64()),
         (Some(2), Some(1))
     );
-    let all = Answer::of(app.get("/demo/effects").await).await.json();
-    assert_eq!(all["payments"], 3);
+    let two = Answer::of(app.get("/demo/effects?run=two").await)
+        .await
+        .json();
+    assert_eq!(
+        (two["payments"].as_i64(), two["charges"].as_i64()),
+        (Some(1), Some(1))
+    );
     let other = app.other_merchant().await;
     let theirs = app
         .client
-        .get(app.url("/demo/effects"))
+        .get(app.url("/demo/effects?run=one"))
         .bearer_auth(other)
         .send()
         .await
         .unwrap();
     assert_eq!(Answer::of(theirs).await.json()["payments"], 0);
-    Answer::of(app.get("/demo/effects?nope=1").await)
+    Answer::of(app.get("/demo/effects?run=one&nope=1").await)
         .await
         .assert_problem(400, "parameter_unknown");
+}
+
+#[tokio::test]
+async fn the_effect_counter_needs_a_run_and_reads_only_that_runs_charges() {
+    let app = spawn_app().await;
+    let missing = Answer::of(app.get("/demo/effects").await).await;
+    missing.assert_problem(400, "parameter_missing");
+    assert_eq!(missing.json()["param"], "run");
+
+    // A long history of real charges, and one small tagged run.
+    sqlx::query(
+        "INSERT INTO charges (id, merchant_id, amount, currency, source, metadata, status)
+         SELECT 'ch_history' || lpad(i::text, 14, '0'), $1, 100, 'usd', 'tok_visa',
+                CASE WHEN i <= 3 THEN '{\"demo_run\": \"small\"}'::jsonb ELSE '{}'::jsonb END,
+                'succeeded'
+           FROM generate_series(1, 20000) i",
+    )
+    .bind(app.merchant_id)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE charges")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    // The tagged charges through their index, each payment by its key: no
+    // table is read whole.
+    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", oncepay::demo::EFFECTS))
+        .bind(app.merchant_id)
+        .bind("small")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("charges_demo_run_idx") && !plan.contains("Seq Scan"),
+        "{plan}"
+    );
+    let small = Answer::of(app.get("/demo/effects?run=small").await)
+        .await
+        .json();
+    assert_eq!(small["charges"], 3);
 }
 
 #[tokio::test]

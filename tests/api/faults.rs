@@ -1,10 +1,26 @@
 //! Processor faults and the fault-injection switch.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
+use oncepay::processor::{
+    Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome, SimulatedProcessor,
+};
 use serde_json::json;
+use sqlx::PgPool;
 
-use crate::helpers::{Answer, Settings, spawn_app, spawn_app_with};
+use crate::helpers::{Answer, Settings, spawn_app, spawn_app_with, spawn_app_with_processor};
+
+/// `PROCESSING_TIMEOUT` and `SWEEP_INTERVAL` off their defaults, so that
+/// the documented `Retry-After` (their sum, rounded up) is told apart from
+/// any constant: 20 s + 90.5 s, 111 s.
+fn recovery_timing() -> Settings {
+    Settings::new()
+        .set("PROCESSING_TIMEOUT", "20s")
+        .set("SWEEP_INTERVAL", "90500ms")
+}
+const UNTIL_RECOVERED: &str = "111";
 
 fn token(source: &str) -> serde_json::Value {
     json!({"amount": 2000, "currency": "usd", "source": source})
@@ -19,7 +35,11 @@ async fn an_unavailable_processor_rolls_the_claim_back_and_frees_the_key() {
     )
     .await;
     answer.assert_problem(503, "processor_unavailable");
-    assert!(answer.header("retry-after").is_some());
+    assert_eq!(
+        answer.header("retry-after"),
+        Some("1"),
+        "nothing to wait for"
+    );
     assert_eq!(
         (app.charges().await, app.keys().await),
         (0, 0),
@@ -38,11 +58,15 @@ async fn an_unavailable_processor_rolls_the_claim_back_and_frees_the_key() {
 
 #[tokio::test]
 async fn a_timeout_after_capture_is_503_then_409_then_the_succeeded_replay() {
-    let app = spawn_app_with(Settings::new().set("PROCESSING_TIMEOUT", "1h")).await;
+    let app = spawn_app_with(recovery_timing()).await;
     let body = token("tok_processorTimeoutAfterCapture");
     let first = Answer::of(app.post_charge(Some("t"), &body).await).await;
     first.assert_problem(503, "processing_outcome_unknown");
-    assert!(first.header("retry-after").is_some());
+    assert_eq!(
+        first.header("retry-after"),
+        Some(UNTIL_RECOVERED),
+        "PROCESSING_TIMEOUT plus one SWEEP_INTERVAL, rounded up"
+    );
     let charge_id = first.json()["charge"].as_str().unwrap().to_owned();
     assert_eq!(app.payments().await, 1, "the money moved");
     let (status,): (String,) = sqlx::query_as("SELECT status FROM charges WHERE id = $1")
@@ -53,9 +77,9 @@ async fn a_timeout_after_capture_is_503_then_409_then_the_succeeded_replay() {
     assert_eq!(status, "pending");
 
     // Before PROCESSING_TIMEOUT the key is in flight.
-    Answer::of(app.post_charge(Some("t"), &body).await)
-        .await
-        .assert_problem(409, "idempotency_key_in_use");
+    let in_flight = Answer::of(app.post_charge(Some("t"), &body).await).await;
+    in_flight.assert_problem(409, "idempotency_key_in_use");
+    assert_eq!(in_flight.header("retry-after"), Some("1"));
 
     // The sweeper (here with a zero timeout) settles it from the processor's record.
     sqlx::query("UPDATE idempotency_keys SET locked_at = now() - interval '2 hours'")
@@ -154,5 +178,114 @@ async fn a_dropped_response_is_committed_and_replayed() {
             .unwrap()
             .status(),
         200
+    );
+}
+
+/// The simulated processor, except that the database goes away (the pool
+/// is closed) right after an authorization is recorded.
+struct DatabaseGoneAfterAuthorizing {
+    inner: SimulatedProcessor,
+    pool: PgPool,
+}
+
+#[async_trait]
+impl Processor for DatabaseGoneAfterAuthorizing {
+    async fn authorize(&self, request: Authorization<'_>) -> Result<Outcome, ProcessorError> {
+        let outcome = self.inner.authorize(request).await;
+        self.pool.close().await;
+        outcome
+    }
+
+    async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
+        self.inner.void_unless_recorded(processor_key).await
+    }
+
+    async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
+        self.inner.refund(request).await
+    }
+}
+
+#[tokio::test]
+async fn a_database_outage_after_the_processor_took_the_money_says_when_recovery_answers() {
+    let app = spawn_app_with_processor(recovery_timing(), |pool| {
+        Arc::new(DatabaseGoneAfterAuthorizing {
+            inner: SimulatedProcessor::new(pool.clone(), Duration::ZERO),
+            pool,
+        })
+    })
+    .await;
+    let answer = Answer::of(app.post_charge(Some("gone"), &token("tok_visa")).await).await;
+    answer.assert_problem(503, "service_unavailable");
+    assert_eq!(answer.header("retry-after"), Some(UNTIL_RECOVERED));
+    // The money moved and the charge waits for recovery (read on a
+    // connection of its own: the app's pool is closed).
+    let mut db = <sqlx::PgConnection as sqlx::Connection>::connect(&app.config.database_url)
+        .await
+        .unwrap();
+    let pending: (String, i64) = sqlx::query_as(
+        "SELECT (SELECT status FROM charges),
+                (SELECT count(*) FROM processor_operations WHERE outcome = 'succeeded')",
+    )
+    .fetch_one(&mut db)
+    .await
+    .unwrap();
+    assert_eq!(pending, ("pending".to_owned(), 1));
+}
+
+#[tokio::test]
+async fn a_database_outage_before_any_work_asks_for_a_retry_in_a_second() {
+    let app = spawn_app_with(recovery_timing()).await;
+    app.pool.close().await;
+    let answer = Answer::of(app.post_charge(Some("early"), &token("tok_visa")).await).await;
+    answer.assert_problem(503, "service_unavailable");
+    assert_eq!(answer.header("retry-after"), Some("1"));
+}
+
+/// The simulated processor, except that it never confirms an authorization
+/// and cannot be reached to fence one.
+struct Unreachable(SimulatedProcessor);
+
+#[async_trait]
+impl Processor for Unreachable {
+    async fn authorize(&self, _: Authorization<'_>) -> Result<Outcome, ProcessorError> {
+        Err(ProcessorError::OutcomeUnknown(anyhow::anyhow!("no answer")))
+    }
+
+    async fn void_unless_recorded(&self, _: &str) -> Result<Outcome, ProcessorError> {
+        Err(ProcessorError::Unavailable)
+    }
+
+    async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
+        self.0.refund(request).await
+    }
+}
+
+#[tokio::test]
+async fn a_retry_whose_recovery_fails_at_the_processor_says_when_the_next_recovery_answers() {
+    let app = spawn_app_with_processor(
+        Settings::new()
+            .set("PROCESSING_TIMEOUT", "1s")
+            .set("SWEEP_INTERVAL", "2500ms"),
+        |pool| Arc::new(Unreachable(SimulatedProcessor::new(pool, Duration::ZERO))),
+    )
+    .await;
+    let body = token("tok_visa");
+    let first = Answer::of(app.post_charge(Some("u"), &body).await).await;
+    first.assert_problem(503, "processing_outcome_unknown");
+    assert_eq!(
+        first.header("retry-after"),
+        Some("4"),
+        "1 s + 2.5 s, rounded up"
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // The key is stale: the retry leases it and tries to fence the charge,
+    // and the processor cannot be reached.
+    let retry = Answer::of(app.post_charge(Some("u"), &body).await).await;
+    retry.assert_problem(503, "processor_unavailable");
+    assert_eq!(retry.header("retry-after"), Some("4"));
+    assert_eq!(
+        app.count("SELECT count(*) FROM charges WHERE status = 'pending'")
+            .await,
+        1
     );
 }

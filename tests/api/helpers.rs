@@ -234,6 +234,20 @@ impl TestApp {
             .await
     }
 
+    /// One sweeper pass that may spend `budget` deleting expired keys.
+    pub async fn sweep_once_with_budget(&self, budget: Duration) -> SweepReport {
+        Sweeper::new(
+            self.pool.clone(),
+            self.processor.clone(),
+            self.config.processing_timeout,
+            self.config.idempotency_key_ttl,
+        )
+        .with_delete_budget(budget)
+        .sweep_once()
+        .await
+        .expect("a sweep pass")
+    }
+
     /// One sweeper pass that treats rows older than `timeout` as stale.
     pub async fn sweep_once_with_timeout(&self, timeout: Duration) -> SweepReport {
         Sweeper::new(

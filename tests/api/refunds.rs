@@ -429,6 +429,48 @@ async fn bad_refund_input_gets_4xx_problems_and_writes_nothing() {
 }
 
 #[tokio::test]
+async fn a_refund_body_that_repeats_a_key_is_refused_and_refunds_nothing() {
+    let app = spawn_app().await;
+    let charge = app.paid_charge(2000).await;
+    let keys = app.keys().await;
+    for (i, (body, param)) in [
+        (
+            format!(r#"{{"charge":"{charge}","amount":100,"amount":2000}}"#),
+            "amount",
+        ),
+        (
+            format!(r#"{{"charge":"{charge}","charge":"ch_other"}}"#),
+            "charge",
+        ),
+        (
+            format!(r#"{{"charge":"{charge}","metadata":{{"k":"1","k":"2"}}}}"#),
+            "metadata[k]",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let answer = app
+            .client
+            .post(app.url("/v1/refunds"))
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", format!("dup-{i}"))
+            .header("Content-Type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let answer = Answer::of(answer).await;
+        answer.assert_problem(400, "parameter_duplicate");
+        assert_eq!(answer.json()["param"], param, "{body}");
+    }
+    assert_eq!(app.refunds().await, 0);
+    assert_eq!(app.keys().await, keys);
+    assert_eq!(app.processor_refunds().await, 0);
+    assert_eq!(app.amount_refunded(&charge).await, 0);
+}
+
+#[tokio::test]
 async fn a_form_refund_and_a_json_refund_with_equal_parameters_are_one_operation() {
     let app = spawn_app().await;
     let charge = app.paid_charge(2000).await;
@@ -677,7 +719,10 @@ impl Processor for RefundsUnavailable {
 
 #[tokio::test]
 async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_rolls_it_forward() {
-    let app = spawn_app_with_processor(Settings::new(), |pool| {
+    let timing = Settings::new()
+        .set("PROCESSING_TIMEOUT", "20s")
+        .set("SWEEP_INTERVAL", "90500ms");
+    let app = spawn_app_with_processor(timing, |pool| {
         Arc::new(RefundsUnavailable(SimulatedProcessor::new(
             pool,
             Duration::ZERO,
@@ -691,7 +736,11 @@ async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_roll
     )
     .await;
     answer.assert_problem(503, "processor_unavailable");
-    assert!(answer.header("retry-after").is_some());
+    assert_eq!(
+        answer.header("retry-after"),
+        Some("111"),
+        "recovery rolls it forward: PROCESSING_TIMEOUT plus one SWEEP_INTERVAL, rounded up"
+    );
     assert_eq!(app.amount_refunded(&charge).await, 500, "still reserved");
     assert_eq!(app.processor_refunds().await, 0);
     // The key is held: a retry waits for the roll-forward instead of refunding again.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use oncepay::charges::NewCharge;
-use oncepay::idempotency::Fingerprint;
+use oncepay::idempotency::{Fingerprint, store};
 use oncepay::params::Params;
 use oncepay::processor::{
     Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
@@ -187,17 +187,16 @@ async fn the_sweeper_settles_a_stale_charge_made_without_a_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_authorization_racing_the_sweeper_moves_no_money_and_fails_the_charge() {
-    // The processor takes 2 s; the sweeper gives up on a charge after 300 ms.
-    let app = spawn_app_with(
-        Settings::new()
-            .set("PROCESSOR_LATENCY_MS", 2000)
-            .set("PROCESSING_TIMEOUT", "300ms"),
-    )
-    .await;
+    // The processor takes 2 s; a sweeper gives up on a charge after 300 ms.
+    // The server itself refuses a latency above its PROCESSING_TIMEOUT, so
+    // the short timeout is the sweeper's own: as if this request had
+    // stalled (a paused process, a slow network) past the timeout.
+    let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 2000)).await;
     let request = async { Answer::of(app.post_charge(Some("slow"), &visa(2000)).await).await };
     let sweep = async {
         tokio::time::sleep(Duration::from_millis(800)).await;
-        app.sweep_once().await
+        app.sweep_once_with_timeout(Duration::from_millis(300))
+            .await
     };
     let (answer, report) = tokio::join!(request, sweep);
 
@@ -295,6 +294,68 @@ async fn the_sweeper_deletes_expired_keys_and_keeps_live_ones() {
     assert_eq!(report.keys_deleted, 1200);
     assert_eq!(app.keys().await, 3, "live keys stay");
     assert_eq!(app.charges().await, 3, "charges are never deleted");
+}
+
+/// `n` completed keys of the app's merchant that expired a day ago, guarding
+/// no record, inserted in one statement.
+async fn seed_expired_keys(app: &TestApp, n: i64) {
+    sqlx::query(
+        "INSERT INTO idempotency_keys (merchant_id, key, status, request_method, request_path, fingerprint,
+             response_status, response_content_type, response_body, created_at, completed_at, expires_at)
+         SELECT $1, 'expired-' || i, 'completed', 'POST', '/v1/charges', sha256('x'), 201,
+                'application/json', '{}', now() - interval '2 days', now() - interval '2 days',
+                now() - interval '1 day' - i * interval '1 millisecond'
+           FROM generate_series(1, $2) i",
+    )
+    .bind(app.merchant_id)
+    .bind(n)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn one_pass_deletes_a_backlog_of_expired_keys_far_beyond_twenty_batches() {
+    let app = spawn_app_with(Settings::new()).await;
+    assert_eq!(
+        app.post_charge(Some("live"), &visa(100)).await.status(),
+        201
+    );
+    seed_expired_keys(&app, 30_000).await;
+    sqlx::query("ANALYZE idempotency_keys")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    // The delete finds its rows through the partial index on completed keys.
+    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", store::DELETE_EXPIRED))
+        .bind(500_i64)
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("Index Scan using idempotency_keys_completed_expires_idx")
+            && plan.contains("Tid Scan")
+            && !plan.contains("Seq Scan"),
+        "{plan}"
+    );
+
+    let report = app.sweep_once_with_budget(Duration::from_secs(60)).await;
+    assert_eq!(report.keys_deleted, 30_000, "more than 20 batches of 500");
+    assert_eq!(app.keys().await, 1, "the live key stays");
+}
+
+#[tokio::test]
+async fn a_pass_stops_deleting_once_its_time_budget_is_spent() {
+    let app = spawn_app_with(Settings::new()).await;
+    seed_expired_keys(&app, 1_200).await;
+    // A spent budget still allows one batch, so every pass makes progress.
+    let report = app.sweep_once_with_budget(Duration::ZERO).await;
+    assert_eq!(report.keys_deleted, 500);
+    assert_eq!(app.keys().await, 700);
+    let report = app.sweep_once().await;
+    assert_eq!(report.keys_deleted, 700);
 }
 
 /// A processor that counts the fences (voids) it is asked for.

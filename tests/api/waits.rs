@@ -42,11 +42,19 @@ async fn twenty_waiters_on_a_key_that_goes_stale_settle_it_once_and_all_get_its_
             })
         }
     };
-    let app =
-        spawn_app_with_processor(Settings::new().set("PROCESSING_TIMEOUT", "1s"), processor).await;
-    // A request claimed the key and crashed just now: its waiters see it go
-    // stale a second later.
-    stale_claim(&app, "crashed", "ch_crashedwhilewaitedon00001", "0 seconds").await;
+    let settings = Settings::new()
+        .set("PROCESSING_TIMEOUT", "2s")
+        .set("REQUEST_TIMEOUT", "1900ms");
+    let app = spawn_app_with_processor(settings, processor).await;
+    // A request claimed the key 1.5 s ago and crashed: its waiters see it go
+    // stale half a second later, well within their request's time.
+    stale_claim(
+        &app,
+        "crashed",
+        "ch_crashedwhilewaitedon00001",
+        "1500 milliseconds",
+    )
+    .await;
 
     let answers = join_all((0..20).map(|_| post_waiting(&app, "crashed"))).await;
 

@@ -484,8 +484,11 @@ async fn a_database_restart_under_load_loses_nothing_and_doubles_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_on_one_database_charge_each_key_once_and_sweep_each_row_once() {
     let db = Database::create_empty().await;
+    // A request slower than REQUEST_TIMEOUT would be a 5xx: give requests
+    // all the time PROCESSING_TIMEOUT allows.
     let settings = [
         ("PROCESSING_TIMEOUT", "1s"),
+        ("REQUEST_TIMEOUT", "950ms"),
         ("SWEEP_INTERVAL", "200ms"),
         ("PROCESSOR_LATENCY_MS", "30"),
     ];
