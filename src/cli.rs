@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use crate::config::Config;
 use crate::processor::SimulatedProcessor;
 use crate::startup::{Application, shutdown_signal};
-use crate::sweeper::Sweeper;
+use crate::sweeper::{SweepSettings, Sweeper};
 use crate::{db, merchants};
 
 #[derive(Debug, Parser)]
@@ -82,12 +82,7 @@ impl Cli {
                     pool.clone(),
                     config.processor_latency,
                 ));
-                let sweeper = Sweeper::new(
-                    pool,
-                    processor,
-                    config.processing_timeout,
-                    config.idempotency_key_ttl,
-                );
+                let sweeper = Sweeper::new(pool, processor, SweepSettings::from_config(&config));
                 if once {
                     let report = sweeper.sweep_once().await?;
                     println!(

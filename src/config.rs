@@ -34,6 +34,8 @@ pub struct Config {
     pub idempotency_key_required: bool,
     pub processing_timeout: Duration,
     pub sweep_interval: Duration,
+    /// How many rows one sweeper statement leases or deletes.
+    pub sweep_batch_size: i64,
     pub processor_latency: Duration,
     pub max_body_bytes: usize,
     /// The most bytes of completed answers held in memory for replay (0: no
@@ -112,6 +114,12 @@ impl Config {
                 Duration::from_secs(5),
                 positive_duration,
             )?,
+            sweep_batch_size: parse(&get, "SWEEP_BATCH_SIZE", 500, |v| {
+                v.parse::<i64>()
+                    .ok()
+                    .filter(|n| (1..=10_000).contains(n))
+                    .ok_or_else(|| "must be a whole number from 1 to 10000".to_owned())
+            })?,
             processor_latency: parse(&get, "PROCESSOR_LATENCY_MS", Duration::ZERO, |v| {
                 v.parse::<u64>()
                     .map(Duration::from_millis)
@@ -206,6 +214,7 @@ impl std::fmt::Debug for Config {
             .field("idempotency_key_required", &self.idempotency_key_required)
             .field("processing_timeout", &self.processing_timeout)
             .field("sweep_interval", &self.sweep_interval)
+            .field("sweep_batch_size", &self.sweep_batch_size)
             .field("processor_latency", &self.processor_latency)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("replay_cache_bytes", &self.replay_cache_bytes)
@@ -311,6 +320,7 @@ mod tests {
         assert_eq!(c.idempotency_key_ttl, Duration::from_secs(86_400));
         assert_eq!(c.processing_timeout, Duration::from_secs(30));
         assert_eq!(c.sweep_interval, Duration::from_secs(5));
+        assert_eq!(c.sweep_batch_size, 500);
         assert_eq!(c.processor_latency, Duration::ZERO);
         assert_eq!(c.request_timeout, Duration::from_secs(15));
         assert!(!c.idempotency_key_required);

@@ -13,7 +13,7 @@ use crate::http::{self, AppState};
 use crate::idempotency::wait::Waits;
 use crate::merchants::{self, ApiKey};
 use crate::processor::{Processor, SimulatedProcessor};
-use crate::sweeper::Sweeper;
+use crate::sweeper::{SweepSettings, Sweeper};
 
 /// A bound, ready server.
 pub struct Application {
@@ -98,8 +98,7 @@ impl Application {
         let sweeper = Sweeper::new(
             self.state.pool.clone(),
             self.state.processor.clone(),
-            config.processing_timeout,
-            config.idempotency_key_ttl,
+            SweepSettings::from_config(&config),
         );
         let mut sweeper_stop = stop_rx.clone();
         let sweeper = tokio::spawn(sweeper.run(config.sweep_interval, async move {

@@ -12,12 +12,11 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use crate::charges::{settle as charge_settle, store as charges};
+use crate::config::Config;
 use crate::idempotency::{Resource, store as keys};
 use crate::processor::{Outcome, Processor, RefundOutcome};
 use crate::refunds::{settle as refund_settle, store as refunds};
 
-/// How many rows one statement handles.
-const BATCH: i64 = 500;
 /// How long one pass may go on deleting expired keys: batch after batch
 /// until none is left or this is spent. A backlog is cleared at the full
 /// rate the database allows rather than at a fixed count per pass, so no
@@ -26,9 +25,40 @@ const BATCH: i64 = 500;
 /// never wait behind a large backlog. Each batch is its own short statement.
 pub const DELETE_BUDGET: Duration = Duration::from_secs(1);
 
+/// What a sweeper does, and how much at a time.
+#[derive(Clone, Copy, Debug)]
+pub struct SweepSettings {
+    /// Age after which a `processing` key (or a keyless pending record) is stale.
+    pub processing_timeout: Duration,
+    /// How long the keys the sweeper completes keep their answer, at least.
+    pub key_ttl: Duration,
+    /// How many rows one statement leases or deletes (`SWEEP_BATCH_SIZE`).
+    pub batch_size: i64,
+    /// See [`DELETE_BUDGET`].
+    pub delete_budget: Duration,
+}
+
+impl SweepSettings {
+    /// The settings of a `serve` or `sweep` process.
+    pub fn from_config(config: &Config) -> Self {
+        SweepSettings {
+            processing_timeout: config.processing_timeout,
+            key_ttl: config.idempotency_key_ttl,
+            batch_size: config.sweep_batch_size,
+            delete_budget: DELETE_BUDGET,
+        }
+    }
+}
+
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SweepReport {
+    /// Stale keys this pass leased (at most one batch): the records it
+    /// took on, which no other sweeper touches until the lease is stale.
+    pub leased: u64,
+    /// Stale pending records without a key that this pass found; several
+    /// sweepers may find the same one (fencing and settling stay idempotent).
+    pub unguarded: u64,
     /// Stale charges found paid at the processor, now `succeeded`.
     pub settled_succeeded: u64,
     /// Stale charges that were declined, or voided by this pass, now `failed`.
@@ -76,48 +106,36 @@ pub async fn recover(
 pub struct Sweeper {
     pool: PgPool,
     processor: Arc<dyn Processor>,
-    processing_timeout: Duration,
-    key_ttl: Duration,
-    delete_budget: Duration,
+    settings: SweepSettings,
 }
 
 impl Sweeper {
-    /// A sweeper that settles records whose key has been `processing` for
-    /// longer than `processing_timeout`; the keys it completes keep their
-    /// answer for at least `key_ttl`.
-    pub fn new(
-        pool: PgPool,
-        processor: Arc<dyn Processor>,
-        processing_timeout: Duration,
-        key_ttl: Duration,
-    ) -> Self {
+    pub fn new(pool: PgPool, processor: Arc<dyn Processor>, settings: SweepSettings) -> Self {
         Sweeper {
             pool,
             processor,
-            processing_timeout,
-            key_ttl,
-            delete_budget: DELETE_BUDGET,
+            settings,
         }
-    }
-
-    /// The same sweeper with another time budget for deleting expired keys
-    /// (see [`DELETE_BUDGET`]); for tests and measurements.
-    pub fn with_delete_budget(mut self, budget: Duration) -> Self {
-        self.delete_budget = budget;
-        self
     }
 
     /// One pass: settle stale charges and refunds, then delete expired keys.
     pub async fn sweep_once(&self) -> anyhow::Result<SweepReport> {
         let mut report = SweepReport::default();
-        let timeout = self.processing_timeout;
-        let mut stale = keys::lease_stale(&self.pool, timeout, BATCH).await?;
-        let keyless_charges = charges::stale_unguarded(&self.pool, timeout, BATCH).await?;
-        let keyless_refunds = refunds::stale_unguarded(&self.pool, timeout, BATCH).await?;
+        let SweepSettings {
+            processing_timeout: timeout,
+            key_ttl,
+            batch_size,
+            delete_budget,
+        } = self.settings;
+        let mut stale = keys::lease_stale(&self.pool, timeout, batch_size).await?;
+        report.leased = stale.len() as u64;
+        let keyless_charges = charges::stale_unguarded(&self.pool, timeout, batch_size).await?;
+        let keyless_refunds = refunds::stale_unguarded(&self.pool, timeout, batch_size).await?;
+        report.unguarded = (keyless_charges.len() + keyless_refunds.len()) as u64;
         stale.extend(keyless_charges.into_iter().map(Resource::Charge));
         stale.extend(keyless_refunds.into_iter().map(Resource::Refund));
         for resource in stale {
-            match recover(&self.pool, self.processor.as_ref(), &resource, self.key_ttl).await {
+            match recover(&self.pool, self.processor.as_ref(), &resource, key_ttl).await {
                 Ok(Some(Recovered::Charge(Outcome::Succeeded))) => report.settled_succeeded += 1,
                 Ok(Some(Recovered::Charge(_))) => report.settled_failed += 1,
                 Ok(Some(Recovered::Refund(RefundOutcome::Refunded))) => report.refunds_settled += 1,
@@ -136,9 +154,9 @@ impl Sweeper {
         }
         let deleting = Instant::now();
         loop {
-            let deleted = keys::delete_expired(&self.pool, BATCH).await?;
+            let deleted = keys::delete_expired(&self.pool, batch_size).await?;
             report.keys_deleted += deleted;
-            if deleted < BATCH as u64 || deleting.elapsed() >= self.delete_budget {
+            if deleted < batch_size as u64 || deleting.elapsed() >= delete_budget {
                 break;
             }
         }
@@ -152,6 +170,7 @@ impl Sweeper {
             metrics::counter!("sweeper_settled_total", "outcome" => outcome).increment(n);
         }
         metrics::counter!("sweeper_keys_deleted_total").increment(report.keys_deleted);
+        metrics::counter!("sweeper_leased_total").increment(report.leased);
         if report != SweepReport::default() {
             tracing::info!(?report, "sweep pass");
         }

@@ -8,7 +8,7 @@ use oncepay::config::Config;
 use oncepay::merchants;
 use oncepay::processor::{Processor, SimulatedProcessor};
 use oncepay::startup::Application;
-use oncepay::sweeper::{SweepReport, Sweeper};
+use oncepay::sweeper::{SweepReport, SweepSettings, Sweeper};
 use reqwest::Response;
 use serde_json::Value;
 use sqlx::PgPool;
@@ -236,13 +236,10 @@ impl TestApp {
 
     /// One sweeper pass that may spend `budget` deleting expired keys.
     pub async fn sweep_once_with_budget(&self, budget: Duration) -> SweepReport {
-        Sweeper::new(
-            self.pool.clone(),
-            self.processor.clone(),
-            self.config.processing_timeout,
-            self.config.idempotency_key_ttl,
-        )
-        .with_delete_budget(budget)
+        self.sweeper(SweepSettings {
+            delete_budget: budget,
+            ..SweepSettings::from_config(&self.config)
+        })
         .sweep_once()
         .await
         .expect("a sweep pass")
@@ -250,15 +247,18 @@ impl TestApp {
 
     /// One sweeper pass that treats rows older than `timeout` as stale.
     pub async fn sweep_once_with_timeout(&self, timeout: Duration) -> SweepReport {
-        Sweeper::new(
-            self.pool.clone(),
-            self.processor.clone(),
-            timeout,
-            self.config.idempotency_key_ttl,
-        )
+        self.sweeper(SweepSettings {
+            processing_timeout: timeout,
+            ..SweepSettings::from_config(&self.config)
+        })
         .sweep_once()
         .await
         .expect("a sweep pass")
+    }
+
+    /// A sweeper on the test database with the test's processor.
+    pub fn sweeper(&self, settings: SweepSettings) -> Sweeper {
+        Sweeper::new(self.pool.clone(), self.processor.clone(), settings)
     }
 
     pub async fn count(&self, sql: &str) -> i64 {

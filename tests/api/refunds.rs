@@ -758,15 +758,14 @@ async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_roll
         .unwrap();
     let working: Arc<dyn oncepay::processor::Processor> =
         Arc::new(SimulatedProcessor::new(app.pool.clone(), Duration::ZERO));
-    let report = oncepay::sweeper::Sweeper::new(
-        app.pool.clone(),
-        working,
-        Duration::from_secs(60),
-        app.config.idempotency_key_ttl,
-    )
-    .sweep_once()
-    .await
-    .unwrap();
+    let settings = oncepay::sweeper::SweepSettings {
+        processing_timeout: Duration::from_secs(60),
+        ..oncepay::sweeper::SweepSettings::from_config(&app.config)
+    };
+    let report = oncepay::sweeper::Sweeper::new(app.pool.clone(), working, settings)
+        .sweep_once()
+        .await
+        .unwrap();
     assert_eq!(report.refunds_settled, 1);
     assert_eq!(app.processor_refunds().await, 1);
     let settled = Answer::of(
@@ -853,15 +852,14 @@ async fn a_refund_refused_while_its_request_was_lost_is_failed_by_recovery() {
         .unwrap();
     let working: Arc<dyn oncepay::processor::Processor> =
         Arc::new(SimulatedProcessor::new(app.pool.clone(), Duration::ZERO));
-    let report = oncepay::sweeper::Sweeper::new(
-        app.pool.clone(),
-        working,
-        Duration::from_secs(60),
-        app.config.idempotency_key_ttl,
-    )
-    .sweep_once()
-    .await
-    .unwrap();
+    let settings = oncepay::sweeper::SweepSettings {
+        processing_timeout: Duration::from_secs(60),
+        ..oncepay::sweeper::SweepSettings::from_config(&app.config)
+    };
+    let report = oncepay::sweeper::Sweeper::new(app.pool.clone(), working, settings)
+        .sweep_once()
+        .await
+        .unwrap();
     assert_eq!((report.refunds_settled, report.refunds_failed), (0, 1));
     assert_eq!(app.amount_refunded(&charge).await, 0);
     assert_eq!(app.processor_refunds().await, 0);

@@ -14,7 +14,7 @@ use oncepay::processor::{
     Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
     authorization_key,
 };
-use oncepay::sweeper::Sweeper;
+use oncepay::sweeper::{SweepSettings, Sweeper};
 
 use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, visa};
 
@@ -242,8 +242,10 @@ async fn two_sweepers_at_once_settle_each_stale_row_once() {
         Sweeper::new(
             app.pool.clone(),
             counting.clone(),
-            Duration::from_secs(1),
-            app.config.idempotency_key_ttl,
+            SweepSettings {
+                processing_timeout: Duration::from_secs(1),
+                ..SweepSettings::from_config(&app.config)
+            },
         )
     };
     let (first, second) = (sweeper(), sweeper());
