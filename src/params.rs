@@ -216,9 +216,10 @@ fn duplicate(param: &str) -> DecodeError {
 /// the last one).
 fn strict_json(body: &[u8]) -> Result<Value, DecodeError> {
     let repeated = RefCell::new(None);
+    let path = RefCell::new(Vec::new());
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let seed = StrictValue {
-        path: String::new(),
+        path: &path,
         repeated: &repeated,
     };
     let value = seed
@@ -231,24 +232,37 @@ fn strict_json(body: &[u8]) -> Result<Value, DecodeError> {
     }
 }
 
-/// One JSON value at `path` (`amount`, `metadata[order]`, the form-style name
-/// of a nested member). On a repeated key it records that key's path in
-/// `repeated` and stops the parse.
+/// One JSON value, at the position `path` holds: the names (or indices) of
+/// the members that lead to it, pushed and popped as the parse goes in and
+/// out, so that no value pays for the length of its ancestors' names. On a
+/// repeated key it records that key's form-style path (`amount`,
+/// `metadata[order]`) in `repeated` and stops the parse.
+#[derive(Clone, Copy)]
 struct StrictValue<'a> {
-    path: String,
+    path: &'a RefCell<Vec<String>>,
     repeated: &'a RefCell<Option<String>>,
 }
 
 impl StrictValue<'_> {
-    fn member(&self, name: &str) -> Self {
-        StrictValue {
-            path: if self.path.is_empty() {
-                name.to_owned()
-            } else {
-                format!("{}[{name}]", self.path)
-            },
-            repeated: self.repeated,
+    /// The form-style name of member `name` of the current value.
+    fn path_of(&self, name: &str) -> String {
+        let path = self.path.borrow();
+        let mut segments = path.iter().map(String::as_str).chain([name]);
+        let mut joined = segments.next().unwrap_or_default().to_owned();
+        for segment in segments {
+            joined.push('[');
+            joined.push_str(segment);
+            joined.push(']');
         }
+        joined
+    }
+
+    /// Parses the next member's value with `name` on the path.
+    fn nested<T>(&self, name: String, parse: impl FnOnce(Self) -> T) -> T {
+        self.path.borrow_mut().push(name);
+        let parsed = parse(*self);
+        self.path.borrow_mut().pop();
+        parsed
     }
 }
 
@@ -298,7 +312,9 @@ impl<'de> Visitor<'de> for StrictValue<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::new();
-        while let Some(item) = seq.next_element_seed(self.member(&items.len().to_string()))? {
+        while let Some(item) =
+            self.nested(items.len().to_string(), |value| seq.next_element_seed(value))?
+        {
             items.push(item);
         }
         Ok(Value::Array(items))
@@ -307,12 +323,11 @@ impl<'de> Visitor<'de> for StrictValue<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut object = Map::new();
         while let Some(name) = map.next_key::<String>()? {
-            let member = self.member(&name);
             if object.contains_key(&name) {
-                *self.repeated.borrow_mut() = Some(member.path);
+                *self.repeated.borrow_mut() = Some(self.path_of(&name));
                 return Err(de::Error::custom("a repeated key"));
             }
-            let value = map.next_value_seed(member)?;
+            let value = self.nested(name.clone(), |value| map.next_value_seed(value))?;
             object.insert(name, value);
         }
         Ok(Value::Object(object))

@@ -56,6 +56,10 @@ pub struct SweepReport {
     /// Stale keys this pass leased (at most one batch): the records it
     /// took on, which no other sweeper touches until the lease is stale.
     pub leased: u64,
+    /// Leases this pass did not work on: lost to another sweeper while the
+    /// batch was worked through, or not reached within the pass's budget.
+    /// They lapse, and whoever sweeps next takes them on.
+    pub leases_given_up: u64,
     /// Stale pending records without a key that this pass found; several
     /// sweepers may find the same one (fencing and settling stay idempotent).
     pub unguarded: u64,
@@ -123,34 +127,46 @@ impl Sweeper {
         let mut report = SweepReport::default();
         let SweepSettings {
             processing_timeout: timeout,
-            key_ttl,
+            key_ttl: _,
             batch_size,
             delete_budget,
         } = self.settings;
-        let mut stale = keys::lease_stale(&self.pool, timeout, batch_size).await?;
-        report.leased = stale.len() as u64;
+        let leases = keys::lease_stale(&self.pool, timeout, batch_size).await?;
+        report.leased = leases.len() as u64;
         let keyless_charges = charges::stale_unguarded(&self.pool, timeout, batch_size).await?;
         let keyless_refunds = refunds::stale_unguarded(&self.pool, timeout, batch_size).await?;
         report.unguarded = (keyless_charges.len() + keyless_refunds.len()) as u64;
-        stale.extend(keyless_charges.into_iter().map(Resource::Charge));
-        stale.extend(keyless_refunds.into_iter().map(Resource::Refund));
-        for resource in stale {
-            match recover(&self.pool, self.processor.as_ref(), &resource, key_ttl).await {
-                Ok(Some(Recovered::Charge(Outcome::Succeeded))) => report.settled_succeeded += 1,
-                Ok(Some(Recovered::Charge(_))) => report.settled_failed += 1,
-                Ok(Some(Recovered::Refund(RefundOutcome::Refunded))) => report.refunds_settled += 1,
-                Ok(Some(Recovered::Refund(RefundOutcome::Failed { .. }))) => {
-                    report.refunds_failed += 1
-                }
-                Ok(None) => {}
+        let keyless = keyless_charges
+            .into_iter()
+            .map(Resource::Charge)
+            .chain(keyless_refunds.into_iter().map(Resource::Refund));
+        // Records are recovered one at a time, each with processor calls, so a
+        // batch may take a while. The pass stops taking on records once half
+        // of PROCESSING_TIMEOUT is spent: the leases it did not reach lapse
+        // and go to whoever sweeps next, and the deletes below still run.
+        let recovering = Instant::now();
+        let in_budget = || recovering.elapsed() < timeout / 2;
+        for mut lease in leases {
+            if !in_budget() {
+                report.leases_given_up += 1;
+                continue;
+            }
+            // Renewed just before the work, so the key cannot go stale and be
+            // leased by someone else while this record is being recovered.
+            match keys::renew(&self.pool, &mut lease).await {
+                Ok(true) => self.recover_one(&lease.resource, &mut report).await,
+                Ok(false) => report.leases_given_up += 1,
                 Err(e) => {
-                    tracing::warn!(
-                        ?resource,
-                        error = format!("{e:#}"),
-                        "could not settle a stale record"
-                    )
+                    report.leases_given_up += 1;
+                    tracing::warn!(resource = ?lease.resource, error = format!("{e:#}"), "could not renew a lease");
                 }
             }
+        }
+        for resource in keyless {
+            if !in_budget() {
+                break;
+            }
+            self.recover_one(&resource, &mut report).await;
         }
         let deleting = Instant::now();
         loop {
@@ -175,6 +191,25 @@ impl Sweeper {
             tracing::info!(?report, "sweep pass");
         }
         Ok(report)
+    }
+
+    /// Recovers one stale record and counts what it came to.
+    async fn recover_one(&self, resource: &Resource, report: &mut SweepReport) {
+        let key_ttl = self.settings.key_ttl;
+        match recover(&self.pool, self.processor.as_ref(), resource, key_ttl).await {
+            Ok(Some(Recovered::Charge(Outcome::Succeeded))) => report.settled_succeeded += 1,
+            Ok(Some(Recovered::Charge(_))) => report.settled_failed += 1,
+            Ok(Some(Recovered::Refund(RefundOutcome::Refunded))) => report.refunds_settled += 1,
+            Ok(Some(Recovered::Refund(RefundOutcome::Failed { .. }))) => report.refunds_failed += 1,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(
+                    ?resource,
+                    error = format!("{e:#}"),
+                    "could not settle a stale record"
+                )
+            }
+        }
     }
 
     /// Sweeps every `interval` until `shutdown` resolves; a failed pass is

@@ -25,6 +25,9 @@ use crate::idempotency::{
 use crate::metrics;
 
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// How long before `REQUEST_TIMEOUT` a wait gives up, so that its `409`
+/// still goes out.
+const WAIT_MARGIN: Duration = Duration::from_millis(250);
 /// The longest `Prefer: wait=N` honoured, in seconds.
 const MAX_WAIT_SECS: u64 = 10;
 
@@ -92,10 +95,12 @@ pub async fn begin(
     let Some(key) = &request.key else {
         return Ok(Begun::Claimed(state.pool.begin().await?));
     };
-    let deadline = Instant::now() + request.wait;
-    // The moment this request last read the key itself: the shared wait's
-    // news from before it is no news.
-    let mut known_at = Instant::now();
+    // A wait ends in time to answer `409` before `REQUEST_TIMEOUT` would
+    // answer `503` in its place.
+    let wait = request
+        .wait
+        .min(state.config.request_timeout.saturating_sub(WAIT_MARGIN));
+    let deadline = Instant::now() + wait;
     // The fast path for a retry of a finished operation: a completed key
     // cannot change until it expires, so it is answered from memory or from
     // one plain read, with no transaction and no row lock. The same read
@@ -105,14 +110,18 @@ pub async fn begin(
     if let Some(answer) = state.caches.answer(request.merchant_id, key.as_str()) {
         return answer_from(request, key, route, &answer, false);
     }
-    if let Some(stored) = keys::find(&state.pool, request.merchant_id, key).await? {
+    let found = keys::find(&state.pool, request.merchant_id, key).await?;
+    // When this request last had a read of the key of its own finished: only
+    // shared polls begun after it can tell it anything new.
+    let mut known_at = Instant::now();
+    if let Some(stored) = found {
         match stored.status {
             KeyStatus::Completed => {
                 if let Some(answer) = remember(state, request.merchant_id, key, stored) {
                     return answer_from(request, key, route, &answer, false);
                 }
             }
-            KeyStatus::Processing if !request.wait.is_zero() && same(&stored, request, route) => {
+            KeyStatus::Processing if !wait.is_zero() && same(&stored, request, route) => {
                 step = Step::Wait;
             }
             KeyStatus::Processing => {}
@@ -123,7 +132,6 @@ pub async fn begin(
     loop {
         step = match step {
             Step::Claim => {
-                known_at = Instant::now();
                 let mut tx = state.pool.begin().await?;
                 let claim = Claim {
                     merchant_id: request.merchant_id,
@@ -134,7 +142,9 @@ pub async fn begin(
                     resource,
                     ttl: state.config.idempotency_key_ttl,
                 };
-                let stored = match keys::claim(&mut tx, claim).await? {
+                let claimed = keys::claim(&mut tx, claim).await?;
+                known_at = Instant::now();
+                let stored = match claimed {
                     ClaimOutcome::Claimed { took_over } => {
                         metrics::idempotency(if took_over {
                             "expired_taken_over"
@@ -162,7 +172,6 @@ pub async fn begin(
                 Step::Lease
             }
             Step::Lease => {
-                known_at = Instant::now();
                 let stale = keys::lease_one(
                     &state.pool,
                     request.merchant_id,
@@ -170,6 +179,7 @@ pub async fn begin(
                     state.config.processing_timeout,
                 )
                 .await?;
+                known_at = Instant::now();
                 if let Some(stale) = stale {
                     tracing::info!(resource = ?stale, "a retry found its key stale; settling it");
                     crate::sweeper::recover(
@@ -197,6 +207,7 @@ pub async fn begin(
                     news = tokio::time::timeout_at(deadline, shared.news_since(known_at)) => news,
                     () = request.client_gone.cancelled() => {
                         tracing::info!("the client hung up; stopped waiting for the key in flight");
+                        metrics::idempotency("wait_abandoned");
                         return Err(in_use(waited));
                     }
                 };

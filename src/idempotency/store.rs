@@ -356,16 +356,26 @@ pub async fn watch(
         .transpose()
 }
 
-/// Leases up to `limit` keys stuck in `processing` for longer than `timeout`,
-/// returning the records they guard. Taking the lease moves `locked_at` to now, so
-/// another sweeper skips these rows (`SKIP LOCKED` while the statement runs,
-/// the fresh `locked_at` afterwards) for another `timeout`.
+/// A stale key taken on by one sweeper: the record it guards, and the
+/// `locked_at` the lease wrote, which is the lease's token.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    pub resource: Resource,
+    leased_at: DateTime<Utc>,
+}
+
+/// Leases up to `limit` keys stuck in `processing` for longer than `timeout`.
+/// Taking the lease moves `locked_at` to now, so another sweeper skips these
+/// rows (`SKIP LOCKED` while the statement runs, the fresh `locked_at`
+/// afterwards) for another `timeout`. A sweeper works through its batch one
+/// record at a time, so it renews each lease ([`renew`]) just before it
+/// recovers that record.
 pub async fn lease_stale(
     db: impl PgExecutor<'_>,
     timeout: Duration,
     limit: i64,
-) -> sqlx::Result<Vec<Resource>> {
-    sqlx::query_as(
+) -> sqlx::Result<Vec<Lease>> {
+    let rows: Vec<(Option<String>, Option<String>, DateTime<Utc>)> = sqlx::query_as(
         "UPDATE idempotency_keys k SET locked_at = now()
            FROM (SELECT merchant_id, key FROM idempotency_keys
                   WHERE status = 'processing'
@@ -374,17 +384,46 @@ pub async fn lease_stale(
                   LIMIT $2
                   FOR UPDATE SKIP LOCKED) stale
           WHERE k.merchant_id = stale.merchant_id AND k.key = stale.key
-          RETURNING k.charge_id, k.refund_id",
+          RETURNING k.charge_id, k.refund_id, k.locked_at",
     )
     .bind(timeout.as_millis() as f64)
     .bind(limit)
     .fetch_all(db)
-    .await
-    .map(|rows: Vec<(Option<String>, Option<String>)>| {
-        rows.into_iter()
-            .filter_map(|(charge, refund)| Resource::from_columns(charge, refund))
-            .collect()
-    })
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(charge, refund, leased_at)| {
+            Some(Lease {
+                resource: Resource::from_columns(charge, refund)?,
+                leased_at,
+            })
+        })
+        .collect())
+}
+
+/// Renews a lease just before its record is recovered: moves `locked_at` to
+/// now if it is still the lease's own, so nobody else takes the key for
+/// another `PROCESSING_TIMEOUT`. `false` when the lease was lost: its key went
+/// stale while the batch was being worked through and someone else leased
+/// it (or it was settled); that record is theirs now and must be left alone.
+pub async fn renew(db: impl PgExecutor<'_>, lease: &mut Lease) -> sqlx::Result<bool> {
+    let renewed: Option<DateTime<Utc>> = sqlx::query_scalar(&format!(
+        "UPDATE idempotency_keys SET locked_at = now()
+          WHERE {} = $1 AND status = 'processing' AND locked_at = $2
+          RETURNING locked_at",
+        lease.resource.column()
+    ))
+    .bind(lease.resource.id())
+    .bind(lease.leased_at)
+    .fetch_optional(db)
+    .await?;
+    match renewed {
+        Some(at) => {
+            lease.leased_at = at;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
 }
 
 /// Leases one key if it has been `processing` for longer than `timeout`,

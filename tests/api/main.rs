@@ -12,6 +12,7 @@ mod demo;
 mod faults;
 mod helpers;
 mod idempotency;
+mod leases;
 mod openapi;
 mod operability;
 mod reads;
