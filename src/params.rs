@@ -312,9 +312,9 @@ impl<'de> Visitor<'de> for StrictValue<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::new();
-        while let Some(item) =
-            self.nested(items.len().to_string(), |value| seq.next_element_seed(value))?
-        {
+        while let Some(item) = self.nested(items.len().to_string(), |value| {
+            seq.next_element_seed(value)
+        })? {
             items.push(item);
         }
         Ok(Value::Array(items))
