@@ -1,4 +1,4 @@
--- The floor for a replay (issue 5's replay target): one prepared primary-key
+-- The floor for a replay (the replay target): one prepared primary-key
 -- lookup of a completed key, nothing else.
 \set r random(1, :nseed)
 SELECT key, status, request_method, request_path, fingerprint, charge_id,

@@ -173,7 +173,7 @@ class Block:
         return value
 
     def say(self, answer):
-        """What the client got, in the words of issue 4: `ok #n`, `ok #n
+        """What the client got, in the words of the workshop: `ok #n`, `ok #n
         (replayed)`, `in use (409)`, `empty answer`, else status and code."""
         if answer.status is None:
             return "empty answer"
