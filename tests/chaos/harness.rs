@@ -2,7 +2,8 @@
 //! own (or a private Postgres cluster the test may restart), a retrying
 //! client, and the report every scenario prints and asserts.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -207,14 +208,17 @@ pub struct Server {
 
 impl Server {
     /// Starts the real binary and waits until it answers `/healthz`.
-    pub async fn start(database_url: &str, env: &[(&str, &str)]) -> Self {
+    pub async fn start(database_url: &str, env: &[(&str, impl AsRef<str>)]) -> Self {
         let mut vars: Vec<(String, String)> = vec![
             ("DATABASE_URL".into(), database_url.into()),
             ("DEMO_API_KEY".into(), API_KEY.into()),
             ("RUST_LOG".into(), "info,sqlx=warn".into()),
             ("DATABASE_MAX_CONNECTIONS".into(), "8".into()),
         ];
-        vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        vars.extend(
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.as_ref().to_owned())),
+        );
         let log = scratch_dir("log").join("server.log");
         let mut server = Server {
             child: None,
@@ -321,24 +325,145 @@ impl Drop for Server {
     }
 }
 
+/// Slack on every deadline derived from the settings: what a loaded machine
+/// may add to the time the settings say the work takes.
+pub const SLACK: Duration = Duration::from_secs(3);
+
+/// A duration as a server setting (`1500ms`).
+pub fn setting(duration: Duration) -> String {
+    format!("{}ms", duration.as_millis())
+}
+
+/// The server settings a scenario's deadlines are derived from.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub processing_timeout: Duration,
+    pub sweep_interval: Duration,
+}
+
+impl Timing {
+    /// `PROCESSING_TIMEOUT` and `SWEEP_INTERVAL`, as server settings.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("PROCESSING_TIMEOUT", setting(self.processing_timeout)),
+            ("SWEEP_INTERVAL", setting(self.sweep_interval)),
+        ]
+    }
+
+    /// How long after its claim a record left pending is settled at the
+    /// latest: it turns stale after `PROCESSING_TIMEOUT`, and the next sweep
+    /// comes within one `SWEEP_INTERVAL` (a retry may settle it sooner).
+    pub fn recovered_within(&self) -> Duration {
+        self.processing_timeout + self.sweep_interval + SLACK
+    }
+}
+
+/// Polls `check` every 50 ms until it gives a value; panics, naming `what`,
+/// once `deadline` has passed.
+pub async fn eventually<T, F, Fut>(deadline: Instant, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One series from `url`'s `/metrics`: its name, with its labels as the
+/// exporter writes them (`sweeper_settled_total{outcome="charge_failed"}`);
+/// 0 when not recorded yet.
+pub async fn metric(client: &reqwest::Client, url: &str, series: &str) -> f64 {
+    let text = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.trim().parse::<f64>().unwrap())
+        .next()
+        .unwrap_or(0.0)
+}
+
 /// A charge body tagged with its logical operation, so duplicates can be
 /// counted in the database.
 pub fn charge_body(op: &str, amount: i64, source: &str) -> Value {
     json!({"amount": amount, "currency": "usd", "source": source, "metadata": {"op": op}})
 }
 
-/// What happened to one logical operation, seen from the client.
+/// A refund body tagged with its logical operation.
+pub fn refund_body(op: &str, charge: &str, amount: i64) -> Value {
+    json!({"charge": charge, "amount": amount, "metadata": {"op": op}})
+}
+
+/// The `400`s that are definite answers: a refund refused because the
+/// charge has nothing left to refund. Nothing was written, and a retry gets
+/// the same answer.
+pub const REFUSALS: [&str; 2] = ["charge_already_refunded", "amount_too_large"];
+
+/// A definite answer one client received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// `201`, `402`, or `400` for one of the [`REFUSALS`].
+    pub status: u16,
+    /// The record the answer names: a `201`'s `id`, a `402`'s `charge`;
+    /// `None` when the body had none (which no check accepts).
+    pub id: Option<String>,
+}
+
+impl Answer {
+    pub fn of(status: u16, body: &Value) -> Self {
+        let field = if status == 402 { "charge" } else { "id" };
+        Answer {
+            status,
+            id: body[field].as_str().map(str::to_owned),
+        }
+    }
+}
+
+/// What happened to one logical operation, seen from its clients.
 #[derive(Debug, Default, Clone)]
 pub struct OpOutcome {
+    /// The operation: the `op` in the body's metadata.
+    pub op: String,
     pub key: String,
-    /// The charge id of the `201` the client received, if it did.
-    pub acked: Option<String>,
-    /// The final status the client saw (201, 402), if it got one.
-    pub definite: Option<u16>,
+    /// Every definite answer its clients received, one per client that got
+    /// one; the report checks that they agree, and with the database.
+    pub answers: Vec<Answer>,
     pub requests: u64,
+    /// `409`s: the key was in flight.
+    pub in_use: u64,
     pub five_xx: u64,
     /// Requests that hit the client's timeout: hung.
     pub hung: u64,
+}
+
+impl OpOutcome {
+    pub fn new(op: &str, key: &str) -> Self {
+        OpOutcome {
+            op: op.to_owned(),
+            key: key.to_owned(),
+            ..OpOutcome::default()
+        }
+    }
+
+    /// Records a definite answer.
+    pub fn answered(&mut self, status: u16, body: &Value) {
+        self.answers.push(Answer::of(status, body));
+    }
+
+    /// The status of the definite answer, if a client got one.
+    pub fn definite(&self) -> Option<u16> {
+        self.answers.first().map(|a| a.status)
+    }
 }
 
 /// Sends one charge attempt; an error means no answer at all (connection
@@ -382,9 +507,7 @@ pub async fn post(
     Ok((status, headers, body))
 }
 
-/// A well-behaved client: retries one logical operation with the same key
-/// (rotating over `urls`) until it gets a definite answer or `deadline`.
-/// `first` is sent with the first attempt only (a fault to inject).
+/// A well-behaved client of `POST /v1/charges`: see [`drive_to`].
 pub async fn drive(
     client: &reqwest::Client,
     urls: &[String],
@@ -393,27 +516,44 @@ pub async fn drive(
     first: &[(&str, &str)],
     deadline: Instant,
 ) -> OpOutcome {
-    let mut outcome = OpOutcome {
-        key: key.to_owned(),
-        ..OpOutcome::default()
-    };
+    drive_to(client, urls, "/v1/charges", key, body, first, deadline).await
+}
+
+/// A well-behaved client: retries one logical operation on `path` with the
+/// same key (rotating over `urls`) until it gets a definite answer (`201`,
+/// `402`, a `400` of the [`REFUSALS`]) or `deadline`. `first` is sent with
+/// the first attempt only (a fault to inject). Any other `4xx` fails the
+/// test.
+pub async fn drive_to(
+    client: &reqwest::Client,
+    urls: &[String],
+    path: &str,
+    key: &str,
+    body: &Value,
+    first: &[(&str, &str)],
+    deadline: Instant,
+) -> OpOutcome {
+    let op = body["metadata"]["op"].as_str().unwrap_or(key);
+    let mut outcome = OpOutcome::new(op, key);
     let mut attempt = 0usize;
     while Instant::now() < deadline {
         let url = &urls[attempt % urls.len()];
         let extra = if attempt == 0 { first } else { &[] };
         attempt += 1;
         outcome.requests += 1;
-        match send(client, url, key, body, extra).await {
-            Ok((201, _, body)) => {
-                outcome.acked = body["id"].as_str().map(str::to_owned);
-                outcome.definite = Some(201);
+        match post(client, url, path, key, body, extra).await {
+            Ok((status @ (201 | 402), _, body)) => {
+                outcome.answered(status, &body);
                 return outcome;
             }
-            Ok((402, _, _)) => {
-                outcome.definite = Some(402);
+            Ok((400, _, body)) if REFUSALS.contains(&body["code"].as_str().unwrap_or("")) => {
+                outcome.answered(400, &body);
                 return outcome;
             }
-            Ok((409, _, _)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Ok((409, _, _)) => {
+                outcome.in_use += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             Ok((status, _, _)) if status >= 500 => {
                 outcome.five_xx += 1;
                 tokio::time::sleep(Duration::from_millis(150)).await;
@@ -436,85 +576,189 @@ pub fn client(timeout: Duration) -> reqwest::Client {
     reqwest::Client::builder().timeout(timeout).build().unwrap()
 }
 
+/// The records a scenario's operations create, and the processor's
+/// operations that move their money.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ledger {
+    /// Charges, and the payments (authorizations) behind them.
+    Charges,
+    /// Refunds, and the processor's refunds.
+    Refunds,
+}
+
+impl Ledger {
+    fn table(self) -> &'static str {
+        match self {
+            Ledger::Charges => "charges",
+            Ledger::Refunds => "refunds",
+        }
+    }
+
+    /// The processor operations that moved money, as a `WHERE` clause on `p`.
+    fn effects(self) -> &'static str {
+        match self {
+            Ledger::Charges => "p.kind = 'authorization' AND p.outcome = 'succeeded'",
+            Ledger::Refunds => "p.kind = 'refund' AND p.outcome = 'refunded'",
+        }
+    }
+
+    /// The processor key of a record `r`.
+    fn processor_key(self) -> &'static str {
+        match self {
+            Ledger::Charges => "'auth:' || r.id",
+            Ledger::Refunds => "'refund:' || r.id",
+        }
+    }
+}
+
 /// One row of the reliability report, every figure read from the database
-/// except what only the client knows (requests, acknowledgements, 5xx).
+/// except what only the clients know (requests, answers, 5xx).
 #[derive(Debug)]
 pub struct Report {
     pub scenario: &'static str,
     pub operations: usize,
     pub requests: u64,
-    /// Payments recorded by the processor: money moved.
+    /// Money moved by the processor: payments, or refunds.
     pub effects: i64,
-    /// Succeeded charges.
-    pub charges: i64,
-    /// Extra effects: operations with more than one charge, plus payments
-    /// whose charge is not succeeded.
+    /// Succeeded records: charges, or refunds.
+    pub succeeded: i64,
+    /// Extra effects: operations with more than one record, plus money moved
+    /// by the processor whose record is not succeeded.
     pub duplicates: i64,
-    /// `201`s the client received whose charge is not in the database as succeeded.
+    /// Operations a client got a `201` for whose record is not in the
+    /// database as a succeeded record of that operation (or whose body named
+    /// no record at all).
     pub lost: i64,
+    /// Operations whose clients got definite answers that disagree (`201`
+    /// and `402`, or two records), or a `402` naming anything but a failed
+    /// charge of that operation.
+    pub wrong: i64,
     pub five_xx: u64,
     pub hung: u64,
     pub undecided: usize,
 }
 
 impl Report {
+    /// The row of a scenario of charges.
     pub async fn measure(scenario: &'static str, pool: &PgPool, outcomes: &[OpOutcome]) -> Self {
-        let count = |sql: &'static str| async move {
-            sqlx::query_scalar::<_, i64>(sql)
+        Self::measure_ledger(Ledger::Charges, scenario, pool, outcomes).await
+    }
+
+    /// The row of a scenario of refunds.
+    pub async fn measure_refunds(
+        scenario: &'static str,
+        pool: &PgPool,
+        outcomes: &[OpOutcome],
+    ) -> Self {
+        Self::measure_ledger(Ledger::Refunds, scenario, pool, outcomes).await
+    }
+
+    async fn measure_ledger(
+        ledger: Ledger,
+        scenario: &'static str,
+        pool: &PgPool,
+        outcomes: &[OpOutcome],
+    ) -> Self {
+        let table = ledger.table();
+        let count = |sql: String| async move {
+            sqlx::query_scalar::<_, i64>(&sql)
                 .fetch_one(pool)
                 .await
-                .expect(sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
         };
-        let effects =
-            count("SELECT count(*) FROM processor_operations WHERE outcome = 'succeeded'").await;
-        let charges = count("SELECT count(*) FROM charges WHERE status = 'succeeded'").await;
-        let duplicate_charges = count(
+        let effects = count(format!(
+            "SELECT count(*) FROM processor_operations p WHERE {}",
+            ledger.effects()
+        ))
+        .await;
+        let succeeded = count(format!(
+            "SELECT count(*) FROM {table} WHERE status = 'succeeded'"
+        ))
+        .await;
+        let duplicate_records = count(format!(
             "SELECT coalesce(sum(n - 1), 0)::bigint FROM (
-                 SELECT count(*) AS n FROM charges
-                  GROUP BY metadata->>'op' HAVING count(*) > 1) d",
-        )
+                 SELECT count(*) AS n FROM {table}
+                  GROUP BY metadata->>'op' HAVING count(*) > 1) d"
+        ))
         .await;
-        let orphan_payments = count(
+        let orphan_effects = count(format!(
             "SELECT count(*) FROM processor_operations p
-              WHERE p.outcome = 'succeeded' AND p.kind = 'authorization'
-                AND NOT EXISTS (SELECT 1 FROM charges c
-                                 WHERE 'auth:' || c.id = p.processor_key AND c.status = 'succeeded')",
-        )
+              WHERE {} AND NOT EXISTS (SELECT 1 FROM {table} r
+                                        WHERE {} = p.processor_key AND r.status = 'succeeded')",
+            ledger.effects(),
+            ledger.processor_key()
+        ))
         .await;
-        let acked: Vec<String> = outcomes.iter().filter_map(|o| o.acked.clone()).collect();
-        let lost: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM unnest($1::text[]) AS a(id)
-              WHERE NOT EXISTS (SELECT 1 FROM charges c WHERE c.id = a.id AND c.status = 'succeeded')",
-        )
-        .bind(&acked)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+
+        // Each acknowledgement must name a succeeded record of its own operation.
+        let answered = |status: u16| -> (Vec<String>, Vec<Option<String>>) {
+            outcomes
+                .iter()
+                .flat_map(|o| o.answers.iter().map(move |a| (o, a)))
+                .filter(|(_, a)| a.status == status)
+                .map(|(o, a)| (o.op.clone(), a.id.clone()))
+                .unzip()
+        };
+        let not_found = |state: &'static str, (ops, ids): (Vec<String>, Vec<Option<String>>)| {
+            let sql = format!(
+                "SELECT DISTINCT a.op FROM unnest($1::text[], $2::text[]) AS a(op, id)
+                  WHERE NOT EXISTS (SELECT 1 FROM {table} r
+                                     WHERE r.id = a.id AND r.status = '{state}'
+                                       AND r.metadata->>'op' = a.op)"
+            );
+            async move {
+                sqlx::query_scalar::<_, String>(&sql)
+                    .bind(ops)
+                    .bind(ids)
+                    .fetch_all(pool)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            }
+        };
+        let lost = not_found("succeeded", answered(201)).await.len() as i64;
+
+        // A refusal names the failed charge of its own operation; nothing
+        // else answers 402.
+        let refused = answered(402);
+        let mut wrong: BTreeSet<String> = match ledger {
+            Ledger::Charges => not_found("failed", refused).await.into_iter().collect(),
+            Ledger::Refunds => refused.0.into_iter().collect(),
+        };
+        // And every client of one operation heard the same answer.
+        wrong.extend(
+            outcomes
+                .iter()
+                .filter(|o| o.answers.windows(2).any(|w| w[0] != w[1]))
+                .map(|o| o.op.clone()),
+        );
+
         Report {
             scenario,
             operations: outcomes.len(),
             requests: outcomes.iter().map(|o| o.requests).sum(),
             effects,
-            charges,
-            duplicates: duplicate_charges + orphan_payments,
+            succeeded,
+            duplicates: duplicate_records + orphan_effects,
             lost,
+            wrong: wrong.len() as i64,
             five_xx: outcomes.iter().map(|o| o.five_xx).sum(),
             hung: outcomes.iter().map(|o| o.hung).sum(),
-            undecided: outcomes.iter().filter(|o| o.definite.is_none()).count(),
+            undecided: outcomes.iter().filter(|o| o.answers.is_empty()).count(),
         }
     }
 
     /// Appends this row to `CHAOS_REPORT` (for `scripts/chaos`) and prints it.
     pub fn publish(&self) {
         let line = format!(
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             self.scenario,
             self.operations,
             self.requests,
             self.effects,
-            self.charges,
+            self.succeeded,
             self.duplicates,
             self.lost,
+            self.wrong,
             self.five_xx
         );
         eprintln!("chaos report: {self:?}");
@@ -528,14 +772,16 @@ impl Report {
         }
     }
 
-    /// The invariant: one logical operation, one effect, nothing acknowledged lost.
+    /// The invariant: one logical operation, one effect, nothing acknowledged
+    /// lost, and one answer per operation, true to the database.
     #[track_caller]
     pub fn assert_exactly_once(&self) {
         assert_eq!(self.duplicates, 0, "{self:?}");
         assert_eq!(self.lost, 0, "{self:?}");
+        assert_eq!(self.wrong, 0, "{self:?}");
         assert_eq!(
-            self.effects, self.charges,
-            "payments equal succeeded charges: {self:?}"
+            self.effects, self.succeeded,
+            "money moved equals succeeded records: {self:?}"
         );
         assert_eq!(
             self.hung, 0,
@@ -546,4 +792,85 @@ impl Report {
             "every operation got a definite answer: {self:?}"
         );
     }
+}
+
+/// Folds the outcomes of several clients of the same operation into one
+/// per operation: requests, `409`s and `5xx` add up, and every client's
+/// answer is kept, for the report to check that they agree.
+pub fn merge(outcomes: Vec<OpOutcome>) -> Vec<OpOutcome> {
+    let mut by_key: HashMap<String, OpOutcome> = HashMap::new();
+    for o in outcomes {
+        let entry = by_key
+            .entry(o.key.clone())
+            .or_insert_with(|| OpOutcome::new(&o.op, &o.key));
+        assert_eq!(entry.op, o.op, "one key, one operation");
+        entry.requests += o.requests;
+        entry.in_use += o.in_use;
+        entry.five_xx += o.five_xx;
+        entry.hung += o.hung;
+        entry.answers.extend(o.answers);
+    }
+    let mut merged: Vec<_> = by_key.into_values().collect();
+    merged.sort_by(|a, b| a.key.cmp(&b.key));
+    merged
+}
+
+/// Waits until nothing is pending (charges and refunds), or panics at
+/// `deadline`.
+pub async fn wait_until_settled(pool: &PgPool, deadline: Instant) {
+    eventually(deadline, "no charge or refund is pending", || async {
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM charges WHERE status = 'pending')
+                  + (SELECT count(*) FROM refunds WHERE status = 'pending')",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        (pending == 0).then_some(())
+    })
+    .await
+}
+
+/// Sends each operation's first attempt to `server` with `fault`, which
+/// aborts the process; starts the process again and retries the operation
+/// until a definite answer, for as long as `timing` says recovery may take
+/// from the claim. Returns the outcomes, and the slowest time from a restart
+/// to a definite answer.
+pub async fn crash_each(
+    server: &mut Server,
+    path: &str,
+    operations: &[(String, Value)],
+    fault: &str,
+    timing: Timing,
+) -> (Vec<OpOutcome>, Duration) {
+    let http = client(Duration::from_secs(15));
+    let mut outcomes = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for (key, body) in operations {
+        let first = post(
+            &http,
+            &server.url(),
+            path,
+            key,
+            body,
+            &[("Oncepay-Fault", fault)],
+        )
+        .await;
+        // The claim committed before this instant.
+        let claimed = Instant::now();
+        assert!(
+            first.is_err(),
+            "the process died before answering: {first:?}"
+        );
+        let status = server.wait_exit().await;
+        assert!(!status.success(), "aborted, as kill -9 would: {status}");
+        server.restart().await;
+        let restarted = Instant::now();
+        let deadline = claimed + timing.recovered_within();
+        let mut outcome = drive_to(&http, &[server.url()], path, key, body, &[], deadline).await;
+        slowest = slowest.max(restarted.elapsed());
+        outcome.requests += 1;
+        outcomes.push(outcome);
+    }
+    (outcomes, slowest)
 }

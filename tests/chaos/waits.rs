@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 
 use crate::database::TestDb as Database;
-use crate::harness::{Server, charge_body, client, send};
+use crate::harness::{Server, charge_body, client, eventually, metric, send};
 
 /// The settings of both scenarios: a slow processor, well inside
 /// `PROCESSING_TIMEOUT`, and the default pool.
@@ -20,8 +20,10 @@ const SLOW: [(&str, &str); 2] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_waiters_on_one_key_share_one_poll_and_leave_the_pool_to_others() {
     let db = Database::create_empty().await;
+    let latency = Duration::from_secs(3);
     let mut settings = SLOW.to_vec();
-    settings.push(("PROCESSOR_LATENCY_MS", "3000"));
+    let latency_ms = latency.as_millis().to_string();
+    settings.push(("PROCESSOR_LATENCY_MS", latency_ms.as_str()));
     let server = Server::start(&db.url, &settings).await;
     let url = server.url();
     let other = create_merchant(&db, "other");
@@ -32,9 +34,12 @@ async fn two_hundred_waiters_on_one_key_share_one_poll_and_leave_the_pool_to_oth
     let body = charge_body(key, 4200, "tok_visa");
     let polls_before = metric(&http, &url, "idempotency_wait_polls_total").await;
     let transactions_before = transactions(&pool, &db.name).await;
-    let owner = send(&http, &url, key, &body, &[]);
+    let owner = tokio::spawn({
+        let (http, url, body) = (http.clone(), url.clone(), body.clone());
+        async move { send(&http, &url, key, &body, &[]).await }
+    });
+    in_flight(&pool, key, latency).await;
     let waiting = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
         let started = Instant::now();
         let answers =
             join_all((0..200).map(|_| send(&http, &url, key, &body, &[("Prefer", "wait=10")])))
@@ -43,7 +48,6 @@ async fn two_hundred_waiters_on_one_key_share_one_poll_and_leave_the_pool_to_oth
     };
     // Meanwhile another merchant charges as usual.
     let others = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
         join_all((0..20).map(|i| {
             let op = format!("other-{i}");
             let (http, url, other) = (&http, &url, &other);
@@ -59,7 +63,8 @@ async fn two_hundred_waiters_on_one_key_share_one_poll_and_leave_the_pool_to_oth
         }))
         .await
     };
-    let (owner, (answers, waited), others) = tokio::join!(owner, waiting, others);
+    let ((answers, waited), others) = tokio::join!(waiting, others);
+    let owner = owner.await.unwrap();
     let polls = metric(&http, &url, "idempotency_wait_polls_total").await - polls_before;
     let transactions = transactions(&pool, &db.name).await - transactions_before;
 
@@ -125,10 +130,13 @@ async fn two_hundred_waiters_on_one_key_share_one_poll_and_leave_the_pool_to_oth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_client_hangs_up_stops_waiting() {
     let db = Database::create_empty().await;
+    let latency = Duration::from_secs(6);
     let mut settings = SLOW.to_vec();
-    settings.push(("PROCESSOR_LATENCY_MS", "6000"));
+    let latency_ms = latency.as_millis().to_string();
+    settings.push(("PROCESSOR_LATENCY_MS", latency_ms.as_str()));
     let server = Server::start(&db.url, &settings).await;
     let url = server.url();
+    let pool = db.pool().await;
     let http = client(Duration::from_secs(20));
     let key = "hang-up";
     let body = charge_body(key, 4200, "tok_visa");
@@ -137,36 +145,46 @@ async fn a_waiter_whose_client_hangs_up_stops_waiting() {
         let (http, url, body) = (http.clone(), url.clone(), body.clone());
         async move { send(&http, &url, key, &body, &[]).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // This client gives up after one second and closes its connection.
-    let impatient = client(Duration::from_secs(1));
+    in_flight(&pool, key, latency).await;
+    // This client gives up after two seconds and closes its connection.
+    let patience = Duration::from_secs(2);
+    let impatient = client(patience);
+    let asked = Instant::now();
     let waiter = tokio::spawn({
         let (url, body) = (url.clone(), body.clone());
         async move { send(&impatient, &url, key, &body, &[("Prefer", "wait=10")]).await }
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        metric(&http, &url, "idempotency_waiters").await,
-        1.0,
-        "the request is waiting"
-    );
+    eventually(asked + patience, "the request is waiting", || async {
+        (metric(&http, &url, "idempotency_waiters").await == 1.0).then_some(())
+    })
+    .await;
     let gave_up = waiter.await.unwrap();
     assert!(gave_up.unwrap_err().is_timeout());
     let hung_up = Instant::now();
 
-    loop {
-        if metric(&http, &url, "idempotency_waiters").await == 0.0 {
-            break;
-        }
-        assert!(
-            hung_up.elapsed() < Duration::from_millis(1500),
-            "the wait went on after the client hung up"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The wait ends while the work it waited for is still in flight: it
+    // was the hang-up that ended it, not the answer, nor its own 10 s.
+    eventually(
+        hung_up + latency,
+        "the wait stopped after the client hung up",
+        || async { (metric(&http, &url, "idempotency_waiters").await == 0.0).then_some(()) },
+    )
+    .await;
     let stopped_after = hung_up.elapsed();
+    let key_status: String =
+        sqlx::query_scalar("SELECT status FROM idempotency_keys WHERE key = $1")
+            .bind(key)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        key_status, "processing",
+        "the wait stopped {stopped_after:?} after the hang-up, before the work was done"
+    );
+    // The shared poll reads at most every 250 ms: a few of its intervals
+    // without a read show that nobody polls any more.
     let polls = metric(&http, &url, "idempotency_wait_polls_total").await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_millis(4 * 250)).await;
     assert_eq!(
         metric(&http, &url, "idempotency_wait_polls_total").await,
         polls,
@@ -177,13 +195,31 @@ async fn a_waiter_whose_client_hangs_up_stops_waiting() {
     // The work itself was never the waiter's to cancel.
     let (status, _, charge) = owner.await.unwrap().unwrap();
     assert_eq!(status, 201, "{charge}");
-    let pool = db.pool().await;
     let charges: i64 =
         sqlx::query_scalar("SELECT count(*) FROM charges WHERE status = 'succeeded'")
             .fetch_one(&pool)
             .await
             .unwrap();
     assert_eq!(charges, 1);
+}
+
+/// Waits until `key` is claimed and its request at the processor, where it
+/// stays for `latency`: the deadline.
+async fn in_flight(pool: &sqlx::PgPool, key: &str, latency: Duration) {
+    eventually(
+        Instant::now() + latency,
+        "the first request is at the processor",
+        || async {
+            let status: Option<String> =
+                sqlx::query_scalar("SELECT status FROM idempotency_keys WHERE key = $1")
+                    .bind(key)
+                    .fetch_optional(pool)
+                    .await
+                    .unwrap();
+            (status.as_deref() == Some("processing")).then_some(())
+        },
+    )
+    .await
 }
 
 /// Makes a merchant with the CLI, as an operator would; returns its API key.
@@ -200,23 +236,6 @@ fn create_merchant(db: &Database, name: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
-/// One unlabelled metric's value from `/metrics` (0 when not yet recorded).
-async fn metric(http: &reqwest::Client, url: &str, name: &str) -> f64 {
-    let text = http
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .map(|value| value.trim().parse::<f64>().unwrap())
-        .next()
-        .unwrap_or(0.0)
 }
 
 /// Transactions the database has counted so far (committed and rolled back).
