@@ -315,16 +315,95 @@ mod tests {
     #[test]
     fn defaults_match_the_documented_values() {
         let c = config(&[]).unwrap();
-        assert_eq!(c.port, 8080);
+        assert_eq!(c.database_max_connections, 10);
+        assert_eq!(c.database_acquire_timeout, Duration::from_secs(5));
         assert_eq!(c.bind_addr.to_string(), "127.0.0.1");
+        assert_eq!(c.port, 8080);
+        assert_eq!(c.demo_api_key, None);
         assert_eq!(c.idempotency_key_ttl, Duration::from_secs(86_400));
+        assert!(!c.idempotency_key_required);
         assert_eq!(c.processing_timeout, Duration::from_secs(30));
         assert_eq!(c.sweep_interval, Duration::from_secs(5));
         assert_eq!(c.sweep_batch_size, 500);
         assert_eq!(c.processor_latency, Duration::ZERO);
-        assert_eq!(c.request_timeout, Duration::from_secs(15));
-        assert!(!c.idempotency_key_required);
+        assert_eq!(c.max_body_bytes, 65_536);
         assert_eq!(c.replay_cache_bytes, 67_108_864);
+        assert!(!c.fault_injection);
+        assert!(!c.demo_unsafe_endpoints);
+        assert_eq!(c.request_timeout, Duration::from_secs(15));
+        assert_eq!(c.shutdown_grace, Duration::from_secs(10));
+    }
+
+    /// The rows of the README's configuration table: name and default cell.
+    fn readme_defaults() -> HashMap<&'static str, &'static str> {
+        let readme = include_str!("../README.md");
+        let section = readme
+            .split("\n## Configuration\n")
+            .nth(1)
+            .expect("a Configuration section in the README");
+        let section = section.split("\n## ").next().unwrap();
+        section
+            .lines()
+            .filter_map(|line| {
+                let mut cells = line.strip_prefix("| `")?.split(" | ");
+                let name = cells.next()?.strip_suffix('`')?;
+                Some((name, cells.next()?))
+            })
+            .collect()
+    }
+
+    /// The value `.env.example` gives `name` (set, or commented out).
+    fn env_example_value(name: &str) -> Option<&'static str> {
+        include_str!("../.env.example").lines().find_map(|line| {
+            line.trim_start_matches("# ")
+                .strip_prefix(name)?
+                .strip_prefix('=')
+        })
+    }
+
+    #[test]
+    fn the_readme_and_env_example_give_every_setting_its_actual_default() {
+        // Every variable the configuration reads, in the order it reads them.
+        let read = std::sync::Mutex::new(Vec::new());
+        Config::from_lookup(|name| {
+            read.lock().unwrap().push(name.to_owned());
+            (name == "DATABASE_URL").then(|| "postgres://localhost/x".to_owned())
+        })
+        .unwrap();
+        let read = read.into_inner().unwrap();
+        let readme = readme_defaults();
+        let defaults = format!("{:?}", config(&[]).unwrap());
+        for name in &read {
+            let cell = readme
+                .get(name.as_str())
+                .unwrap_or_else(|| panic!("{name} is missing from the README's table"));
+            let example = env_example_value(name)
+                .unwrap_or_else(|| panic!("{name} is missing from .env.example"));
+            match name.as_str() {
+                "DATABASE_URL" => assert_eq!(*cell, "(required)"),
+                "DEMO_API_KEY" => {
+                    assert_eq!(*cell, "unset");
+                    assert!(config(&[]).unwrap().demo_api_key.is_none());
+                }
+                _ => {
+                    // The last value in backquotes: `REQUEST_TIMEOUT`'s cell
+                    // gives its rule, then the value it comes to.
+                    let documented = cell
+                        .rsplit('`')
+                        .nth(1)
+                        .unwrap_or_else(|| panic!("{name}: no default in {cell:?}"));
+                    for (source, value) in [("README", documented), (".env.example", example)] {
+                        let set = config(&[(name.as_str(), value)])
+                            .unwrap_or_else(|e| panic!("{name}={value} from the {source}: {e}"));
+                        assert_eq!(
+                            format!("{set:?}"),
+                            defaults,
+                            "{name}={value}, as the {source} gives it, is not the default"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -408,3 +408,42 @@ pub fn prefer_wait(headers: &HeaderMap) -> Duration {
             Duration::from_secs(secs.min(MAX_WAIT_SECS))
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wait_of(values: &[&str]) -> Duration {
+        let mut headers = HeaderMap::new();
+        for value in values {
+            headers.append("prefer", HeaderValue::from_str(value).unwrap());
+        }
+        prefer_wait(&headers)
+    }
+
+    #[test]
+    fn prefer_wait_is_whole_seconds_at_most_ten_and_zero_when_absent_or_malformed() {
+        let secs = Duration::from_secs;
+        assert_eq!(wait_of(&[]), Duration::ZERO);
+        assert_eq!(wait_of(&["wait=0"]), Duration::ZERO);
+        assert_eq!(wait_of(&["wait=5"]), secs(5));
+        assert_eq!(wait_of(&["wait=10"]), secs(10));
+        assert_eq!(wait_of(&["wait=11"]), secs(MAX_WAIT_SECS));
+        assert_eq!(wait_of(&["wait=86400"]), secs(10));
+        assert_eq!(wait_of(&["wait=18446744073709551615"]), secs(10));
+        // Among other preferences, in any case, quoted, in any header line.
+        assert_eq!(wait_of(&["respond-async, wait=7"]), secs(7));
+        assert_eq!(wait_of(&["handling=lenient; WAIT = \"3\""]), secs(3));
+        assert_eq!(wait_of(&["return=minimal", "wait=2"]), secs(2));
+        for malformed in [
+            "wait=soon",
+            "wait=-1",
+            "wait=1.5",
+            "wait",
+            "wait=",
+            "waiting=4",
+        ] {
+            assert_eq!(wait_of(&[malformed]), Duration::ZERO, "{malformed}");
+        }
+    }
+}

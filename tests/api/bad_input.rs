@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Answer, Settings, TestApp, spawn_app, spawn_app_with};
+use crate::helpers::{Answer, Settings, TestApp, spawn_app, spawn_app_with, visa};
 
 #[track_caller]
 fn assert_nothing_written(counts: (i64, i64, i64), case: &str) {
@@ -532,4 +532,87 @@ async fn a_json_body_that_repeats_a_key_is_refused_at_any_depth() {
     )
     .await;
     assert_eq!(answer.status, 201);
+}
+
+/// Sends `request`, raw bytes, on a connection of its own, and reads the
+/// answer (the request asks the server to close the connection after it).
+async fn raw_exchange(app: &TestApp, request: String) -> Answer {
+    let address = app.address.trim_start_matches("http://").to_owned();
+    let raw = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).unwrap();
+        answer
+    })
+    .await
+    .unwrap();
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no answer: {:?}", String::from_utf8_lossy(&raw)));
+    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut headers = reqwest::header::HeaderMap::new();
+    for line in lines {
+        let (name, value) = line.split_once(':').unwrap();
+        headers.append(
+            reqwest::header::HeaderName::from_bytes(name.trim().as_bytes()).unwrap(),
+            value.trim().parse().unwrap(),
+        );
+    }
+    Answer {
+        status,
+        headers,
+        body: bytes::Bytes::copy_from_slice(&raw[split + 4..]),
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_cannot_be_read_is_400_invalid_body_and_leaves_the_key_free() {
+    let app = spawn_app().await;
+    for route in ["/v1/charges", "/v1/refunds"] {
+        // A chunked body whose second chunk size is not a number.
+        let request = format!(
+            "POST {route} HTTP/1.1\r\nHost: oncepay\r\nAuthorization: Bearer {}\r\n\
+             Idempotency-Key: torn\r\nContent-Type: application/json\r\n\
+             Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+             5\r\n{{\"amo\r\nzz\r\n",
+            app.api_key
+        );
+        let answer = raw_exchange(&app, request).await;
+        answer.assert_problem(400, "invalid_body");
+        assert_nothing_written(counts(&app).await, route);
+    }
+    let retry = Answer::of(app.post_charge(Some("torn"), &visa(2000)).await).await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+}
+
+#[tokio::test]
+async fn a_path_that_cannot_be_read_is_400_invalid_path() {
+    let app = spawn_app().await;
+    app.paid_charge(2000).await;
+    for path in [
+        "/v1/charges/ch_%FF",
+        "/v1/refunds/re_%FF",
+        "/v1/idempotency_keys/%C3%28",
+    ] {
+        let answer = Answer::of(app.get(path).await).await;
+        answer.assert_problem(400, "invalid_path");
+        assert!(answer.json()["request_id"].is_string(), "{path}");
+    }
+    assert_eq!((app.charges().await, app.keys().await), (1, 0));
 }

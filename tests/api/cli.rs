@@ -5,11 +5,14 @@ use std::process::Command;
 use oncepay::merchants::{self, ApiKey};
 
 use crate::helpers::TestDb;
+use crate::sweeper::stale_claim_in;
 
 fn oncepay(db: &TestDb, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_oncepay"))
         .args(args)
         .env_clear()
+        // Away from any .env a developer keeps in the checkout.
+        .current_dir(std::env::temp_dir())
         .env("DATABASE_URL", &db.url)
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("RUST_LOG", "info")
@@ -54,6 +57,17 @@ async fn merchants_create_prints_only_the_new_key_and_the_key_works() {
 #[tokio::test]
 async fn sweep_once_runs_one_pass_and_reports_it() {
     let db = TestDb::create().await;
+    let pool = db.pool().await;
+    let (merchant, _) = merchants::create(&pool, "swept").await.unwrap();
+    // Stale under the default PROCESSING_TIMEOUT (30 s).
+    stale_claim_in(
+        &pool,
+        merchant.id,
+        "crashed",
+        "ch_crashedbeforethesweepcmd1",
+        "1 minute",
+    )
+    .await;
     let out = oncepay(&db, &["sweep", "--once"]);
     assert!(
         out.status.success(),
@@ -62,8 +76,18 @@ async fn sweep_once_runs_one_pass_and_reports_it() {
     );
     assert_eq!(
         String::from_utf8(out.stdout).unwrap().trim(),
-        "settled_succeeded=0 settled_failed=0 refunds_settled=0 refunds_failed=0 keys_deleted=0"
+        "settled_succeeded=0 settled_failed=1 refunds_settled=0 refunds_failed=0 keys_deleted=0"
     );
+    let settled: (String, String, i16) = sqlx::query_as(
+        "SELECT c.status, k.status, k.response_status
+           FROM charges c JOIN idempotency_keys k ON k.charge_id = c.id
+          WHERE c.id = 'ch_crashedbeforethesweepcmd1'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(settled, ("failed".into(), "completed".into(), 402));
+    pool.close().await;
 }
 
 #[tokio::test]

@@ -1,7 +1,5 @@
 //! Races on one key over real HTTP: one effect, whatever the interleaving.
 
-use std::time::Duration;
-
 use futures::future::join_all;
 use oncepay::merchants::{self, ApiKey};
 
@@ -24,7 +22,7 @@ async fn fifty_concurrent_identical_requests_create_one_charge_and_one_payment()
             201 => assert_eq!(answer.body, originals[0].body, "a replay of the one charge"),
             409 => {
                 answer.assert_problem(409, "idempotency_key_in_use");
-                assert!(answer.header("retry-after").is_some());
+                assert_eq!(answer.header("retry-after"), Some("1"));
             }
             other => panic!("unexpected status {other}: {:?}", answer.body),
         }
@@ -64,7 +62,7 @@ async fn a_duplicate_in_flight_gets_409_with_retry_after() {
     let body = visa(2000);
     let first = app.post_charge(Some("slow"), &body);
     let second = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        app.until_in_flight("slow").await;
         Answer::of(app.post_charge(Some("slow"), &visa(2000)).await).await
     };
     let (first, second) = tokio::join!(first, second);
@@ -81,7 +79,7 @@ async fn a_different_request_in_flight_with_the_same_key_is_422() {
     let body = visa(2000);
     let first = app.post_charge(Some("slow"), &body);
     let second = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        app.until_in_flight("slow").await;
         Answer::of(app.post_charge(Some("slow"), &visa(9999)).await).await
     };
     let (first, second) = tokio::join!(first, second);
@@ -92,10 +90,12 @@ async fn a_different_request_in_flight_with_the_same_key_is_422() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefer_wait_replays_the_first_result_instead_of_409() {
-    let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 800)).await;
+    let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 1500)).await;
     let first = async { Answer::of(app.post_charge(Some("patient"), &visa(2000)).await).await };
     let second = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The first request has claimed the key and is at the processor
+        // (for 1.5 s: time enough for this one to find it there).
+        app.until_in_flight("patient").await;
         let response = app
             .client
             .post(app.url("/v1/charges"))
@@ -112,8 +112,14 @@ async fn prefer_wait_replays_the_first_result_instead_of_409() {
     assert_eq!(first.status, 201);
     assert_eq!(second.status, 201);
     assert!(second.replayed());
+    assert_eq!(
+        second.header("preference-applied"),
+        Some("wait"),
+        "the answer came after a wait"
+    );
     assert_eq!(second.body, first.body);
     assert_eq!(app.charges().await, 1);
+    assert_eq!(app.payments().await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

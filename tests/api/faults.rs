@@ -81,7 +81,8 @@ async fn a_timeout_after_capture_is_503_then_409_then_the_succeeded_replay() {
     in_flight.assert_problem(409, "idempotency_key_in_use");
     assert_eq!(in_flight.header("retry-after"), Some("1"));
 
-    // The sweeper (here with a zero timeout) settles it from the processor's record.
+    // The sweeper settles it from the processor's record, once the key is
+    // stale: here it was claimed two hours ago, for a one-hour timeout.
     sqlx::query("UPDATE idempotency_keys SET locked_at = now() - interval '2 hours'")
         .execute(&app.pool)
         .await
@@ -101,8 +102,14 @@ async fn a_retry_after_the_processing_timeout_settles_the_stale_key_itself() {
     let app = spawn_app_with(Settings::new().set("PROCESSING_TIMEOUT", "300ms")).await;
     let body = token("tok_processorTimeoutAfterCapture");
     let first = Answer::of(app.post_charge(Some("t"), &body).await).await;
-    assert_eq!(first.status, 503);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    first.assert_problem(503, "processing_outcome_unknown");
+    assert_eq!(
+        first.header("retry-after"),
+        Some("3601"),
+        "300 ms plus the tests' SWEEP_INTERVAL (1 h), rounded up"
+    );
+    // Its key was claimed before the answer: it is stale this much later.
+    tokio::time::sleep(app.config.processing_timeout + Duration::from_millis(200)).await;
     // No sweeper runs here: the retry settles the stale row by the same fenced procedure.
     let retry = Answer::of(app.post_charge(Some("t"), &body).await).await;
     assert_eq!(retry.status, 201);
@@ -277,7 +284,8 @@ async fn a_retry_whose_recovery_fails_at_the_processor_says_when_the_next_recove
         Some("4"),
         "1 s + 2.5 s, rounded up"
     );
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Its key was claimed before the answer: it is stale this much later.
+    tokio::time::sleep(app.config.processing_timeout + Duration::from_millis(200)).await;
     // The key is stale: the retry leases it and tries to fence the charge,
     // and the processor cannot be reached.
     let retry = Answer::of(app.post_charge(Some("u"), &body).await).await;
@@ -288,4 +296,63 @@ async fn a_retry_whose_recovery_fails_at_the_processor_says_when_the_next_recove
             .await,
         1
     );
+}
+
+/// The simulated processor, except that authorizing `amount` panics.
+struct PanicsOn {
+    amount: i64,
+    inner: SimulatedProcessor,
+}
+
+const PANIC_MESSAGE: &str = "the processor client hit a bug";
+
+#[async_trait]
+impl Processor for PanicsOn {
+    async fn authorize(&self, request: Authorization<'_>) -> Result<Outcome, ProcessorError> {
+        assert_ne!(request.amount, self.amount, "{PANIC_MESSAGE}");
+        self.inner.authorize(request).await
+    }
+
+    async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
+        self.inner.void_unless_recorded(processor_key).await
+    }
+
+    async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
+        self.inner.refund(request).await
+    }
+}
+
+#[tokio::test]
+async fn a_panic_is_answered_as_an_internal_error_problem_and_the_server_goes_on() {
+    let app = spawn_app_with_processor(Settings::new(), |pool| {
+        Arc::new(PanicsOn {
+            amount: 1313,
+            inner: SimulatedProcessor::new(pool, Duration::ZERO),
+        })
+    })
+    .await;
+    let body = json!({"amount": 1313, "currency": "usd", "source": "tok_visa"});
+    let answer = Answer::of(app.post_charge(Some("bug"), &body).await).await;
+    answer.assert_problem(500, "internal_error");
+    assert!(answer.json()["request_id"].is_string());
+    assert!(
+        !String::from_utf8_lossy(&answer.body).contains(PANIC_MESSAGE),
+        "details stay in the log"
+    );
+    // The charge was written before the processor call: it stays pending,
+    // its key claimed, for recovery to settle. No money moved.
+    assert_eq!(
+        app.count("SELECT count(*) FROM charges WHERE status = 'pending'")
+            .await,
+        1
+    );
+    assert!(app.in_flight("bug").await);
+    assert_eq!(app.payments().await, 0);
+
+    // The process goes on serving.
+    let next = Answer::of(app.post_charge(Some("fine"), &token("tok_visa")).await).await;
+    assert_eq!(next.status, 201, "{:?}", next.body);
+    assert_eq!(app.payments().await, 1);
+    let health = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
 }

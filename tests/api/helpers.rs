@@ -1,8 +1,9 @@
 //! Test helpers: a fresh, migrated database per test and the real server on
 //! a free port, with request and database helpers.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use oncepay::config::Config;
 use oncepay::merchants;
@@ -78,6 +79,9 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
         ("PORT", "0".to_owned()),
         ("SWEEP_INTERVAL", "1h".to_owned()),
         ("DATABASE_MAX_CONNECTIONS", "20".to_owned()),
+        // Generous on a loaded machine; a test that needs the pool to run
+        // dry sets its own.
+        ("DATABASE_ACQUIRE_TIMEOUT", "10s".to_owned()),
     ];
     vars.extend(settings.vars);
     let config = Config::from_lookup(|name| {
@@ -87,9 +91,10 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
             .map(|(_, v)| v.clone())
     })
     .expect("a valid test configuration");
+    // The server's own pool: what a test holds of it, requests lack.
     let pool = PgPoolOptions::new()
         .max_connections(config.database_max_connections)
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(config.database_acquire_timeout)
         .connect(&db.url)
         .await
         .expect("connect to the test database");
@@ -261,6 +266,30 @@ impl TestApp {
         Sweeper::new(self.pool.clone(), self.processor.clone(), settings)
     }
 
+    /// Whether the key `key` is claimed and its request still at work.
+    pub async fn in_flight(&self, key: &str) -> bool {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM idempotency_keys WHERE key = $1 AND status = 'processing')",
+        )
+        .bind(key)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    /// Waits until a request with `key` has committed its claim and is
+    /// still at work. A claim commits at the start of its request, so this
+    /// takes at most one `REQUEST_TIMEOUT`: by then the request has been
+    /// answered anyway.
+    pub async fn until_in_flight(&self, key: &str) {
+        until(
+            self.config.request_timeout,
+            &format!("{key} in flight"),
+            || self.in_flight(key),
+        )
+        .await;
+    }
+
     pub async fn count(&self, sql: &str) -> i64 {
         sqlx::query_scalar(sql)
             .fetch_one(&self.pool)
@@ -299,6 +328,20 @@ impl TestApp {
             .fetch_one(&self.pool)
             .await
             .unwrap()
+    }
+}
+
+/// Polls `check` every 10 ms until it holds; fails the test, naming `what`,
+/// if it does not within `within`.
+pub async fn until<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -1,6 +1,15 @@
 //! Request ids, metrics, problems from layers, and the per-request timeout.
 
-use crate::helpers::{Answer, Settings, spawn_app, spawn_app_with, visa};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use oncepay::merchants;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::helpers::{Answer, Settings, TestDb, spawn_app, spawn_app_with, until, visa};
+use crate::sweeper::stale_claim_in;
 
 #[tokio::test]
 async fn every_response_carries_a_request_id_and_an_incoming_one_is_honoured() {
@@ -56,37 +65,268 @@ async fn a_replayed_problem_stays_byte_for_byte_while_fresh_ones_get_their_reque
     );
 }
 
-#[tokio::test]
-async fn metrics_count_requests_idempotency_processor_calls_and_the_pool() {
-    let app = spawn_app().await;
-    assert_eq!(app.post_charge(Some("m"), &visa(100)).await.status(), 201);
-    assert_eq!(app.post_charge(Some("m"), &visa(100)).await.status(), 201);
-    assert_eq!(app.post_charge(Some("m"), &visa(200)).await.status(), 422);
-    app.sweep_once().await;
-    let response = app.client.get(app.url("/metrics")).send().await.unwrap();
-    assert_eq!(response.status(), 200);
-    assert!(
-        response.headers()["content-type"]
-            .to_str()
+/// `oncepay serve` as a process of its own, on a database of its own. Its
+/// metrics are its own: this test binary's recorder is shared by every test
+/// running in it, so counts there are never exact.
+struct Served {
+    child: Child,
+    url: String,
+    pool: PgPool,
+    merchant_id: Uuid,
+    api_key: String,
+    stderr: PathBuf,
+    _db: TestDb,
+}
+
+impl Served {
+    /// Starts the binary with `env` and waits until it answers `/healthz`.
+    async fn start(env: &[(&str, &str)]) -> Self {
+        let db = TestDb::create().await;
+        let pool = db.pool().await;
+        let (merchant, key) = merchants::create(&pool, "served").await.unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
-            .starts_with("text/plain")
-    );
-    let text = response.text().await.unwrap();
-    for needle in [
-        r#"http_requests_total{method="POST",route="/v1/charges",status="201"}"#,
-        r#"http_request_duration_seconds_bucket{method="POST",route="/v1/charges",status="201""#,
-        r#"idempotency_outcomes_total{outcome="executed"}"#,
-        r#"idempotency_outcomes_total{outcome="replayed"}"#,
-        r#"idempotency_outcomes_total{outcome="reused"}"#,
-        r#"processor_calls_total{call="authorize",outcome="succeeded"}"#,
-        "processor_call_duration_seconds_bucket",
-        "sweeper_runs_total",
-        r#"db_pool_connections{state="idle"}"#,
-        "db_pool_max_connections",
-    ] {
-        assert!(text.contains(needle), "{needle} missing from:\n{text}");
+            .local_addr()
+            .unwrap()
+            .port();
+        let stderr = std::env::temp_dir().join(format!("oncepay-served-{}.log", db.name));
+        let child = Command::new(env!("CARGO_BIN_EXE_oncepay"))
+            .arg("serve")
+            .env_clear()
+            // Away from any .env a developer keeps in the checkout.
+            .current_dir(std::env::temp_dir())
+            .env("DATABASE_URL", &db.url)
+            .env("PORT", port.to_string())
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("start oncepay serve");
+        let mut served = Served {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            pool,
+            merchant_id: merchant.id,
+            api_key: key.expose().to_owned(),
+            stderr,
+            _db: db,
+        };
+        let healthz = format!("{}/healthz", served.url);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = served.child.try_wait().unwrap() {
+                panic!("oncepay serve exited ({status}): {}", served.log());
+            }
+            if reqwest::get(&healthz)
+                .await
+                .is_ok_and(|r| r.status() == 200)
+            {
+                return served;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "oncepay serve did not start: {}",
+                served.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
-    assert!(!text.contains(&app.api_key));
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    async fn metrics(&self) -> String {
+        let response = reqwest::get(format!("{}/metrics", self.url)).await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(
+            response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/plain")
+        );
+        response.text().await.unwrap()
+    }
+
+    async fn post_charge(&self, key: &str, body: &serde_json::Value) -> u16 {
+        reqwest::Client::new()
+            .post(format!("{}/v1/charges", self.url))
+            .bearer_auth(&self.api_key)
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.stderr);
+    }
+}
+
+/// The value of one series (`name{labels}` exactly as rendered) in a
+/// Prometheus text scrape; 0 when it is not there yet.
+fn sample(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |value| value.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn metrics_count_requests_idempotency_processor_calls_the_sweeper_and_the_pool() {
+    // The stale claim below is settled by the process's own sweeper.
+    let (processing_timeout, sweep_interval) = (Duration::from_secs(1), Duration::from_millis(200));
+    let served = Served::start(&[
+        ("PROCESSING_TIMEOUT", "1s"),
+        ("SWEEP_INTERVAL", "200ms"),
+        ("DATABASE_MAX_CONNECTIONS", "7"),
+    ])
+    .await;
+    let before = served.metrics().await;
+
+    assert_eq!(served.post_charge("m", &visa(100)).await, 201);
+    assert_eq!(served.post_charge("m", &visa(100)).await, 201);
+    assert_eq!(served.post_charge("m", &visa(200)).await, 422);
+    stale_claim_in(
+        &served.pool,
+        served.merchant_id,
+        "crashed",
+        "ch_crashedbeforemetrics00001",
+        "1 minute",
+    )
+    .await;
+    // Recovery answers within PROCESSING_TIMEOUT plus one SWEEP_INTERVAL
+    // (given five times that, on a loaded machine).
+    let recovery = (processing_timeout + sweep_interval) * 5;
+    until(recovery, "the sweeper settled it", || async {
+        sqlx::query_scalar::<_, String>("SELECT status FROM idempotency_keys WHERE key = 'crashed'")
+            .fetch_one(&served.pool)
+            .await
+            .unwrap()
+            == "completed"
+    })
+    .await;
+    // A pass records its metrics as it ends: once a pass has ended since,
+    // the one that settled the claim has recorded its own.
+    let runs = sample(&served.metrics().await, "sweeper_runs_total");
+    until(recovery, "another sweeper pass", || async {
+        sample(&served.metrics().await, "sweeper_runs_total") > runs
+    })
+    .await;
+    let after = served.metrics().await;
+
+    for (series, increase) in [
+        (
+            r#"http_requests_total{method="POST",route="/v1/charges",status="201"}"#,
+            2.0,
+        ),
+        (
+            r#"http_requests_total{method="POST",route="/v1/charges",status="422"}"#,
+            1.0,
+        ),
+        (
+            r#"http_request_duration_seconds_count{method="POST",route="/v1/charges",status="201"}"#,
+            2.0,
+        ),
+        (r#"idempotency_outcomes_total{outcome="executed"}"#, 1.0),
+        (r#"idempotency_outcomes_total{outcome="replayed"}"#, 1.0),
+        (r#"idempotency_outcomes_total{outcome="reused"}"#, 1.0),
+        (
+            r#"processor_calls_total{call="authorize",outcome="succeeded"}"#,
+            1.0,
+        ),
+        (
+            r#"processor_call_duration_seconds_count{call="authorize",outcome="succeeded"}"#,
+            1.0,
+        ),
+        (
+            r#"processor_calls_total{call="void",outcome="voided"}"#,
+            1.0,
+        ),
+        ("sweeper_leased_total", 1.0),
+        (r#"sweeper_settled_total{outcome="charge_failed"}"#, 1.0),
+        (r#"sweeper_settled_total{outcome="charge_succeeded"}"#, 0.0),
+        ("sweeper_keys_deleted_total", 0.0),
+        ("db_pool_timeouts_total", 0.0),
+    ] {
+        assert_eq!(
+            sample(&after, series) - sample(&before, series),
+            increase,
+            "{series}\nbefore:\n{before}\nafter:\n{after}"
+        );
+    }
+    // The sweeper runs on its clock: at least the pass that settled the claim.
+    assert!(sample(&after, "sweeper_runs_total") > sample(&before, "sweeper_runs_total"));
+    assert_eq!(sample(&after, "db_pool_max_connections"), 7.0);
+    assert!(
+        after.contains(r#"db_pool_connections{state="idle"}"#),
+        "{after}"
+    );
+    assert!(
+        after.contains(r#"db_pool_connections{state="in_use"}"#),
+        "{after}"
+    );
+    assert!(!after.contains(&served.api_key));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_finds_the_pool_exhausted_gets_503_and_is_counted() {
+    let app = spawn_app_with(
+        Settings::new()
+            .set("DATABASE_MAX_CONNECTIONS", 2)
+            .set("DATABASE_ACQUIRE_TIMEOUT", "300ms"),
+    )
+    .await;
+    let timeouts = || async {
+        let scrape = app
+            .client
+            .get(app.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        sample(&scrape, "db_pool_timeouts_total")
+    };
+    let before = timeouts().await;
+    // The test's pool is the server's: holding every connection leaves
+    // none for a request.
+    let held = [
+        app.pool.acquire().await.unwrap(),
+        app.pool.acquire().await.unwrap(),
+    ];
+    let sent = Instant::now();
+    let answer = Answer::of(app.post_charge(Some("dry"), &visa(100)).await).await;
+    answer.assert_problem(503, "service_unavailable");
+    assert_eq!(
+        answer.header("retry-after"),
+        Some("1"),
+        "nothing was claimed"
+    );
+    assert!(
+        sent.elapsed() >= app.config.database_acquire_timeout,
+        "it waited DATABASE_ACQUIRE_TIMEOUT for a connection"
+    );
+    // Other tests in this process may add to the counter too; this one
+    // added at least its own.
+    assert!(timeouts().await >= before + 1.0);
+    drop(held);
+
+    // Nothing was written, and the key is free once the pool is back.
+    assert_eq!((app.charges().await, app.keys().await), (0, 0));
+    let retry = Answer::of(app.post_charge(Some("dry"), &visa(100)).await).await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,17 +339,19 @@ async fn a_request_over_the_timeout_gets_a_problem_and_its_work_still_completes(
     .await;
     let slow = Answer::of(app.post_charge(Some("slow"), &visa(100)).await).await;
     slow.assert_problem(503, "request_timeout");
-    assert!(slow.header("retry-after").is_some());
+    assert_eq!(slow.header("retry-after"), Some("1"));
     assert!(slow.json()["request_id"].is_string());
     // The work went on in its own task; a retry gets its result once it is
     // done (409 until then: each retry must itself stay under the timeout).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // It is done once the processor has answered.
+    let deadline = Instant::now() + app.config.processor_latency + app.config.request_timeout;
     let retry = loop {
         let retry = Answer::of(app.post_charge(Some("slow"), &visa(100)).await).await;
-        if retry.status != 409 || std::time::Instant::now() > deadline {
+        if retry.status != 409 || Instant::now() > deadline {
             break retry;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(retry.header("retry-after"), Some("1"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(retry.status, 201);
     assert!(retry.replayed());

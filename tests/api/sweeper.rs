@@ -1,11 +1,14 @@
 //! The background task: stale charges settled both ways, late authorizations
-//! fenced off, expired keys deleted.
+//! fenced off, expired keys deleted, several sweepers sharing the work.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use sqlx::PgPool;
+use uuid::Uuid;
 
 use oncepay::charges::NewCharge;
 use oncepay::idempotency::{Fingerprint, store};
@@ -14,26 +17,37 @@ use oncepay::processor::{
     Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
     authorization_key,
 };
-use oncepay::sweeper::{SweepSettings, Sweeper};
+use oncepay::sweeper::{SweepReport, SweepSettings, Sweeper};
 
-use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, visa};
+use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, until, visa};
 
 /// A claim and a pending charge for `visa(2000)`, as a request that crashed
 /// right after step 2 leaves them, `age` ago.
 pub async fn stale_claim(app: &TestApp, key: &str, charge_id: &str, age: &str) {
+    stale_claim_in(&app.pool, app.merchant_id, key, charge_id, age).await;
+}
+
+/// [`stale_claim`] in any database, for `merchant_id`.
+pub async fn stale_claim_in(
+    pool: &PgPool,
+    merchant_id: Uuid,
+    key: &str,
+    charge_id: &str,
+    age: &str,
+) {
     let params = Params::from_json(visa(2000).to_string().as_bytes()).unwrap();
     let fingerprint = Fingerprint::of(
         "POST",
         "/v1/charges",
         &NewCharge::from_params(params).unwrap().canonical(),
     );
-    let mut tx = app.pool.begin().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
     sqlx::query(
         "INSERT INTO charges (id, merchant_id, amount, currency, source, status, created_at)
          VALUES ($1, $2, 2000, 'usd', 'tok_visa', 'pending', now() - $3::interval)",
     )
     .bind(charge_id)
-    .bind(app.merchant_id)
+    .bind(merchant_id)
     .bind(age)
     .execute(&mut *tx)
     .await
@@ -44,7 +58,7 @@ pub async fn stale_claim(app: &TestApp, key: &str, charge_id: &str, age: &str) {
          VALUES ($1, $2, 'processing', 'POST', '/v1/charges', $5, $3,
                  now() - $4::interval, now() - $4::interval, now() + interval '1 day')",
     )
-    .bind(app.merchant_id)
+    .bind(merchant_id)
     .bind(key)
     .bind(charge_id)
     .bind(age)
@@ -192,11 +206,28 @@ async fn a_late_authorization_racing_the_sweeper_moves_no_money_and_fails_the_ch
     // the short timeout is the sweeper's own: as if this request had
     // stalled (a paused process, a slow network) past the timeout.
     let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 2000)).await;
+    let stalled_for = Duration::from_millis(300);
     let request = async { Answer::of(app.post_charge(Some("slow"), &visa(2000)).await).await };
     let sweep = async {
-        tokio::time::sleep(Duration::from_millis(800)).await;
-        app.sweep_once_with_timeout(Duration::from_millis(300))
-            .await
+        // Sweep once the claim is older than the sweeper's timeout, by the
+        // database's clock, while the request is still at the processor.
+        until(
+            app.config.processor_latency,
+            "the claim stalled",
+            || async {
+                sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM idempotency_keys
+                                 WHERE key = 'slow' AND status = 'processing'
+                                   AND locked_at < now() - $1::float8 * interval '1 millisecond')",
+                )
+                .bind(stalled_for.as_millis() as f64)
+                .fetch_one(&app.pool)
+                .await
+                .unwrap()
+            },
+        )
+        .await;
+        app.sweep_once_with_timeout(stalled_for).await
     };
     let (answer, report) = tokio::join!(request, sweep);
 
@@ -221,10 +252,75 @@ async fn a_late_authorization_racing_the_sweeper_moves_no_money_and_fails_the_ch
     assert_eq!(retry.body, answer.body);
 }
 
+/// What one sweeper did over its passes.
+#[derive(Debug, Default)]
+struct Tally {
+    passes: u64,
+    leased: u64,
+    unguarded: u64,
+    settled: u64,
+}
+
+/// Runs `sweeper` pass after pass until `done` says nothing is left,
+/// adding up its reports.
+async fn sweep_until<F, Fut>(sweeper: &Sweeper, done: F) -> Tally
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut tally = Tally::default();
+    // A guard against a sweeper that never finishes, not a timing bet.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done().await {
+        assert!(Instant::now() < deadline, "still sweeping: {tally:?}");
+        let report: SweepReport = sweeper.sweep_once().await.expect("a sweep pass");
+        tally.passes += 1;
+        tally.leased += report.leased;
+        tally.unguarded += report.unguarded;
+        tally.settled += report.settled_succeeded + report.settled_failed;
+        if report == SweepReport::default() {
+            // The rest is someone else's lease; look again shortly.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    tally
+}
+
+/// Two sweepers on one database with `batch_size` rows a statement, each
+/// with its own counting processor; their fences are also counted by key.
+fn two_sweepers(
+    app: &TestApp,
+    batch_size: i64,
+) -> ([Sweeper; 2], [Arc<CountingProcessor>; 2], FencesByKey) {
+    let by_key = FencesByKey::default();
+    let processor = || {
+        Arc::new(CountingProcessor {
+            inner: app.processor.clone(),
+            voids: AtomicUsize::new(0),
+            by_key: by_key.clone(),
+            // Slow enough that one sweeper is still fencing its batch when
+            // the other leases the next: their passes interleave.
+            delay: Duration::from_millis(10),
+        })
+    };
+    let processors = [processor(), processor()];
+    let settings = SweepSettings {
+        processing_timeout: Duration::from_secs(1),
+        batch_size,
+        ..SweepSettings::from_config(&app.config)
+    };
+    let sweepers = processors
+        .clone()
+        .map(|p| Sweeper::new(app.pool.clone(), p, settings));
+    (sweepers, processors, by_key)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sweepers_at_once_settle_each_stale_row_once() {
+    const ROWS: u64 = 40;
+    const BATCH: i64 = 5;
     let app = spawn_app_with(fast_timeout()).await;
-    for i in 0..20 {
+    for i in 0..ROWS {
         stale_claim(
             &app,
             &format!("k{i}"),
@@ -233,40 +329,186 @@ async fn two_sweepers_at_once_settle_each_stale_row_once() {
         )
         .await;
     }
-    // Two sweepers sharing one processor that counts the fences it is asked for.
-    let counting = Arc::new(CountingProcessor {
-        inner: app.processor.clone(),
-        voids: AtomicUsize::new(0),
-    });
-    let sweeper = || {
-        Sweeper::new(
-            app.pool.clone(),
-            counting.clone(),
-            SweepSettings {
-                processing_timeout: Duration::from_secs(1),
-                ..SweepSettings::from_config(&app.config)
+    let ([first, second], [a_processor, b_processor], by_key) = two_sweepers(&app, BATCH);
+    // Someone else (a retry leasing its own key, say) holds the oldest row
+    // while both sweepers make their first pass: a lease that waited for it
+    // instead of skipping it would take it, and the rows leased with it, in
+    // both sweepers at once.
+    let mut holder = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = 'k0' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let blocked = || async {
+        app.count(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .await
+    };
+    let release = async {
+        until(
+            Duration::from_secs(30),
+            "two passes, or two sweepers blocked",
+            || async {
+                let leased = app
+                    .count(
+                        "SELECT count(*) FROM idempotency_keys
+                          WHERE status = 'completed'
+                             OR locked_at > now() - interval '30 seconds'",
+                    )
+                    .await;
+                leased >= 2 * BATCH || blocked().await >= 2
             },
         )
+        .await;
+        let blocked = blocked().await;
+        holder.rollback().await.unwrap();
+        blocked
     };
-    let (first, second) = (sweeper(), sweeper());
-    let (a, b) = tokio::join!(first.sweep_once(), second.sweep_once());
-    let (a, b) = (a.unwrap(), b.unwrap());
-    assert_eq!(a.settled_failed + b.settled_failed, 20, "{a:?} {b:?}");
-    assert_eq!(
-        counting.voids.load(Ordering::SeqCst),
-        20,
-        "the lease kept the two sweepers off each other's rows"
+    let done = || async {
+        app.count("SELECT count(*) FROM idempotency_keys WHERE status = 'processing'")
+            .await
+            == 0
+    };
+    let (a, b, blocked) = tokio::join!(
+        sweep_until(&first, done),
+        sweep_until(&second, done),
+        release
     );
+    assert_eq!(blocked, 0, "the lease skips a row someone else holds");
+    // Each pass leased at most one batch, and each row was leased once.
+    assert_eq!(a.leased + b.leased, ROWS, "{a:?} {b:?}");
+    assert!(
+        a.leased > 0 && b.leased > 0,
+        "both sweepers took part: {a:?} {b:?}"
+    );
+    // Each row was fenced once, by the sweeper that leased it.
+    let by_key = by_key.lock().unwrap().clone();
+    assert_eq!(by_key.len() as u64, ROWS);
+    assert!(by_key.values().all(|&n| n == 1), "{by_key:?}");
+    assert_eq!(
+        a_processor.voids.load(Ordering::SeqCst) as u64,
+        a.leased,
+        "a sweeper fences what it leased, no more"
+    );
+    assert_eq!(b_processor.voids.load(Ordering::SeqCst) as u64, b.leased);
+    // And settled once: the reports add up to the rows, each of them failed.
+    assert_eq!(a.settled + b.settled, ROWS, "{a:?} {b:?}");
+    assert!(a.settled > 0 && b.settled > 0, "{a:?} {b:?}");
     assert_eq!(
         app.count("SELECT count(*) FROM charges WHERE status = 'failed'")
-            .await,
-        20
+            .await as u64,
+        ROWS
     );
     assert_eq!(
         app.count("SELECT count(*) FROM idempotency_keys WHERE status = 'completed'")
-            .await,
-        20
+            .await as u64,
+        ROWS
     );
+    assert_eq!(
+        app.count("SELECT count(*) FROM processor_operations WHERE outcome = 'voided'")
+            .await as u64,
+        ROWS
+    );
+    assert_eq!(app.payments().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sweepers_at_once_settle_each_keyless_stale_charge_once() {
+    const ROWS: u64 = 12;
+    let app = spawn_app_with(fast_timeout()).await;
+    sqlx::query(
+        "INSERT INTO charges (id, merchant_id, amount, currency, source, status, created_at)
+         SELECT 'ch_keylessstalecharge' || lpad(i::text, 6, '0'), $1, 2000, 'usd', 'tok_visa',
+                'pending', now() - interval '1 minute'
+           FROM generate_series(1, $2) i",
+    )
+    .bind(app.merchant_id)
+    .bind(ROWS as i64)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let ([first, second], _, by_key) = two_sweepers(&app, 5);
+    let done = || async {
+        app.count("SELECT count(*) FROM charges WHERE status = 'pending'")
+            .await
+            == 0
+    };
+    let (a, b) = tokio::join!(sweep_until(&first, done), sweep_until(&second, done));
+
+    // Nothing leases a keyless charge: both sweepers may find and fence the
+    // same one. The fence is idempotent and the settle conditional, so each
+    // charge has one record at the processor and is settled once.
+    assert_eq!((a.leased, b.leased), (0, 0));
+    assert!(a.unguarded + b.unguarded >= ROWS, "{a:?} {b:?}");
+    assert_eq!(a.settled + b.settled, ROWS, "{a:?} {b:?}");
+    let by_key = by_key.lock().unwrap().clone();
+    assert_eq!(by_key.len() as u64, ROWS, "every charge was fenced");
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM charges c JOIN processor_operations p
+                 ON p.processor_key = 'auth:' || c.id
+              WHERE c.status = 'failed' AND c.failure_code = 'processing_abandoned'
+                AND p.outcome = 'voided'"
+        )
+        .await as u64,
+        ROWS,
+        "each charge failed, with one void at the processor"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM processor_operations").await as u64,
+        ROWS
+    );
+}
+
+#[tokio::test]
+async fn the_sweeper_never_deletes_an_expired_key_that_is_still_processing() {
+    let app = spawn_app_with(Settings::new().set("PROCESSING_TIMEOUT", "1h")).await;
+    // In flight for a minute, well within the timeout, and past its expiry.
+    stale_claim(&app, "busy", "ch_stillworkingpastexpiry0001", "1 minute").await;
+    // Stale and past its expiry: settled first, then kept for its answer.
+    stale_claim(&app, "crashed", "ch_crashedpastitsexpiry00001", "2 hours").await;
+    seed_expired_keys(&app, 1).await;
+    let expired = sqlx::query(
+        "UPDATE idempotency_keys SET expires_at = now() - interval '1 second'
+          WHERE status = 'processing'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(expired, 2);
+
+    let report = app.sweep_once().await;
+    assert_eq!(report.keys_deleted, 1, "only the completed expired key");
+    assert_eq!((report.leased, report.settled_failed), (1, 1), "{report:?}");
+    assert_eq!(
+        key_state(&app, "busy").await,
+        ("processing".into(), None),
+        "a key in flight is never deleted"
+    );
+    assert_eq!(
+        charge_state(&app, "ch_stillworkingpastexpiry0001").await.0,
+        "pending"
+    );
+    assert_eq!(
+        key_state(&app, "crashed").await,
+        ("completed".into(), Some(402)),
+        "settled, not deleted"
+    );
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM idempotency_keys
+              WHERE key = 'crashed' AND expires_at > now() + interval '23 hours'"
+        )
+        .await,
+        1,
+        "its answer is kept a full TTL"
+    );
+    // A second pass deletes nothing more.
+    assert_eq!(app.sweep_once().await.keys_deleted, 0);
+    assert_eq!(app.keys().await, 2);
 }
 
 #[tokio::test]
@@ -360,10 +602,16 @@ async fn a_pass_stops_deleting_once_its_time_budget_is_spent() {
     assert_eq!(report.keys_deleted, 700);
 }
 
-/// A processor that counts the fences (voids) it is asked for.
+/// How many fences each processor key was asked for, over all processors.
+type FencesByKey = Arc<Mutex<HashMap<String, u32>>>;
+
+/// A processor that counts the fences (voids) it is asked for, and takes
+/// `delay` over each.
 struct CountingProcessor {
     inner: Arc<dyn Processor>,
     voids: AtomicUsize,
+    by_key: FencesByKey,
+    delay: Duration,
 }
 
 #[async_trait]
@@ -374,6 +622,13 @@ impl Processor for CountingProcessor {
 
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
         self.voids.fetch_add(1, Ordering::SeqCst);
+        *self
+            .by_key
+            .lock()
+            .unwrap()
+            .entry(processor_key.to_owned())
+            .or_default() += 1;
+        tokio::time::sleep(self.delay).await;
         self.inner.void_unless_recorded(processor_key).await
     }
 

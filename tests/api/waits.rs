@@ -3,13 +3,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::join_all;
 use oncepay::processor::{
     Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome, SimulatedProcessor,
 };
+use tokio::sync::watch;
 
 use crate::helpers::{Answer, Settings, TestApp, spawn_app_with_processor, visa};
 use crate::sweeper::stale_claim;
@@ -91,16 +92,87 @@ async fn a_waiter_claims_a_key_given_back_after_the_processor_was_unavailable() 
     let app = spawn_app_with_processor(Settings::new(), processor).await;
     let first = async { Answer::of(app.post_charge(Some("flaky"), &visa(2000)).await).await };
     let waiter = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        app.until_in_flight("flaky").await;
         post_waiting(&app, "flaky").await
     };
     let (first, waiter) = tokio::join!(first, waiter);
 
     first.assert_problem(503, "processor_unavailable");
+    assert_eq!(first.header("retry-after"), Some("1"));
     assert_eq!(waiter.status, 201, "{:?}", waiter.body);
     assert!(!waiter.replayed(), "the waiter did the work itself");
     assert_eq!(app.charges().await, 1);
     assert_eq!(app.payments().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_asked_for_longer_than_ten_seconds_ends_after_ten() {
+    let (release, released) = watch::channel(false);
+    let processor = move |pool| -> Arc<dyn Processor> {
+        Arc::new(Held {
+            inner: SimulatedProcessor::new(pool, Duration::ZERO),
+            released,
+        })
+    };
+    // Room for a minute's wait: only the cap can end it before the request
+    // timeout does.
+    let settings = Settings::new()
+        .set("PROCESSING_TIMEOUT", "1m")
+        .set("REQUEST_TIMEOUT", "30s");
+    let app = spawn_app_with_processor(settings, processor).await;
+    let first = async { Answer::of(app.post_charge(Some("held"), &visa(2000)).await).await };
+    let waiter = async {
+        app.until_in_flight("held").await;
+        let sent = Instant::now();
+        let response = app
+            .client
+            .post(app.url("/v1/charges"))
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", "held")
+            .header("Prefer", "wait=60")
+            .json(&visa(2000))
+            .send()
+            .await
+            .unwrap();
+        let answer = Answer::of(response).await;
+        let waited = sent.elapsed();
+        release.send_replace(true);
+        (answer, waited)
+    };
+    let (first, (waiter, waited)) = tokio::join!(first, waiter);
+
+    waiter.assert_problem(409, "idempotency_key_in_use");
+    assert_eq!(waiter.header("retry-after"), Some("1"));
+    assert!(
+        waited >= Duration::from_secs(10) && waited < app.config.request_timeout,
+        "waited {waited:?}"
+    );
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    assert_eq!(app.charges().await, 1);
+    assert_eq!(app.payments().await, 1);
+}
+
+/// The simulated processor, except that authorizing waits until `released`.
+struct Held {
+    inner: SimulatedProcessor,
+    released: watch::Receiver<bool>,
+}
+
+#[async_trait]
+impl Processor for Held {
+    async fn authorize(&self, request: Authorization<'_>) -> Result<Outcome, ProcessorError> {
+        let mut released = self.released.clone();
+        let _ = released.wait_for(|released| *released).await;
+        self.inner.authorize(request).await
+    }
+
+    async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
+        self.inner.void_unless_recorded(processor_key).await
+    }
+
+    async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
+        self.inner.refund(request).await
+    }
 }
 
 /// The simulated processor, counting voids, and optionally unavailable (after
