@@ -66,8 +66,13 @@ _oncepay_pg_as_owner() {
     fi
 }
 
-# Installs Debian packages, with sudo when not root.
+# Installs Debian packages, with sudo when not root (scripts/lib/common.sh's
+# installer when the calling script has it).
 _oncepay_pg_apt_install() {
+    if declare -F oncepay_apt_install >/dev/null; then
+        oncepay_apt_install "$@"
+        return
+    fi
     local sudo=()
     if [[ "$(id -u)" -ne 0 ]]; then
         if command -v sudo >/dev/null 2>&1; then

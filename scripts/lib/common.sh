@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# scripts/lib/common.sh - what every oncepay script shares. Sourced first:
+#
+#   source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+#
+# Provides:
+#   say MESSAGE...          a line on stderr, prefixed with the script's name
+#   die MESSAGE...          say "error: ..." and exit 1
+#   step MESSAGE...         a step heading on stderr
+#   oncepay_apt_install PKG...
+#                           installs Debian packages (sudo when not root);
+#                           returns 1, saying why, when that is impossible
+# and leaves the shell in the project root, exported as ONCEPAY_ROOT.
+
+if [[ -n "${_ONCEPAY_COMMON_LIB:-}" ]]; then
+    return 0
+fi
+_ONCEPAY_COMMON_LIB=1
+
+me="$(basename "${0:-oncepay}")"
+
+say() { printf '%s: %s\n' "$me" "$*" >&2; }
+
+die() {
+    say "error: $*"
+    exit 1
+}
+
+step() { printf '\n%s: ==> %s\n' "$me" "$*" >&2; }
+
+oncepay_apt_install() {
+    local sudo=()
+    if [[ "$(id -u)" -ne 0 ]]; then
+        if ! command -v sudo >/dev/null 2>&1; then
+            say "need to install $* but not root and no sudo; install it yourself"
+            return 1
+        fi
+        sudo=(sudo)
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        say "need $* but apt-get is not available; install it yourself"
+        return 1
+    fi
+    say "installing $* with apt-get"
+    # Without a fresh package index the install may fail; try it as is first.
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2 && return 0
+    "${sudo[@]}" apt-get update -qq >&2 &&
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
+ONCEPAY_ROOT="$(pwd)"
+export ONCEPAY_ROOT
