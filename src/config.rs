@@ -336,7 +336,7 @@ mod tests {
 
     /// The rows of the README's configuration table: name and default cell.
     fn readme_defaults() -> HashMap<&'static str, &'static str> {
-        let readme = include_str!("../README.md");
+        let readme = include_str!("../docs/operations.md");
         let section = readme
             .split("\n## Configuration\n")
             .nth(1)

@@ -1,5 +1,5 @@
 //! oncepay: a payments API that charges a card exactly once, however often a
-//! client retries. See README.md for the guided tour.
+//! client retries. See README.md for a tour, and docs/design.md for how it works.
 
 pub mod cache;
 pub mod charges;
