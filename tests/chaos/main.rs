@@ -501,8 +501,10 @@ async fn three_instances_on_one_database_charge_each_key_once_and_sweep_each_row
     let batch = 4;
     let passes = 12;
     let stale = batch * passes;
+    // Its half, the default REQUEST_TIMEOUT, leaves room for three servers
+    // and their clients sharing two cores.
     let timing = Timing {
-        processing_timeout: Duration::from_secs(4),
+        processing_timeout: Duration::from_secs(10),
         sweep_interval: Duration::from_millis(100),
     };
     let mut settings = timing.env();
