@@ -17,6 +17,8 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
+use crate::problem::ProblemCode;
+
 /// The most characters of a client's name or value that an error echoes.
 pub const MAX_ECHOED_CHARS: usize = 100;
 
@@ -51,7 +53,7 @@ pub enum Encoding {
 #[error("{message}")]
 pub struct ParamError {
     /// Stable machine-readable code, e.g. `parameter_missing`.
-    pub code: &'static str,
+    pub code: ProblemCode,
     /// The parameter at fault, e.g. `amount` or `metadata[order]`.
     pub param: String,
     pub message: String,
@@ -60,7 +62,7 @@ pub struct ParamError {
 impl ParamError {
     /// A `param` or `message` that echoes a client's name or value should
     /// [shorten] it; `param` is cut to [`MAX_PARAM_CHARS`] in any case.
-    pub fn new(code: &'static str, param: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(code: ProblemCode, param: impl Into<String>, message: impl Into<String>) -> Self {
         let param = param.into();
         ParamError {
             code,
@@ -73,7 +75,7 @@ impl ParamError {
     pub fn unknown(name: &str) -> Self {
         let name = shorten(name);
         ParamError::new(
-            "parameter_unknown",
+            ProblemCode::ParameterUnknown,
             name.as_ref(),
             format!("Received unknown parameter: {name}"),
         )
@@ -177,7 +179,7 @@ fn refuse_nul(name: &str, value: &Value) -> Result<(), ParamError> {
     let invalid = |param: &str| {
         let param = shorten(param);
         ParamError::new(
-            "parameter_invalid_string",
+            ProblemCode::ParameterInvalidString,
             param.as_ref(),
             format!("{param} must not contain the NUL character"),
         )
@@ -204,7 +206,7 @@ fn refuse_nul(name: &str, value: &Value) -> Result<(), ParamError> {
 fn duplicate(param: &str) -> DecodeError {
     let param = shorten(param);
     ParamError::new(
-        "parameter_duplicate",
+        ProblemCode::ParameterDuplicate,
         param.as_ref(),
         format!("The parameter {param} was given more than once"),
     )
@@ -357,7 +359,7 @@ mod tests {
             assert!(matches!(
                 Params::from_form(body),
                 Err(DecodeError::Param(ParamError {
-                    code: "parameter_duplicate",
+                    code: ProblemCode::ParameterDuplicate,
                     ..
                 }))
             ));
@@ -369,7 +371,7 @@ mod tests {
         assert!(matches!(
             Params::from_form(b"metadata[a][b]=1"),
             Err(DecodeError::Param(ParamError {
-                code: "parameter_unknown",
+                code: ProblemCode::ParameterUnknown,
                 ..
             }))
         ));
@@ -387,7 +389,7 @@ mod tests {
                 matches!(
                     Params::from_json(body),
                     Err(DecodeError::Param(ParamError {
-                        code: "parameter_invalid_string",
+                        code: ProblemCode::ParameterInvalidString,
                         ..
                     }))
                 ),
@@ -405,7 +407,7 @@ mod tests {
             Err(DecodeError::Param(e)) => {
                 assert_eq!(
                     (e.code, e.param.as_str()),
-                    ("parameter_duplicate", param),
+                    (ProblemCode::ParameterDuplicate, param),
                     "{body}"
                 );
                 assert!(e.message.contains(param), "{}", e.message);

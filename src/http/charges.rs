@@ -17,19 +17,20 @@ use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::AppState;
 use super::auth::Authenticated;
 use super::extract::{PathParam, RawBody, decode};
-use super::faults::{self, Fault};
 use super::idempotent::{self, Begun, Request};
-use super::problem::{ApiError, Problem};
-use super::retry_after;
+use super::problem::ApiError;
+use crate::app::AppState;
 use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
 use crate::charges::{NewCharge, store};
+use crate::faults::{self, Fault};
 use crate::idempotency::{Fingerprint, Resource, store as keys};
 use crate::params::{ParamError, shorten};
+use crate::problem::{Problem, ProblemCode};
 use crate::processor::{self, Authorization, ProcessorError};
+use crate::retry_after;
 
 const ROUTE: &str = "/v1/charges";
 
@@ -72,7 +73,7 @@ async fn create(
 ) -> Result<Response, ApiError> {
     // 1. Everything that can refuse the request, before anything is written.
     let key = idempotent::key_from_headers(&state, &headers)?;
-    let fault = Fault::from_headers(&state, &headers)?;
+    let fault = super::faults::from_headers(&state, &headers)?;
     let new_charge = NewCharge::from_params(decode(&headers, &body)?)?;
     let fingerprint = Fingerprint::of("POST", ROUTE, &new_charge.canonical());
     let wait = idempotent::prefer_wait(&headers);
@@ -97,7 +98,7 @@ async fn create(
                 .instrument(tracing::Span::current()),
         )
         .await
-        .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("charge task failed")))?
+        .map_err(|e| ApiError::internal(anyhow::Error::new(e).context("charge task failed")))?
 }
 
 async fn claim_and_charge(
@@ -123,7 +124,7 @@ async fn claim_and_charge(
     let config = state.config.clone();
     let answer = authorize_and_settle(state.clone(), charge_id, charge, fault)
         .await
-        .map_err(|e| e.awaiting_recovery(&config));
+        .map_err(|e| ApiError(e.0.awaiting_recovery(&config)));
     idempotent::finished(&state, &request);
     answer
 }
@@ -170,10 +171,7 @@ async fn authorize_and_settle(
             }
             keys::release(&mut tx, &Resource::Charge(charge_id.clone())).await?;
             tx.commit().await?;
-            Err(Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "processor_unavailable",
-                "The card processor is unavailable and nothing was charged. Retry with the same Idempotency-Key.",
+            Err(Problem::new(ProblemCode::ProcessorUnavailable, "The card processor is unavailable and nothing was charged. Retry with the same Idempotency-Key.",
             )
             .with_retry_after(retry_after::SOON)
             .into())
@@ -183,10 +181,7 @@ async fn authorize_and_settle(
             // after PROCESSING_TIMEOUT) settles the charge from the
             // processor's record, and later retries replay that.
             tracing::warn!(charge = %charge_id, error = format!("{:#}", anyhow::Error::new(e)), "processor outcome unknown");
-            Err(Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "processing_outcome_unknown",
-                "The card processor did not confirm the outcome. Retry with the same Idempotency-Key to get it.",
+            Err(Problem::new(ProblemCode::ProcessingOutcomeUnknown, "The card processor did not confirm the outcome. Retry with the same Idempotency-Key to get it.",
             )
             .with_extra("charge", charge_id.clone())
             .with_retry_after(retry_after::until_recovered(&state.config))
@@ -205,7 +200,7 @@ async fn settled_elsewhere(state: &AppState, charge_id: &str) -> Result<Response
     let charge = store::find_any(&state.pool, charge_id)
         .await?
         .ok_or_else(|| {
-            ApiError::Internal(anyhow::anyhow!("settled charge {charge_id} vanished"))
+            ApiError::internal(anyhow::anyhow!("settled charge {charge_id} vanished"))
         })?;
     Ok(idempotent::send(settle::response_for(&charge)))
 }
@@ -243,9 +238,9 @@ fn no_such_charge(id: &str, param: &str) -> ApiError {
     } else {
         StatusCode::BAD_REQUEST
     };
-    Problem::new(
+    Problem::with_status(
         status,
-        "resource_missing",
+        ProblemCode::ResourceMissing,
         format!("No such charge: '{}'", shorten(id)),
     )
     .with_param(param)
@@ -286,8 +281,7 @@ async fn list(
                     .filter(|l| (1..=100).contains(l))
                     .ok_or_else(|| {
                         Problem::new(
-                            StatusCode::BAD_REQUEST,
-                            "parameter_invalid_integer",
+                            ProblemCode::ParameterInvalidInteger,
                             "limit must be a whole number from 1 to 100",
                         )
                         .with_param("limit")

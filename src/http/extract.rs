@@ -7,8 +7,9 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 
-use super::problem::{ApiError, Problem};
+use super::problem::ApiError;
 use crate::params::Params;
+use crate::problem::{Problem, ProblemCode};
 
 /// The raw body, read within the configured limit.
 pub struct RawBody(pub Bytes);
@@ -21,15 +22,13 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
             Ok(bytes) => Ok(RawBody(bytes)),
             Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
                 Err(Problem::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
+                    ProblemCode::PayloadTooLarge,
                     "The request body is larger than this server accepts.",
                 )
                 .into())
             }
             Err(rejection) => Err(Problem::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_body",
+                ProblemCode::InvalidBody,
                 format!(
                     "The request body could not be read: {}",
                     rejection.body_text()
@@ -56,8 +55,7 @@ pub fn decode(headers: &HeaderMap, body: &[u8]) -> Result<Params, ApiError> {
         "application/json" => Ok(Params::from_json(body)?),
         "application/x-www-form-urlencoded" => Ok(Params::from_form(body)?),
         _ => Err(Problem::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            ProblemCode::UnsupportedMediaType,
             "Send the parameters as application/json or application/x-www-form-urlencoded.",
         )
         .into()),
@@ -73,16 +71,15 @@ impl<S: Send + Sync> FromRequestParts<S> for PathParam {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match Path::<String>::from_request_parts(parts, state).await {
             // No id contains NUL, and Postgres text cannot hold it.
-            Ok(Path(value)) if value.contains('\0') => Err(Problem::new(
+            Ok(Path(value)) if value.contains('\0') => Err(Problem::with_status(
                 StatusCode::NOT_FOUND,
-                "resource_missing",
+                ProblemCode::ResourceMissing,
                 "No such resource.",
             )
             .into()),
             Ok(Path(value)) => Ok(PathParam(value)),
             Err(rejection) => Err(Problem::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_path",
+                ProblemCode::InvalidPath,
                 format!("The path could not be read: {}", rejection.body_text()),
             )
             .into()),

@@ -13,9 +13,8 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
-use super::AppState;
-use super::problem::{ApiError, Problem};
-use super::retry_after;
+use super::problem::ApiError;
+use crate::app::AppState;
 use crate::cache::CachedAnswer;
 use crate::idempotency::wait::News;
 use crate::idempotency::{
@@ -23,6 +22,8 @@ use crate::idempotency::{
     StoredKey, store as keys,
 };
 use crate::metrics;
+use crate::problem::{Problem, ProblemCode};
+use crate::retry_after;
 
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// How long before `REQUEST_TIMEOUT` a wait gives up, so that its `409`
@@ -159,7 +160,7 @@ pub async fn begin(
                 if stored.status == KeyStatus::Completed {
                     let answer =
                         remember(state, request.merchant_id, key, stored).ok_or_else(|| {
-                            ApiError::Internal(anyhow::anyhow!(
+                            ApiError::internal(anyhow::anyhow!(
                                 "a completed key without its response"
                             ))
                         })?;
@@ -189,7 +190,7 @@ pub async fn begin(
                         state.config.idempotency_key_ttl,
                     )
                     .await
-                    .map_err(|e| ApiError::from_recovery(e, &state.config))?;
+                    .map_err(|e| crate::error::Error::from_recovery(e, &state.config))?;
                     metrics::idempotency("stale_recovered");
                     Step::Claim
                 } else if Instant::now() < deadline {
@@ -338,10 +339,7 @@ fn replay(saved: SavedResponse, waited: bool) -> Response {
 }
 
 fn reused(key: &IdempotencyKey) -> ApiError {
-    Problem::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "idempotency_key_reused",
-        format!(
+    Problem::new(ProblemCode::IdempotencyKeyReused, format!(
             "Keys are for one operation only: '{}' was used with different parameters. Use a new key for a new operation.",
             key.as_str()
         ),
@@ -356,7 +354,7 @@ fn in_use(waited: bool) -> ApiError {
     } else {
         "A request with this Idempotency-Key is still in progress. Retry later, or send 'Prefer: wait=5'."
     };
-    Problem::new(StatusCode::CONFLICT, "idempotency_key_in_use", detail)
+    Problem::new(ProblemCode::IdempotencyKeyInUse, detail)
         .with_retry_after(retry_after::SOON)
         .into()
 }
@@ -368,17 +366,12 @@ pub fn key_from_headers(
     headers: &HeaderMap,
 ) -> Result<Option<IdempotencyKey>, ApiError> {
     let key = IdempotencyKey::from_headers(headers).map_err(|e| {
-        Problem::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_idempotency_key",
-            e.to_string(),
-        )
-        .with_param("Idempotency-Key")
+        Problem::new(ProblemCode::InvalidIdempotencyKey, e.to_string())
+            .with_param("Idempotency-Key")
     })?;
     if key.is_none() && state.config.idempotency_key_required {
         return Err(Problem::new(
-            StatusCode::BAD_REQUEST,
-            "idempotency_key_missing",
+            ProblemCode::IdempotencyKeyMissing,
             "This server requires an Idempotency-Key header on POST requests.",
         )
         .into());

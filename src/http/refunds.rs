@@ -21,21 +21,22 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::AppState;
 use super::auth::Authenticated;
 use super::extract::{PathParam, RawBody, decode};
-use super::faults::{self, Fault};
 use super::idempotent::{self, Begun, Request};
-use super::problem::{ApiError, Problem};
-use super::retry_after;
+use super::problem::ApiError;
+use crate::app::AppState;
 use crate::charges::settle::Settled;
 use crate::charges::{ChargeStatus, store as charges};
+use crate::faults::{self, Fault};
 use crate::idempotency::{Fingerprint, Resource};
 use crate::params::shorten;
+use crate::problem::{Problem, ProblemCode};
 use crate::processor::ProcessorError;
 use crate::refunds::domain::new_refund_id;
 use crate::refunds::settle::{self, Pending};
 use crate::refunds::{NewRefund, store};
+use crate::retry_after;
 
 const ROUTE: &str = "/v1/refunds";
 
@@ -78,7 +79,7 @@ async fn create(
 ) -> Result<Response, ApiError> {
     // 1. Everything that can refuse the request, before anything is written.
     let key = idempotent::key_from_headers(&state, &headers)?;
-    let fault = Fault::from_headers(&state, &headers)?;
+    let fault = super::faults::from_headers(&state, &headers)?;
     let new_refund = NewRefund::from_params(decode(&headers, &body)?)?;
     let fingerprint = Fingerprint::of("POST", ROUTE, &new_refund.canonical());
     let wait = idempotent::prefer_wait(&headers);
@@ -103,7 +104,7 @@ async fn create(
                 .instrument(tracing::Span::current()),
         )
         .await
-        .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("refund task failed")))?
+        .map_err(|e| ApiError::internal(anyhow::Error::new(e).context("refund task failed")))?
 }
 
 async fn claim_and_refund(
@@ -143,7 +144,7 @@ async fn claim_and_refund(
     let config = state.config.clone();
     let answer = refund_and_settle(state.clone(), refund, fault)
         .await
-        .map_err(|e| e.awaiting_recovery(&config));
+        .map_err(|e| ApiError(e.0.awaiting_recovery(&config)));
     idempotent::finished(&state, &request);
     answer
 }
@@ -180,10 +181,7 @@ async fn refund_and_settle(
             // stays; the sweeper (or a retry after PROCESSING_TIMEOUT) rolls
             // the refund forward once the processor answers.
             tracing::warn!(refund = %refund_id, "processor unavailable; the refund stays reserved");
-            Err(Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "processor_unavailable",
-                "The card processor is unavailable. The refund is reserved and will be completed; retry with the same Idempotency-Key to get it.",
+            Err(Problem::new(ProblemCode::ProcessorUnavailable, "The card processor is unavailable. The refund is reserved and will be completed; retry with the same Idempotency-Key to get it.",
             )
             .with_extra("refund", refund_id.clone())
             .with_retry_after(retry_after::until_recovered(&state.config))
@@ -193,10 +191,7 @@ async fn refund_and_settle(
             // The refund may be recorded: keep the claim and the reservation;
             // recovery repeats the idempotent refund and settles it.
             tracing::warn!(refund = %refund_id, error = format!("{:#}", anyhow::Error::new(e)), "processor outcome unknown");
-            Err(Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "processing_outcome_unknown",
-                "The card processor did not confirm the refund. Retry with the same Idempotency-Key to get it.",
+            Err(Problem::new(ProblemCode::ProcessingOutcomeUnknown, "The card processor did not confirm the refund. Retry with the same Idempotency-Key to get it.",
             )
             .with_extra("refund", refund_id.clone())
             .with_retry_after(retry_after::until_recovered(&state.config))
@@ -213,8 +208,7 @@ async fn refused(state: &AppState, merchant_id: Uuid, refund: &NewRefund) -> Api
         Ok(Some(charge)) => charge,
         Ok(None) => {
             return Problem::new(
-                StatusCode::BAD_REQUEST,
-                "resource_missing",
+                ProblemCode::ResourceMissing,
                 format!("No such charge: '{}'", shorten(&refund.charge)),
             )
             .with_param("charge")
@@ -224,8 +218,7 @@ async fn refused(state: &AppState, merchant_id: Uuid, refund: &NewRefund) -> Api
     };
     let problem = if charge.status != ChargeStatus::Succeeded.as_str() {
         Problem::new(
-            StatusCode::BAD_REQUEST,
-            "charge_not_refundable",
+            ProblemCode::ChargeNotRefundable,
             format!(
                 "Charge {} is {}: only a succeeded charge can be refunded.",
                 charge.id, charge.status
@@ -234,15 +227,13 @@ async fn refused(state: &AppState, merchant_id: Uuid, refund: &NewRefund) -> Api
         .with_param("charge")
     } else if charge.amount_refunded >= charge.amount {
         Problem::new(
-            StatusCode::BAD_REQUEST,
-            "charge_already_refunded",
+            ProblemCode::ChargeAlreadyRefunded,
             format!("Charge {} has already been refunded in full.", charge.id),
         )
         .with_param("charge")
     } else {
         Problem::new(
-            StatusCode::BAD_REQUEST,
-            "amount_too_large",
+            ProblemCode::AmountTooLarge,
             format!(
                 "Refund amount is greater than what is left to refund on charge {} ({}).",
                 charge.id,
@@ -264,7 +255,7 @@ async fn settled_elsewhere(state: &AppState, refund_id: &str) -> Result<Response
     let refund = store::find_any(&state.pool, refund_id)
         .await?
         .ok_or_else(|| {
-            ApiError::Internal(anyhow::anyhow!("settled refund {refund_id} vanished"))
+            ApiError::internal(anyhow::anyhow!("settled refund {refund_id} vanished"))
         })?;
     Ok(idempotent::send(settle::response_for(&refund)))
 }
@@ -292,9 +283,9 @@ async fn retrieve(
 ) -> Result<Response, ApiError> {
     match store::find(&state.pool, merchant.id, &id).await? {
         Some(refund) => Ok(Json(refund.to_object()).into_response()),
-        None => Err(Problem::new(
+        None => Err(Problem::with_status(
             StatusCode::NOT_FOUND,
-            "resource_missing",
+            ProblemCode::ResourceMissing,
             format!("No such refund: '{}'", shorten(&id)),
         )
         .with_param("id")

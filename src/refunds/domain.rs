@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::charges::Amount;
 use crate::charges::domain::{metadata, new_id, required, string};
 use crate::params::{ParamError, Params, shorten};
+use crate::problem::ProblemCode;
 
 /// Why a refund was asked for, with Stripe's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,8 +64,7 @@ impl NewRefund {
             .transpose()?
             .map(|reason| {
                 RefundReason::parse(&reason).ok_or_else(|| {
-                    ParamError::new(
-                        "invalid_reason",
+                    ParamError::new(ProblemCode::InvalidReason,
                         "reason",
                         format!(
                             "Invalid reason: {}. Use duplicate, fraudulent or requested_by_customer",
@@ -184,7 +184,7 @@ mod tests {
     }
 
     fn code(body: Value) -> &'static str {
-        parse_json(body).unwrap_err().code
+        parse_json(body).unwrap_err().code.as_str()
     }
 
     #[test]
