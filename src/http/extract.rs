@@ -2,12 +2,20 @@
 //! `application/x-www-form-urlencoded`, within `MAX_BODY_BYTES`) and path
 //! parameters.
 
+use std::time::Duration;
+
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
+use uuid::Uuid;
 
 use super::problem::ApiError;
+use super::{faults, idempotent};
+use crate::app::AppState;
+use crate::faults::Fault;
+use crate::idempotency::IdempotencyKey;
+use crate::operation::Guard;
 use crate::params::Params;
 use crate::problem::{Problem, ProblemCode};
 
@@ -36,6 +44,49 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
             )
             .into()),
         }
+    }
+}
+
+/// An idempotent `POST`: its idempotency headers and its decoded
+/// parameters, refused in the order a client fixes them: the body's size,
+/// the `Idempotency-Key`, `Oncepay-Fault`, the body's encoding.
+pub struct IdempotentPost {
+    pub key: Option<IdempotencyKey>,
+    pub fault: Option<Fault>,
+    /// From `Prefer: wait=N`.
+    pub wait: Duration,
+    pub params: Params,
+}
+
+impl IdempotentPost {
+    /// The guard of the operation this request asks for, and its
+    /// parameters.
+    pub fn split(self, merchant_id: Uuid) -> (Guard, Params) {
+        let guard = Guard {
+            merchant_id,
+            key: self.key,
+            wait: self.wait,
+            fault: self.fault,
+        };
+        (guard, self.params)
+    }
+}
+
+impl FromRequest<AppState> for IdempotentPost {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let headers = req.headers().clone();
+        let RawBody(body) = RawBody::from_request(req, state).await?;
+        let key = idempotent::key_from_headers(state, &headers)?;
+        let fault = faults::from_headers(state, &headers)?;
+        let params = decode(&headers, &body)?;
+        Ok(IdempotentPost {
+            key,
+            fault,
+            wait: idempotent::prefer_wait(&headers),
+            params,
+        })
     }
 }
 
