@@ -22,7 +22,6 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::app::AppState;
-use crate::charges::settle::Settled;
 use crate::error::Error;
 use crate::faults::{Fault, crash_if};
 use crate::idempotency::claim::{self, Begun};
@@ -63,6 +62,15 @@ pub enum Written {
     /// The operation cannot be done (see [`Operation::refusal`]); the claim
     /// is rolled back with everything else.
     Refused,
+}
+
+/// What settling a record did.
+#[derive(Debug)]
+pub enum Settled {
+    /// This call settled the charge; here is its response.
+    Now(SavedResponse),
+    /// The charge had been settled already; nothing was written.
+    Already,
 }
 
 /// The work of one kind of record, plugged into [`run`].

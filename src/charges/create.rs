@@ -7,12 +7,12 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::domain::new_charge_id;
-use super::settle::{self, Settled};
+use super::settle;
 use super::{NewCharge, store};
 use crate::app::AppState;
 use crate::error::Error;
 use crate::idempotency::{Resource, SavedResponse, store as keys};
-use crate::operation::{Operation, Written};
+use crate::operation::{Operation, Settled, Written};
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{self, Authorization, Outcome, Processor, ProcessorError};
 use crate::retry_after;

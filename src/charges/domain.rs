@@ -231,7 +231,8 @@ pub fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {
 }
 
 /// A charge's lifecycle: `pending` until the processor's outcome is recorded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
 pub enum ChargeStatus {
     Pending,
     Succeeded,
@@ -239,12 +240,19 @@ pub enum ChargeStatus {
 }
 
 impl ChargeStatus {
+    /// As stored, and as the API shows it.
     pub fn as_str(self) -> &'static str {
         match self {
             ChargeStatus::Pending => "pending",
             ChargeStatus::Succeeded => "succeeded",
             ChargeStatus::Failed => "failed",
         }
+    }
+}
+
+impl std::fmt::Display for ChargeStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -257,7 +265,7 @@ pub struct Charge {
     pub source: String,
     pub description: Option<String>,
     pub metadata: sqlx::types::Json<BTreeMap<String, String>>,
-    pub status: String,
+    pub status: ChargeStatus,
     pub failure_code: Option<String>,
     pub failure_message: Option<String>,
     pub amount_refunded: i64,
@@ -290,7 +298,7 @@ impl Charge {
             object: "charge",
             amount: self.amount,
             currency: &self.currency,
-            status: &self.status,
+            status: self.status.as_str(),
             source: &self.source,
             description: self.description.as_deref(),
             metadata: &self.metadata.0,

@@ -10,20 +10,12 @@ use sqlx::PgPool;
 
 use super::{Charge, ChargeStatus, store};
 use crate::idempotency::{Resource, SavedResponse, store as keys};
+use crate::operation::Settled;
 use crate::problem::{self, Problem, ProblemCode};
 use crate::processor::{self, Outcome, Processor};
 
 /// The failure code of a charge whose processor attempt was voided.
 pub const ABANDONED: &str = ProblemCode::ProcessingAbandoned.as_str();
-
-/// What settling did.
-#[derive(Debug)]
-pub enum Settled {
-    /// This call settled the charge; here is its response.
-    Now(SavedResponse),
-    /// The charge had been settled already; nothing was written.
-    Already,
-}
 
 /// Settles `charge_id` with `outcome` if it is still pending; its key keeps
 /// the answer for at least `key_ttl` from now.
@@ -93,7 +85,7 @@ pub async fn recover(
 /// `201` with the charge when it succeeded, `402` with a problem naming the
 /// failed charge when it did not.
 pub fn response_for(charge: &Charge) -> SavedResponse {
-    if charge.status == ChargeStatus::Succeeded.as_str() {
+    if charge.status == ChargeStatus::Succeeded {
         return SavedResponse {
             status: StatusCode::CREATED.as_u16(),
             content_type: "application/json".into(),

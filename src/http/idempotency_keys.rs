@@ -12,7 +12,7 @@ use super::auth::Authenticated;
 use super::extract::PathParam;
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::idempotency::{IdempotencyKey, KeyStatus, Resource, store};
+use crate::idempotency::{IdempotencyKey, Resource, store};
 use crate::problem::{Problem, ProblemCode};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -58,10 +58,7 @@ async fn retrieve(
     Ok(Json(json!({
         "object": "idempotency_key",
         "key": stored.key,
-        "status": match stored.status {
-            KeyStatus::Processing => "processing",
-            KeyStatus::Completed => "completed",
-        },
+        "status": stored.status.as_str(),
         "created_at": stored.created_at.timestamp(),
         "expires_at": stored.expires_at.timestamp(),
         "request": { "method": stored.request_method, "path": stored.request_path },

@@ -13,11 +13,10 @@ use super::domain::new_refund_id;
 use super::settle::{self, Pending};
 use super::store::{self, Reserved};
 use crate::app::AppState;
-use crate::charges::settle::Settled;
 use crate::charges::{ChargeStatus, store as charges};
 use crate::error::Error;
 use crate::idempotency::{Resource, SavedResponse};
-use crate::operation::{Operation, Written};
+use crate::operation::{Operation, Settled, Written};
 use crate::params::shorten;
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{Processor, ProcessorError, RefundOutcome};
@@ -152,7 +151,7 @@ async fn refused(state: &AppState, merchant_id: Uuid, refund: &NewRefund) -> Err
         }
         Err(e) => return e.into(),
     };
-    let problem = if charge.status != ChargeStatus::Succeeded.as_str() {
+    let problem = if charge.status != ChargeStatus::Succeeded {
         Problem::new(
             ProblemCode::ChargeNotRefundable,
             format!(

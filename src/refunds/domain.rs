@@ -105,7 +105,8 @@ impl NewRefund {
 /// A refund's lifecycle: `pending` from the reservation until the processor
 /// answers; then `succeeded`, or `failed` when the card's issuer refused it
 /// for good (its reservation is given back on the charge).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
 pub enum RefundStatus {
     Pending,
     Succeeded,
@@ -113,12 +114,19 @@ pub enum RefundStatus {
 }
 
 impl RefundStatus {
+    /// As stored, and as the API shows it.
     pub fn as_str(self) -> &'static str {
         match self {
             RefundStatus::Pending => "pending",
             RefundStatus::Succeeded => "succeeded",
             RefundStatus::Failed => "failed",
         }
+    }
+}
+
+impl std::fmt::Display for RefundStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -129,7 +137,7 @@ pub struct Refund {
     pub charge_id: String,
     pub amount: i64,
     pub currency: String,
-    pub status: String,
+    pub status: RefundStatus,
     pub reason: Option<String>,
     pub metadata: sqlx::types::Json<BTreeMap<String, String>>,
     pub created_at: DateTime<Utc>,
@@ -160,7 +168,7 @@ impl Refund {
             amount: self.amount,
             charge: &self.charge_id,
             currency: &self.currency,
-            status: &self.status,
+            status: self.status.as_str(),
             reason: self.reason.as_deref(),
             failure_reason: self.failure_reason.as_deref(),
             metadata: &self.metadata.0,

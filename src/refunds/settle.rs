@@ -12,8 +12,8 @@ use axum::http::StatusCode;
 use sqlx::PgPool;
 
 use super::{Refund, store};
-use crate::charges::settle::Settled;
 use crate::idempotency::{Resource, SavedResponse, store as keys};
+use crate::operation::Settled;
 use crate::processor::{self, Processor, RefundOutcome};
 
 /// Settles `refund_id` with the processor's `outcome` if it is still
@@ -99,7 +99,7 @@ pub async fn recover(
     let Some(refund) = store::find_any(pool, refund_id).await? else {
         return Ok(None);
     };
-    if refund.status != super::RefundStatus::Pending.as_str() {
+    if refund.status != super::RefundStatus::Pending {
         return Ok(None);
     }
     let outcome = refund_at_processor(processor, &Pending::from(refund)).await?;
