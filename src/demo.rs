@@ -6,10 +6,10 @@ use uuid::Uuid;
 
 use crate::app::AppState;
 use crate::charges::domain::new_charge_id;
+use crate::charges::settle::Settled;
 use crate::charges::settle::{response_for, settle};
 use crate::charges::{NewCharge, store};
 use crate::idempotency::SavedResponse;
-use crate::operation::Settled;
 use crate::processor::{self, Authorization};
 
 /// What the database holds for a set of charges.

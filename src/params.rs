@@ -10,7 +10,6 @@
 //! repeats a name, or a JSON object (at any depth) that repeats a key, is
 //! refused with `parameter_duplicate`.
 
-use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
 
@@ -19,27 +18,7 @@ use serde_json::{Map, Number, Value};
 
 use crate::problem::ProblemCode;
 
-/// The most characters of a client's name or value that an error echoes.
-pub const MAX_ECHOED_CHARS: usize = 100;
-
-/// `text` as an error may echo it: its first [`MAX_ECHOED_CHARS`]
-/// characters, followed by `…` when it was longer. A problem names what the
-/// client sent, but a 60 KiB parameter name must not make a 120 KiB answer.
-pub fn shorten(text: &str) -> Cow<'_, str> {
-    shorten_to(text, MAX_ECHOED_CHARS)
-}
-
-/// The longest `param` of any error: room for a shortened name inside a
-/// shortened name (`metadata[…]`). Only a guard for a name nobody shortened.
-pub const MAX_PARAM_CHARS: usize = 2 * MAX_ECHOED_CHARS + 20;
-
-/// `text` cut to `max` characters, with `…` after a cut.
-pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
-    match text.char_indices().nth(max) {
-        None => Cow::Borrowed(text),
-        Some((cut, _)) => Cow::Owned(format!("{}…", &text[..cut])),
-    }
-}
+pub use crate::problem::{MAX_ECHOED_CHARS, MAX_PARAM_CHARS, shorten, shorten_to};
 
 /// How the body was encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

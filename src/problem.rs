@@ -4,11 +4,35 @@
 //! handlers, the saved responses and the OpenAPI document all use it. How a
 //! problem becomes an HTTP response is the HTTP layer's business.
 
+use std::borrow::Cow;
+
 use http::{HeaderName, HeaderValue, StatusCode, header};
 use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
+
+/// The most characters of a client's name or value that an error echoes.
+pub const MAX_ECHOED_CHARS: usize = 100;
+
+/// `text` as an error may echo it: its first [`MAX_ECHOED_CHARS`]
+/// characters, followed by `…` when it was longer. A problem names what the
+/// client sent, but a 60 KiB parameter name must not make a 120 KiB answer.
+pub fn shorten(text: &str) -> Cow<'_, str> {
+    shorten_to(text, MAX_ECHOED_CHARS)
+}
+
+/// The longest `param` of any error: room for a shortened name inside a
+/// shortened name (`metadata[…]`). Only a guard for a name nobody shortened.
+pub const MAX_PARAM_CHARS: usize = 2 * MAX_ECHOED_CHARS + 20;
+
+/// `text` cut to `max` characters, with `…` after a cut.
+pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
+    match text.char_indices().nth(max) {
+        None => Cow::Borrowed(text),
+        Some((cut, _)) => Cow::Owned(format!("{}…", &text[..cut])),
+    }
+}
 
 /// Every problem code, with its status:
 ///
@@ -354,11 +378,11 @@ impl Problem {
     }
 
     /// Names the parameter at fault, cut to
-    /// [`MAX_PARAM_CHARS`](crate::params::MAX_PARAM_CHARS) should a caller
-    /// have passed a client's long name unshortened.
+    /// [`MAX_PARAM_CHARS`] should a caller have passed a client's long name
+    /// unshortened.
     pub fn with_param(mut self, param: impl Into<String>) -> Self {
         let param = param.into();
-        let param = crate::params::shorten_to(&param, crate::params::MAX_PARAM_CHARS);
+        let param = shorten_to(&param, MAX_PARAM_CHARS);
         self.param = Some(param.into_owned());
         self
     }

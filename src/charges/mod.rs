@@ -1,6 +1,5 @@
 //! Charges: the domain, its SQL, and how a processor outcome settles a charge.
 
-pub mod create;
 pub mod currency;
 pub mod domain;
 pub mod settle;

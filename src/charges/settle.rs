@@ -10,12 +10,20 @@ use sqlx::PgPool;
 
 use super::{Charge, ChargeStatus, store};
 use crate::idempotency::{Resource, SavedResponse, store as keys};
-use crate::operation::Settled;
 use crate::problem::{self, Problem, ProblemCode};
 use crate::processor::{self, Outcome, Processor};
 
 /// The failure code of a charge whose processor attempt was voided.
 pub const ABANDONED: &str = ProblemCode::ProcessingAbandoned.as_str();
+
+/// What settling a record (a charge or a refund) did.
+#[derive(Debug)]
+pub enum Settled {
+    /// This call settled the charge; here is its response.
+    Now(SavedResponse),
+    /// The charge had been settled already; nothing was written.
+    Already,
+}
 
 /// Settles `charge_id` with `outcome` if it is still pending; its key keeps
 /// the answer for at least `key_ttl` from now.

@@ -1,7 +1,7 @@
 //! The HTTP side of every idempotent `POST`: the `Idempotency-Key` and
 //! `Prefer` headers in, saved answers out (replayed ones marked
 //! `Idempotent-Replayed: true`). The claim itself is
-//! [`crate::idempotency::claim`]'s.
+//! [`crate::operation::claim`]'s.
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! `POST /v1/refunds`, `GET /v1/refunds/{id}`.
 //!
 //! Creating a refund is a guarded operation ([`crate::operation`]); the
-//! handler only extracts, calls and maps. See [`crate::refunds::create`]
+//! handler only extracts, calls and maps. See [`crate::operation::refund`]
 //! for the reservation on the charge.
 
 use axum::Json;
@@ -17,9 +17,9 @@ use super::idempotent;
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::operation;
+use crate::operation::refund::CreateRefund;
 use crate::params::shorten;
 use crate::problem::{Problem, ProblemCode};
-use crate::refunds::create::CreateRefund;
 use crate::refunds::{NewRefund, store};
 
 pub fn router() -> OpenApiRouter<AppState> {

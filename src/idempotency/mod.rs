@@ -1,13 +1,11 @@
 //! Idempotency keys: a client sends one key per logical operation; the first
 //! request with it *claims* it, later ones get the saved response.
 //!
-//! - [`claim`]: step 2 of every operation: claim the key, or say what it holds.
 //! - [`key`]: the `Idempotency-Key` header.
 //! - [`fingerprint`]: what makes two requests "the same".
 //! - [`store`]: the SQL that claims, completes, reads, leases and expires keys.
 //! - [`wait`]: requests waiting on a key in flight share one poll of it.
 
-pub mod claim;
 pub mod fingerprint;
 pub mod key;
 pub mod store;

@@ -12,8 +12,8 @@ use axum::http::StatusCode;
 use sqlx::PgPool;
 
 use super::{Refund, store};
+use crate::charges::settle::Settled;
 use crate::idempotency::{Resource, SavedResponse, store as keys};
-use crate::operation::Settled;
 use crate::processor::{self, Processor, RefundOutcome};
 
 /// Settles `refund_id` with the processor's `outcome` if it is still

@@ -2,7 +2,7 @@
 //! charges and refunds share, and that knows nothing of HTTP.
 //!
 //! 1. the caller has validated the request: nothing is written yet;
-//! 2. one transaction: claim the key ([`crate::idempotency::claim`]) and
+//! 2. one transaction: claim the key ([`claim`]) and
 //!    write the record as pending ([`Operation::write_pending`]), or answer
 //!    from what the key holds;
 //! 3. call the processor, outside any transaction;
@@ -13,6 +13,10 @@
 //! cancel the work half-way once the claim may have committed. A record
 //! left pending by a failure is settled later by [`crate::recovery`].
 
+pub mod charge;
+pub mod claim;
+pub mod refund;
+
 use std::future::Future;
 use std::time::Duration;
 
@@ -21,10 +25,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use self::claim::Begun;
 use crate::app::AppState;
+use crate::charges::settle::Settled;
 use crate::error::Error;
 use crate::faults::{Fault, crash_if};
-use crate::idempotency::claim::{self, Begun};
 use crate::idempotency::{Fingerprint, IdempotencyKey, Resource, SavedResponse};
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{Processor, ProcessorError};
@@ -62,15 +67,6 @@ pub enum Written {
     /// The operation cannot be done (see [`Operation::refusal`]); the claim
     /// is rolled back with everything else.
     Refused,
-}
-
-/// What settling a record did.
-#[derive(Debug)]
-pub enum Settled {
-    /// This call settled the charge; here is its response.
-    Now(SavedResponse),
-    /// The charge had been settled already; nothing was written.
-    Already,
 }
 
 /// The work of one kind of record, plugged into [`run`].

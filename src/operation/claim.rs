@@ -11,14 +11,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::wait::News;
-use super::{
-    Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
-    StoredKey, store as keys,
-};
 use crate::app::AppState;
 use crate::cache::CachedAnswer;
 use crate::error::Error;
+use crate::idempotency::wait::News;
+use crate::idempotency::{
+    Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
+    StoredKey, store as keys,
+};
 use crate::metrics;
 
 /// How long before `REQUEST_TIMEOUT` a wait gives up, so that its `409`

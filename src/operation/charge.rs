@@ -6,13 +6,13 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::domain::new_charge_id;
-use super::settle;
-use super::{NewCharge, store};
 use crate::app::AppState;
+use crate::charges::domain::new_charge_id;
+use crate::charges::settle::{self, Settled};
+use crate::charges::{NewCharge, store};
 use crate::error::Error;
 use crate::idempotency::{Resource, SavedResponse, store as keys};
-use crate::operation::{Operation, Settled, Written};
+use crate::operation::{Operation, Written};
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{self, Authorization, Outcome, Processor, ProcessorError};
 use crate::retry_after;

@@ -8,18 +8,19 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::NewRefund;
-use super::domain::new_refund_id;
-use super::settle::{self, Pending};
-use super::store::{self, Reserved};
 use crate::app::AppState;
+use crate::charges::settle::Settled;
 use crate::charges::{ChargeStatus, store as charges};
 use crate::error::Error;
 use crate::idempotency::{Resource, SavedResponse};
-use crate::operation::{Operation, Settled, Written};
+use crate::operation::{Operation, Written};
 use crate::params::shorten;
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{Processor, ProcessorError, RefundOutcome};
+use crate::refunds::NewRefund;
+use crate::refunds::domain::new_refund_id;
+use crate::refunds::settle::{self, Pending};
+use crate::refunds::store::{self, Reserved};
 use crate::retry_after;
 
 /// A refund to make for a merchant.
