@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use axum::http::StatusCode;
+use http::StatusCode;
 use sqlx::PgPool;
 
 use super::{Charge, ChargeStatus, store};

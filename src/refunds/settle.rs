@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use axum::http::StatusCode;
+use http::StatusCode;
 use sqlx::PgPool;
 
 use super::{Refund, store};
