@@ -4,10 +4,11 @@
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
+use crate::app::AppState;
 use crate::charges::domain::new_charge_id;
-use crate::charges::settle::{Settled, response_for, settle};
+use crate::charges::settle::Settled;
+use crate::charges::settle::{response_for, settle};
 use crate::charges::{NewCharge, store};
-use crate::http::AppState;
 use crate::idempotency::SavedResponse;
 use crate::processor::{self, Authorization};
 

@@ -1,19 +1,26 @@
 //! oncepay: a payments API that charges a card exactly once, however often a
 //! client retries. See README.md for a tour, and docs/design.md for how it works.
 
+pub mod app;
 pub mod cache;
 pub mod charges;
 pub mod cli;
 pub mod config;
 pub mod db;
 pub mod demo;
+pub mod error;
+pub mod faults;
 pub mod http;
 pub mod idempotency;
 pub mod merchants;
 pub mod metrics;
+pub mod operation;
 pub mod params;
+pub mod problem;
 pub mod processor;
+pub mod recovery;
 pub mod refunds;
+pub mod retry_after;
 pub mod startup;
 pub mod sweeper;
 pub mod telemetry;

@@ -19,6 +19,9 @@ use sqlx::PgPool;
 use crate::processor::{Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome};
 
 /// The process-wide recorder (one per process, however many apps it runs).
+/// The handle that renders the metrics, kept in [`crate::app::AppState`].
+pub type Metrics = PrometheusHandle;
+
 pub fn handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE

@@ -10,34 +10,15 @@
 //! repeats a name, or a JSON object (at any depth) that repeats a key, is
 //! refused with `parameter_duplicate`.
 
-use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
-/// The most characters of a client's name or value that an error echoes.
-pub const MAX_ECHOED_CHARS: usize = 100;
+use crate::problem::ProblemCode;
 
-/// `text` as an error may echo it: its first [`MAX_ECHOED_CHARS`]
-/// characters, followed by `…` when it was longer. A problem names what the
-/// client sent, but a 60 KiB parameter name must not make a 120 KiB answer.
-pub fn shorten(text: &str) -> Cow<'_, str> {
-    shorten_to(text, MAX_ECHOED_CHARS)
-}
-
-/// The longest `param` of any error: room for a shortened name inside a
-/// shortened name (`metadata[…]`). Only a guard for a name nobody shortened.
-pub const MAX_PARAM_CHARS: usize = 2 * MAX_ECHOED_CHARS + 20;
-
-/// `text` cut to `max` characters, with `…` after a cut.
-pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
-    match text.char_indices().nth(max) {
-        None => Cow::Borrowed(text),
-        Some((cut, _)) => Cow::Owned(format!("{}…", &text[..cut])),
-    }
-}
+pub use crate::problem::{MAX_ECHOED_CHARS, MAX_PARAM_CHARS, shorten, shorten_to};
 
 /// How the body was encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +32,7 @@ pub enum Encoding {
 #[error("{message}")]
 pub struct ParamError {
     /// Stable machine-readable code, e.g. `parameter_missing`.
-    pub code: &'static str,
+    pub code: ProblemCode,
     /// The parameter at fault, e.g. `amount` or `metadata[order]`.
     pub param: String,
     pub message: String,
@@ -60,7 +41,7 @@ pub struct ParamError {
 impl ParamError {
     /// A `param` or `message` that echoes a client's name or value should
     /// [shorten] it; `param` is cut to [`MAX_PARAM_CHARS`] in any case.
-    pub fn new(code: &'static str, param: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(code: ProblemCode, param: impl Into<String>, message: impl Into<String>) -> Self {
         let param = param.into();
         ParamError {
             code,
@@ -73,7 +54,7 @@ impl ParamError {
     pub fn unknown(name: &str) -> Self {
         let name = shorten(name);
         ParamError::new(
-            "parameter_unknown",
+            ProblemCode::ParameterUnknown,
             name.as_ref(),
             format!("Received unknown parameter: {name}"),
         )
@@ -177,7 +158,7 @@ fn refuse_nul(name: &str, value: &Value) -> Result<(), ParamError> {
     let invalid = |param: &str| {
         let param = shorten(param);
         ParamError::new(
-            "parameter_invalid_string",
+            ProblemCode::ParameterInvalidString,
             param.as_ref(),
             format!("{param} must not contain the NUL character"),
         )
@@ -204,7 +185,7 @@ fn refuse_nul(name: &str, value: &Value) -> Result<(), ParamError> {
 fn duplicate(param: &str) -> DecodeError {
     let param = shorten(param);
     ParamError::new(
-        "parameter_duplicate",
+        ProblemCode::ParameterDuplicate,
         param.as_ref(),
         format!("The parameter {param} was given more than once"),
     )
@@ -357,7 +338,7 @@ mod tests {
             assert!(matches!(
                 Params::from_form(body),
                 Err(DecodeError::Param(ParamError {
-                    code: "parameter_duplicate",
+                    code: ProblemCode::ParameterDuplicate,
                     ..
                 }))
             ));
@@ -369,7 +350,7 @@ mod tests {
         assert!(matches!(
             Params::from_form(b"metadata[a][b]=1"),
             Err(DecodeError::Param(ParamError {
-                code: "parameter_unknown",
+                code: ProblemCode::ParameterUnknown,
                 ..
             }))
         ));
@@ -387,7 +368,7 @@ mod tests {
                 matches!(
                     Params::from_json(body),
                     Err(DecodeError::Param(ParamError {
-                        code: "parameter_invalid_string",
+                        code: ProblemCode::ParameterInvalidString,
                         ..
                     }))
                 ),
@@ -405,7 +386,7 @@ mod tests {
             Err(DecodeError::Param(e)) => {
                 assert_eq!(
                     (e.code, e.param.as_str()),
-                    ("parameter_duplicate", param),
+                    (ProblemCode::ParameterDuplicate, param),
                     "{body}"
                 );
                 assert!(e.message.contains(param), "{}", e.message);

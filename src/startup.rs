@@ -8,8 +8,9 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::app::AppState;
 use crate::config::Config;
-use crate::http::{self, AppState};
+use crate::http;
 use crate::idempotency::wait::Waits;
 use crate::merchants::{self, ApiKey};
 use crate::processor::{Processor, SimulatedProcessor};

@@ -1,6 +1,6 @@
 //! The background task in every `serve` process (and `oncepay sweep`):
-//! settles charges and refunds left `pending` by a crash or a lost processor
-//! answer, and deletes expired keys in bounded batches, within a time budget.
+//! finds charges and refunds left `pending` by a crash or a lost processor
+//! answer and settles each by [`crate::recovery`], and deletes expired keys in bounded batches, within a time budget.
 //!
 //! Several sweepers may run at once. Stale keys are leased (`FOR UPDATE SKIP
 //! LOCKED`, then a fresh `locked_at`), and every write is conditional, so
@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
-use crate::charges::{settle as charge_settle, store as charges};
+use crate::charges::store as charges;
 use crate::config::Config;
 use crate::idempotency::{Resource, store as keys};
 use crate::processor::{Outcome, Processor, RefundOutcome};
-use crate::refunds::{settle as refund_settle, store as refunds};
+use crate::recovery::{Recovered, recover};
+use crate::refunds::store as refunds;
 
 /// How long one pass may go on deleting expired keys: batch after batch
 /// until none is left or this is spent. A backlog is cleared at the full
@@ -73,36 +74,6 @@ pub struct SweepReport {
     pub refunds_failed: u64,
     /// Expired keys deleted.
     pub keys_deleted: u64,
-}
-
-/// What recovering one stale record did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Recovered {
-    /// A charge was settled with this outcome.
-    Charge(Outcome),
-    /// A refund was rolled forward and settled with this outcome.
-    Refund(RefundOutcome),
-}
-
-/// Settles a record whose request went quiet, by its kind: a charge is fenced
-/// at the processor and settled with what it holds
-/// ([`charge_settle::recover`]); a refund is rolled forward
-/// ([`refund_settle::recover`]). `None` when something else settled it first.
-/// Used by the sweeper and by a retry that finds its key stale.
-pub async fn recover(
-    pool: &PgPool,
-    processor: &dyn Processor,
-    resource: &Resource,
-    key_ttl: Duration,
-) -> anyhow::Result<Option<Recovered>> {
-    Ok(match resource {
-        Resource::Charge(id) => charge_settle::recover(pool, processor, id, key_ttl)
-            .await?
-            .map(Recovered::Charge),
-        Resource::Refund(id) => refund_settle::recover(pool, processor, id, key_ttl)
-            .await?
-            .map(Recovered::Refund),
-    })
 }
 
 /// The sweeper.

@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::currency::Currency;
 use crate::params::{Encoding, ParamError, Params, shorten};
+use crate::problem::ProblemCode;
 use crate::processor::TestToken;
 
 /// Smallest and largest amount, in minor units (cents for USD).
@@ -26,7 +27,7 @@ impl Amount {
     pub fn new(minor_units: i64) -> Result<Self, ParamError> {
         if minor_units < MIN_AMOUNT {
             Err(ParamError::new(
-                "amount_too_small",
+                ProblemCode::AmountTooSmall,
                 "amount",
                 format!("Amount must be at least {MIN_AMOUNT} (in minor units, e.g. cents)"),
             ))
@@ -45,7 +46,7 @@ impl Amount {
     pub fn from_param(value: Value, encoding: Encoding) -> Result<Self, ParamError> {
         let invalid = || {
             ParamError::new(
-                "parameter_invalid_integer",
+                ProblemCode::ParameterInvalidInteger,
                 "amount",
                 "Amount must be a whole number of minor units (e.g. 2000 for 20.00 USD)",
             )
@@ -75,7 +76,7 @@ impl Amount {
 
 fn too_large() -> ParamError {
     ParamError::new(
-        "amount_too_large",
+        ProblemCode::AmountTooLarge,
         "amount",
         format!("Amount must be no more than {MAX_AMOUNT} (in minor units)"),
     )
@@ -99,7 +100,7 @@ impl NewCharge {
         let currency = string(required(&mut params, "currency")?, "currency")?;
         let currency = Currency::parse(&currency).ok_or_else(|| {
             ParamError::new(
-                "invalid_currency",
+                ProblemCode::InvalidCurrency,
                 "currency",
                 format!(
                     "Invalid currency: {}. Use a three-letter ISO 4217 code such as usd",
@@ -110,7 +111,7 @@ impl NewCharge {
         let source = string(required(&mut params, "source")?, "source")?;
         let source = TestToken::parse(&source).ok_or_else(|| {
             ParamError::new(
-                "resource_missing",
+                ProblemCode::ResourceMissing,
                 "source",
                 format!(
                     "No such token: '{}'. Use a test token such as tok_visa",
@@ -125,7 +126,7 @@ impl NewCharge {
         if let Some(d) = &description {
             if d.chars().count() > MAX_DESCRIPTION_CHARS {
                 return Err(ParamError::new(
-                    "parameter_too_long",
+                    ProblemCode::ParameterTooLong,
                     "description",
                     format!("Description must be at most {MAX_DESCRIPTION_CHARS} characters"),
                 ));
@@ -165,7 +166,7 @@ impl NewCharge {
 pub fn required(params: &mut Params, name: &str) -> Result<Value, ParamError> {
     params.take(name).ok_or_else(|| {
         ParamError::new(
-            "parameter_missing",
+            ProblemCode::ParameterMissing,
             name,
             format!("Missing required param: {name}"),
         )
@@ -177,7 +178,7 @@ pub fn string(value: Value, name: &str) -> Result<String, ParamError> {
     match value {
         Value::String(s) => Ok(s),
         _ => Err(ParamError::new(
-            "parameter_invalid_type",
+            ProblemCode::ParameterInvalidType,
             name,
             format!("{name} must be a string"),
         )),
@@ -187,8 +188,9 @@ pub fn string(value: Value, name: &str) -> Result<String, ParamError> {
 /// Validates `metadata`: up to 50 keys of 1 to 40 characters, string values
 /// of up to 500.
 pub fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {
-    let invalid =
-        |param: String, message: String| ParamError::new("metadata_invalid", param, message);
+    let invalid = |param: String, message: String| {
+        ParamError::new(ProblemCode::MetadataInvalid, param, message)
+    };
     let Value::Object(entries) = value else {
         return Err(invalid(
             "metadata".into(),
@@ -229,7 +231,8 @@ pub fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {
 }
 
 /// A charge's lifecycle: `pending` until the processor's outcome is recorded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
 pub enum ChargeStatus {
     Pending,
     Succeeded,
@@ -237,12 +240,19 @@ pub enum ChargeStatus {
 }
 
 impl ChargeStatus {
+    /// As stored, and as the API shows it.
     pub fn as_str(self) -> &'static str {
         match self {
             ChargeStatus::Pending => "pending",
             ChargeStatus::Succeeded => "succeeded",
             ChargeStatus::Failed => "failed",
         }
+    }
+}
+
+impl std::fmt::Display for ChargeStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -255,7 +265,7 @@ pub struct Charge {
     pub source: String,
     pub description: Option<String>,
     pub metadata: sqlx::types::Json<BTreeMap<String, String>>,
-    pub status: String,
+    pub status: ChargeStatus,
     pub failure_code: Option<String>,
     pub failure_message: Option<String>,
     pub amount_refunded: i64,
@@ -288,7 +298,7 @@ impl Charge {
             object: "charge",
             amount: self.amount,
             currency: &self.currency,
-            status: &self.status,
+            status: self.status.as_str(),
             source: &self.source,
             description: self.description.as_deref(),
             metadata: &self.metadata.0,
@@ -328,7 +338,7 @@ mod tests {
     }
 
     fn code(body: Value) -> &'static str {
-        parse_json(body).unwrap_err().code
+        parse_json(body).unwrap_err().code.as_str()
     }
 
     #[test]
@@ -368,7 +378,8 @@ mod tests {
     fn form_amounts_must_be_digits() {
         let form = |amount: &str| {
             let body = format!("amount={amount}&currency=usd&source=tok_visa");
-            NewCharge::from_params(Params::from_form(body.as_bytes()).unwrap()).map_err(|e| e.code)
+            NewCharge::from_params(Params::from_form(body.as_bytes()).unwrap())
+                .map_err(|e| e.code.as_str())
         };
         assert_eq!(form("20.5"), Err("parameter_invalid_integer"));
         assert_eq!(form("1e3"), Err("parameter_invalid_integer"));
@@ -386,12 +397,12 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            (err.code, err.param.as_str()),
+            (err.code.as_str(), err.param.as_str()),
             ("parameter_unknown", "capture")
         );
         let err = parse_json(json!({"amount": 1, "source": "tok_visa"})).unwrap_err();
         assert_eq!(
-            (err.code, err.param.as_str()),
+            (err.code.as_str(), err.param.as_str()),
             ("parameter_missing", "currency")
         );
         assert_eq!(

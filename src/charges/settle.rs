@@ -5,18 +5,18 @@
 
 use std::time::Duration;
 
-use axum::http::StatusCode;
+use http::StatusCode;
 use sqlx::PgPool;
 
 use super::{Charge, ChargeStatus, store};
-use crate::http::problem::{self, Problem};
 use crate::idempotency::{Resource, SavedResponse, store as keys};
+use crate::problem::{self, Problem, ProblemCode};
 use crate::processor::{self, Outcome, Processor};
 
 /// The failure code of a charge whose processor attempt was voided.
-pub const ABANDONED: &str = "processing_abandoned";
+pub const ABANDONED: &str = ProblemCode::ProcessingAbandoned.as_str();
 
-/// What settling did.
+/// What settling a record (a charge or a refund) did.
 #[derive(Debug)]
 pub enum Settled {
     /// This call settled the charge; here is its response.
@@ -93,7 +93,7 @@ pub async fn recover(
 /// `201` with the charge when it succeeded, `402` with a problem naming the
 /// failed charge when it did not.
 pub fn response_for(charge: &Charge) -> SavedResponse {
-    if charge.status == ChargeStatus::Succeeded.as_str() {
+    if charge.status == ChargeStatus::Succeeded {
         return SavedResponse {
             status: StatusCode::CREATED.as_u16(),
             content_type: "application/json".into(),
@@ -104,17 +104,16 @@ pub fn response_for(charge: &Charge) -> SavedResponse {
         };
     }
     let code = match charge.failure_code.as_deref() {
-        Some("insufficient_funds") => "insufficient_funds",
-        Some("expired_card") => "expired_card",
-        Some(ABANDONED) => ABANDONED,
-        _ => "card_declined",
+        Some("insufficient_funds") => ProblemCode::InsufficientFunds,
+        Some("expired_card") => ProblemCode::ExpiredCard,
+        Some(ABANDONED) => ProblemCode::ProcessingAbandoned,
+        _ => ProblemCode::CardDeclined,
     };
     let detail = charge
         .failure_message
         .clone()
         .unwrap_or_else(|| "The payment failed.".into());
-    let problem = Problem::new(StatusCode::PAYMENT_REQUIRED, code, detail)
-        .with_extra("charge", charge.id.clone());
+    let problem = Problem::new(code, detail).with_extra("charge", charge.id.clone());
     SavedResponse {
         status: problem.status.as_u16(),
         content_type: problem::CONTENT_TYPE.into(),

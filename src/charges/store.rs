@@ -46,7 +46,7 @@ pub async fn settle_pending(
           RETURNING {COLUMNS}"
     ))
     .bind(id)
-    .bind(status.as_str())
+    .bind(status)
     .bind(failure.map(|(code, _)| code))
     .bind(failure.map(|(_, message)| message))
     .fetch_optional(tx)

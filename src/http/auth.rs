@@ -3,13 +3,14 @@
 //! works, as with Stripe). The key never reaches a log.
 
 use axum::extract::FromRequestParts;
+use axum::http::header;
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
 use base64::Engine;
 
-use super::AppState;
-use super::problem::{ApiError, Problem};
+use super::problem::ApiError;
+use crate::app::AppState;
 use crate::merchants::{self, ApiKey, Merchant};
+use crate::problem::{Problem, ProblemCode};
 
 /// The merchant a request authenticated as.
 #[derive(Clone, Debug)]
@@ -24,7 +25,7 @@ impl FromRequestParts<AppState> for Authenticated {
     ) -> Result<Self, Self::Rejection> {
         let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
             return Err(unauthorized(
-                "authentication_required",
+                ProblemCode::AuthenticationRequired,
                 "No API key provided. Use 'Authorization: Bearer sk_test_...' or 'curl -u sk_test_...:'.",
             ));
         };
@@ -35,7 +36,7 @@ impl FromRequestParts<AppState> for Authenticated {
             .and_then(|k| ApiKey::parse(&k));
         let Some(key) = key else {
             return Err(unauthorized(
-                "invalid_api_key",
+                ProblemCode::InvalidApiKey,
                 "The API key provided is not valid.",
             ));
         };
@@ -49,7 +50,7 @@ impl FromRequestParts<AppState> for Authenticated {
                 Ok(Authenticated(merchant))
             }
             None => Err(unauthorized(
-                "invalid_api_key",
+                ProblemCode::InvalidApiKey,
                 "The API key provided is not valid.",
             )),
         }
@@ -74,8 +75,8 @@ fn key_from_authorization(value: &str) -> Option<String> {
     None
 }
 
-fn unauthorized(code: &'static str, detail: &str) -> ApiError {
-    Problem::new(StatusCode::UNAUTHORIZED, code, detail)
+fn unauthorized(code: ProblemCode, detail: &str) -> ApiError {
+    Problem::new(code, detail)
         .with_header(header::WWW_AUTHENTICATE, "Bearer realm=\"oncepay\"")
         .with_header(header::WWW_AUTHENTICATE, "Basic realm=\"oncepay\"")
         .into()

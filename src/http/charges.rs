@@ -1,37 +1,28 @@
 //! `POST /v1/charges`, `GET /v1/charges/{id}`, `GET /v1/charges`.
 //!
-//! Creating a charge is the exactly-once flow:
-//! 1. authenticate, parse, validate, fingerprint: nothing is written yet;
-//! 2. one transaction: claim the key and write the charge as `pending`;
-//! 3. call the processor, outside any transaction;
-//! 4. one transaction: settle the charge if still pending, save the response
-//!    on the key (see [`crate::charges::settle`]).
+//! Creating a charge is a guarded operation ([`crate::operation`]); the
+//! handler only extracts, calls and maps.
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::AppState;
 use super::auth::Authenticated;
-use super::extract::{PathParam, RawBody, decode};
-use super::faults::{self, Fault};
-use super::idempotent::{self, Begun, Request};
-use super::problem::{ApiError, Problem};
-use super::retry_after;
-use crate::charges::domain::new_charge_id;
-use crate::charges::settle::{self, Settled};
+use super::extract::{IdempotentPost, PathParam};
+use super::idempotent;
+use super::problem::ApiError;
+use crate::app::AppState;
 use crate::charges::{NewCharge, store};
-use crate::idempotency::{Fingerprint, Resource, store as keys};
+use crate::operation::charge::CreateCharge;
+use crate::operation::{self, Operation};
 use crate::params::{ParamError, shorten};
-use crate::processor::{self, Authorization, ProcessorError};
+use crate::problem::{Problem, ProblemCode};
 
-const ROUTE: &str = "/v1/charges";
+const ROUTE: &str = CreateCharge::ROUTE;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -67,147 +58,12 @@ pub fn router() -> OpenApiRouter<AppState> {
 async fn create(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
+    post: IdempotentPost,
 ) -> Result<Response, ApiError> {
-    // 1. Everything that can refuse the request, before anything is written.
-    let key = idempotent::key_from_headers(&state, &headers)?;
-    let fault = Fault::from_headers(&state, &headers)?;
-    let new_charge = NewCharge::from_params(decode(&headers, &body)?)?;
-    let fingerprint = Fingerprint::of("POST", ROUTE, &new_charge.canonical());
-    let wait = idempotent::prefer_wait(&headers);
-
-    // Steps 2 to 4 run in their own task: once the claim may have committed,
-    // a client that hangs up must not cancel the work half-way. Only a wait
-    // for a key in flight stops then.
-    let client_gone = CancellationToken::new();
-    let _hang_up = idempotent::hang_up_guard(&client_gone);
-    let request = Request {
-        merchant_id: merchant.id,
-        key,
-        fingerprint,
-        wait,
-        client_gone,
-    };
-    state
-        .tasks
-        .clone()
-        .spawn(
-            claim_and_charge(state, request, new_charge, fault)
-                .instrument(tracing::Span::current()),
-        )
-        .await
-        .map_err(|e| ApiError::Internal(anyhow::Error::new(e).context("charge task failed")))?
-}
-
-async fn claim_and_charge(
-    state: AppState,
-    request: Request,
-    charge: NewCharge,
-    fault: Option<Fault>,
-) -> Result<Response, ApiError> {
-    let charge_id = new_charge_id();
-    let resource = Resource::Charge(charge_id.clone());
-
-    // 2. Claim the key and write the pending charge, in one transaction.
-    let mut tx = match idempotent::begin(&state, &request, ROUTE, &resource).await? {
-        Begun::Claimed(tx) => tx,
-        Begun::Answered(response) => return Ok(response),
-    };
-    store::insert_pending(&mut tx, &charge_id, request.merchant_id, &charge).await?;
-    tx.commit().await?;
-    faults::crash_if(fault, Fault::CrashAfterClaim);
-
-    // 3 and 4. From here on the charge is pending: a failure leaves it to
-    // recovery.
-    let config = state.config.clone();
-    let answer = authorize_and_settle(state.clone(), charge_id, charge, fault)
-        .await
-        .map_err(|e| e.awaiting_recovery(&config));
-    idempotent::finished(&state, &request);
-    answer
-}
-
-async fn authorize_and_settle(
-    state: AppState,
-    charge_id: String,
-    charge: NewCharge,
-    fault: Option<Fault>,
-) -> Result<Response, ApiError> {
-    let processor_key = processor::authorization_key(&charge_id);
-    let authorization = Authorization {
-        processor_key: &processor_key,
-        amount: charge.amount.minor_units(),
-        currency: charge.currency.as_str(),
-        source: charge.source,
-    };
-    let outcome = state.processor.authorize(authorization).await;
-    faults::crash_if(fault, Fault::CrashAfterProcessor);
-    match outcome {
-        Ok(outcome) => match settle::settle(
-            &state.pool,
-            &charge_id,
-            &outcome,
-            state.config.idempotency_key_ttl,
-        )
-        .await?
-        {
-            Settled::Now(response) => Ok(idempotent::send(response)),
-            // The sweeper (or a retry) settled it while the processor was
-            // answering: what it saved is the answer, since both came from
-            // the one processor record.
-            Settled::Already => settled_elsewhere(&state, &charge_id).await,
-        },
-        Err(ProcessorError::Unavailable) => {
-            // Nothing was recorded: give the key back so a retry runs anew.
-            // The charge goes first, in the same lock order as settling; if
-            // it is no longer pending, the sweeper settled it meanwhile and
-            // that answer stands.
-            let mut tx = state.pool.begin().await?;
-            if store::delete_pending(&mut tx, &charge_id).await? == 0 {
-                tx.rollback().await?;
-                return settled_elsewhere(&state, &charge_id).await;
-            }
-            keys::release(&mut tx, &Resource::Charge(charge_id.clone())).await?;
-            tx.commit().await?;
-            Err(Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "processor_unavailable",
-                "The card processor is unavailable and nothing was charged. Retry with the same Idempotency-Key.",
-            )
-            .with_retry_after(retry_after::SOON)
-            .into())
-        }
-        Err(e @ ProcessorError::OutcomeUnknown(_)) => {
-            // Money may have moved: keep the claim; the sweeper (or a retry
-            // after PROCESSING_TIMEOUT) settles the charge from the
-            // processor's record, and later retries replay that.
-            tracing::warn!(charge = %charge_id, error = format!("{:#}", anyhow::Error::new(e)), "processor outcome unknown");
-            Err(Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "processing_outcome_unknown",
-                "The card processor did not confirm the outcome. Retry with the same Idempotency-Key to get it.",
-            )
-            .with_extra("charge", charge_id.clone())
-            .with_retry_after(retry_after::until_recovered(&state.config))
-            .into())
-        }
-    }
-}
-
-/// The answer for a charge someone else settled: its key's saved response,
-/// or, for a charge made without a key, the charge rendered afresh.
-async fn settled_elsewhere(state: &AppState, charge_id: &str) -> Result<Response, ApiError> {
-    let resource = Resource::Charge(charge_id.to_owned());
-    if let Some(response) = idempotent::saved_answer(state, &resource).await? {
-        return Ok(response);
-    }
-    let charge = store::find_any(&state.pool, charge_id)
-        .await?
-        .ok_or_else(|| {
-            ApiError::Internal(anyhow::anyhow!("settled charge {charge_id} vanished"))
-        })?;
-    Ok(idempotent::send(settle::response_for(&charge)))
+    let (guard, params) = post.split(merchant.id);
+    let charge = NewCharge::from_params(params)?;
+    let answer = operation::run(&state, guard, CreateCharge::new(merchant.id, charge)).await?;
+    Ok(idempotent::respond(answer))
 }
 
 /// One of the merchant's charges.
@@ -243,9 +99,9 @@ fn no_such_charge(id: &str, param: &str) -> ApiError {
     } else {
         StatusCode::BAD_REQUEST
     };
-    Problem::new(
+    Problem::with_status(
         status,
-        "resource_missing",
+        ProblemCode::ResourceMissing,
         format!("No such charge: '{}'", shorten(id)),
     )
     .with_param(param)
@@ -286,8 +142,7 @@ async fn list(
                     .filter(|l| (1..=100).contains(l))
                     .ok_or_else(|| {
                         Problem::new(
-                            StatusCode::BAD_REQUEST,
-                            "parameter_invalid_integer",
+                            ProblemCode::ParameterInvalidInteger,
                             "limit must be a whole number from 1 to 100",
                         )
                         .with_param("limit")

@@ -4,20 +4,21 @@
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{Html, Response};
 use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::AppState;
 use super::auth::Authenticated;
 use super::extract::{RawBody, decode};
 use super::idempotent::{self, REPLAYED};
-use super::problem::{ApiError, Problem};
+use super::problem::ApiError;
+use crate::app::AppState;
 use crate::charges::NewCharge;
 use crate::demo;
 use crate::params::ParamError;
+use crate::problem::{Problem, ProblemCode};
 
 /// The lab page: one self-contained file, no build step, nothing from the internet.
 const LAB_PAGE: &str = include_str!("../../static/lab.html");
@@ -73,7 +74,7 @@ async fn effects(
     }
     let run = run.ok_or_else(|| {
         ParamError::new(
-            "parameter_missing",
+            ProblemCode::ParameterMissing,
             "run",
             "Missing required param: run (the metadata[demo_run] tag of the charges to count)",
         )
@@ -125,13 +126,12 @@ async fn naive_charge(
 ) -> Result<Response, ApiError> {
     let Some(key) = idempotent::key_from_headers(&state, &headers)? else {
         return Err(Problem::new(
-            StatusCode::BAD_REQUEST,
-            "idempotency_key_missing",
+            ProblemCode::IdempotencyKeyMissing,
             "The naive endpoint demonstrates keys; send an Idempotency-Key.",
         )
         .into());
     };
-    super::faults::Fault::from_headers(&state, &headers)?;
+    super::faults::from_headers(&state, &headers)?;
     let charge = NewCharge::from_params(decode(&headers, &body)?)?;
     // 1. Look the key up. (Bug: nothing stops a second request from looking too.)
     if let Some(saved) = demo::naive_lookup(&state.pool, merchant.id, key.as_str()).await? {
@@ -144,7 +144,7 @@ async fn naive_charge(
     // 2. Do the work: the same charge and processor code as the real path.
     let (charge_id, saved) = demo::naive_charge(&state, merchant.id, &charge)
         .await
-        .map_err(|e| ApiError::from_recovery(e, &state.config))?;
+        .map_err(|e| crate::error::Error::from_recovery(e, &state.config))?;
     // 3. Write the key, after the work. (Bug: too late to stop a duplicate.)
     demo::naive_remember(&state.pool, merchant.id, key.as_str(), &charge_id, &saved).await?;
     Ok(idempotent::send(saved))

@@ -2,13 +2,22 @@
 //! `application/x-www-form-urlencoded`, within `MAX_BODY_BYTES`) and path
 //! parameters.
 
+use std::time::Duration;
+
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
+use uuid::Uuid;
 
-use super::problem::{ApiError, Problem};
+use super::problem::ApiError;
+use super::{faults, idempotent};
+use crate::app::AppState;
+use crate::faults::Fault;
+use crate::idempotency::IdempotencyKey;
+use crate::operation::Guard;
 use crate::params::Params;
+use crate::problem::{Problem, ProblemCode};
 
 /// The raw body, read within the configured limit.
 pub struct RawBody(pub Bytes);
@@ -21,15 +30,13 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
             Ok(bytes) => Ok(RawBody(bytes)),
             Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
                 Err(Problem::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
+                    ProblemCode::PayloadTooLarge,
                     "The request body is larger than this server accepts.",
                 )
                 .into())
             }
             Err(rejection) => Err(Problem::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_body",
+                ProblemCode::InvalidBody,
                 format!(
                     "The request body could not be read: {}",
                     rejection.body_text()
@@ -37,6 +44,49 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
             )
             .into()),
         }
+    }
+}
+
+/// An idempotent `POST`: its idempotency headers and its decoded
+/// parameters, refused in the order a client fixes them: the body's size,
+/// the `Idempotency-Key`, `Oncepay-Fault`, the body's encoding.
+pub struct IdempotentPost {
+    pub key: Option<IdempotencyKey>,
+    pub fault: Option<Fault>,
+    /// From `Prefer: wait=N`.
+    pub wait: Duration,
+    pub params: Params,
+}
+
+impl IdempotentPost {
+    /// The guard of the operation this request asks for, and its
+    /// parameters.
+    pub fn split(self, merchant_id: Uuid) -> (Guard, Params) {
+        let guard = Guard {
+            merchant_id,
+            key: self.key,
+            wait: self.wait,
+            fault: self.fault,
+        };
+        (guard, self.params)
+    }
+}
+
+impl FromRequest<AppState> for IdempotentPost {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let headers = req.headers().clone();
+        let RawBody(body) = RawBody::from_request(req, state).await?;
+        let key = idempotent::key_from_headers(state, &headers)?;
+        let fault = faults::from_headers(state, &headers)?;
+        let params = decode(&headers, &body)?;
+        Ok(IdempotentPost {
+            key,
+            fault,
+            wait: idempotent::prefer_wait(&headers),
+            params,
+        })
     }
 }
 
@@ -56,8 +106,7 @@ pub fn decode(headers: &HeaderMap, body: &[u8]) -> Result<Params, ApiError> {
         "application/json" => Ok(Params::from_json(body)?),
         "application/x-www-form-urlencoded" => Ok(Params::from_form(body)?),
         _ => Err(Problem::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            ProblemCode::UnsupportedMediaType,
             "Send the parameters as application/json or application/x-www-form-urlencoded.",
         )
         .into()),
@@ -73,16 +122,15 @@ impl<S: Send + Sync> FromRequestParts<S> for PathParam {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match Path::<String>::from_request_parts(parts, state).await {
             // No id contains NUL, and Postgres text cannot hold it.
-            Ok(Path(value)) if value.contains('\0') => Err(Problem::new(
+            Ok(Path(value)) if value.contains('\0') => Err(Problem::with_status(
                 StatusCode::NOT_FOUND,
-                "resource_missing",
+                ProblemCode::ResourceMissing,
                 "No such resource.",
             )
             .into()),
             Ok(Path(value)) => Ok(PathParam(value)),
             Err(rejection) => Err(Problem::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_path",
+                ProblemCode::InvalidPath,
                 format!("The path could not be read: {}", rejection.body_text()),
             )
             .into()),

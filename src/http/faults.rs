@@ -1,63 +1,39 @@
-//! Fault injection, for the failure tests and the workshop: with
-//! `FAULT_INJECTION=true`, a request carrying `Oncepay-Fault` fails on purpose
-//! at a chosen point. Off by default; a request asking for a fault while it
-//! is off is refused with `400 fault_injection_disabled`.
+//! Fault injection at the HTTP edge: reading `Oncepay-Fault` (see
+//! [`crate::faults`]) and the `drop-response` middleware. A request asking
+//! for a fault while it is off is refused with `400 fault_injection_disabled`.
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::AppState;
-use super::problem::{ApiError, Problem};
+use super::problem::ApiError;
+use crate::app::AppState;
+use crate::faults::Fault;
+use crate::problem::{Problem, ProblemCode};
 
 pub const HEADER: &str = "oncepay-fault";
 
-/// Where to fail.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
-    /// Commit everything, then close the connection without an answer.
-    DropResponse,
-    /// Abort the process right after the claim committed.
-    CrashAfterClaim,
-    /// Abort the process right after the processor answered, before settling.
-    CrashAfterProcessor,
-}
-
-impl Fault {
-    /// The fault a request asks for, if any.
-    pub fn from_headers(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, ApiError> {
-        let Some(value) = headers.get(HEADER) else {
-            return Ok(None);
-        };
-        if !state.config.fault_injection {
-            return Err(Problem::new(
-                StatusCode::BAD_REQUEST,
-                "fault_injection_disabled",
-                "Oncepay-Fault is only honoured when the server runs with FAULT_INJECTION=true.",
-            )
-            .into());
-        }
-        match value.to_str().unwrap_or("") {
-            "drop-response" => Ok(Some(Fault::DropResponse)),
-            "crash-after-claim" => Ok(Some(Fault::CrashAfterClaim)),
-            "crash-after-processor" => Ok(Some(Fault::CrashAfterProcessor)),
-            _ => Err(Problem::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_fault",
-                "Oncepay-Fault must be drop-response, crash-after-claim or crash-after-processor.",
-            )
-            .into()),
-        }
+/// The fault a request asks for, if any; a `400` when it asks while fault
+/// injection is off, or names no fault.
+pub fn from_headers(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, ApiError> {
+    let Some(value) = headers.get(HEADER) else {
+        return Ok(None);
+    };
+    if !state.config.fault_injection {
+        return Err(Problem::new(
+            ProblemCode::FaultInjectionDisabled,
+            "Oncepay-Fault is only honoured when the server runs with FAULT_INJECTION=true.",
+        )
+        .into());
     }
-}
-
-/// Aborts the whole process here, as `kill -9` would: no destructor, no
-/// flush, no answer. Only reachable with `FAULT_INJECTION=true`.
-pub fn crash_if(fault: Option<Fault>, point: Fault) {
-    if fault == Some(point) {
-        tracing::error!(?point, "fault injection: aborting the process");
-        std::process::abort();
+    match Fault::parse(value.to_str().unwrap_or("")) {
+        Some(fault) => Ok(Some(fault)),
+        None => Err(Problem::new(
+            ProblemCode::InvalidFault,
+            "Oncepay-Fault must be drop-response, crash-after-claim or crash-after-processor.",
+        )
+        .into()),
     }
 }
 

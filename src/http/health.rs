@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::AppState;
 use super::problem::ApiError;
+use crate::app::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -35,8 +35,8 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     let ping = sqlx::query("SELECT 1").execute(&state.pool);
     match tokio::time::timeout(Duration::from_secs(2), ping).await {
         Ok(Ok(_)) => Ok(Json(json!({"status": "ok", "database": "ok"}))),
-        Ok(Err(e)) => Err(ApiError::Unavailable(e.into())),
-        Err(_) => Err(ApiError::Unavailable(anyhow::anyhow!(
+        Ok(Err(e)) => Err(ApiError::unavailable(e.into())),
+        Err(_) => Err(ApiError::unavailable(anyhow::anyhow!(
             "database ping timed out"
         ))),
     }

@@ -8,11 +8,12 @@ use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::AppState;
 use super::auth::Authenticated;
 use super::extract::PathParam;
-use super::problem::{ApiError, Problem};
-use crate::idempotency::{IdempotencyKey, KeyStatus, Resource, store};
+use super::problem::ApiError;
+use crate::app::AppState;
+use crate::idempotency::{IdempotencyKey, Resource, store};
+use crate::problem::{Problem, ProblemCode};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(retrieve))
@@ -40,17 +41,12 @@ async fn retrieve(
     PathParam(raw): PathParam,
 ) -> Result<Json<Value>, ApiError> {
     let key = IdempotencyKey::parse(raw.as_bytes()).map_err(|e| {
-        Problem::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_idempotency_key",
-            e.to_string(),
-        )
-        .with_param("key")
+        Problem::new(ProblemCode::InvalidIdempotencyKey, e.to_string()).with_param("key")
     })?;
     let Some(stored) = store::find(&state.pool, merchant.id, &key).await? else {
-        return Err(Problem::new(
+        return Err(Problem::with_status(
             StatusCode::NOT_FOUND,
-            "resource_missing",
+            ProblemCode::ResourceMissing,
             format!(
                 "No such idempotency key: '{}' (unknown or expired)",
                 key.as_str()
@@ -62,10 +58,7 @@ async fn retrieve(
     Ok(Json(json!({
         "object": "idempotency_key",
         "key": stored.key,
-        "status": match stored.status {
-            KeyStatus::Processing => "processing",
-            KeyStatus::Completed => "completed",
-        },
+        "status": stored.status.as_str(),
         "created_at": stored.created_at.timestamp(),
         "expires_at": stored.expires_at.timestamp(),
         "request": { "method": stored.request_method, "path": stored.request_path },

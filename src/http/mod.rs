@@ -14,15 +14,10 @@ pub mod observe;
 pub mod openapi;
 pub mod problem;
 pub mod refunds;
-pub mod retry_after;
-
-use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
-use sqlx::PgPool;
-use tokio_util::task::TaskTracker;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -33,26 +28,9 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::app::AppState;
 use crate::config::Config;
-use crate::idempotency::wait::Waits;
-use crate::processor::Processor;
-use problem::Problem;
-
-/// What every handler can reach.
-#[derive(Clone)]
-pub struct AppState {
-    pub pool: PgPool,
-    pub config: Arc<Config>,
-    pub processor: Arc<dyn Processor>,
-    pub metrics: observe::Metrics,
-    /// The work a request hands to its own task (steps 2 to 4); shutdown
-    /// waits for it, within `SHUTDOWN_GRACE`.
-    pub tasks: TaskTracker,
-    /// Completed answers and merchants, see [`crate::cache`].
-    pub caches: Arc<crate::cache::Caches>,
-    /// Requests waiting on keys in flight, see [`crate::idempotency::wait`].
-    pub waits: Waits,
-}
+use crate::problem::{Problem, ProblemCode};
 
 /// The whole API. Layers, from the outside in: fault injection (outside
 /// everything, see `faults::drop_response`), request id, tracing span,
@@ -77,17 +55,10 @@ pub fn router(state: AppState) -> Router {
     let timeout = state.config.request_timeout;
     let (routes, _) = api(&state.config).split_for_parts();
     routes
-        .fallback(|| async {
-            Problem::new(
-                StatusCode::NOT_FOUND,
-                "route_not_found",
-                "There is no such route.",
-            )
-        })
+        .fallback(|| async { Problem::new(ProblemCode::RouteNotFound, "There is no such route.") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ProblemCode::MethodNotAllowed,
                 "This route does not accept that method.",
             )
         })
@@ -101,8 +72,7 @@ pub fn router(state: AppState) -> Router {
             use axum::response::IntoResponse;
             tracing::error!("a handler panicked");
             Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
+                ProblemCode::InternalError,
                 "Something went wrong on our side.",
             )
             .into_response()

@@ -9,11 +9,10 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use metrics_exporter_prometheus::PrometheusHandle;
 use tracing::Span;
 
-use super::AppState;
-use super::problem::{CONTENT_TYPE, Problem};
+use crate::app::AppState;
+use crate::problem::{CONTENT_TYPE, Problem, ProblemCode};
 
 pub const REQUEST_ID: &str = "x-request-id";
 /// The longest incoming `X-Request-Id` honoured; others are replaced.
@@ -96,18 +95,18 @@ pub async fn finish_problems(request: Request, next: Next) -> Response {
     if !is_problem {
         let (code, detail) = match status {
             StatusCode::REQUEST_TIMEOUT | StatusCode::SERVICE_UNAVAILABLE => (
-                "request_timeout",
+                ProblemCode::RequestTimeout,
                 "The request took too long and was stopped. Retry (a POST with the same Idempotency-Key).",
             ),
             StatusCode::PAYLOAD_TOO_LARGE => (
-                "payload_too_large",
+                ProblemCode::PayloadTooLarge,
                 "The request body is larger than this server accepts.",
             ),
-            _ => ("http_error", "The request failed."),
+            _ => (ProblemCode::HttpError, "The request failed."),
         };
-        let mut problem = Problem::new(status, code, detail).with_extra("request_id", id);
-        if code == "request_timeout" {
-            problem = problem.with_retry_after(super::retry_after::SOON);
+        let mut problem = Problem::with_status(status, code, detail).with_extra("request_id", id);
+        if code == ProblemCode::RequestTimeout {
+            problem = problem.with_retry_after(crate::retry_after::SOON);
         }
         let mut fresh = problem.into_response();
         for (name, value) in response.headers() {
@@ -146,6 +145,3 @@ pub async fn metrics_endpoint(State(state): State<AppState>) -> Response {
     )
         .into_response()
 }
-
-/// The handle type, re-exported for the state.
-pub type Metrics = PrometheusHandle;

@@ -14,7 +14,8 @@ use axum::response::Html;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, Modify, OpenApi, ToResponse, ToSchema};
 
-use super::AppState;
+use crate::app::AppState;
+use crate::problem::ProblemCode;
 
 /// The reference page: one self-contained file that renders `/openapi.json`.
 const DOCS_PAGE: &str = include_str!("../../static/docs.html");
@@ -306,134 +307,6 @@ pub struct Problem {
     /// The refund a `processor_unavailable` or `processing_outcome_unknown` refund answer is about.
     refund: Option<String>,
     request_id: Option<String>,
-}
-
-/// Every problem code, with its status:
-///
-/// - `parameter_missing` (400): a required parameter is absent.
-/// - `parameter_unknown` (400): a parameter is not accepted.
-/// - `parameter_duplicate` (400): a form repeats a parameter.
-/// - `parameter_invalid_type` (400): a parameter has the wrong type.
-/// - `parameter_invalid_integer` (400): not a whole number (`amount`, `limit`).
-/// - `parameter_invalid_string` (400): a string contains NUL.
-/// - `parameter_too_long` (400): over a length limit.
-/// - `amount_too_small` (400): `amount` below 1.
-/// - `amount_too_large` (400): `amount` above the maximum, or more than is left to refund.
-/// - `invalid_currency` (400): unknown currency.
-/// - `metadata_invalid` (400): metadata breaks its limits.
-/// - `invalid_reason` (400): unknown refund reason.
-/// - `resource_missing` (400/404): no such token, charge, refund or key.
-/// - `charge_not_refundable` (400): a refund of a pending or failed charge.
-/// - `charge_already_refunded` (400): a refund of a charge refunded in full.
-/// - `invalid_json` (400): the body is not a JSON object.
-/// - `invalid_body` (400): the body cannot be read.
-/// - `invalid_path` (400): the path cannot be read.
-/// - `invalid_idempotency_key` (400): the `Idempotency-Key` header is malformed or repeated.
-/// - `idempotency_key_missing` (400): no key while keys are required.
-/// - `fault_injection_disabled` (400): `Oncepay-Fault` while fault injection is off.
-/// - `invalid_fault` (400): an unknown `Oncepay-Fault`.
-/// - `authentication_required` (401): no API key.
-/// - `invalid_api_key` (401): a wrong API key.
-/// - `card_declined` (402): declined (saved and replayed).
-/// - `insufficient_funds` (402): declined for insufficient funds.
-/// - `expired_card` (402): declined, card expired.
-/// - `processing_abandoned` (402): abandoned before the network answered; no money moved.
-/// - `route_not_found` (404): unknown route.
-/// - `method_not_allowed` (405): the route does not take that method.
-/// - `idempotency_key_in_use` (409): the same request is still in flight (`Retry-After`).
-/// - `payload_too_large` (413): the body is too large.
-/// - `unsupported_media_type` (415): neither JSON nor a form.
-/// - `idempotency_key_reused` (422): the key was used with other parameters.
-/// - `internal_error` (500): a bug; details in the log only.
-/// - `processing_outcome_unknown` (503): the processor's outcome is unknown; retry with the same key after `Retry-After` (`PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
-/// - `processor_unavailable` (503): for a charge, the processor recorded nothing and the key is free (`Retry-After: 1`); for a refund, it stays reserved until recovery rolls it forward (`Retry-After`: `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
-/// - `service_unavailable` (503): the database is unreachable (`Retry-After: 1`, or `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL` once the processor was called).
-/// - `request_timeout` (503): the request took longer than `REQUEST_TIMEOUT`.
-/// - `http_error`: An error status raised by a layer with no more specific code.
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub enum ProblemCode {
-    /// 400: a required parameter is absent.
-    ParameterMissing,
-    /// 400: a parameter is not accepted.
-    ParameterUnknown,
-    /// 400: a form repeats a parameter.
-    ParameterDuplicate,
-    /// 400: a parameter has the wrong type.
-    ParameterInvalidType,
-    /// 400: not a whole number (`amount`, `limit`).
-    ParameterInvalidInteger,
-    /// 400: a string contains NUL.
-    ParameterInvalidString,
-    /// 400: over a length limit.
-    ParameterTooLong,
-    /// 400: `amount` below 1.
-    AmountTooSmall,
-    /// 400: `amount` above the maximum, or more than is left to refund.
-    AmountTooLarge,
-    /// 400: unknown currency.
-    InvalidCurrency,
-    /// 400: metadata breaks its limits.
-    MetadataInvalid,
-    /// 400: unknown refund reason.
-    InvalidReason,
-    /// 400/404: no such token, charge, refund or key.
-    ResourceMissing,
-    /// 400: a refund of a pending or failed charge.
-    ChargeNotRefundable,
-    /// 400: a refund of a charge refunded in full.
-    ChargeAlreadyRefunded,
-    /// 400: the body is not a JSON object.
-    InvalidJson,
-    /// 400: the body cannot be read.
-    InvalidBody,
-    /// 400: the path cannot be read.
-    InvalidPath,
-    /// 400: the `Idempotency-Key` header is malformed or repeated.
-    InvalidIdempotencyKey,
-    /// 400: no key while keys are required.
-    IdempotencyKeyMissing,
-    /// 400: `Oncepay-Fault` while fault injection is off.
-    FaultInjectionDisabled,
-    /// 400: an unknown `Oncepay-Fault`.
-    InvalidFault,
-    /// 401: no API key.
-    AuthenticationRequired,
-    /// 401: a wrong API key.
-    InvalidApiKey,
-    /// 402: declined (saved and replayed).
-    CardDeclined,
-    /// 402: declined for insufficient funds.
-    InsufficientFunds,
-    /// 402: declined, card expired.
-    ExpiredCard,
-    /// 402: abandoned before the network answered; no money moved.
-    ProcessingAbandoned,
-    /// 404: unknown route.
-    RouteNotFound,
-    /// 405: the route does not take that method.
-    MethodNotAllowed,
-    /// 409: the same request is still in flight (`Retry-After`).
-    IdempotencyKeyInUse,
-    /// 413: the body is too large.
-    PayloadTooLarge,
-    /// 415: neither JSON nor a form.
-    UnsupportedMediaType,
-    /// 422: the key was used with other parameters.
-    IdempotencyKeyReused,
-    /// 500: a bug; details in the log only.
-    InternalError,
-    /// 503: the processor's outcome is unknown; retry with the same key after `Retry-After`.
-    ProcessingOutcomeUnknown,
-    /// 503: a charge: the processor recorded nothing, the key is free; a refund: reserved until rolled forward.
-    ProcessorUnavailable,
-    /// 503: the database is unreachable.
-    ServiceUnavailable,
-    /// 503: the request took longer than `REQUEST_TIMEOUT`.
-    RequestTimeout,
-    /// An error status raised by a layer with no more specific code.
-    HttpError,
 }
 
 /// The `Idempotency-Key` and `Prefer` request headers of every idempotent POST.

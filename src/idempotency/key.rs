@@ -1,6 +1,6 @@
 //! The `Idempotency-Key` request header.
 
-use axum::http::HeaderMap;
+use http::HeaderMap;
 
 /// The header that carries the client's key.
 pub const HEADER: &str = "idempotency-key";

@@ -19,12 +19,31 @@ pub struct SavedResponse {
     pub body: Bytes,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A key's lifecycle: `processing` from the claim, `completed` once its
+/// answer is saved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
 pub enum KeyStatus {
     /// Claimed; the work may be under way.
     Processing,
     /// Finished; the saved response is final.
     Completed,
+}
+
+impl KeyStatus {
+    /// As stored, and as the API shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyStatus::Processing => "processing",
+            KeyStatus::Completed => "completed",
+        }
+    }
+}
+
+impl std::fmt::Display for KeyStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The record a key guards: the charge or the refund its request creates.
@@ -97,7 +116,7 @@ pub struct StoredKey {
 #[derive(sqlx::FromRow)]
 struct KeyRow {
     key: String,
-    status: String,
+    status: KeyStatus,
     request_method: String,
     request_path: String,
     fingerprint: Vec<u8>,
@@ -118,11 +137,6 @@ impl KeyRow {
     /// before the statement that read the row was sent.
     fn into_stored(self, sent: Instant) -> sqlx::Result<StoredKey> {
         let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_keys.{what}").into());
-        let status = match self.status.as_str() {
-            "processing" => KeyStatus::Processing,
-            "completed" => KeyStatus::Completed,
-            _ => return Err(corrupt("status")),
-        };
         let response = match (
             self.response_status,
             self.response_content_type,
@@ -139,7 +153,7 @@ impl KeyRow {
         };
         Ok(StoredKey {
             key: self.key,
-            status,
+            status: self.status,
             request_method: self.request_method,
             request_path: self.request_path,
             fingerprint: Fingerprint::from_slice(&self.fingerprint)

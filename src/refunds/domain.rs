@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::charges::Amount;
 use crate::charges::domain::{metadata, new_id, required, string};
 use crate::params::{ParamError, Params, shorten};
+use crate::problem::ProblemCode;
 
 /// Why a refund was asked for, with Stripe's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,8 +64,7 @@ impl NewRefund {
             .transpose()?
             .map(|reason| {
                 RefundReason::parse(&reason).ok_or_else(|| {
-                    ParamError::new(
-                        "invalid_reason",
+                    ParamError::new(ProblemCode::InvalidReason,
                         "reason",
                         format!(
                             "Invalid reason: {}. Use duplicate, fraudulent or requested_by_customer",
@@ -105,7 +105,8 @@ impl NewRefund {
 /// A refund's lifecycle: `pending` from the reservation until the processor
 /// answers; then `succeeded`, or `failed` when the card's issuer refused it
 /// for good (its reservation is given back on the charge).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
 pub enum RefundStatus {
     Pending,
     Succeeded,
@@ -113,12 +114,19 @@ pub enum RefundStatus {
 }
 
 impl RefundStatus {
+    /// As stored, and as the API shows it.
     pub fn as_str(self) -> &'static str {
         match self {
             RefundStatus::Pending => "pending",
             RefundStatus::Succeeded => "succeeded",
             RefundStatus::Failed => "failed",
         }
+    }
+}
+
+impl std::fmt::Display for RefundStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -129,7 +137,7 @@ pub struct Refund {
     pub charge_id: String,
     pub amount: i64,
     pub currency: String,
-    pub status: String,
+    pub status: RefundStatus,
     pub reason: Option<String>,
     pub metadata: sqlx::types::Json<BTreeMap<String, String>>,
     pub created_at: DateTime<Utc>,
@@ -160,7 +168,7 @@ impl Refund {
             amount: self.amount,
             charge: &self.charge_id,
             currency: &self.currency,
-            status: &self.status,
+            status: self.status.as_str(),
             reason: self.reason.as_deref(),
             failure_reason: self.failure_reason.as_deref(),
             metadata: &self.metadata.0,
@@ -184,7 +192,7 @@ mod tests {
     }
 
     fn code(body: Value) -> &'static str {
-        parse_json(body).unwrap_err().code
+        parse_json(body).unwrap_err().code.as_str()
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use axum::http::StatusCode;
+use http::StatusCode;
 use sqlx::PgPool;
 
 use super::{Refund, store};
@@ -99,7 +99,7 @@ pub async fn recover(
     let Some(refund) = store::find_any(pool, refund_id).await? else {
         return Ok(None);
     };
-    if refund.status != super::RefundStatus::Pending.as_str() {
+    if refund.status != super::RefundStatus::Pending {
         return Ok(None);
     }
     let outcome = refund_at_processor(processor, &Pending::from(refund)).await?;

@@ -1,0 +1,28 @@
+//! The services an operation needs, whoever calls it: the database pool, the
+//! configuration, the processor, the caches, the shared waits and the task
+//! tracker. A plain struct; the HTTP layer passes it to handlers as state.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::idempotency::wait::Waits;
+use crate::processor::Processor;
+
+/// What every operation (and every handler) can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub config: Arc<Config>,
+    pub processor: Arc<dyn Processor>,
+    pub metrics: crate::metrics::Metrics,
+    /// The work a request hands to its own task (steps 2 to 4); shutdown
+    /// waits for it, within `SHUTDOWN_GRACE`.
+    pub tasks: TaskTracker,
+    /// Completed answers and merchants, see [`crate::cache`].
+    pub caches: Arc<crate::cache::Caches>,
+    /// Requests waiting on keys in flight, see [`crate::idempotency::wait`].
+    pub waits: Waits,
+}

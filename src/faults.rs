@@ -1,0 +1,35 @@
+//! Fault injection points, for the failure tests and the workshop: with
+//! `FAULT_INJECTION=true`, a request can ask (`Oncepay-Fault`) to fail on
+//! purpose at a chosen point of its workflow. Off by default.
+
+/// Where to fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Commit everything, then close the connection without an answer.
+    DropResponse,
+    /// Abort the process right after the claim committed.
+    CrashAfterClaim,
+    /// Abort the process right after the processor answered, before settling.
+    CrashAfterProcessor,
+}
+
+impl Fault {
+    /// The fault a header value names, if any.
+    pub fn parse(value: &str) -> Option<Fault> {
+        match value {
+            "drop-response" => Some(Fault::DropResponse),
+            "crash-after-claim" => Some(Fault::CrashAfterClaim),
+            "crash-after-processor" => Some(Fault::CrashAfterProcessor),
+            _ => None,
+        }
+    }
+}
+
+/// Aborts the whole process here, as `kill -9` would: no destructor, no
+/// flush, no answer. Only reachable with `FAULT_INJECTION=true`.
+pub fn crash_if(fault: Option<Fault>, point: Fault) {
+    if fault == Some(point) {
+        tracing::error!(?point, "fault injection: aborting the process");
+        std::process::abort();
+    }
+}

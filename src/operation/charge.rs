@@ -1,0 +1,111 @@
+//! Creating a charge, as a guarded [`Operation`]: the pending charge is
+//! written with the claim, the processor authorizes it, and settling makes
+//! its answer. When the processor is unavailable nothing was recorded, so
+//! the charge and its key are given back and a retry runs anew.
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::app::AppState;
+use crate::charges::domain::new_charge_id;
+use crate::charges::settle::{self, Settled};
+use crate::charges::{NewCharge, store};
+use crate::error::Error;
+use crate::idempotency::{Resource, SavedResponse, store as keys};
+use crate::operation::{Operation, Written};
+use crate::problem::{Problem, ProblemCode};
+use crate::processor::{self, Authorization, Outcome, Processor, ProcessorError};
+use crate::retry_after;
+
+/// A charge to make for a merchant.
+#[derive(Debug)]
+pub struct CreateCharge {
+    id: String,
+    merchant_id: Uuid,
+    charge: NewCharge,
+}
+
+impl CreateCharge {
+    /// The charge, with a fresh id.
+    pub fn new(merchant_id: Uuid, charge: NewCharge) -> Self {
+        CreateCharge {
+            id: new_charge_id(),
+            merchant_id,
+            charge,
+        }
+    }
+}
+
+impl Operation for CreateCharge {
+    type Outcome = Outcome;
+    const ROUTE: &'static str = "/v1/charges";
+    const NOUN: &'static str = "charge";
+    const OUTCOME_UNKNOWN: &'static str = "The card processor did not confirm the outcome. Retry with the same Idempotency-Key to get it.";
+
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn resource(&self) -> Resource {
+        Resource::Charge(self.id.clone())
+    }
+
+    fn canonical(&self) -> Vec<u8> {
+        self.charge.canonical()
+    }
+
+    async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<Written, Error> {
+        store::insert_pending(tx, &self.id, self.merchant_id, &self.charge).await?;
+        Ok(Written::Pending)
+    }
+
+    async fn call_processor(&self, processor: &dyn Processor) -> Result<Outcome, ProcessorError> {
+        let processor_key = processor::authorization_key(&self.id);
+        processor
+            .authorize(Authorization {
+                processor_key: &processor_key,
+                amount: self.charge.amount.minor_units(),
+                currency: self.charge.currency.as_str(),
+                source: self.charge.source,
+            })
+            .await
+    }
+
+    async fn settle(&self, state: &AppState, outcome: &Outcome) -> sqlx::Result<Settled> {
+        settle::settle(
+            &state.pool,
+            &self.id,
+            outcome,
+            state.config.idempotency_key_ttl,
+        )
+        .await
+    }
+
+    async fn render(&self, state: &AppState) -> Result<SavedResponse, Error> {
+        let charge = store::find_any(&state.pool, &self.id)
+            .await?
+            .ok_or_else(|| Error::internal(format!("settled charge {} vanished", self.id)))?;
+        Ok(settle::response_for(&charge))
+    }
+
+    async fn processor_unavailable(&self, state: &AppState) -> Result<Option<Problem>, Error> {
+        // Nothing was recorded: give the key back so a retry runs anew. The
+        // charge goes first, in the same lock order as settling; if it is no
+        // longer pending, the sweeper settled it meanwhile and that answer
+        // stands.
+        let mut tx = state.pool.begin().await?;
+        if store::delete_pending(&mut tx, &self.id).await? == 0 {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        keys::release(&mut tx, &self.resource()).await?;
+        tx.commit().await?;
+        Ok(Some(
+            Problem::new(
+                ProblemCode::ProcessorUnavailable,
+                "The card processor is unavailable and nothing was charged. Retry with the same Idempotency-Key.",
+            )
+            .with_retry_after(retry_after::SOON),
+        ))
+    }
+}

@@ -1,0 +1,256 @@
+//! One guarded operation, whatever it makes: the exactly-once workflow that
+//! charges and refunds share, and that knows nothing of HTTP.
+//!
+//! 1. the caller has validated the request: nothing is written yet;
+//! 2. one transaction: claim the key ([`claim`]) and
+//!    write the record as pending ([`Operation::write_pending`]), or answer
+//!    from what the key holds;
+//! 3. call the processor, outside any transaction;
+//! 4. one transaction: settle the record if still pending, and save the
+//!    answer on the key ([`Operation::settle`]).
+//!
+//! Steps 2 to 4 run in their own task, so that a client hanging up cannot
+//! cancel the work half-way once the claim may have committed. A record
+//! left pending by a failure is settled later by [`crate::recovery`].
+
+pub mod charge;
+pub mod claim;
+pub mod refund;
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::PgConnection;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use self::claim::Begun;
+use crate::app::AppState;
+use crate::charges::settle::Settled;
+use crate::error::Error;
+use crate::faults::{Fault, crash_if};
+use crate::idempotency::{Fingerprint, IdempotencyKey, Resource, SavedResponse};
+use crate::problem::{Problem, ProblemCode};
+use crate::processor::{Processor, ProcessorError};
+use crate::retry_after;
+
+/// Who asks, with which key, and how: everything about a request that is
+/// not the operation's own parameters.
+#[derive(Debug)]
+pub struct Guard {
+    pub merchant_id: Uuid,
+    /// The `Idempotency-Key`, if the request has one.
+    pub key: Option<IdempotencyKey>,
+    /// How long to wait for the same request in flight (`Prefer: wait=N`);
+    /// zero answers `409` at once.
+    pub wait: Duration,
+    /// Where to fail on purpose (`FAULT_INJECTION=true` only).
+    pub fault: Option<Fault>,
+}
+
+/// The answer to a guarded operation.
+#[derive(Debug)]
+pub enum Answer {
+    /// This request's own answer: the work it did, or the answer of whoever
+    /// settled the record while it worked.
+    Fresh(SavedResponse),
+    /// The answer the key had saved; `waited` when the request waited for it.
+    Replayed { saved: SavedResponse, waited: bool },
+}
+
+/// What [`Operation::write_pending`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// The pending record is written; the claim may commit.
+    Pending,
+    /// The operation cannot be done (see [`Operation::refusal`]); the claim
+    /// is rolled back with everything else.
+    Refused,
+}
+
+/// The work of one kind of record, plugged into [`run`].
+pub trait Operation: Send + Sync + 'static {
+    /// What the processor answers, which settles the record.
+    type Outcome: Send + Sync;
+    /// The route whose keys guard this operation.
+    const ROUTE: &'static str;
+    /// What the record is called in logs and in problems (`charge`).
+    const NOUN: &'static str;
+    /// The detail of the `503 processing_outcome_unknown` problem.
+    const OUTCOME_UNKNOWN: &'static str;
+
+    /// The new record's id.
+    fn id(&self) -> &str;
+    /// The record, as the key names it.
+    fn resource(&self) -> Resource;
+    /// The parameters in a canonical form, for the key's fingerprint.
+    fn canonical(&self) -> Vec<u8>;
+    /// Step 2: writes the pending record in the claim's transaction.
+    fn write_pending(
+        &mut self,
+        tx: &mut PgConnection,
+    ) -> impl Future<Output = Result<Written, Error>> + Send;
+    /// Why the operation was [`Written::Refused`], read after the rollback.
+    fn refusal(&self, state: &AppState) -> impl Future<Output = Error> + Send {
+        let _ = state;
+        async { Error::internal(format!("{} refused without a reason", Self::NOUN)) }
+    }
+    /// Step 3: the processor call, idempotent on the record's processor key.
+    fn call_processor(
+        &self,
+        processor: &dyn Processor,
+    ) -> impl Future<Output = Result<Self::Outcome, ProcessorError>> + Send;
+    /// Step 4: settles the record with `outcome` if still pending and saves
+    /// its answer on its key.
+    fn settle(
+        &self,
+        state: &AppState,
+        outcome: &Self::Outcome,
+    ) -> impl Future<Output = sqlx::Result<Settled>> + Send;
+    /// The answer of the settled record, rendered afresh (for a record made
+    /// without a key that someone else settled).
+    fn render(&self, state: &AppState)
+    -> impl Future<Output = Result<SavedResponse, Error>> + Send;
+    /// The processor was unavailable and recorded nothing: the problem to
+    /// answer, having given the record back or kept it as the kind
+    /// requires; `None` when someone else settled the record meanwhile.
+    fn processor_unavailable(
+        &self,
+        state: &AppState,
+    ) -> impl Future<Output = Result<Option<Problem>, Error>> + Send;
+}
+
+/// Runs `operation` for a request guarded by `guard`: claims the key or
+/// answers from it, does the work, settles. Steps 2 to 4 run in a task of
+/// [`AppState::tasks`]; if this future is dropped (the client hung up, or
+/// `REQUEST_TIMEOUT` passed), a wait for a key in flight stops, while claimed
+/// work goes on to the end.
+pub async fn run<O: Operation>(
+    state: &AppState,
+    guard: Guard,
+    operation: O,
+) -> Result<Answer, Error> {
+    let fingerprint = Fingerprint::of("POST", O::ROUTE, &operation.canonical());
+    let client_gone = CancellationToken::new();
+    // Cancels `client_gone` when this future is dropped.
+    let _hang_up = client_gone.clone().drop_guard();
+    let request = claim::Request {
+        merchant_id: guard.merchant_id,
+        key: guard.key,
+        fingerprint,
+        wait: guard.wait,
+        client_gone,
+    };
+    state
+        .tasks
+        .clone()
+        .spawn(
+            claim_and_work(state.clone(), request, operation, guard.fault)
+                .instrument(tracing::Span::current()),
+        )
+        .await
+        .map_err(|e| {
+            Error::Internal(anyhow::Error::new(e).context(format!("{} task failed", O::NOUN)))
+        })?
+}
+
+async fn claim_and_work<O: Operation>(
+    state: AppState,
+    request: claim::Request,
+    mut operation: O,
+    fault: Option<Fault>,
+) -> Result<Answer, Error> {
+    // 2. Claim the key and write the pending record, in one transaction.
+    let begun = claim::begin(&state, &request, O::ROUTE, &operation.resource()).await?;
+    let mut tx = match begun {
+        Begun::Claimed(tx) => tx,
+        Begun::Replay { saved, waited } => return Ok(Answer::Replayed { saved, waited }),
+        Begun::InUse { waited } => return Err(in_use(waited).into()),
+        Begun::Reused => return Err(reused(request.key.as_ref()).into()),
+    };
+    if operation.write_pending(&mut tx).await? == Written::Refused {
+        tx.rollback().await?;
+        return Err(operation.refusal(&state).await);
+    }
+    tx.commit().await?;
+    crash_if(fault, Fault::CrashAfterClaim);
+
+    // 3 and 4. From here on the record is pending: a failure leaves it to
+    // recovery.
+    let answer = work_and_settle(&state, &operation, fault)
+        .await
+        .map_err(|e| e.awaiting_recovery(&state.config));
+    claim::finished(&state, &request);
+    answer
+}
+
+async fn work_and_settle<O: Operation>(
+    state: &AppState,
+    operation: &O,
+    fault: Option<Fault>,
+) -> Result<Answer, Error> {
+    let outcome = operation.call_processor(state.processor.as_ref()).await;
+    crash_if(fault, Fault::CrashAfterProcessor);
+    match outcome {
+        // Recorded and final, whatever it was: settling saves it on the key.
+        Ok(outcome) => match operation.settle(state, &outcome).await? {
+            Settled::Now(saved) => Ok(Answer::Fresh(saved)),
+            // Recovery settled it while the processor was answering: what it
+            // saved is the answer, since both came from the one processor
+            // record.
+            Settled::Already => settled_elsewhere(state, operation).await,
+        },
+        Err(ProcessorError::Unavailable) => match operation.processor_unavailable(state).await? {
+            Some(problem) => Err(problem.into()),
+            None => settled_elsewhere(state, operation).await,
+        },
+        Err(e @ ProcessorError::OutcomeUnknown(_)) => {
+            // Money may have moved: keep the claim; recovery (the sweeper, or
+            // a retry after PROCESSING_TIMEOUT) settles the record from the
+            // processor's record, and later retries replay that.
+            tracing::warn!(
+                resource = ?operation.resource(),
+                error = format!("{:#}", anyhow::Error::new(e)),
+                "processor outcome unknown"
+            );
+            Err(
+                Problem::new(ProblemCode::ProcessingOutcomeUnknown, O::OUTCOME_UNKNOWN)
+                    .with_extra(O::NOUN, operation.id().to_owned())
+                    .with_retry_after(retry_after::until_recovered(&state.config))
+                    .into(),
+            )
+        }
+    }
+}
+
+/// The answer for a record someone else settled: its key's saved response,
+/// or, for a record made without a key, the record rendered afresh.
+async fn settled_elsewhere<O: Operation>(state: &AppState, operation: &O) -> Result<Answer, Error> {
+    if let Some(saved) = claim::saved_answer(state, &operation.resource()).await? {
+        return Ok(Answer::Fresh(saved));
+    }
+    Ok(Answer::Fresh(operation.render(state).await?))
+}
+
+/// `422`: the key was used with other parameters.
+fn reused(key: Option<&IdempotencyKey>) -> Problem {
+    Problem::new(
+        ProblemCode::IdempotencyKeyReused,
+        format!(
+            "Keys are for one operation only: '{}' was used with different parameters. Use a new key for a new operation.",
+            key.map_or("", IdempotencyKey::as_str)
+        ),
+    )
+    .with_param("Idempotency-Key")
+}
+
+/// `409`: the same request is still in flight.
+fn in_use(waited: bool) -> Problem {
+    let detail = if waited {
+        "A request with this Idempotency-Key is still in progress and did not finish within the wait."
+    } else {
+        "A request with this Idempotency-Key is still in progress. Retry later, or send 'Prefer: wait=5'."
+    };
+    Problem::new(ProblemCode::IdempotencyKeyInUse, detail).with_retry_after(retry_after::SOON)
+}

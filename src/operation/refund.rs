@@ -1,0 +1,182 @@
+//! Creating a refund, as a guarded [`Operation`]: with the claim, one
+//! conditional update reserves the amount on the charge (which decides any
+//! race between refunds) and the refund is written as pending; if nothing
+//! could be reserved, the claim is rolled back and the answer says why. A
+//! reserved refund is never given back: when the processor is unavailable it
+//! stays pending, and recovery rolls it forward.
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::app::AppState;
+use crate::charges::settle::Settled;
+use crate::charges::{ChargeStatus, store as charges};
+use crate::error::Error;
+use crate::idempotency::{Resource, SavedResponse};
+use crate::operation::{Operation, Written};
+use crate::params::shorten;
+use crate::problem::{Problem, ProblemCode};
+use crate::processor::{Processor, ProcessorError, RefundOutcome};
+use crate::refunds::NewRefund;
+use crate::refunds::domain::new_refund_id;
+use crate::refunds::settle::{self, Pending};
+use crate::refunds::store::{self, Reserved};
+use crate::retry_after;
+
+/// A refund to make for a merchant.
+#[derive(Debug)]
+pub struct CreateRefund {
+    id: String,
+    merchant_id: Uuid,
+    refund: NewRefund,
+    /// What step 2 reserved on the charge.
+    reserved: Option<Reserved>,
+}
+
+impl CreateRefund {
+    /// The refund, with a fresh id.
+    pub fn new(merchant_id: Uuid, refund: NewRefund) -> Self {
+        CreateRefund {
+            id: new_refund_id(),
+            merchant_id,
+            refund,
+            reserved: None,
+        }
+    }
+
+    /// What the processor needs to know of the refund, once reserved.
+    fn pending(&self) -> Pending {
+        let (amount, currency) = self
+            .reserved
+            .as_ref()
+            .map_or((0, String::new()), |r| (r.amount, r.currency.clone()));
+        Pending {
+            id: self.id.clone(),
+            charge_id: self.refund.charge.clone(),
+            amount,
+            currency,
+        }
+    }
+}
+
+impl Operation for CreateRefund {
+    type Outcome = RefundOutcome;
+    const ROUTE: &'static str = "/v1/refunds";
+    const NOUN: &'static str = "refund";
+    const OUTCOME_UNKNOWN: &'static str = "The card processor did not confirm the refund. Retry with the same Idempotency-Key to get it.";
+
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn resource(&self) -> Resource {
+        Resource::Refund(self.id.clone())
+    }
+
+    fn canonical(&self) -> Vec<u8> {
+        self.refund.canonical()
+    }
+
+    async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<Written, Error> {
+        let amount = self.refund.amount.map(|a| a.minor_units());
+        let Some(reserved) =
+            store::reserve(&mut *tx, self.merchant_id, &self.refund.charge, amount).await?
+        else {
+            return Ok(Written::Refused);
+        };
+        store::insert_pending(tx, &self.id, self.merchant_id, &self.refund, &reserved).await?;
+        self.reserved = Some(reserved);
+        Ok(Written::Pending)
+    }
+
+    async fn refusal(&self, state: &AppState) -> Error {
+        refused(state, self.merchant_id, &self.refund).await
+    }
+
+    async fn call_processor(
+        &self,
+        processor: &dyn Processor,
+    ) -> Result<RefundOutcome, ProcessorError> {
+        settle::refund_at_processor(processor, &self.pending()).await
+    }
+
+    async fn settle(&self, state: &AppState, outcome: &RefundOutcome) -> sqlx::Result<Settled> {
+        settle::settle(
+            &state.pool,
+            &self.id,
+            outcome,
+            state.config.idempotency_key_ttl,
+        )
+        .await
+    }
+
+    async fn render(&self, state: &AppState) -> Result<SavedResponse, Error> {
+        let refund = store::find_any(&state.pool, &self.id)
+            .await?
+            .ok_or_else(|| Error::internal(format!("settled refund {} vanished", self.id)))?;
+        Ok(settle::response_for(&refund))
+    }
+
+    async fn processor_unavailable(&self, state: &AppState) -> Result<Option<Problem>, Error> {
+        // Unlike a charge, a reserved refund is never given back: the money
+        // was promised, and a recovery may already be re-driving the
+        // idempotent refund call, so giving the amount back here could leave
+        // money refunded at the processor with no record. The claim stays;
+        // the sweeper (or a retry after PROCESSING_TIMEOUT) rolls the refund
+        // forward once the processor answers.
+        tracing::warn!(refund = %self.id, "processor unavailable; the refund stays reserved");
+        Ok(Some(
+            Problem::new(
+                ProblemCode::ProcessorUnavailable,
+                "The card processor is unavailable. The refund is reserved and will be completed; retry with the same Idempotency-Key to get it.",
+            )
+            .with_extra("refund", self.id.clone())
+            .with_retry_after(retry_after::until_recovered(&state.config)),
+        ))
+    }
+}
+
+/// Why nothing could be reserved, read after the update decided. The charge
+/// may have changed since; the answer describes what the update saw as well
+/// as a later read can.
+async fn refused(state: &AppState, merchant_id: Uuid, refund: &NewRefund) -> Error {
+    let charge = match charges::find(&state.pool, merchant_id, &refund.charge).await {
+        Ok(Some(charge)) => charge,
+        Ok(None) => {
+            return Problem::new(
+                ProblemCode::ResourceMissing,
+                format!("No such charge: '{}'", shorten(&refund.charge)),
+            )
+            .with_param("charge")
+            .into();
+        }
+        Err(e) => return e.into(),
+    };
+    let problem = if charge.status != ChargeStatus::Succeeded {
+        Problem::new(
+            ProblemCode::ChargeNotRefundable,
+            format!(
+                "Charge {} is {}: only a succeeded charge can be refunded.",
+                charge.id, charge.status
+            ),
+        )
+        .with_param("charge")
+    } else if charge.amount_refunded >= charge.amount {
+        Problem::new(
+            ProblemCode::ChargeAlreadyRefunded,
+            format!("Charge {} has already been refunded in full.", charge.id),
+        )
+        .with_param("charge")
+    } else {
+        Problem::new(
+            ProblemCode::AmountTooLarge,
+            format!(
+                "Refund amount is greater than what is left to refund on charge {} ({}).",
+                charge.id,
+                charge.amount - charge.amount_refunded
+            ),
+        )
+        .with_param("amount")
+    };
+    problem.into()
+}

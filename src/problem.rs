@@ -1,0 +1,465 @@
+//! Problems: what a request could not do, as `application/problem+json`
+//! (RFC 9457) shows it, each with a stable `code`. The codes are one list,
+//! [`ProblemCode`], which gives each its status, title and error type; the
+//! handlers, the saved responses and the OpenAPI document all use it. How a
+//! problem becomes an HTTP response is the HTTP layer's business.
+
+use std::borrow::Cow;
+
+use http::{HeaderName, HeaderValue, StatusCode, header};
+use serde_json::{Map, Value, json};
+use utoipa::ToSchema;
+
+pub const CONTENT_TYPE: &str = "application/problem+json";
+
+/// The most characters of a client's name or value that an error echoes.
+pub const MAX_ECHOED_CHARS: usize = 100;
+
+/// `text` as an error may echo it: its first [`MAX_ECHOED_CHARS`]
+/// characters, followed by `…` when it was longer. A problem names what the
+/// client sent, but a 60 KiB parameter name must not make a 120 KiB answer.
+pub fn shorten(text: &str) -> Cow<'_, str> {
+    shorten_to(text, MAX_ECHOED_CHARS)
+}
+
+/// The longest `param` of any error: room for a shortened name inside a
+/// shortened name (`metadata[…]`). Only a guard for a name nobody shortened.
+pub const MAX_PARAM_CHARS: usize = 2 * MAX_ECHOED_CHARS + 20;
+
+/// `text` cut to `max` characters, with `…` after a cut.
+pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
+    match text.char_indices().nth(max) {
+        None => Cow::Borrowed(text),
+        Some((cut, _)) => Cow::Owned(format!("{}…", &text[..cut])),
+    }
+}
+
+/// Every problem code, with its status:
+///
+/// - `parameter_missing` (400): a required parameter is absent.
+/// - `parameter_unknown` (400): a parameter is not accepted.
+/// - `parameter_duplicate` (400): a form repeats a parameter.
+/// - `parameter_invalid_type` (400): a parameter has the wrong type.
+/// - `parameter_invalid_integer` (400): not a whole number (`amount`, `limit`).
+/// - `parameter_invalid_string` (400): a string contains NUL.
+/// - `parameter_too_long` (400): over a length limit.
+/// - `amount_too_small` (400): `amount` below 1.
+/// - `amount_too_large` (400): `amount` above the maximum, or more than is left to refund.
+/// - `invalid_currency` (400): unknown currency.
+/// - `metadata_invalid` (400): metadata breaks its limits.
+/// - `invalid_reason` (400): unknown refund reason.
+/// - `resource_missing` (400/404): no such token, charge, refund or key.
+/// - `charge_not_refundable` (400): a refund of a pending or failed charge.
+/// - `charge_already_refunded` (400): a refund of a charge refunded in full.
+/// - `invalid_json` (400): the body is not a JSON object.
+/// - `invalid_body` (400): the body cannot be read.
+/// - `invalid_path` (400): the path cannot be read.
+/// - `invalid_idempotency_key` (400): the `Idempotency-Key` header is malformed or repeated.
+/// - `idempotency_key_missing` (400): no key while keys are required.
+/// - `fault_injection_disabled` (400): `Oncepay-Fault` while fault injection is off.
+/// - `invalid_fault` (400): an unknown `Oncepay-Fault`.
+/// - `authentication_required` (401): no API key.
+/// - `invalid_api_key` (401): a wrong API key.
+/// - `card_declined` (402): declined (saved and replayed).
+/// - `insufficient_funds` (402): declined for insufficient funds.
+/// - `expired_card` (402): declined, card expired.
+/// - `processing_abandoned` (402): abandoned before the network answered; no money moved.
+/// - `route_not_found` (404): unknown route.
+/// - `method_not_allowed` (405): the route does not take that method.
+/// - `idempotency_key_in_use` (409): the same request is still in flight (`Retry-After`).
+/// - `payload_too_large` (413): the body is too large.
+/// - `unsupported_media_type` (415): neither JSON nor a form.
+/// - `idempotency_key_reused` (422): the key was used with other parameters.
+/// - `internal_error` (500): a bug; details in the log only.
+/// - `processing_outcome_unknown` (503): the processor's outcome is unknown; retry with the same key after `Retry-After` (`PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
+/// - `processor_unavailable` (503): for a charge, the processor recorded nothing and the key is free (`Retry-After: 1`); for a refund, it stays reserved until recovery rolls it forward (`Retry-After`: `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
+/// - `service_unavailable` (503): the database is unreachable (`Retry-After: 1`, or `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL` once the processor was called).
+/// - `request_timeout` (503): the request took longer than `REQUEST_TIMEOUT`.
+/// - `http_error`: An error status raised by a layer with no more specific code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum ProblemCode {
+    /// 400: a required parameter is absent.
+    ParameterMissing,
+    /// 400: a parameter is not accepted.
+    ParameterUnknown,
+    /// 400: a form repeats a parameter.
+    ParameterDuplicate,
+    /// 400: a parameter has the wrong type.
+    ParameterInvalidType,
+    /// 400: not a whole number (`amount`, `limit`).
+    ParameterInvalidInteger,
+    /// 400: a string contains NUL.
+    ParameterInvalidString,
+    /// 400: over a length limit.
+    ParameterTooLong,
+    /// 400: `amount` below 1.
+    AmountTooSmall,
+    /// 400: `amount` above the maximum, or more than is left to refund.
+    AmountTooLarge,
+    /// 400: unknown currency.
+    InvalidCurrency,
+    /// 400: metadata breaks its limits.
+    MetadataInvalid,
+    /// 400: unknown refund reason.
+    InvalidReason,
+    /// 400/404: no such token, charge, refund or key.
+    ResourceMissing,
+    /// 400: a refund of a pending or failed charge.
+    ChargeNotRefundable,
+    /// 400: a refund of a charge refunded in full.
+    ChargeAlreadyRefunded,
+    /// 400: the body is not a JSON object.
+    InvalidJson,
+    /// 400: the body cannot be read.
+    InvalidBody,
+    /// 400: the path cannot be read.
+    InvalidPath,
+    /// 400: the `Idempotency-Key` header is malformed or repeated.
+    InvalidIdempotencyKey,
+    /// 400: no key while keys are required.
+    IdempotencyKeyMissing,
+    /// 400: `Oncepay-Fault` while fault injection is off.
+    FaultInjectionDisabled,
+    /// 400: an unknown `Oncepay-Fault`.
+    InvalidFault,
+    /// 401: no API key.
+    AuthenticationRequired,
+    /// 401: a wrong API key.
+    InvalidApiKey,
+    /// 402: declined (saved and replayed).
+    CardDeclined,
+    /// 402: declined for insufficient funds.
+    InsufficientFunds,
+    /// 402: declined, card expired.
+    ExpiredCard,
+    /// 402: abandoned before the network answered; no money moved.
+    ProcessingAbandoned,
+    /// 404: unknown route.
+    RouteNotFound,
+    /// 405: the route does not take that method.
+    MethodNotAllowed,
+    /// 409: the same request is still in flight (`Retry-After`).
+    IdempotencyKeyInUse,
+    /// 413: the body is too large.
+    PayloadTooLarge,
+    /// 415: neither JSON nor a form.
+    UnsupportedMediaType,
+    /// 422: the key was used with other parameters.
+    IdempotencyKeyReused,
+    /// 500: a bug; details in the log only.
+    InternalError,
+    /// 503: the processor's outcome is unknown; retry with the same key after `Retry-After`.
+    ProcessingOutcomeUnknown,
+    /// 503: a charge: the processor recorded nothing, the key is free; a refund: reserved until rolled forward.
+    ProcessorUnavailable,
+    /// 503: the database is unreachable.
+    ServiceUnavailable,
+    /// 503: the request took longer than `REQUEST_TIMEOUT`.
+    RequestTimeout,
+    /// An error status raised by a layer with no more specific code.
+    HttpError,
+}
+
+impl ProblemCode {
+    /// The code as sent, `snake_case`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ProblemCode::ParameterMissing => "parameter_missing",
+            ProblemCode::ParameterUnknown => "parameter_unknown",
+            ProblemCode::ParameterDuplicate => "parameter_duplicate",
+            ProblemCode::ParameterInvalidType => "parameter_invalid_type",
+            ProblemCode::ParameterInvalidInteger => "parameter_invalid_integer",
+            ProblemCode::ParameterInvalidString => "parameter_invalid_string",
+            ProblemCode::ParameterTooLong => "parameter_too_long",
+            ProblemCode::AmountTooSmall => "amount_too_small",
+            ProblemCode::AmountTooLarge => "amount_too_large",
+            ProblemCode::InvalidCurrency => "invalid_currency",
+            ProblemCode::MetadataInvalid => "metadata_invalid",
+            ProblemCode::InvalidReason => "invalid_reason",
+            ProblemCode::ResourceMissing => "resource_missing",
+            ProblemCode::ChargeNotRefundable => "charge_not_refundable",
+            ProblemCode::ChargeAlreadyRefunded => "charge_already_refunded",
+            ProblemCode::InvalidJson => "invalid_json",
+            ProblemCode::InvalidBody => "invalid_body",
+            ProblemCode::InvalidPath => "invalid_path",
+            ProblemCode::InvalidIdempotencyKey => "invalid_idempotency_key",
+            ProblemCode::IdempotencyKeyMissing => "idempotency_key_missing",
+            ProblemCode::FaultInjectionDisabled => "fault_injection_disabled",
+            ProblemCode::InvalidFault => "invalid_fault",
+            ProblemCode::AuthenticationRequired => "authentication_required",
+            ProblemCode::InvalidApiKey => "invalid_api_key",
+            ProblemCode::CardDeclined => "card_declined",
+            ProblemCode::InsufficientFunds => "insufficient_funds",
+            ProblemCode::ExpiredCard => "expired_card",
+            ProblemCode::ProcessingAbandoned => "processing_abandoned",
+            ProblemCode::RouteNotFound => "route_not_found",
+            ProblemCode::MethodNotAllowed => "method_not_allowed",
+            ProblemCode::IdempotencyKeyInUse => "idempotency_key_in_use",
+            ProblemCode::PayloadTooLarge => "payload_too_large",
+            ProblemCode::UnsupportedMediaType => "unsupported_media_type",
+            ProblemCode::IdempotencyKeyReused => "idempotency_key_reused",
+            ProblemCode::InternalError => "internal_error",
+            ProblemCode::ProcessingOutcomeUnknown => "processing_outcome_unknown",
+            ProblemCode::ProcessorUnavailable => "processor_unavailable",
+            ProblemCode::ServiceUnavailable => "service_unavailable",
+            ProblemCode::RequestTimeout => "request_timeout",
+            ProblemCode::HttpError => "http_error",
+        }
+    }
+
+    /// The status a problem with this code has, unless it says otherwise
+    /// (`resource_missing` is `400` for a parameter naming nothing, `404` for
+    /// a path; a layer's `http_error` keeps the layer's status).
+    pub fn status(self) -> StatusCode {
+        match self {
+            ProblemCode::ParameterMissing
+            | ProblemCode::ParameterUnknown
+            | ProblemCode::ParameterDuplicate
+            | ProblemCode::ParameterInvalidType
+            | ProblemCode::ParameterInvalidInteger
+            | ProblemCode::ParameterInvalidString
+            | ProblemCode::ParameterTooLong
+            | ProblemCode::AmountTooSmall
+            | ProblemCode::AmountTooLarge
+            | ProblemCode::InvalidCurrency
+            | ProblemCode::MetadataInvalid
+            | ProblemCode::InvalidReason
+            | ProblemCode::ResourceMissing
+            | ProblemCode::ChargeNotRefundable
+            | ProblemCode::ChargeAlreadyRefunded
+            | ProblemCode::InvalidJson
+            | ProblemCode::InvalidBody
+            | ProblemCode::InvalidPath
+            | ProblemCode::InvalidIdempotencyKey
+            | ProblemCode::IdempotencyKeyMissing
+            | ProblemCode::FaultInjectionDisabled
+            | ProblemCode::InvalidFault => StatusCode::BAD_REQUEST,
+            ProblemCode::AuthenticationRequired | ProblemCode::InvalidApiKey => {
+                StatusCode::UNAUTHORIZED
+            }
+            ProblemCode::CardDeclined
+            | ProblemCode::InsufficientFunds
+            | ProblemCode::ExpiredCard
+            | ProblemCode::ProcessingAbandoned => StatusCode::PAYMENT_REQUIRED,
+            ProblemCode::RouteNotFound => StatusCode::NOT_FOUND,
+            ProblemCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ProblemCode::IdempotencyKeyInUse => StatusCode::CONFLICT,
+            ProblemCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProblemCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ProblemCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemCode::InternalError | ProblemCode::HttpError => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+            ProblemCode::ProcessingOutcomeUnknown
+            | ProblemCode::ProcessorUnavailable
+            | ProblemCode::ServiceUnavailable
+            | ProblemCode::RequestTimeout => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The title of a problem with this code at its own status.
+    pub fn title(self) -> &'static str {
+        title_of(self.status())
+    }
+
+    /// The kind of error, in the terms of Stripe's `error.type`.
+    pub fn error_type(self) -> ErrorType {
+        match self {
+            ProblemCode::ParameterMissing
+            | ProblemCode::ParameterUnknown
+            | ProblemCode::ParameterDuplicate
+            | ProblemCode::ParameterInvalidType
+            | ProblemCode::ParameterInvalidInteger
+            | ProblemCode::ParameterInvalidString
+            | ProblemCode::ParameterTooLong
+            | ProblemCode::AmountTooSmall
+            | ProblemCode::AmountTooLarge
+            | ProblemCode::InvalidCurrency
+            | ProblemCode::MetadataInvalid
+            | ProblemCode::InvalidReason
+            | ProblemCode::ResourceMissing
+            | ProblemCode::ChargeNotRefundable
+            | ProblemCode::ChargeAlreadyRefunded
+            | ProblemCode::InvalidJson
+            | ProblemCode::InvalidBody
+            | ProblemCode::InvalidPath
+            | ProblemCode::InvalidIdempotencyKey
+            | ProblemCode::IdempotencyKeyMissing
+            | ProblemCode::FaultInjectionDisabled
+            | ProblemCode::InvalidFault
+            | ProblemCode::AuthenticationRequired
+            | ProblemCode::InvalidApiKey
+            | ProblemCode::RouteNotFound
+            | ProblemCode::MethodNotAllowed
+            | ProblemCode::PayloadTooLarge
+            | ProblemCode::UnsupportedMediaType => ErrorType::InvalidRequest,
+            ProblemCode::CardDeclined
+            | ProblemCode::InsufficientFunds
+            | ProblemCode::ExpiredCard
+            | ProblemCode::ProcessingAbandoned => ErrorType::Card,
+            ProblemCode::IdempotencyKeyInUse | ProblemCode::IdempotencyKeyReused => {
+                ErrorType::Idempotency
+            }
+            ProblemCode::InternalError
+            | ProblemCode::ProcessingOutcomeUnknown
+            | ProblemCode::ProcessorUnavailable
+            | ProblemCode::ServiceUnavailable
+            | ProblemCode::RequestTimeout
+            | ProblemCode::HttpError => ErrorType::Api,
+        }
+    }
+}
+
+impl std::fmt::Display for ProblemCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The kinds of error Stripe's API names in `error.type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorType {
+    /// Bad parameters, authentication, an unknown route or resource.
+    InvalidRequest,
+    /// The card was declined (or the payment abandoned).
+    Card,
+    /// A key in flight, or reused with other parameters.
+    Idempotency,
+    /// Something on the server's side: a bug, the database, the processor.
+    Api,
+}
+
+impl ErrorType {
+    /// As Stripe spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorType::InvalidRequest => "invalid_request_error",
+            ErrorType::Card => "card_error",
+            ErrorType::Idempotency => "idempotency_error",
+            ErrorType::Api => "api_error",
+        }
+    }
+}
+
+/// A status's reason phrase, the `title` of a problem with it.
+fn title_of(status: StatusCode) -> &'static str {
+    status.canonical_reason().unwrap_or("Error")
+}
+
+/// A problem to show the client: status, stable code, human detail.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    pub status: StatusCode,
+    pub code: ProblemCode,
+    pub detail: String,
+    pub param: Option<String>,
+    /// Extra members of the body, such as the failed charge's id.
+    pub extra: Map<String, Value>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Problem {
+    /// A problem with `code` at the code's own status.
+    pub fn new(code: ProblemCode, detail: impl Into<String>) -> Self {
+        Problem::with_status(code.status(), code, detail)
+    }
+
+    /// A problem with `code` at another status than the code's own.
+    pub fn with_status(status: StatusCode, code: ProblemCode, detail: impl Into<String>) -> Self {
+        Problem {
+            status,
+            code,
+            detail: detail.into(),
+            param: None,
+            extra: Map::new(),
+            headers: Vec::new(),
+        }
+    }
+
+    /// Names the parameter at fault, cut to
+    /// [`MAX_PARAM_CHARS`] should a caller have passed a client's long name
+    /// unshortened.
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        let param = param.into();
+        let param = shorten_to(&param, MAX_PARAM_CHARS);
+        self.param = Some(param.into_owned());
+        self
+    }
+
+    pub fn with_extra(mut self, name: &str, value: impl Into<Value>) -> Self {
+        self.extra.insert(name.to_owned(), value.into());
+        self
+    }
+
+    pub fn with_header(mut self, name: HeaderName, value: &'static str) -> Self {
+        self.headers.push((name, HeaderValue::from_static(value)));
+        self
+    }
+
+    /// `Retry-After: seconds`, a value from [`crate::retry_after`].
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.headers
+            .push((header::RETRY_AFTER, HeaderValue::from(seconds)));
+        self
+    }
+
+    /// The body, as saved for replay and as sent.
+    pub fn body(&self) -> Vec<u8> {
+        let mut body = json!({
+            "type": format!("/problems/{}", self.code),
+            "title": title_of(self.status),
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+            "code": self.code.as_str(),
+        });
+        let object = body.as_object_mut().expect("a JSON object");
+        if let Some(param) = &self.param {
+            object.insert("param".into(), param.clone().into());
+        }
+        object.extend(self.extra.clone());
+        serde_json::to_vec(&body).expect("serialising a JSON value cannot fail")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_the_status_its_documentation_gives() {
+        assert_eq!(
+            ProblemCode::ParameterMissing.status(),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            ProblemCode::InvalidApiKey.status(),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            ProblemCode::CardDeclined.status(),
+            StatusCode::PAYMENT_REQUIRED
+        );
+        assert_eq!(
+            ProblemCode::IdempotencyKeyInUse.status(),
+            StatusCode::CONFLICT
+        );
+        assert_eq!(
+            ProblemCode::IdempotencyKeyReused.status(),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+        assert_eq!(
+            ProblemCode::ProcessorUnavailable.status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            ProblemCode::IdempotencyKeyReused.as_str(),
+            "idempotency_key_reused"
+        );
+        assert_eq!(ProblemCode::CardDeclined.title(), "Payment Required");
+        assert_eq!(
+            ProblemCode::CardDeclined.error_type().as_str(),
+            "card_error"
+        );
+    }
+}
