@@ -13,7 +13,7 @@ use crate::idempotency::SavedResponse;
 use crate::processor::{self, Authorization};
 
 /// What the database holds for a set of charges.
-#[derive(Debug, Clone, Copy, Default, sqlx::FromRow)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Effects {
     /// Payments the processor recorded: money moved.
     pub payments: i64,
@@ -23,16 +23,37 @@ pub struct Effects {
     pub pending: i64,
 }
 
-/// The statement of [`effects`], for tests that check its plan.
-pub const EFFECTS: &str = "SELECT count(*) FILTER (WHERE EXISTS (
-                SELECT FROM processor_operations p
-                 WHERE p.processor_key = 'auth:' || c.id AND p.outcome = 'succeeded')) AS payments,
-            count(*) AS charges,
-            count(*) FILTER (WHERE c.status = 'succeeded') AS succeeded,
-            count(*) FILTER (WHERE c.status = 'failed') AS failed,
-            count(*) FILTER (WHERE c.status = 'pending') AS pending
-       FROM charges c
-      WHERE c.merchant_id = $1 AND c.metadata->>'demo_run' = $2";
+/// The statement of [`effects`].
+fn effects_statement(
+    merchant_id: Uuid,
+    run: &str,
+) -> sqlx::query::Map<
+    '_,
+    sqlx::Postgres,
+    impl FnMut(sqlx::postgres::PgRow) -> sqlx::Result<Effects> + Send,
+    sqlx::postgres::PgArguments,
+> {
+    sqlx::query_as!(
+        Effects,
+        r#"SELECT count(*) FILTER (WHERE EXISTS (
+                      SELECT FROM processor_operations p
+                       WHERE p.processor_key = 'auth:' || c.id AND p.outcome = 'succeeded'))
+                      AS "payments!",
+                  count(*) AS "charges!",
+                  count(*) FILTER (WHERE c.status = 'succeeded') AS "succeeded!",
+                  count(*) FILTER (WHERE c.status = 'failed') AS "failed!",
+                  count(*) FILTER (WHERE c.status = 'pending') AS "pending!"
+             FROM charges c
+            WHERE c.merchant_id = $1 AND c.metadata->>'demo_run' = $2"#,
+        merchant_id,
+        run,
+    )
+}
+
+/// The SQL of [`effects`], for tests that check its plan.
+pub fn effects_sql() -> &'static str {
+    sqlx::Execute::sql(&effects_statement(Uuid::nil(), ""))
+}
 
 /// Counts the merchant's charges tagged `metadata.demo_run = run` and the
 /// payments behind them. The partial index on tagged charges serves it, and
@@ -43,11 +64,7 @@ pub async fn effects(
     merchant_id: Uuid,
     run: &str,
 ) -> sqlx::Result<Effects> {
-    sqlx::query_as(EFFECTS)
-        .bind(merchant_id)
-        .bind(run)
-        .fetch_one(db)
-        .await
+    effects_statement(merchant_id, run).fetch_one(db).await
 }
 
 /// The naive endpoint's lookup.
@@ -56,18 +73,18 @@ pub async fn naive_lookup(
     merchant_id: Uuid,
     key: &str,
 ) -> sqlx::Result<Option<SavedResponse>> {
-    let row: Option<(i16, String, Vec<u8>)> = sqlx::query_as(
+    let row = sqlx::query!(
         "SELECT status, content_type, response FROM naive_demo_keys WHERE merchant_id = $1 AND key = $2",
+        merchant_id,
+        key,
     )
-    .bind(merchant_id)
-    .bind(key)
     .fetch_optional(db)
     .await?;
-    Ok(row.map(|(status, content_type, body)| SavedResponse {
-        status: status as u16,
-        content_type,
+    Ok(row.map(|row| SavedResponse {
+        status: row.status as u16,
+        content_type: row.content_type,
         location: None,
-        body: body.into(),
+        body: row.response.into(),
     }))
 }
 
@@ -113,17 +130,17 @@ pub async fn naive_remember(
     charge_id: &str,
     saved: &SavedResponse,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO naive_demo_keys (merchant_id, key, charge_id, status, content_type, response)
          VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (merchant_id, key) DO NOTHING",
+        merchant_id,
+        key,
+        charge_id,
+        saved.status as i16,
+        saved.content_type,
+        &saved.body[..],
     )
-    .bind(merchant_id)
-    .bind(key)
-    .bind(charge_id)
-    .bind(saved.status as i16)
-    .bind(&saved.content_type)
-    .bind(&saved.body[..])
     .execute(pool)
     .await?;
     Ok(())

@@ -56,7 +56,7 @@ impl std::fmt::Debug for ApiKey {
 }
 
 /// An authenticated merchant.
-#[derive(Clone, Debug, sqlx::FromRow)]
+#[derive(Clone, Debug)]
 pub struct Merchant {
     pub id: Uuid,
     pub name: String,
@@ -65,12 +65,13 @@ pub struct Merchant {
 /// Creates a merchant with a new key and returns both.
 pub async fn create(db: impl PgExecutor<'_>, name: &str) -> sqlx::Result<(Merchant, ApiKey)> {
     let key = ApiKey::generate();
-    let merchant = sqlx::query_as::<_, Merchant>(
+    let merchant = sqlx::query_as!(
+        Merchant,
         "INSERT INTO merchants (id, name, api_key_hash) VALUES ($1, $2, $3) RETURNING id, name",
+        Uuid::now_v7(),
+        name,
+        key.hash(),
     )
-    .bind(Uuid::now_v7())
-    .bind(name)
-    .bind(key.hash())
     .fetch_one(db)
     .await?;
     Ok((merchant, key))
@@ -84,13 +85,13 @@ pub async fn ensure(
     name: &str,
     key: &ApiKey,
 ) -> sqlx::Result<Merchant> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO merchants (id, name, api_key_hash) VALUES ($1, $2, $3)
          ON CONFLICT (api_key_hash) DO NOTHING",
+        Uuid::now_v7(),
+        name,
+        key.hash(),
     )
-    .bind(Uuid::now_v7())
-    .bind(name)
-    .bind(key.hash())
     .execute(db)
     .await?;
     find_by_key(db, key).await?.ok_or(sqlx::Error::RowNotFound)
@@ -98,10 +99,13 @@ pub async fn ensure(
 
 /// The merchant owning `key`, if any.
 pub async fn find_by_key(db: impl PgExecutor<'_>, key: &ApiKey) -> sqlx::Result<Option<Merchant>> {
-    sqlx::query_as::<_, Merchant>("SELECT id, name FROM merchants WHERE api_key_hash = $1")
-        .bind(key.hash())
-        .fetch_optional(db)
-        .await
+    sqlx::query_as!(
+        Merchant,
+        "SELECT id, name FROM merchants WHERE api_key_hash = $1",
+        key.hash(),
+    )
+    .fetch_optional(db)
+    .await
 }
 
 #[cfg(test)]

@@ -5,9 +5,6 @@ use uuid::Uuid;
 
 use super::{Charge, ChargeStatus, NewCharge};
 
-const COLUMNS: &str = "id, amount, currency, source, description, metadata, status,
-    failure_code, failure_message, amount_refunded, created_at";
-
 /// Writes a new charge in status `pending`, before the processor is called.
 pub async fn insert_pending(
     tx: &mut PgConnection,
@@ -15,17 +12,17 @@ pub async fn insert_pending(
     merchant_id: Uuid,
     charge: &NewCharge,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata, status)
          VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending')",
+        id,
+        merchant_id,
+        charge.amount.minor_units(),
+        charge.currency.as_str(),
+        charge.source.as_str(),
+        charge.description.as_deref(),
+        sqlx::types::Json(&charge.metadata) as _,
     )
-    .bind(id)
-    .bind(merchant_id)
-    .bind(charge.amount.minor_units())
-    .bind(charge.currency.as_str())
-    .bind(charge.source.as_str())
-    .bind(&charge.description)
-    .bind(sqlx::types::Json(&charge.metadata))
     .execute(tx)
     .await?;
     Ok(())
@@ -40,25 +37,30 @@ pub async fn settle_pending(
     status: ChargeStatus,
     failure: Option<(&str, &str)>,
 ) -> sqlx::Result<Option<Charge>> {
-    sqlx::query_as(&format!(
-        "UPDATE charges SET status = $2, failure_code = $3, failure_message = $4
-          WHERE id = $1 AND status = 'pending'
-          RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(status)
-    .bind(failure.map(|(code, _)| code))
-    .bind(failure.map(|(_, message)| message))
+    sqlx::query_as!(
+        Charge,
+        r#"UPDATE charges SET status = $2, failure_code = $3, failure_message = $4
+            WHERE id = $1 AND status = 'pending'
+            RETURNING id, amount, currency, source, description,
+                      metadata AS "metadata: _", status AS "status: _",
+                      failure_code, failure_message, amount_refunded, created_at"#,
+        id,
+        status.as_str(),
+        failure.map(|(code, _)| code),
+        failure.map(|(_, message)| message),
+    )
     .fetch_optional(tx)
     .await
 }
 
 /// Deletes a pending charge whose processor call certainly recorded nothing.
 pub async fn delete_pending(tx: &mut PgConnection, id: &str) -> sqlx::Result<u64> {
-    let deleted = sqlx::query("DELETE FROM charges WHERE id = $1 AND status = 'pending'")
-        .bind(id)
-        .execute(tx)
-        .await?;
+    let deleted = sqlx::query!(
+        "DELETE FROM charges WHERE id = $1 AND status = 'pending'",
+        id
+    )
+    .execute(tx)
+    .await?;
     Ok(deleted.rows_affected())
 }
 
@@ -68,21 +70,31 @@ pub async fn find(
     merchant_id: Uuid,
     id: &str,
 ) -> sqlx::Result<Option<Charge>> {
-    sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM charges WHERE merchant_id = $1 AND id = $2"
-    ))
-    .bind(merchant_id)
-    .bind(id)
+    sqlx::query_as!(
+        Charge,
+        r#"SELECT id, amount, currency, source, description,
+                  metadata AS "metadata: _", status AS "status: _",
+                  failure_code, failure_message, amount_refunded, created_at
+             FROM charges WHERE merchant_id = $1 AND id = $2"#,
+        merchant_id,
+        id,
+    )
     .fetch_optional(db)
     .await
 }
 
 /// One charge by id, whoever owns it (for the sweeper).
 pub async fn find_any(db: impl PgExecutor<'_>, id: &str) -> sqlx::Result<Option<Charge>> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM charges WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(db)
-        .await
+    sqlx::query_as!(
+        Charge,
+        r#"SELECT id, amount, currency, source, description,
+                  metadata AS "metadata: _", status AS "status: _",
+                  failure_code, failure_message, amount_refunded, created_at
+             FROM charges WHERE id = $1"#,
+        id,
+    )
+    .fetch_optional(db)
+    .await
 }
 
 /// Up to `limit` charges, newest first, strictly after the cursor charge
@@ -93,17 +105,21 @@ pub async fn list(
     starting_after: Option<&Charge>,
     limit: i64,
 ) -> sqlx::Result<Vec<Charge>> {
-    sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM charges
-          WHERE merchant_id = $1
-            AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
-          ORDER BY created_at DESC, id DESC
-          LIMIT $4"
-    ))
-    .bind(merchant_id)
-    .bind(starting_after.map(|c| c.created_at))
-    .bind(starting_after.map(|c| c.id.as_str()))
-    .bind(limit)
+    sqlx::query_as!(
+        Charge,
+        r#"SELECT id, amount, currency, source, description,
+                  metadata AS "metadata: _", status AS "status: _",
+                  failure_code, failure_message, amount_refunded, created_at
+             FROM charges
+            WHERE merchant_id = $1
+              AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
+            ORDER BY created_at DESC, id DESC
+            LIMIT $4"#,
+        merchant_id,
+        starting_after.map(|c| c.created_at),
+        starting_after.map(|c| c.id.as_str()),
+        limit,
+    )
     .fetch_all(db)
     .await
 }
@@ -115,7 +131,7 @@ pub async fn stale_unguarded(
     timeout: std::time::Duration,
     limit: i64,
 ) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "SELECT c.id FROM charges c
           WHERE c.status = 'pending'
             AND c.created_at < now() - $1::float8 * interval '1 millisecond'
@@ -123,9 +139,9 @@ pub async fn stale_unguarded(
                              WHERE k.charge_id = c.id AND k.status = 'processing')
           ORDER BY c.created_at
           LIMIT $2",
+        timeout.as_millis() as f64,
+        limit,
     )
-    .bind(timeout.as_millis() as f64)
-    .bind(limit)
     .fetch_all(db)
     .await
 }

@@ -61,17 +61,22 @@ async fn totals(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
 ) -> sqlx::Result<Vec<(String, i64, i64)>> {
-    sqlx::query_as(
-        "SELECT currency, sum(charged)::bigint, sum(refunded)::bigint
+    let rows = sqlx::query!(
+        r#"SELECT currency AS "currency!", sum(charged)::bigint AS "charged!",
+                  sum(refunded)::bigint AS "refunded!"
            FROM (SELECT currency, amount AS charged, 0::bigint AS refunded
                    FROM charges WHERE merchant_id = $1 AND status = 'succeeded'
                  UNION ALL
                  SELECT currency, 0::bigint, amount
                    FROM refunds WHERE merchant_id = $1 AND status = 'succeeded') movements
           GROUP BY currency
-          ORDER BY currency",
+          ORDER BY currency"#,
+        merchant_id,
     )
-    .bind(merchant_id)
     .fetch_all(db)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.currency, row.charged, row.refunded))
+        .collect())
 }

@@ -32,7 +32,7 @@ async fn healthz() -> Json<Value> {
         (status = 503, response = super::openapi::Unavailable)
     ))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let ping = sqlx::query("SELECT 1").execute(&state.pool);
+    let ping = sqlx::query_scalar!("SELECT 1").fetch_one(&state.pool);
     match tokio::time::timeout(Duration::from_secs(2), ping).await {
         Ok(Ok(_)) => Ok(Json(json!({"status": "ok", "database": "ok"}))),
         Ok(Err(e)) => Err(ApiError::unavailable(e.into())),

@@ -61,14 +61,6 @@ impl Resource {
         }
     }
 
-    /// The `idempotency_keys` column that points at it.
-    fn column(&self) -> &'static str {
-        match self {
-            Resource::Charge(_) => "charge_id",
-            Resource::Refund(_) => "refund_id",
-        }
-    }
-
     fn charge_id(&self) -> Option<&str> {
         match self {
             Resource::Charge(id) => Some(id),
@@ -113,7 +105,10 @@ pub struct StoredKey {
     pub deadline: Instant,
 }
 
-#[derive(sqlx::FromRow)]
+/// A key's row, with `remaining_ms` measured from `clock_timestamp()`, the
+/// moment the row is read, not from `now()`: inside a transaction `now()` is
+/// the transaction's start, earlier than the instant taken before the read,
+/// which would stretch the deadline.
 struct KeyRow {
     key: String,
     status: KeyStatus,
@@ -177,14 +172,6 @@ fn deadline(sent: Instant, remaining_ms: f64) -> Instant {
     sent.checked_add(remaining).unwrap_or(sent)
 }
 
-/// The columns of [`KeyRow`]. `remaining_ms` is measured from
-/// `clock_timestamp()`, the moment the row is read, not from `now()`: inside
-/// a transaction `now()` is the transaction's start, earlier than the instant
-/// taken before the read, which would stretch the deadline.
-const COLUMNS: &str = "key, status, request_method, request_path, fingerprint, charge_id,
-    refund_id, response_status, response_content_type, response_location, response_body, created_at, expires_at,
-    (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8 AS remaining_ms";
-
 /// What a request asks to claim.
 #[derive(Debug)]
 pub struct Claim<'a> {
@@ -217,8 +204,8 @@ pub enum ClaimOutcome {
 /// conflicting row is locked by the statement and read in the same
 /// transaction, so the answer is built from a committed, current row.
 pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<ClaimOutcome> {
-    let claimed: Option<bool> = sqlx::query_scalar(
-        "INSERT INTO idempotency_keys
+    let claimed = sqlx::query_scalar!(
+        r#"INSERT INTO idempotency_keys
              (merchant_id, key, status, request_method, request_path, fingerprint, charge_id,
               refund_id, created_at, locked_at, expires_at)
          VALUES ($1, $2, 'processing', $3, $4, $5, $6, $8,
@@ -240,27 +227,33 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
              completed_at = NULL
          WHERE idempotency_keys.expires_at <= now()
            AND idempotency_keys.status = 'completed'
-         RETURNING xmax <> 0 AS took_over",
+         RETURNING xmax <> 0 AS "took_over!""#,
+        claim.merchant_id,
+        claim.key.as_str(),
+        claim.method,
+        claim.path,
+        &claim.fingerprint.0[..],
+        claim.resource.charge_id(),
+        claim.ttl.as_millis() as f64,
+        claim.resource.refund_id(),
     )
-    .bind(claim.merchant_id)
-    .bind(claim.key.as_str())
-    .bind(claim.method)
-    .bind(claim.path)
-    .bind(&claim.fingerprint.0[..])
-    .bind(claim.resource.charge_id())
-    .bind(claim.ttl.as_millis() as f64)
-    .bind(claim.resource.refund_id())
     .fetch_optional(&mut *tx)
     .await?;
     if let Some(took_over) = claimed {
         return Ok(ClaimOutcome::Claimed { took_over });
     }
     let sent = Instant::now();
-    let row: KeyRow = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM idempotency_keys WHERE merchant_id = $1 AND key = $2"
-    ))
-    .bind(claim.merchant_id)
-    .bind(claim.key.as_str())
+    let row = sqlx::query_as!(
+        KeyRow,
+        r#"SELECT key, status AS "status: _", request_method, request_path, fingerprint,
+                  charge_id, refund_id, response_status, response_content_type,
+                  response_location, response_body, created_at, expires_at,
+                  (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8
+                      AS "remaining_ms!"
+             FROM idempotency_keys WHERE merchant_id = $1 AND key = $2"#,
+        claim.merchant_id,
+        claim.key.as_str(),
+    )
     .fetch_one(&mut *tx)
     .await?;
     Ok(ClaimOutcome::Taken(Box::new(row.into_stored(sent)?)))
@@ -281,35 +274,65 @@ pub async fn complete_for(
     response: &SavedResponse,
     ttl: Duration,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query(&format!(
-        "UPDATE idempotency_keys
-            SET status = 'completed', response_status = $2, response_content_type = $3,
-                response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL,
-                expires_at = greatest(expires_at, now() + $6::float8 * interval '1 millisecond')
-          WHERE {} = $1 AND status = 'processing'",
-        resource.column()
-    ))
-    .bind(resource.id())
-    .bind(response.status as i16)
-    .bind(&response.content_type)
-    .bind(&response.location)
-    .bind(&response.body[..])
-    .bind(ttl.as_millis() as f64)
-    .execute(tx)
-    .await?;
+    let status = response.status as i16;
+    let location = response.location.as_deref();
+    let ttl_ms = ttl.as_millis() as f64;
+    let done = match resource {
+        Resource::Charge(id) => sqlx::query!(
+            "UPDATE idempotency_keys
+                SET status = 'completed', response_status = $2, response_content_type = $3,
+                    response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL,
+                    expires_at = greatest(expires_at, now() + $6::float8 * interval '1 millisecond')
+              WHERE charge_id = $1 AND status = 'processing'",
+            id,
+            status,
+            response.content_type,
+            location,
+            &response.body[..],
+            ttl_ms,
+        )
+        .execute(tx)
+        .await?,
+        Resource::Refund(id) => sqlx::query!(
+            "UPDATE idempotency_keys
+                SET status = 'completed', response_status = $2, response_content_type = $3,
+                    response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL,
+                    expires_at = greatest(expires_at, now() + $6::float8 * interval '1 millisecond')
+              WHERE refund_id = $1 AND status = 'processing'",
+            id,
+            status,
+            response.content_type,
+            location,
+            &response.body[..],
+            ttl_ms,
+        )
+        .execute(tx)
+        .await?,
+    };
     Ok(done.rows_affected())
 }
 
 /// Gives a key back when the work could not start: the claim is deleted, so a
 /// retry runs anew. Only the holder's own claim, still processing, is deleted.
 pub async fn release(tx: &mut PgConnection, resource: &Resource) -> sqlx::Result<u64> {
-    let released = sqlx::query(&format!(
-        "DELETE FROM idempotency_keys WHERE {} = $1 AND status = 'processing'",
-        resource.column()
-    ))
-    .bind(resource.id())
-    .execute(tx)
-    .await?;
+    let released = match resource {
+        Resource::Charge(id) => {
+            sqlx::query!(
+                "DELETE FROM idempotency_keys WHERE charge_id = $1 AND status = 'processing'",
+                id
+            )
+            .execute(tx)
+            .await?
+        }
+        Resource::Refund(id) => {
+            sqlx::query!(
+                "DELETE FROM idempotency_keys WHERE refund_id = $1 AND status = 'processing'",
+                id
+            )
+            .execute(tx)
+            .await?
+        }
+    };
     Ok(released.rows_affected())
 }
 
@@ -324,13 +347,19 @@ pub async fn find(
     key: &IdempotencyKey,
 ) -> sqlx::Result<Option<StoredKey>> {
     let sent = Instant::now();
-    let row: Option<KeyRow> = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM idempotency_keys
-          WHERE merchant_id = $1 AND key = $2
-            AND (expires_at > now() OR status = 'processing')"
-    ))
-    .bind(merchant_id)
-    .bind(key.as_str())
+    let row = sqlx::query_as!(
+        KeyRow,
+        r#"SELECT key, status AS "status: _", request_method, request_path, fingerprint,
+                  charge_id, refund_id, response_status, response_content_type,
+                  response_location, response_body, created_at, expires_at,
+                  (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8
+                      AS "remaining_ms!"
+             FROM idempotency_keys
+            WHERE merchant_id = $1 AND key = $2
+              AND (expires_at > now() OR status = 'processing')"#,
+        merchant_id,
+        key.as_str(),
+    )
     .fetch_optional(db)
     .await?;
     row.map(|row| row.into_stored(sent)).transpose()
@@ -347,27 +376,43 @@ pub async fn watch(
     timeout: Duration,
 ) -> sqlx::Result<Option<(StoredKey, bool)>> {
     let sent = Instant::now();
-    #[derive(sqlx::FromRow)]
-    struct Watched {
-        #[sqlx(flatten)]
-        key: KeyRow,
-        stale: bool,
-    }
-    let row: Option<Watched> = sqlx::query_as(&format!(
-        "SELECT {COLUMNS},
-                status = 'processing'
-                    AND locked_at < now() - $3::float8 * interval '1 millisecond' AS stale
-           FROM idempotency_keys
-          WHERE merchant_id = $1 AND key = $2
-            AND (status = 'processing' OR expires_at > now())"
-    ))
-    .bind(merchant_id)
-    .bind(key.as_str())
-    .bind(timeout.as_millis() as f64)
+    let row = sqlx::query!(
+        r#"SELECT key, status AS "status: KeyStatus", request_method, request_path, fingerprint,
+                  charge_id, refund_id, response_status, response_content_type,
+                  response_location, response_body, created_at, expires_at,
+                  (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8
+                      AS "remaining_ms!",
+                  status = 'processing'
+                      AND locked_at < now() - $3::float8 * interval '1 millisecond' AS "stale!"
+             FROM idempotency_keys
+            WHERE merchant_id = $1 AND key = $2
+              AND (status = 'processing' OR expires_at > now())"#,
+        merchant_id,
+        key.as_str(),
+        timeout.as_millis() as f64,
+    )
     .fetch_optional(db)
     .await?;
-    row.map(|row| Ok((row.key.into_stored(sent)?, row.stale)))
-        .transpose()
+    row.map(|row| {
+        let key = KeyRow {
+            key: row.key,
+            status: row.status,
+            request_method: row.request_method,
+            request_path: row.request_path,
+            fingerprint: row.fingerprint,
+            charge_id: row.charge_id,
+            refund_id: row.refund_id,
+            response_status: row.response_status,
+            response_content_type: row.response_content_type,
+            response_location: row.response_location,
+            response_body: row.response_body,
+            created_at: row.created_at,
+            expires_at: row.expires_at,
+            remaining_ms: row.remaining_ms,
+        };
+        Ok((key.into_stored(sent)?, row.stale))
+    })
+    .transpose()
 }
 
 /// A stale key taken on by one sweeper: the record it guards, and the
@@ -389,8 +434,8 @@ pub async fn lease_stale(
     timeout: Duration,
     limit: i64,
 ) -> sqlx::Result<Vec<Lease>> {
-    let rows: Vec<(Option<String>, Option<String>, DateTime<Utc>)> = sqlx::query_as(
-        "UPDATE idempotency_keys k SET locked_at = now()
+    let rows = sqlx::query!(
+        r#"UPDATE idempotency_keys k SET locked_at = now()
            FROM (SELECT merchant_id, key FROM idempotency_keys
                   WHERE status = 'processing'
                     AND locked_at < now() - $1::float8 * interval '1 millisecond'
@@ -398,18 +443,18 @@ pub async fn lease_stale(
                   LIMIT $2
                   FOR UPDATE SKIP LOCKED) stale
           WHERE k.merchant_id = stale.merchant_id AND k.key = stale.key
-          RETURNING k.charge_id, k.refund_id, k.locked_at",
+          RETURNING k.charge_id, k.refund_id, k.locked_at AS "locked_at!""#,
+        timeout.as_millis() as f64,
+        limit,
     )
-    .bind(timeout.as_millis() as f64)
-    .bind(limit)
     .fetch_all(db)
     .await?;
     Ok(rows
         .into_iter()
-        .filter_map(|(charge, refund, leased_at)| {
+        .filter_map(|row| {
             Some(Lease {
-                resource: Resource::from_columns(charge, refund)?,
-                leased_at,
+                resource: Resource::from_columns(row.charge_id, row.refund_id)?,
+                leased_at: row.locked_at,
             })
         })
         .collect())
@@ -421,16 +466,30 @@ pub async fn lease_stale(
 /// stale while the batch was being worked through and someone else leased
 /// it (or it was settled); that record is theirs now and must be left alone.
 pub async fn renew(db: impl PgExecutor<'_>, lease: &mut Lease) -> sqlx::Result<bool> {
-    let renewed: Option<DateTime<Utc>> = sqlx::query_scalar(&format!(
-        "UPDATE idempotency_keys SET locked_at = now()
-          WHERE {} = $1 AND status = 'processing' AND locked_at = $2
-          RETURNING locked_at",
-        lease.resource.column()
-    ))
-    .bind(lease.resource.id())
-    .bind(lease.leased_at)
-    .fetch_optional(db)
-    .await?;
+    let renewed = match &lease.resource {
+        Resource::Charge(id) => {
+            sqlx::query_scalar!(
+                r#"UPDATE idempotency_keys SET locked_at = now()
+                WHERE charge_id = $1 AND status = 'processing' AND locked_at = $2
+                RETURNING locked_at AS "locked_at!""#,
+                id,
+                lease.leased_at,
+            )
+            .fetch_optional(db)
+            .await?
+        }
+        Resource::Refund(id) => {
+            sqlx::query_scalar!(
+                r#"UPDATE idempotency_keys SET locked_at = now()
+                WHERE refund_id = $1 AND status = 'processing' AND locked_at = $2
+                RETURNING locked_at AS "locked_at!""#,
+                id,
+                lease.leased_at,
+            )
+            .fetch_optional(db)
+            .await?
+        }
+    };
     match renewed {
         Some(at) => {
             lease.leased_at = at;
@@ -449,18 +508,18 @@ pub async fn lease_one(
     key: &IdempotencyKey,
     timeout: Duration,
 ) -> sqlx::Result<Option<Resource>> {
-    let leased: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+    let leased = sqlx::query!(
         "UPDATE idempotency_keys SET locked_at = now()
           WHERE merchant_id = $1 AND key = $2 AND status = 'processing'
             AND locked_at < now() - $3::float8 * interval '1 millisecond'
           RETURNING charge_id, refund_id",
+        merchant_id,
+        key.as_str(),
+        timeout.as_millis() as f64,
     )
-    .bind(merchant_id)
-    .bind(key.as_str())
-    .bind(timeout.as_millis() as f64)
     .fetch_optional(db)
     .await?;
-    Ok(leased.and_then(|(charge, refund)| Resource::from_columns(charge, refund)))
+    Ok(leased.and_then(|row| Resource::from_columns(row.charge_id, row.refund_id)))
 }
 
 /// The response saved on the completed key that guards `resource`, if any.
@@ -468,33 +527,70 @@ pub async fn saved_for_resource(
     db: impl PgExecutor<'_>,
     resource: &Resource,
 ) -> sqlx::Result<Option<SavedResponse>> {
-    let row: Option<(i16, String, Option<String>, Vec<u8>)> = sqlx::query_as(&format!(
-        "SELECT response_status, response_content_type, response_location, response_body
-           FROM idempotency_keys WHERE {} = $1 AND status = 'completed'",
-        resource.column()
-    ))
-    .bind(resource.id())
-    .fetch_optional(db)
-    .await?;
-    row.map(|(status, content_type, location, body)| {
-        Ok(SavedResponse {
-            status: u16::try_from(status)
-                .map_err(|_| sqlx::Error::Decode("idempotency_keys.response_status".into()))?,
-            content_type,
-            location,
-            body: Bytes::from(body),
-        })
-    })
+    // The schema requires the response columns of a completed key.
+    struct Saved {
+        status: i16,
+        content_type: String,
+        location: Option<String>,
+        body: Vec<u8>,
+    }
+    let row =
+        match resource {
+            Resource::Charge(id) => sqlx::query_as!(
+                Saved,
+                r#"SELECT response_status AS "status!", response_content_type AS "content_type!",
+                      response_location AS location, response_body AS "body!"
+                 FROM idempotency_keys WHERE charge_id = $1 AND status = 'completed'"#,
+                id,
+            )
+            .fetch_optional(db)
+            .await?,
+            Resource::Refund(id) => sqlx::query_as!(
+                Saved,
+                r#"SELECT response_status AS "status!", response_content_type AS "content_type!",
+                      response_location AS location, response_body AS "body!"
+                 FROM idempotency_keys WHERE refund_id = $1 AND status = 'completed'"#,
+                id,
+            )
+            .fetch_optional(db)
+            .await?,
+        };
+    row.map(
+        |Saved {
+             status,
+             content_type,
+             location,
+             body,
+         }| {
+            Ok(SavedResponse {
+                status: u16::try_from(status)
+                    .map_err(|_| sqlx::Error::Decode("idempotency_keys.response_status".into()))?,
+                content_type,
+                location,
+                body: Bytes::from(body),
+            })
+        },
+    )
     .transpose()
 }
 
-/// The statement of [`delete_expired`], for tests that check its plan.
-pub const DELETE_EXPIRED: &str = "DELETE FROM idempotency_keys
-  WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_keys
-                           WHERE expires_at <= now() AND status = 'completed'
-                           ORDER BY expires_at
-                           LIMIT $1
-                           FOR UPDATE SKIP LOCKED))";
+/// The statement of [`delete_expired`], deleting up to `limit` rows.
+fn delete_expired_statement(limit: i64) -> impl sqlx::Execute<'static, sqlx::Postgres> {
+    sqlx::query!(
+        "DELETE FROM idempotency_keys
+          WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_keys
+                                   WHERE expires_at <= now() AND status = 'completed'
+                                   ORDER BY expires_at
+                                   LIMIT $1
+                                   FOR UPDATE SKIP LOCKED))",
+        limit
+    )
+}
+
+/// The SQL of [`delete_expired`], for tests that check its plan.
+pub fn delete_expired_sql() -> &'static str {
+    sqlx::Execute::sql(&delete_expired_statement(0))
+}
 
 /// Deletes up to `limit` completed keys past their expiry, oldest first;
 /// returns how many. Small batches keep each statement's locks short however
@@ -502,7 +598,7 @@ pub const DELETE_EXPIRED: &str = "DELETE FROM idempotency_keys
 /// completed keys' `expires_at` and deleted by their row address (locked, so
 /// unchanged): a batch reads only the rows it deletes, never the table.
 pub async fn delete_expired(db: impl PgExecutor<'_>, limit: i64) -> sqlx::Result<u64> {
-    let deleted = sqlx::query(DELETE_EXPIRED).bind(limit).execute(db).await?;
+    let deleted = db.execute(delete_expired_statement(limit)).await?;
     Ok(deleted.rows_affected())
 }
 

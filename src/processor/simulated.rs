@@ -30,14 +30,14 @@ impl SimulatedProcessor {
     }
 
     async fn recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
-        let row: (String, Option<String>) = sqlx::query_as(
+        let row = sqlx::query!(
             "SELECT outcome, decline_code FROM processor_operations WHERE processor_key = $1",
+            processor_key,
         )
-        .bind(processor_key)
         .fetch_one(&self.pool)
         .await
         .map_err(unknown)?;
-        Ok(outcome(row))
+        Ok(outcome((row.outcome, row.decline_code)))
     }
 }
 
@@ -56,24 +56,24 @@ impl Processor for SimulatedProcessor {
         };
         // First writer wins: a repeat, or an authorization arriving after a
         // void, inserts nothing and reads what was recorded first.
-        let inserted: Option<(String, Option<String>)> = sqlx::query_as(
+        let inserted = sqlx::query!(
             "INSERT INTO processor_operations
                  (processor_key, kind, outcome, amount, currency, source, decline_code)
              VALUES ($1, 'authorization', $2, $3, $4, $5, $6)
              ON CONFLICT (processor_key) DO NOTHING
              RETURNING outcome, decline_code",
+            request.processor_key,
+            result,
+            request.amount,
+            request.currency,
+            request.source.as_str(),
+            decline_code,
         )
-        .bind(request.processor_key)
-        .bind(result)
-        .bind(request.amount)
-        .bind(request.currency)
-        .bind(request.source.as_str())
-        .bind(decline_code)
         .fetch_optional(&self.pool)
         .await
         .map_err(unknown)?;
         let outcome = match inserted {
-            Some(row) => outcome(row),
+            Some(row) => outcome((row.outcome, row.decline_code)),
             None => self.recorded(request.processor_key).await?,
         };
         if request.source == TestToken::ProcessorTimeoutAfterCapture {
@@ -86,12 +86,12 @@ impl Processor for SimulatedProcessor {
     }
 
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO processor_operations (processor_key, kind, outcome)
              VALUES ($1, 'void', 'voided')
              ON CONFLICT (processor_key) DO NOTHING",
+            processor_key,
         )
-        .bind(processor_key)
         .execute(&self.pool)
         .await
         .map_err(unknown)?;
@@ -105,7 +105,7 @@ impl Processor for SimulatedProcessor {
         // Only a recorded payment can be refunded; a repeat inserts nothing.
         // The issuer of a `tok_refundFail` card refuses the payment's first
         // refund: recorded as `refund_failed`, so a repeat gets it again.
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO processor_operations
                  (processor_key, kind, outcome, amount, currency, payment_key)
              SELECT $1, 'refund',
@@ -117,21 +117,22 @@ impl Processor for SimulatedProcessor {
                FROM processor_operations p
               WHERE p.processor_key = $4 AND p.outcome = 'succeeded'
              ON CONFLICT (processor_key) DO NOTHING",
+            request.processor_key,
+            request.amount,
+            request.currency,
+            request.payment_key,
+            TestToken::RefundFail.as_str(),
         )
-        .bind(request.processor_key)
-        .bind(request.amount)
-        .bind(request.currency)
-        .bind(request.payment_key)
-        .bind(TestToken::RefundFail.as_str())
         .execute(&self.pool)
         .await
         .map_err(unknown)?;
-        let recorded: Option<String> =
-            sqlx::query_scalar("SELECT outcome FROM processor_operations WHERE processor_key = $1")
-                .bind(request.processor_key)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(unknown)?;
+        let recorded = sqlx::query_scalar!(
+            "SELECT outcome FROM processor_operations WHERE processor_key = $1",
+            request.processor_key,
+        )
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unknown)?;
         match recorded.as_deref() {
             Some("refunded") => Ok(RefundOutcome::Refunded),
             Some("refund_failed") => Ok(RefundOutcome::Failed {

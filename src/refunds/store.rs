@@ -6,11 +6,8 @@ use uuid::Uuid;
 
 use super::{NewRefund, Refund};
 
-const COLUMNS: &str =
-    "id, charge_id, amount, currency, status, reason, metadata, created_at, failure_reason";
-
 /// An amount reserved on a charge for a refund.
-#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reserved {
     pub amount: i64,
     pub currency: String,
@@ -27,18 +24,19 @@ pub async fn reserve(
     charge_id: &str,
     amount: Option<i64>,
 ) -> sqlx::Result<Option<Reserved>> {
-    sqlx::query_as(
-        "UPDATE charges c SET amount_refunded = c.amount_refunded + r.amount
-           FROM (SELECT id, COALESCE($2, amount - amount_refunded) AS amount
-                   FROM charges WHERE id = $1 AND merchant_id = $3
-                    FOR UPDATE) r
-          WHERE c.id = r.id AND c.status = 'succeeded'
-            AND r.amount > 0 AND c.amount_refunded + r.amount <= c.amount
-          RETURNING r.amount, c.currency",
+    sqlx::query_as!(
+        Reserved,
+        r#"UPDATE charges c SET amount_refunded = c.amount_refunded + r.amount
+             FROM (SELECT id, COALESCE($2, amount - amount_refunded) AS amount
+                     FROM charges WHERE id = $1 AND merchant_id = $3
+                      FOR UPDATE) r
+            WHERE c.id = r.id AND c.status = 'succeeded'
+              AND r.amount > 0 AND c.amount_refunded + r.amount <= c.amount
+            RETURNING r.amount AS "amount!", c.currency"#,
+        charge_id,
+        amount,
+        merchant_id,
     )
-    .bind(charge_id)
-    .bind(amount)
-    .bind(merchant_id)
     .fetch_optional(tx)
     .await
 }
@@ -51,17 +49,17 @@ pub async fn insert_pending(
     refund: &NewRefund,
     reserved: &Reserved,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO refunds (id, merchant_id, charge_id, amount, currency, status, reason, metadata)
          VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7)",
+        id,
+        merchant_id,
+        refund.charge,
+        reserved.amount,
+        reserved.currency,
+        refund.reason.map(|r| r.as_str()),
+        sqlx::types::Json(&refund.metadata) as _,
     )
-    .bind(id)
-    .bind(merchant_id)
-    .bind(&refund.charge)
-    .bind(reserved.amount)
-    .bind(&reserved.currency)
-    .bind(refund.reason.map(|r| r.as_str()))
-    .bind(sqlx::types::Json(&refund.metadata))
     .execute(tx)
     .await?;
     Ok(())
@@ -70,12 +68,14 @@ pub async fn insert_pending(
 /// Marks a pending refund succeeded. `None` means it was not pending any
 /// more: something else settled it first, and what it wrote stands.
 pub async fn succeed_pending(tx: &mut PgConnection, id: &str) -> sqlx::Result<Option<Refund>> {
-    sqlx::query_as(&format!(
-        "UPDATE refunds SET status = 'succeeded'
-          WHERE id = $1 AND status = 'pending'
-          RETURNING {COLUMNS}"
-    ))
-    .bind(id)
+    sqlx::query_as!(
+        Refund,
+        r#"UPDATE refunds SET status = 'succeeded'
+            WHERE id = $1 AND status = 'pending'
+            RETURNING id, charge_id, amount, currency, status AS "status: _", reason,
+                      metadata AS "metadata: _", created_at, failure_reason"#,
+        id,
+    )
     .fetch_optional(tx)
     .await
 }
@@ -89,13 +89,15 @@ pub async fn fail_pending(
     id: &str,
     reason: &str,
 ) -> sqlx::Result<Option<Refund>> {
-    let failed: Option<Refund> = sqlx::query_as(&format!(
-        "UPDATE refunds SET status = 'failed', failure_reason = $2
-          WHERE id = $1 AND status = 'pending'
-          RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(reason)
+    let failed = sqlx::query_as!(
+        Refund,
+        r#"UPDATE refunds SET status = 'failed', failure_reason = $2
+            WHERE id = $1 AND status = 'pending'
+            RETURNING id, charge_id, amount, currency, status AS "status: _", reason,
+                      metadata AS "metadata: _", created_at, failure_reason"#,
+        id,
+        reason,
+    )
     .fetch_optional(&mut *tx)
     .await?;
     let Some(refund) = failed else {
@@ -103,11 +105,13 @@ pub async fn fail_pending(
     };
     // The pending refund's amount is part of `amount_refunded`; the schema's
     // check (0 <= amount_refunded) refuses to give back more than that.
-    sqlx::query("UPDATE charges SET amount_refunded = amount_refunded - $2 WHERE id = $1")
-        .bind(&refund.charge_id)
-        .bind(refund.amount)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query!(
+        "UPDATE charges SET amount_refunded = amount_refunded - $2 WHERE id = $1",
+        refund.charge_id,
+        refund.amount,
+    )
+    .execute(&mut *tx)
+    .await?;
     Ok(Some(refund))
 }
 
@@ -117,21 +121,29 @@ pub async fn find(
     merchant_id: Uuid,
     id: &str,
 ) -> sqlx::Result<Option<Refund>> {
-    sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM refunds WHERE merchant_id = $1 AND id = $2"
-    ))
-    .bind(merchant_id)
-    .bind(id)
+    sqlx::query_as!(
+        Refund,
+        r#"SELECT id, charge_id, amount, currency, status AS "status: _", reason,
+                  metadata AS "metadata: _", created_at, failure_reason
+             FROM refunds WHERE merchant_id = $1 AND id = $2"#,
+        merchant_id,
+        id,
+    )
     .fetch_optional(db)
     .await
 }
 
 /// One refund by id, whoever owns it (for recovery).
 pub async fn find_any(db: impl PgExecutor<'_>, id: &str) -> sqlx::Result<Option<Refund>> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM refunds WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(db)
-        .await
+    sqlx::query_as!(
+        Refund,
+        r#"SELECT id, charge_id, amount, currency, status AS "status: _", reason,
+                  metadata AS "metadata: _", created_at, failure_reason
+             FROM refunds WHERE id = $1"#,
+        id,
+    )
+    .fetch_optional(db)
+    .await
 }
 
 /// Pending refunds older than `timeout` that no `processing` key guards (the
@@ -141,7 +153,7 @@ pub async fn stale_unguarded(
     timeout: std::time::Duration,
     limit: i64,
 ) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "SELECT r.id FROM refunds r
           WHERE r.status = 'pending'
             AND r.created_at < now() - $1::float8 * interval '1 millisecond'
@@ -149,9 +161,9 @@ pub async fn stale_unguarded(
                              WHERE k.refund_id = r.id AND k.status = 'processing')
           ORDER BY r.created_at
           LIMIT $2",
+        timeout.as_millis() as f64,
+        limit,
     )
-    .bind(timeout.as_millis() as f64)
-    .bind(limit)
     .fetch_all(db)
     .await
 }

@@ -133,12 +133,13 @@ async fn the_effect_counter_needs_a_run_and_reads_only_that_runs_charges() {
         .unwrap();
     // The tagged charges through their index, each payment by its key: no
     // table is read whole.
-    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", oncepay::demo::EFFECTS))
-        .bind(app.merchant_id)
-        .bind("small")
-        .fetch_all(&app.pool)
-        .await
-        .unwrap();
+    let plan: Vec<String> =
+        sqlx::query_scalar(&format!("EXPLAIN {}", oncepay::demo::effects_sql()))
+            .bind(app.merchant_id)
+            .bind("small")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
     let plan = plan.join("\n");
     assert!(
         plan.contains("charges_demo_run_idx") && !plan.contains("Seq Scan"),

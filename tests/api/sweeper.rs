@@ -572,7 +572,7 @@ async fn one_pass_deletes_a_backlog_of_expired_keys_far_beyond_twenty_batches() 
         .unwrap();
 
     // The delete finds its rows through the partial index on completed keys.
-    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", store::DELETE_EXPIRED))
+    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", store::delete_expired_sql()))
         .bind(500_i64)
         .fetch_all(&app.pool)
         .await
