@@ -470,8 +470,8 @@ pub async fn renew(db: impl PgExecutor<'_>, lease: &mut Lease) -> sqlx::Result<b
         Resource::Charge(id) => {
             sqlx::query_scalar!(
                 r#"UPDATE idempotency_keys SET locked_at = now()
-                WHERE charge_id = $1 AND status = 'processing' AND locked_at = $2
-                RETURNING locked_at AS "locked_at!""#,
+                    WHERE charge_id = $1 AND status = 'processing' AND locked_at = $2
+                    RETURNING locked_at AS "locked_at!""#,
                 id,
                 lease.leased_at,
             )
@@ -481,8 +481,8 @@ pub async fn renew(db: impl PgExecutor<'_>, lease: &mut Lease) -> sqlx::Result<b
         Resource::Refund(id) => {
             sqlx::query_scalar!(
                 r#"UPDATE idempotency_keys SET locked_at = now()
-                WHERE refund_id = $1 AND status = 'processing' AND locked_at = $2
-                RETURNING locked_at AS "locked_at!""#,
+                    WHERE refund_id = $1 AND status = 'processing' AND locked_at = $2
+                    RETURNING locked_at AS "locked_at!""#,
                 id,
                 lease.leased_at,
             )
