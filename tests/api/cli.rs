@@ -74,6 +74,10 @@ async fn sweep_once_runs_one_pass_and_reports_it() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("sweep pass"),
+        "a pass that did something logs its report"
+    );
     assert_eq!(
         String::from_utf8(out.stdout).unwrap().trim(),
         "settled_succeeded=0 settled_failed=1 refunds_settled=0 refunds_failed=0 keys_deleted=0"

@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::join_all;
+use oncepay::charges::settle::Settled;
 use oncepay::idempotency::Fingerprint;
 use oncepay::params::Params;
 use oncepay::processor::{
     self, Authorization, Outcome, Processor, ProcessorError, RefundOutcome, SimulatedProcessor,
 };
-use oncepay::refunds::NewRefund;
+use oncepay::refunds::{NewRefund, settle};
 use serde_json::{Value, json};
 
 use crate::helpers::{
@@ -906,4 +907,91 @@ async fn a_refund_refused_while_its_request_was_lost_is_failed_by_recovery() {
     assert!(retry.replayed());
     assert_eq!(retry.json()["status"], "failed");
     assert_eq!(key_state(&app, "stuck").await, "completed");
+}
+
+#[tokio::test]
+async fn a_settled_refund_is_never_settled_again() {
+    let app = spawn_app().await;
+    let ttl = app.config.idempotency_key_ttl;
+    let charge = app.paid_charge(2000).await;
+    let refused = RefundOutcome::Failed {
+        reason: "account_closed".into(),
+    };
+
+    let done = Answer::of(
+        app.post_refund(Some("done"), &refund(&charge, Some(500)))
+            .await,
+    )
+    .await;
+    assert_eq!(done.status, 201, "{:?}", done.body);
+    let done = done.json()["id"].as_str().unwrap().to_owned();
+    let again = settle::settle(&app.pool, &done, &refused, ttl)
+        .await
+        .unwrap();
+    assert!(matches!(again, Settled::Already), "{again:?}");
+    assert_eq!(refund_state(&app, &done).await.0, "succeeded");
+    assert_eq!(
+        app.amount_refunded(&charge).await,
+        500,
+        "its reservation stays"
+    );
+
+    let failed = "re_settledfailedrefund00001";
+    stale_refund(&app, None, failed, &charge, 300).await;
+    let first = settle::settle(&app.pool, failed, &refused, ttl)
+        .await
+        .unwrap();
+    assert!(matches!(first, Settled::Now(_)), "{first:?}");
+    let again = settle::settle(&app.pool, failed, &RefundOutcome::Refunded, ttl)
+        .await
+        .unwrap();
+    assert!(matches!(again, Settled::Already), "{again:?}");
+    assert_eq!(refund_state(&app, failed).await.0, "failed");
+    assert_eq!(
+        app.amount_refunded(&charge).await,
+        500,
+        "the failed refund's 300 given back, once"
+    );
+}
+
+#[tokio::test]
+async fn a_full_refund_that_waits_for_another_reservation_refunds_exactly_the_rest() {
+    let app = spawn_app().await;
+    let charge = app.paid_charge(2000).await;
+    // Another refund's reservation of 500, not committed yet, holds the charge.
+    let mut other = app.pool.begin().await.unwrap();
+    sqlx::query("UPDATE charges SET amount_refunded = amount_refunded + 500 WHERE id = $1")
+        .bind(&charge)
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let rest = refund(&charge, None);
+    let full = app.post_refund(Some("rest"), &rest);
+    let commit = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while app
+            .count(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .await
+            == 0
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the full refund never queued behind the reservation"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        other.commit().await.unwrap();
+    };
+    let (full, ()) = tokio::join!(full, commit);
+    let full = Answer::of(full).await;
+    assert_eq!(full.status, 201, "{:?}", full.body);
+    assert_eq!(
+        full.json()["amount"],
+        1500,
+        "what was left once the other committed"
+    );
+    assert_eq!(app.amount_refunded(&charge).await, 2000);
 }

@@ -11,6 +11,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use oncepay::charges::NewCharge;
+use oncepay::charges::settle::{self, Settled};
 use oncepay::idempotency::{Fingerprint, store};
 use oncepay::params::Params;
 use oncepay::processor::{
@@ -192,7 +193,12 @@ async fn the_sweeper_settles_a_stale_charge_made_without_a_key() {
     .execute(&app.pool)
     .await
     .unwrap();
-    assert_eq!(app.sweep_once().await.settled_failed, 1);
+    let report = app.sweep_once().await;
+    assert_eq!(
+        (report.leased, report.unguarded, report.settled_failed),
+        (0, 1, 1),
+        "{report:?}"
+    );
     assert_eq!(
         charge_state(&app, "ch_keylesscrashedcharge00001").await.0,
         "failed"
@@ -635,4 +641,37 @@ impl Processor for CountingProcessor {
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
         self.inner.refund(request).await
     }
+}
+
+#[tokio::test]
+async fn a_pass_stops_deleting_at_the_first_short_batch_without_spending_its_budget() {
+    let app = spawn_app_with(Settings::new()).await;
+    seed_expired_keys(&app, 3).await;
+    // With a budget of an hour, only the short batch can end the pass in time.
+    let report = tokio::time::timeout(
+        Duration::from_secs(60),
+        app.sweep_once_with_budget(Duration::from_secs(3600)),
+    )
+    .await
+    .expect("the pass ends at the first batch shorter than SWEEP_BATCH_SIZE");
+    assert_eq!(report.keys_deleted, 3);
+}
+
+#[tokio::test]
+async fn settling_a_settled_charge_again_changes_nothing() {
+    let app = spawn_app_with(Settings::new()).await;
+    let charge = app.paid_charge(2000).await;
+    let again = settle::settle(
+        &app.pool,
+        &charge,
+        &Outcome::Voided,
+        app.config.idempotency_key_ttl,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(again, Settled::Already), "{again:?}");
+    assert_eq!(
+        charge_state(&app, &charge).await,
+        ("succeeded".to_owned(), None)
+    );
 }
