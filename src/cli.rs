@@ -18,7 +18,9 @@ use crate::{db, merchants};
 #[command(
     name = "oncepay",
     version,
-    about = "A payments API that charges a card exactly once"
+    about = "A payments API that charges a card exactly once",
+    after_help = "Every setting is also read from its environment variable, or from .env; \
+                  a flag wins over both."
 )]
 pub struct Cli {
     #[command(subcommand)]

@@ -22,62 +22,67 @@ pub struct ConfigError {
 /// lists every variable with its default. [`Config`] adds the checks across
 /// settings.
 #[derive(Debug, Clone, clap::Args)]
-#[command(next_help_heading = "Settings (each also read from its environment variable and .env)")]
 pub struct Settings {
-    /// Postgres URL (required).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
-    database_url: Option<String>,
-    /// Pool size per server.
-    #[arg(long, env = "DATABASE_MAX_CONNECTIONS", default_value = "10", value_parser = positive_u32, global = true)]
-    database_max_connections: u32,
-    /// How long a request waits for a database connection before a 503.
-    #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
-    database_acquire_timeout: Duration,
     /// Address to listen on.
-    #[arg(long, env = "BIND_ADDR", default_value = "127.0.0.1", value_parser = ip_addr, global = true)]
+    #[arg(long, help_heading = "Server", env = "BIND_ADDR", default_value = "127.0.0.1", value_parser = ip_addr, global = true)]
     bind_addr: IpAddr,
     /// HTTP port.
-    #[arg(long, env = "PORT", default_value = "8080", value_parser = port, global = true)]
+    #[arg(long, help_heading = "Server", env = "PORT", default_value = "8080", value_parser = port, global = true)]
     port: u16,
-    /// If set, a merchant `demo` with this secret key is made sure to exist.
-    #[arg(long, env = "DEMO_API_KEY", hide_env_values = true, value_parser = demo_api_key, global = true)]
-    demo_api_key: Option<String>,
-    /// How long a key's saved answer is remembered; at least twice PROCESSING_TIMEOUT.
-    #[arg(long, env = "IDEMPOTENCY_KEY_TTL", default_value = "24h", value_parser = positive_duration, global = true)]
-    idempotency_key_ttl: Duration,
-    /// Refuse a POST without an Idempotency-Key.
-    #[arg(long, env = "IDEMPOTENCY_KEY_REQUIRED", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
-    idempotency_key_required: bool,
-    /// Age after which the sweeper settles a `processing` key.
-    #[arg(long, env = "PROCESSING_TIMEOUT", default_value = "30s", value_parser = positive_duration, global = true)]
-    processing_timeout: Duration,
-    /// How often each server sweeps.
-    #[arg(long, env = "SWEEP_INTERVAL", default_value = "5s", value_parser = positive_duration, global = true)]
-    sweep_interval: Duration,
-    /// How many rows one sweeper statement leases or deletes (1 to 10000).
-    #[arg(long, env = "SWEEP_BATCH_SIZE", default_value = "500", value_parser = batch_size, global = true)]
-    sweep_batch_size: i64,
-    /// Delay of every simulated authorization, in milliseconds; below PROCESSING_TIMEOUT.
-    #[arg(long, env = "PROCESSOR_LATENCY_MS", default_value = "0", value_parser = milliseconds, global = true)]
-    processor_latency_ms: Duration,
     /// Largest request body in bytes; more is a 413.
-    #[arg(long, env = "MAX_BODY_BYTES", default_value = "65536", value_parser = positive_usize, global = true)]
+    #[arg(long, help_heading = "Server", env = "MAX_BODY_BYTES", default_value = "65536", value_parser = positive_usize, global = true)]
     max_body_bytes: usize,
-    /// Memory for completed answers kept for replay, in bytes; 0 turns the cache off.
-    #[arg(long, env = "REPLAY_CACHE_BYTES", default_value = "67108864", value_parser = cache_bytes, global = true)]
-    replay_cache_bytes: u64,
-    /// Honour the Oncepay-Fault request header (tests and workshops only).
-    #[arg(long, env = "FAULT_INJECTION", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
-    fault_injection: bool,
-    /// Serve the deliberately broken POST /demo/naive/charges (workshops only).
-    #[arg(long, env = "DEMO_UNSAFE_ENDPOINTS", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
-    demo_unsafe_endpoints: bool,
     /// Longest a request may take before a 503 [default: half of PROCESSING_TIMEOUT, at most 30s].
-    #[arg(long, env = "REQUEST_TIMEOUT", value_parser = positive_duration, global = true)]
+    #[arg(long, help_heading = "Server", env = "REQUEST_TIMEOUT", value_parser = positive_duration, global = true)]
     request_timeout: Option<Duration>,
     /// How long shutdown waits for requests in flight to finish.
-    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "10s", value_parser = positive_duration, global = true)]
+    #[arg(long, help_heading = "Server", env = "SHUTDOWN_GRACE", default_value = "10s", value_parser = positive_duration, global = true)]
     shutdown_grace: Duration,
+    /// Postgres URL (required).
+    #[arg(
+        long,
+        help_heading = "Database",
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        global = true
+    )]
+    database_url: Option<String>,
+    /// Pool size per server.
+    #[arg(long, help_heading = "Database", env = "DATABASE_MAX_CONNECTIONS", default_value = "10", value_parser = positive_u32, global = true)]
+    database_max_connections: u32,
+    /// How long a request waits for a database connection before a 503.
+    #[arg(long, help_heading = "Database", env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
+    database_acquire_timeout: Duration,
+    /// How long a key's saved answer is remembered; at least twice PROCESSING_TIMEOUT.
+    #[arg(long, help_heading = "Idempotency", env = "IDEMPOTENCY_KEY_TTL", default_value = "24h", value_parser = positive_duration, global = true)]
+    idempotency_key_ttl: Duration,
+    /// Refuse a POST without an Idempotency-Key.
+    #[arg(long, help_heading = "Idempotency", env = "IDEMPOTENCY_KEY_REQUIRED", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    idempotency_key_required: bool,
+    /// Age after which the sweeper settles a `processing` key.
+    #[arg(long, help_heading = "Idempotency", env = "PROCESSING_TIMEOUT", default_value = "30s", value_parser = positive_duration, global = true)]
+    processing_timeout: Duration,
+    /// How often each server sweeps.
+    #[arg(long, help_heading = "Idempotency", env = "SWEEP_INTERVAL", default_value = "5s", value_parser = positive_duration, global = true)]
+    sweep_interval: Duration,
+    /// How many rows one sweeper statement leases or deletes (1 to 10000).
+    #[arg(long, help_heading = "Idempotency", env = "SWEEP_BATCH_SIZE", default_value = "500", value_parser = batch_size, global = true)]
+    sweep_batch_size: i64,
+    /// Memory for completed answers kept for replay, in bytes; 0 turns the cache off.
+    #[arg(long, help_heading = "Idempotency", env = "REPLAY_CACHE_BYTES", default_value = "67108864", value_parser = cache_bytes, global = true)]
+    replay_cache_bytes: u64,
+    /// Delay of every simulated authorization, in milliseconds; below PROCESSING_TIMEOUT.
+    #[arg(long, help_heading = "Processor", env = "PROCESSOR_LATENCY_MS", default_value = "0", value_parser = milliseconds, global = true)]
+    processor_latency_ms: Duration,
+    /// If set, a merchant `demo` with this secret key is made sure to exist.
+    #[arg(long, help_heading = "Workshop", env = "DEMO_API_KEY", hide_env_values = true, value_parser = demo_api_key, global = true)]
+    demo_api_key: Option<String>,
+    /// Honour the Oncepay-Fault request header (tests and workshops only).
+    #[arg(long, help_heading = "Workshop", env = "FAULT_INJECTION", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    fault_injection: bool,
+    /// Serve the deliberately broken POST /demo/naive/charges (workshops only).
+    #[arg(long, help_heading = "Workshop", env = "DEMO_UNSAFE_ENDPOINTS", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    demo_unsafe_endpoints: bool,
 }
 
 /// The service's settings. See `.env.example` for what each one does.
