@@ -17,7 +17,7 @@ pub struct AppState {
     pub pool: PgPool,
     pub config: Arc<Config>,
     pub processor: Arc<dyn Processor>,
-    pub metrics: crate::metrics::Metrics,
+    pub metrics: crate::telemetry::metrics::Metrics,
     /// The work a request hands to its own task (steps 2 to 4); shutdown
     /// waits for it, within `SHUTDOWN_GRACE`.
     pub tasks: TaskTracker,

@@ -1,13 +1,14 @@
 //! The `oncepay` command line: `serve` (the default), `migrate`,
-//! `merchants create`, `sweep`. Settings come from the environment (see
-//! [`crate::config`]); the flags only choose what to do.
+//! `merchants create`, `sweep`. Settings come from the environment or
+//! `.env`, or from the flag of the same name (see [`crate::config`]);
+//! `--help` lists them all with their defaults.
 
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError, Settings};
 use crate::processor::SimulatedProcessor;
 use crate::startup::{Application, shutdown_signal};
 use crate::sweeper::{SweepSettings, Sweeper};
@@ -17,11 +18,24 @@ use crate::{db, merchants};
 #[command(
     name = "oncepay",
     version,
-    about = "A payments API that charges a card exactly once"
+    about = "A payments API that charges a card exactly once",
+    after_help = "Every setting is also read from its environment variable, or from .env; \
+                  a flag wins over both."
 )]
 pub struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+/// Why the command line was not parsed.
+#[derive(Debug)]
+pub enum CliError {
+    /// A setting's value is bad.
+    Config(ConfigError),
+    /// Anything else, help and version included: clap prints it and exits.
+    Usage(clap::Error),
 }
 
 #[derive(Debug, Subcommand)]
@@ -53,8 +67,24 @@ enum MerchantsCommand {
 }
 
 impl Cli {
+    /// Parses the command line and the environment (call after loading
+    /// `.env`). A bad setting is told by its variable name.
+    pub fn parse_env() -> Result<Self, CliError> {
+        use clap::{CommandFactory, FromArgMatches};
+        let command = Settings::blank_is_unset(Self::command());
+        let names = Self::command();
+        let bad_value = |e: clap::Error| match e.kind() {
+            clap::error::ErrorKind::ValueValidation | clap::error::ErrorKind::InvalidValue => {
+                CliError::Config(ConfigError::from_clap(&e, &names))
+            }
+            _ => CliError::Usage(e),
+        };
+        let matches = command.try_get_matches().map_err(bad_value)?;
+        Self::from_arg_matches(&matches).map_err(bad_value)
+    }
+
     pub async fn run(self) -> anyhow::Result<()> {
-        let config = Config::from_env()?;
+        let config = Config::from_settings(self.settings)?;
         let pool = db::pool(&config)?;
         match self.command.unwrap_or(Command::Serve) {
             Command::Serve => {

@@ -12,9 +12,77 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[error("invalid {name}={value:?}: {reason}")]
 pub struct ConfigError {
-    name: &'static str,
+    name: String,
     value: String,
     reason: String,
+}
+
+/// The settings as written: one command-line flag and one environment
+/// variable each, parsed and checked one by one (`clap`), so that `--help`
+/// lists every variable with its default. [`Config`] adds the checks across
+/// settings.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Settings {
+    /// Address to listen on.
+    #[arg(long, help_heading = "Server", env = "BIND_ADDR", default_value = "127.0.0.1", value_parser = ip_addr, global = true)]
+    bind_addr: IpAddr,
+    /// HTTP port.
+    #[arg(long, help_heading = "Server", env = "PORT", default_value = "8080", value_parser = port, global = true)]
+    port: u16,
+    /// Largest request body in bytes; more is a 413.
+    #[arg(long, help_heading = "Server", env = "MAX_BODY_BYTES", default_value = "65536", value_parser = positive_usize, global = true)]
+    max_body_bytes: usize,
+    /// Longest a request may take before a 503 [default: half of PROCESSING_TIMEOUT, at most 30s].
+    #[arg(long, help_heading = "Server", env = "REQUEST_TIMEOUT", value_parser = positive_duration, global = true)]
+    request_timeout: Option<Duration>,
+    /// How long shutdown waits for requests in flight to finish.
+    #[arg(long, help_heading = "Server", env = "SHUTDOWN_GRACE", default_value = "10s", value_parser = positive_duration, global = true)]
+    shutdown_grace: Duration,
+    /// Postgres URL (required).
+    #[arg(
+        long,
+        help_heading = "Database",
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        global = true
+    )]
+    database_url: Option<String>,
+    /// Pool size per server.
+    #[arg(long, help_heading = "Database", env = "DATABASE_MAX_CONNECTIONS", default_value = "10", value_parser = positive_u32, global = true)]
+    database_max_connections: u32,
+    /// How long a request waits for a database connection before a 503.
+    #[arg(long, help_heading = "Database", env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
+    database_acquire_timeout: Duration,
+    /// How long a key's saved answer is remembered; at least twice PROCESSING_TIMEOUT.
+    #[arg(long, help_heading = "Idempotency", env = "IDEMPOTENCY_KEY_TTL", default_value = "24h", value_parser = positive_duration, global = true)]
+    idempotency_key_ttl: Duration,
+    /// Refuse a POST without an Idempotency-Key.
+    #[arg(long, help_heading = "Idempotency", env = "IDEMPOTENCY_KEY_REQUIRED", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    idempotency_key_required: bool,
+    /// Age after which the sweeper settles a `processing` key.
+    #[arg(long, help_heading = "Idempotency", env = "PROCESSING_TIMEOUT", default_value = "30s", value_parser = positive_duration, global = true)]
+    processing_timeout: Duration,
+    /// How often each server sweeps.
+    #[arg(long, help_heading = "Idempotency", env = "SWEEP_INTERVAL", default_value = "5s", value_parser = positive_duration, global = true)]
+    sweep_interval: Duration,
+    /// How many rows one sweeper statement leases or deletes (1 to 10000).
+    #[arg(long, help_heading = "Idempotency", env = "SWEEP_BATCH_SIZE", default_value = "500", value_parser = batch_size, global = true)]
+    sweep_batch_size: i64,
+    /// Memory for completed answers kept for replay, in bytes; 0 turns the cache off.
+    #[arg(long, help_heading = "Idempotency", env = "REPLAY_CACHE_BYTES", default_value = "67108864", value_parser = cache_bytes, global = true)]
+    replay_cache_bytes: u64,
+    /// Delay of every simulated authorization, in milliseconds; below PROCESSING_TIMEOUT.
+    #[arg(long, help_heading = "Processor", env = "PROCESSOR_LATENCY_MS", default_value = "0", value_parser = milliseconds, global = true)]
+    processor_latency_ms: Duration,
+    /// If set, a merchant `demo` with this secret key is made sure to exist.
+    #[arg(long, help_heading = "Workshop", env = "DEMO_API_KEY", hide_env_values = true, value_parser = demo_api_key, global = true)]
+    demo_api_key: Option<String>,
+    /// Honour the Oncepay-Fault request header (tests and workshops only).
+    #[arg(long, help_heading = "Workshop", env = "FAULT_INJECTION", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    fault_injection: bool,
+    /// Serve the deliberately broken POST /demo/naive/charges (workshops only).
+    #[arg(long, help_heading = "Workshop", env = "DEMO_UNSAFE_ENDPOINTS", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    demo_unsafe_endpoints: bool,
 }
 
 /// The service's settings. See `.env.example` for what each one does.
@@ -52,103 +120,106 @@ pub struct Config {
     pub shutdown_grace: Duration,
 }
 
+/// Reads just the settings, for [`Config::from_lookup`].
+#[derive(Debug, clap::Parser)]
+#[command(name = "oncepay", no_binary_name = true)]
+struct SettingsOnly {
+    #[command(flatten)]
+    settings: Settings,
+}
+
+impl Settings {
+    /// `command` with every setting whose variable is set but blank treated
+    /// as unset, as if the variable were absent (clap would parse "").
+    pub fn blank_is_unset(command: clap::Command) -> clap::Command {
+        command.mut_args(|arg| {
+            let blank = arg
+                .get_env()
+                .and_then(std::env::var_os)
+                .is_some_and(|v| v.to_string_lossy().trim().is_empty());
+            if blank { arg.env(None) } else { arg }
+        })
+    }
+}
+
 impl Config {
-    /// Reads the configuration from the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+    /// Reads the configuration through `lookup`, so tests need not touch the
+    /// process environment: each variable `lookup` knows is given to the same
+    /// parser as the command line's (blank counts as unset).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        use clap::{CommandFactory, FromArgMatches};
+        let mut args = Vec::new();
+        let command = SettingsOnly::command().mut_args(|arg| {
+            if let Some(name) = arg.get_env().and_then(|n| n.to_str()) {
+                if let Some(value) = lookup(name).filter(|v| !v.trim().is_empty()) {
+                    let long = arg.get_long().expect("every setting has a long flag");
+                    args.push(format!("--{long}={value}"));
+                }
+            }
+            // Only `lookup` is read: never the process environment.
+            arg.env(None)
+        });
+        // The flags are named after the variables; errors are reported by
+        // variable, so tell the parser which is which.
+        let names = SettingsOnly::command();
+        let matches = command
+            .try_get_matches_from(&args)
+            .map_err(|e| ConfigError::from_clap(&e, &names))?;
+        let settings = SettingsOnly::from_arg_matches(&matches)
+            .map_err(|e| ConfigError::from_clap(&e, &names))?
+            .settings;
+        Self::from_settings(settings)
     }
 
-    /// Reads the configuration through `lookup`, so tests need not touch the
-    /// process environment.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let get = |name: &'static str| lookup(name).filter(|v| !v.trim().is_empty());
-        let database_url = get("DATABASE_URL").ok_or_else(|| ConfigError {
-            name: "DATABASE_URL",
+    /// Adds the checks across settings (and the one required setting) to
+    /// what the parser checked.
+    pub fn from_settings(settings: Settings) -> Result<Self, ConfigError> {
+        let Settings {
+            database_url,
+            database_max_connections,
+            database_acquire_timeout,
+            bind_addr,
+            port,
+            demo_api_key,
+            idempotency_key_ttl,
+            idempotency_key_required,
+            processing_timeout,
+            sweep_interval,
+            sweep_batch_size,
+            processor_latency_ms,
+            max_body_bytes,
+            replay_cache_bytes,
+            fault_injection,
+            demo_unsafe_endpoints,
+            request_timeout,
+            shutdown_grace,
+        } = settings;
+        let database_url = database_url.ok_or_else(|| ConfigError {
+            name: "DATABASE_URL".into(),
             value: String::new(),
             reason: "is required (for example postgres://postgres@127.0.0.1:5432/oncepay)".into(),
         })?;
-        let demo_api_key = get("DEMO_API_KEY");
-        if let Some(key) = &demo_api_key {
-            if crate::merchants::ApiKey::parse(key).is_none() {
-                return Err(ConfigError {
-                    name: "DEMO_API_KEY",
-                    value: "<redacted>".into(),
-                    reason: "must be sk_test_ followed by at least 32 letters or digits".into(),
-                });
-            }
-        }
-        let mut config = Config {
+        let config = Config {
             database_url,
-            database_max_connections: parse(&get, "DATABASE_MAX_CONNECTIONS", 10, |v| {
-                positive(v.parse::<u32>().map_err(|e| e.to_string())?)
-            })?,
-            database_acquire_timeout: parse(
-                &get,
-                "DATABASE_ACQUIRE_TIMEOUT",
-                Duration::from_secs(5),
-                positive_duration,
-            )?,
-            bind_addr: parse(&get, "BIND_ADDR", IpAddr::from([127, 0, 0, 1]), |v| {
-                IpAddr::from_str(v).map_err(|e| e.to_string())
-            })?,
-            port: parse(&get, "PORT", 8080, |v| {
-                v.parse().map_err(|e| format!("{e}"))
-            })?,
+            database_max_connections,
+            database_acquire_timeout,
+            bind_addr,
+            port,
             demo_api_key,
-            idempotency_key_ttl: parse(
-                &get,
-                "IDEMPOTENCY_KEY_TTL",
-                Duration::from_secs(24 * 3600),
-                positive_duration,
-            )?,
-            idempotency_key_required: parse(&get, "IDEMPOTENCY_KEY_REQUIRED", false, boolean)?,
-            processing_timeout: parse(
-                &get,
-                "PROCESSING_TIMEOUT",
-                Duration::from_secs(30),
-                positive_duration,
-            )?,
-            sweep_interval: parse(
-                &get,
-                "SWEEP_INTERVAL",
-                Duration::from_secs(5),
-                positive_duration,
-            )?,
-            sweep_batch_size: parse(&get, "SWEEP_BATCH_SIZE", 500, |v| {
-                v.parse::<i64>()
-                    .ok()
-                    .filter(|n| (1..=10_000).contains(n))
-                    .ok_or_else(|| "must be a whole number from 1 to 10000".to_owned())
-            })?,
-            processor_latency: parse(&get, "PROCESSOR_LATENCY_MS", Duration::ZERO, |v| {
-                v.parse::<u64>()
-                    .map(Duration::from_millis)
-                    .map_err(|e| format!("{e} (a whole number of milliseconds)"))
-            })?,
-            max_body_bytes: parse(&get, "MAX_BODY_BYTES", 64 * 1024, |v| {
-                positive(v.parse::<usize>().map_err(|e| e.to_string())?)
-            })?,
-            replay_cache_bytes: parse(&get, "REPLAY_CACHE_BYTES", 64 * 1024 * 1024, |v| {
-                v.parse::<u64>()
-                    .map_err(|e| format!("{e} (a whole number of bytes; 0 turns the cache off)"))
-            })?,
-            fault_injection: parse(&get, "FAULT_INJECTION", false, boolean)?,
-            demo_unsafe_endpoints: parse(&get, "DEMO_UNSAFE_ENDPOINTS", false, boolean)?,
-            // Set below, once PROCESSING_TIMEOUT is known.
-            request_timeout: Duration::ZERO,
-            shutdown_grace: parse(
-                &get,
-                "SHUTDOWN_GRACE",
-                Duration::from_secs(10),
-                positive_duration,
-            )?,
+            idempotency_key_ttl,
+            idempotency_key_required,
+            processing_timeout,
+            sweep_interval,
+            sweep_batch_size,
+            processor_latency: processor_latency_ms,
+            max_body_bytes,
+            replay_cache_bytes,
+            fault_injection,
+            demo_unsafe_endpoints,
+            request_timeout: request_timeout
+                .unwrap_or((processing_timeout / 2).min(Duration::from_secs(30))),
+            shutdown_grace,
         };
-        config.request_timeout = parse(
-            &get,
-            "REQUEST_TIMEOUT",
-            (config.processing_timeout / 2).min(Duration::from_secs(30)),
-            positive_duration,
-        )?;
         // A request (and the processor call in it) must be over before its
         // key counts as stale: past PROCESSING_TIMEOUT, a retry or the sweeper
         // settles the record, fencing off the processor, so a slower request
@@ -167,7 +238,7 @@ impl Config {
         ] {
             if value >= config.processing_timeout {
                 return Err(ConfigError {
-                    name,
+                    name: name.into(),
                     value: written,
                     reason: format!(
                         "must be below PROCESSING_TIMEOUT ({}): a request still at work then \
@@ -181,7 +252,7 @@ impl Config {
         // over a key whose first request is still at work.
         if config.idempotency_key_ttl < config.processing_timeout * 2 {
             return Err(ConfigError {
-                name: "IDEMPOTENCY_KEY_TTL",
+                name: "IDEMPOTENCY_KEY_TTL".into(),
                 value: humantime::format_duration(config.idempotency_key_ttl).to_string(),
                 reason: format!(
                     "must be at least twice PROCESSING_TIMEOUT ({})",
@@ -258,19 +329,36 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-fn parse<T>(
-    get: &impl Fn(&'static str) -> Option<String>,
-    name: &'static str,
-    default: T,
-    parse: impl Fn(&str) -> Result<T, String>,
-) -> Result<T, ConfigError> {
-    match get(name) {
-        None => Ok(default),
-        Some(value) => parse(value.trim()).map_err(|reason| ConfigError {
+impl ConfigError {
+    /// The parser's error about a flag, told by the variable behind it; a
+    /// secret's value is not repeated.
+    pub fn from_clap(error: &clap::Error, command: &clap::Command) -> Self {
+        use clap::error::{ContextKind, ContextValue};
+        let context = |kind| match error.get(kind) {
+            Some(ContextValue::String(s)) => Some(s.clone()),
+            _ => None,
+        };
+        let flag = context(ContextKind::InvalidArg).unwrap_or_default();
+        let arg = command.get_arguments().find(|a| {
+            a.get_long()
+                .is_some_and(|l| flag.starts_with(&format!("--{l} ")))
+        });
+        let name = arg
+            .and_then(|a| a.get_env())
+            .map_or_else(|| flag.clone(), |n| n.to_string_lossy().into_owned());
+        let secret = arg.is_some_and(|a| a.is_hide_env_values_set());
+        let value = if secret {
+            "<redacted>".into()
+        } else {
+            context(ContextKind::InvalidValue).unwrap_or_default()
+        };
+        let reason = std::error::Error::source(error)
+            .map_or_else(|| error.kind().to_string(), |e| e.to_string());
+        ConfigError {
             name,
             value,
             reason,
-        }),
+        }
     }
 }
 
@@ -284,17 +372,65 @@ fn positive<T: PartialEq + Default>(value: T) -> Result<T, String> {
 
 /// Durations are written like `500ms`, `30s`, `24h`.
 fn positive_duration(value: &str) -> Result<Duration, String> {
-    let duration = humantime::parse_duration(value)
+    let duration = humantime::parse_duration(value.trim())
         .map_err(|e| format!("{e} (write durations like 500ms, 30s or 24h)"))?;
     positive(duration)
 }
 
 fn boolean(value: &str) -> Result<bool, String> {
-    match value.to_ascii_lowercase().as_str() {
+    match value.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
         _ => Err("must be true or false".into()),
     }
+}
+
+fn positive_u32(value: &str) -> Result<u32, String> {
+    positive(value.trim().parse::<u32>().map_err(|e| e.to_string())?)
+}
+
+fn positive_usize(value: &str) -> Result<usize, String> {
+    positive(value.trim().parse::<usize>().map_err(|e| e.to_string())?)
+}
+
+fn ip_addr(value: &str) -> Result<IpAddr, String> {
+    IpAddr::from_str(value.trim()).map_err(|e| e.to_string())
+}
+
+fn port(value: &str) -> Result<u16, String> {
+    value.trim().parse().map_err(|e| format!("{e}"))
+}
+
+fn demo_api_key(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    match crate::merchants::ApiKey::parse(value) {
+        Some(_) => Ok(value.to_owned()),
+        None => Err("must be sk_test_ followed by at least 32 letters or digits".into()),
+    }
+}
+
+fn batch_size(value: &str) -> Result<i64, String> {
+    value
+        .trim()
+        .parse::<i64>()
+        .ok()
+        .filter(|n| (1..=10_000).contains(n))
+        .ok_or_else(|| "must be a whole number from 1 to 10000".to_owned())
+}
+
+fn milliseconds(value: &str) -> Result<Duration, String> {
+    value
+        .trim()
+        .parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|e| format!("{e} (a whole number of milliseconds)"))
+}
+
+fn cache_bytes(value: &str) -> Result<u64, String> {
+    value
+        .trim()
+        .parse::<u64>()
+        .map_err(|e| format!("{e} (a whole number of bytes; 0 turns the cache off)"))
 }
 
 #[cfg(test)]
@@ -404,6 +540,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_help_lists_every_variable_with_its_default() {
+        use clap::CommandFactory;
+        let help = SettingsOnly::command().render_long_help().to_string();
+        let defaults = readme_defaults();
+        for arg in SettingsOnly::command().get_arguments() {
+            let Some(name) = arg.get_env().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            assert!(help.contains(&format!("[env: {name}")), "{name}: {help}");
+            if let Some(default) = arg.get_default_values().first() {
+                let default = default.to_str().unwrap();
+                assert!(help.contains(&format!("[default: {default}]")), "{help}");
+                assert!(
+                    defaults[name].contains(&format!("`{default}`")),
+                    "{name}: the help's {default} is not the README's {}",
+                    defaults[name]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_blank_variable_counts_as_unset() {
+        let c = config(&[("PORT", " "), ("FAULT_INJECTION", "")]).unwrap();
+        assert_eq!(c.port, 8080);
+        assert!(!c.fault_injection);
     }
 
     #[test]

@@ -49,8 +49,8 @@ impl Application {
         let state = AppState {
             pool,
             config: Arc::new(config),
-            processor: crate::metrics::MeteredProcessor::wrap(processor),
-            metrics: crate::metrics::handle(),
+            processor: crate::telemetry::metrics::MeteredProcessor::wrap(processor),
+            metrics: crate::telemetry::metrics::handle(),
             tasks: tokio_util::task::TaskTracker::new(),
             caches,
             waits,

@@ -16,9 +16,9 @@ use super::idempotent::{self, REPLAYED};
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::charges::NewCharge;
-use crate::demo;
 use crate::params::ParamError;
 use crate::problem::{Problem, ProblemCode};
+use crate::workshop;
 
 /// The lab page: one self-contained file, no build step, nothing from the internet.
 const LAB_PAGE: &str = include_str!("../../static/lab.html");
@@ -79,7 +79,7 @@ async fn effects(
             "Missing required param: run (the metadata[demo_run] tag of the charges to count)",
         )
     })?;
-    let counts = demo::effects(&state.pool, merchant.id, &run).await?;
+    let counts = workshop::effects(&state.pool, merchant.id, &run).await?;
     Ok(Json(json!({
         "object": "demo_effects",
         "run": run,
@@ -134,7 +134,7 @@ async fn naive_charge(
     super::faults::from_headers(&state, &headers)?;
     let charge = NewCharge::from_params(decode(&headers, &body)?)?;
     // 1. Look the key up. (Bug: nothing stops a second request from looking too.)
-    if let Some(saved) = demo::naive_lookup(&state.pool, merchant.id, key.as_str()).await? {
+    if let Some(saved) = workshop::naive_lookup(&state.pool, merchant.id, key.as_str()).await? {
         let mut response = idempotent::send(saved);
         response
             .headers_mut()
@@ -142,10 +142,10 @@ async fn naive_charge(
         return Ok(response);
     }
     // 2. Do the work: the same charge and processor code as the real path.
-    let (charge_id, saved) = demo::naive_charge(&state, merchant.id, &charge)
+    let (charge_id, saved) = workshop::naive_charge(&state, merchant.id, &charge)
         .await
         .map_err(|e| crate::error::Error::from_recovery(e, &state.config))?;
     // 3. Write the key, after the work. (Bug: too late to stop a duplicate.)
-    demo::naive_remember(&state.pool, merchant.id, key.as_str(), &charge_id, &saved).await?;
+    workshop::naive_remember(&state.pool, merchant.id, key.as_str(), &charge_id, &saved).await?;
     Ok(idempotent::send(saved))
 }

@@ -32,9 +32,6 @@ use crate::app::AppState;
 use crate::config::Config;
 use crate::problem::{Problem, ProblemCode};
 
-/// The whole API. Layers, from the outside in: fault injection (outside
-/// everything, see `faults::drop_response`), request id, tracing span,
-/// metrics, problem bodies, panic catcher, timeout, body limit.
 /// Every route, each described as it is registered (`routes!`), so the
 /// OpenAPI document cannot miss one.
 pub fn api(config: &Config) -> OpenApiRouter<AppState> {
@@ -47,14 +44,18 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
         .merge(demo::router(config.demo_unsafe_endpoints))
         .routes(routes!(observe::metrics_endpoint))
         .routes(routes!(openapi::openapi_json))
-        .routes(routes!(openapi::docs))
 }
 
+/// The whole API, and Swagger UI at `/docs`. Layers, from the outside in:
+/// fault injection (outside everything, see `faults::drop_response`),
+/// request id, tracing span, metrics, problem bodies, panic catcher,
+/// timeout, body limit.
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
     let timeout = state.config.request_timeout;
     let (routes, _) = api(&state.config).split_for_parts();
     routes
+        .merge(openapi::swagger_ui())
         .fallback(|| async { Problem::new(ProblemCode::RouteNotFound, "There is no such route.") })
         .method_not_allowed_fallback(|| async {
             Problem::new(

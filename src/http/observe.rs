@@ -135,7 +135,7 @@ pub async fn finish_problems(request: Request, next: Next) -> Response {
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics_endpoint(State(state): State<AppState>) -> Response {
-    let body = crate::metrics::render(&state.metrics, &state.pool);
+    let body = crate::telemetry::metrics::render(&state.metrics, &state.pool);
     (
         [(
             header::CONTENT_TYPE,

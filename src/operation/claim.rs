@@ -19,7 +19,7 @@ use crate::idempotency::{
     Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
     StoredKey, store as keys,
 };
-use crate::metrics;
+use crate::telemetry::metrics;
 
 /// How long before `REQUEST_TIMEOUT` a wait gives up, so that its `409`
 /// still goes out.

@@ -107,3 +107,45 @@ async fn a_bad_setting_stops_the_binary_with_the_variable_named() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("PROCESSING_TIMEOUT"));
 }
+
+#[test]
+fn serve_help_lists_every_setting_with_its_variable_and_hides_secrets() {
+    let out = Command::new(env!("CARGO_BIN_EXE_oncepay"))
+        .args(["serve", "--help"])
+        .env_clear()
+        .current_dir(std::env::temp_dir())
+        .env("DATABASE_URL", "postgres://app:hunter2@db/x")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for setting in [
+        "[env: DATABASE_URL]",
+        "[env: PORT=] [default: 8080]",
+        "[env: PROCESSING_TIMEOUT=] [default: 30s]",
+        "[env: FAULT_INJECTION=] [default: false]",
+        "[env: REQUEST_TIMEOUT=]",
+        "[env: SHUTDOWN_GRACE=] [default: 10s]",
+    ] {
+        assert!(help.contains(setting), "{setting} in {help}");
+    }
+    assert!(!help.contains("hunter2"), "{help}");
+}
+
+#[test]
+fn a_flag_wins_over_its_variable_and_a_bad_flag_is_named_by_its_variable() {
+    let out = Command::new(env!("CARGO_BIN_EXE_oncepay"))
+        .args(["migrate", "--sweep-batch-size", "0"])
+        .env_clear()
+        .current_dir(std::env::temp_dir())
+        .env("DATABASE_URL", "postgres://127.0.0.1:1/x")
+        .env("SWEEP_BATCH_SIZE", "100")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(r#"invalid SWEEP_BATCH_SIZE="0": must be a whole number from 1 to 10000"#),
+        "{stderr}"
+    );
+}

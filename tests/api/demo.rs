@@ -134,7 +134,7 @@ async fn the_effect_counter_needs_a_run_and_reads_only_that_runs_charges() {
     // The tagged charges through their index, each payment by its key: no
     // table is read whole.
     let plan: Vec<String> =
-        sqlx::query_scalar(&format!("EXPLAIN {}", oncepay::demo::effects_sql()))
+        sqlx::query_scalar(&format!("EXPLAIN {}", oncepay::workshop::effects_sql()))
             .bind(app.merchant_id)
             .bind("small")
             .fetch_all(&app.pool)

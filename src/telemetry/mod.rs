@@ -1,9 +1,14 @@
+//! Telemetry: structured logs (here) and Prometheus metrics ([`metrics`]).
+//! The HTTP middleware that feeds both is `crate::http::observe`.
+//!
 //! Structured logs with `tracing`, to stderr so stdout stays for output
 //! (`oncepay merchants create` prints only the key there). `LOG_FORMAT=json`
 //! writes one JSON object a line for machines; the default is readable text,
 //! coloured only on a terminal. Every line of a request carries its span:
 //! request id, method, route, merchant and idempotency key. Headers are never
 //! logged, so `Authorization` and API keys cannot appear.
+
+pub mod metrics;
 
 use std::io::IsTerminal;
 
@@ -58,10 +63,10 @@ mod tests {
         let err = json_format(Some("yaml")).unwrap_err().to_string();
         assert!(err.contains("LOG_FORMAT"), "{err}");
         // As the configuration table in docs/operations.md and .env.example give them.
-        let readme = include_str!("../docs/operations.md");
+        let readme = include_str!("../../docs/operations.md");
         assert!(readme.contains(&format!("| `RUST_LOG` | `{DEFAULT_FILTER}` |")));
         assert!(readme.contains("| `LOG_FORMAT` | `text` |"));
-        let example = include_str!("../.env.example");
+        let example = include_str!("../../.env.example");
         assert!(example.contains(&format!("\nRUST_LOG={DEFAULT_FILTER}\n")));
         assert!(example.contains("\nLOG_FORMAT=text\n"));
         assert!(!json_format(Some("text")).unwrap());
