@@ -293,20 +293,30 @@ impl ProblemCode {
             | ProblemCode::RouteNotFound
             | ProblemCode::MethodNotAllowed
             | ProblemCode::PayloadTooLarge
-            | ProblemCode::UnsupportedMediaType => ErrorType::InvalidRequest,
+            | ProblemCode::UnsupportedMediaType
+            | ProblemCode::IdempotencyKeyInUse => ErrorType::InvalidRequest,
             ProblemCode::CardDeclined
             | ProblemCode::InsufficientFunds
             | ProblemCode::ExpiredCard
             | ProblemCode::ProcessingAbandoned => ErrorType::Card,
-            ProblemCode::IdempotencyKeyInUse | ProblemCode::IdempotencyKeyReused => {
-                ErrorType::Idempotency
-            }
+            ProblemCode::IdempotencyKeyReused => ErrorType::Idempotency,
             ProblemCode::InternalError
             | ProblemCode::ProcessingOutcomeUnknown
             | ProblemCode::ProcessorUnavailable
             | ProblemCode::ServiceUnavailable
             | ProblemCode::RequestTimeout
             | ProblemCode::HttpError => ErrorType::Api,
+        }
+    }
+
+    /// Stripe's `error.decline_code` for a declined card; `None` for every
+    /// other code, an abandoned payment included (no card network refused it).
+    pub fn decline_code(self) -> Option<&'static str> {
+        match self {
+            ProblemCode::CardDeclined => Some("generic_decline"),
+            ProblemCode::InsufficientFunds => Some("insufficient_funds"),
+            ProblemCode::ExpiredCard => Some("expired_card"),
+            _ => None,
         }
     }
 }
@@ -320,11 +330,12 @@ impl std::fmt::Display for ProblemCode {
 /// The kinds of error Stripe's API names in `error.type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorType {
-    /// Bad parameters, authentication, an unknown route or resource.
+    /// Bad parameters, authentication, an unknown route or resource, a key
+    /// still in flight.
     InvalidRequest,
     /// The card was declined (or the payment abandoned).
     Card,
-    /// A key in flight, or reused with other parameters.
+    /// A key reused with other parameters.
     Idempotency,
     /// Something on the server's side: a bug, the database, the processor.
     Api,
@@ -404,7 +415,27 @@ impl Problem {
         self
     }
 
-    /// The body, as saved for replay and as sent.
+    /// The same problem in Stripe's shape, the body's `error` member, which
+    /// the Stripe SDKs read to raise their typed errors.
+    fn stripe_error(&self) -> Value {
+        let mut error = Map::new();
+        error.insert("type".into(), self.code.error_type().as_str().into());
+        error.insert("code".into(), self.code.as_str().into());
+        if let Some(decline_code) = self.code.decline_code() {
+            error.insert("decline_code".into(), decline_code.into());
+        }
+        error.insert("message".into(), self.detail.clone().into());
+        if let Some(param) = &self.param {
+            error.insert("param".into(), param.clone().into());
+        }
+        if let Some(charge) = self.extra.get("charge") {
+            error.insert("charge".into(), charge.clone());
+        }
+        Value::Object(error)
+    }
+
+    /// The body, as saved for replay and as sent: the RFC 9457 members,
+    /// the extras, and `error` in Stripe's shape.
     pub fn body(&self) -> Vec<u8> {
         let mut body = json!({
             "type": format!("/problems/{}", self.code),
@@ -418,6 +449,7 @@ impl Problem {
             object.insert("param".into(), param.clone().into());
         }
         object.extend(self.extra.clone());
+        object.insert("error".into(), self.stripe_error());
         serde_json::to_vec(&body).expect("serialising a JSON value cannot fail")
     }
 }
@@ -461,5 +493,46 @@ mod tests {
             ProblemCode::CardDeclined.error_type().as_str(),
             "card_error"
         );
+    }
+
+    #[test]
+    fn the_body_carries_the_problem_in_stripes_shape_too() {
+        let body = Problem::new(ProblemCode::InsufficientFunds, "Declined.")
+            .with_extra("charge", "ch_1")
+            .body();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["code"], "insufficient_funds");
+        assert_eq!(
+            body["error"],
+            json!({
+                "type": "card_error",
+                "code": "insufficient_funds",
+                "decline_code": "insufficient_funds",
+                "message": "Declined.",
+                "charge": "ch_1",
+            })
+        );
+        let body = Problem::new(ProblemCode::ParameterMissing, "amount is required")
+            .with_param("amount")
+            .body();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body["error"],
+            json!({
+                "type": "invalid_request_error",
+                "code": "parameter_missing",
+                "message": "amount is required",
+                "param": "amount",
+            })
+        );
+        assert_eq!(
+            ProblemCode::IdempotencyKeyInUse.error_type(),
+            ErrorType::InvalidRequest
+        );
+        assert_eq!(
+            ProblemCode::IdempotencyKeyReused.error_type(),
+            ErrorType::Idempotency
+        );
+        assert_eq!(ProblemCode::ProcessingAbandoned.decline_code(), None);
     }
 }

@@ -14,6 +14,7 @@ pub mod observe;
 pub mod openapi;
 pub mod problem;
 pub mod refunds;
+pub mod stripe;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -48,7 +49,7 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
 
 /// The whole API, and Swagger UI at `/docs`. Layers, from the outside in:
 /// fault injection (outside everything, see `faults::drop_response`),
-/// request id, tracing span, metrics, problem bodies, panic catcher,
+/// request id, tracing span, metrics, Stripe's headers, problem bodies, panic catcher,
 /// timeout, body limit.
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
@@ -79,6 +80,7 @@ pub fn router(state: AppState) -> Router {
             .into_response()
         }))
         .layer(axum::middleware::from_fn(observe::finish_problems))
+        .layer(axum::middleware::from_fn(stripe::headers))
         .layer(axum::middleware::from_fn(observe::measure))
         // Spans carry no headers: Authorization and API keys are never logged.
         .layer(

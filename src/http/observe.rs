@@ -1,6 +1,7 @@
 //! What every request passes through on its way in and out: a request id,
 //! a tracing span, metrics, and the last word on error bodies (every error is
-//! a problem, and every fresh problem names its request id).
+//! a problem, every fresh problem names its request id, and a reused key is
+//! answered as a Stripe client expects it, see [`super::stripe`]).
 
 use std::time::Instant;
 
@@ -83,6 +84,9 @@ pub async fn measure(request: Request, next: Next) -> Response {
 /// `request_id`. Saved answers pass untouched, so replays stay byte for byte.
 pub async fn finish_problems(request: Request, next: Next) -> Response {
     let id = request_id(&request).to_owned();
+    let stripe_client = request
+        .headers()
+        .contains_key(super::stripe::STRIPE_VERSION);
     let response = next.run(request).await;
     let status = response.status();
     if status.as_u16() < 400 || response.extensions().get::<SavedAnswer>().is_some() {
@@ -123,6 +127,8 @@ pub async fn finish_problems(request: Request, next: Next) -> Response {
     let Some(problem) = parts.extensions.remove::<Problem>() else {
         return Response::from_parts(parts, body);
     };
+    let problem = super::stripe::for_client(problem, stripe_client);
+    parts.status = problem.status;
     let body = problem.with_extra("request_id", id).body();
     parts.headers.remove(header::CONTENT_LENGTH);
     parts

@@ -24,13 +24,15 @@ use crate::problem::ProblemCode;
         description = "A payments API that charges a card exactly once, however often a client retries. \
 Send an `Idempotency-Key` (one per logical operation) with every POST: a retry gets the saved answer \
 (`Idempotent-Replayed: true`), a duplicate still in flight gets `409` with `Retry-After` (or waits, with \
-`Prefer: wait=N`), and a key reused with other parameters gets `422`. Every error is \
-`application/problem+json` with a stable `code`; see the `Problem` schema for the list.",
+`Prefer: wait=N`), and a key reused with other parameters gets `422` (`400` with a `Stripe-Version` header, \
+as the Stripe SDKs expect). Every error is `application/problem+json` with a stable `code`, and the same error \
+in Stripe's shape under `error`; see the `Problem` schema for the list. Every response carries `Request-Id` \
+(the same as `X-Request-Id`); errors carry `Stripe-Should-Retry` where a retry can or cannot help.",
         license(name = "MIT")
     ),
     modifiers(&Security),
     components(
-        schemas(Problem, ProblemCode),
+        schemas(Problem, StripeError, ProblemCode),
         responses(
             BadRequest, Unauthorized, PaymentFailed, NotFound, InFlight, TooLarge,
             UnsupportedMediaType, KeyReused, InternalError, Unavailable
@@ -292,7 +294,8 @@ pub struct Health {
 /// An error (RFC 9457). `code` is stable and machine-readable; `param`
 /// names the parameter at fault; `charge` names the failed charge of a
 /// decline; `request_id` is the request's `X-Request-Id` (absent from a
-/// replayed answer, which is sent exactly as first saved).
+/// replayed answer, which is sent exactly as first saved); `error` is the
+/// same problem in Stripe's shape, for the Stripe SDKs.
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct Problem {
@@ -307,6 +310,30 @@ pub struct Problem {
     /// The refund a `processor_unavailable` or `processing_outcome_unknown` refund answer is about.
     refund: Option<String>,
     request_id: Option<String>,
+    error: StripeError,
+}
+
+/// A problem as Stripe's API shows it, read by the Stripe SDKs to raise
+/// their typed errors (`CardError`, `InvalidRequestError`, ...).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct StripeError {
+    /// `card_error` (a decline or an abandoned payment), `idempotency_error`
+    /// (a key reused with other parameters), `invalid_request_error` (bad
+    /// parameters, an unknown resource, authentication, a key in flight) or
+    /// `api_error` (a `5xx`).
+    #[schema(example = "card_error")]
+    r#type: String,
+    /// The problem's `code`.
+    code: ProblemCode,
+    /// For a declined card: `generic_decline`, `insufficient_funds` or `expired_card`.
+    decline_code: Option<String>,
+    /// The problem's `detail`.
+    message: String,
+    /// The parameter at fault.
+    param: Option<String>,
+    /// The failed charge.
+    charge: Option<String>,
 }
 
 /// The `Idempotency-Key` and `Prefer` request headers of every idempotent POST.

@@ -17,5 +17,6 @@ mod openapi;
 mod operability;
 mod reads;
 mod refunds;
+mod stripe;
 mod sweeper;
 mod waits;

@@ -1,0 +1,209 @@
+//! What the official Stripe SDKs read: the `error` member of every problem,
+//! `Stripe-Should-Retry`, `Request-Id`, and a `400` for a reused key sent
+//! with `Stripe-Version`.
+
+use serde_json::{Value, json};
+
+use crate::helpers::{Answer, Settings, spawn_app, spawn_app_with, visa};
+
+#[track_caller]
+fn assert_error(answer: &Answer, expected: Value) {
+    assert_eq!(answer.json()["error"], expected, "{:?}", answer.body);
+}
+
+#[tokio::test]
+async fn a_decline_is_a_card_error_with_its_decline_code_and_charge() {
+    let app = spawn_app().await;
+    let body =
+        json!({"amount": 500, "currency": "usd", "source": "tok_chargeDeclinedInsufficientFunds"});
+    let declined = Answer::of(app.post_charge(Some("s1"), &body).await).await;
+    declined.assert_problem(402, "insufficient_funds");
+    let problem = declined.json();
+    let charge = problem["charge"].as_str().unwrap();
+    assert_error(
+        &declined,
+        json!({
+            "type": "card_error",
+            "code": "insufficient_funds",
+            "decline_code": "insufficient_funds",
+            "message": problem["detail"],
+            "charge": charge,
+        }),
+    );
+    assert_eq!(declined.header("stripe-should-retry"), Some("false"));
+    let status: String = sqlx::query_scalar("SELECT status FROM charges WHERE id = $1")
+        .bind(charge)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "failed");
+}
+
+#[tokio::test]
+async fn a_replayed_decline_carries_the_error_member_byte_for_byte() {
+    let app = spawn_app().await;
+    let body = json!({"amount": 500, "currency": "usd", "source": "tok_chargeDeclined"});
+    let first = Answer::of(app.post_charge(Some("s2"), &body).await).await;
+    first.assert_problem(402, "card_declined");
+    assert_eq!(first.json()["error"]["decline_code"], "generic_decline");
+    let replay = Answer::of(app.post_charge(Some("s2"), &body).await).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(replay.json()["error"]["type"], "card_error");
+    assert_eq!(replay.header("stripe-should-retry"), Some("false"));
+    assert_eq!(app.charges().await, 1);
+}
+
+#[tokio::test]
+async fn a_missing_parameter_is_an_invalid_request_error_naming_it() {
+    let app = spawn_app().await;
+    let missing = Answer::of(
+        app.post_charge(None, &json!({"currency": "usd", "source": "tok_visa"}))
+            .await,
+    )
+    .await;
+    missing.assert_problem(400, "parameter_missing");
+    let problem = missing.json();
+    assert_error(
+        &missing,
+        json!({
+            "type": "invalid_request_error",
+            "code": "parameter_missing",
+            "message": problem["detail"],
+            "param": "amount",
+        }),
+    );
+    assert_eq!(missing.header("stripe-should-retry"), Some("false"));
+    assert_eq!(app.charges().await, 0);
+}
+
+#[tokio::test]
+async fn a_wrong_api_key_is_an_invalid_request_error_with_401() {
+    let app = spawn_app().await;
+    let refused = Answer::of(app.post_charge_as("sk_test_wrong", None, &visa(500)).await).await;
+    refused.assert_problem(401, "invalid_api_key");
+    assert_eq!(refused.json()["error"]["type"], "invalid_request_error");
+    assert_eq!(refused.json()["error"]["code"], "invalid_api_key");
+    assert_eq!(refused.header("stripe-should-retry"), Some("false"));
+    assert_eq!(app.charges().await, 0);
+}
+
+#[tokio::test]
+async fn an_unknown_charge_is_404_with_should_retry_false() {
+    let app = spawn_app().await;
+    let missing = Answer::of(app.get("/v1/charges/ch_nothing").await).await;
+    missing.assert_problem(404, "resource_missing");
+    assert_eq!(missing.json()["error"]["type"], "invalid_request_error");
+    assert_eq!(missing.json()["error"]["param"], "id");
+    assert_eq!(missing.header("stripe-should-retry"), Some("false"));
+}
+
+#[tokio::test]
+async fn a_reused_key_is_422_without_stripe_version_and_400_with_it() {
+    let app = spawn_app().await;
+    let first = Answer::of(app.post_charge(Some("s3"), &visa(500)).await).await;
+    assert_eq!(first.status, 201);
+
+    let plain = Answer::of(app.post_charge(Some("s3"), &visa(600)).await).await;
+    plain.assert_problem(422, "idempotency_key_reused");
+    assert_eq!(plain.json()["error"]["type"], "idempotency_error");
+    assert_eq!(plain.header("stripe-should-retry"), Some("false"));
+
+    let stripe = Answer::of(
+        app.client
+            .post(app.url("/v1/charges"))
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", "s3")
+            .header("Stripe-Version", "2024-06-20")
+            .json(&visa(600))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    stripe.assert_problem(400, "idempotency_key_reused");
+    assert_error(
+        &stripe,
+        json!({
+            "type": "idempotency_error",
+            "code": "idempotency_key_reused",
+            "message": stripe.json()["detail"],
+            "param": "Idempotency-Key",
+        }),
+    );
+    assert_eq!(stripe.header("stripe-should-retry"), Some("false"));
+    assert_eq!(app.charges().await, 1);
+}
+
+#[tokio::test]
+async fn a_stripe_version_header_changes_no_other_answer() {
+    let app = spawn_app().await;
+    let charge = Answer::of(
+        app.client
+            .post(app.url("/v1/charges"))
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", "s4")
+            .header("Stripe-Version", "2024-06-20")
+            .json(&visa(500))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(charge.status, 201);
+    assert_eq!(charge.header("stripe-should-retry"), None);
+    assert_eq!(app.charges().await, 1);
+}
+
+#[tokio::test]
+async fn an_unavailable_processor_is_an_api_error_worth_retrying() {
+    let app = spawn_app().await;
+    let body = json!({"amount": 500, "currency": "usd", "source": "tok_processorUnavailable"});
+    let unavailable = Answer::of(app.post_charge(Some("s5"), &body).await).await;
+    unavailable.assert_problem(503, "processor_unavailable");
+    assert_eq!(unavailable.json()["error"]["type"], "api_error");
+    assert_eq!(unavailable.header("stripe-should-retry"), Some("true"));
+}
+
+#[tokio::test]
+async fn every_response_carries_request_id_equal_to_x_request_id() {
+    let app = spawn_app().await;
+    let answers = [
+        Answer::of(app.post_charge(None, &visa(500)).await).await,
+        Answer::of(app.get("/v1/charges/ch_nothing").await).await,
+        Answer::of(app.client.get(app.url("/healthz")).send().await.unwrap()).await,
+    ];
+    for answer in &answers {
+        let id = answer.header("x-request-id").expect("an X-Request-Id");
+        assert!(!id.is_empty());
+        assert_eq!(answer.header("request-id"), Some(id), "{}", answer.status);
+    }
+    let given = Answer::of(
+        app.client
+            .get(app.url("/v1/charges"))
+            .bearer_auth(&app.api_key)
+            .header("X-Request-Id", "req_mine")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(given.header("request-id"), Some("req_mine"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_in_flight_is_an_invalid_request_error_worth_retrying() {
+    let app = spawn_app_with(Settings::new().set("PROCESSOR_LATENCY_MS", 1000)).await;
+    let body = visa(2000);
+    let first = app.post_charge(Some("s6"), &body);
+    let second = async {
+        app.until_in_flight("s6").await;
+        Answer::of(app.post_charge(Some("s6"), &visa(2000)).await).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first.status(), 201);
+    second.assert_problem(409, "idempotency_key_in_use");
+    assert_eq!(second.json()["error"]["type"], "invalid_request_error");
+    assert_eq!(second.header("stripe-should-retry"), Some("true"));
+    assert_eq!(app.charges().await, 1);
+}
