@@ -263,49 +263,16 @@ impl ProblemCode {
         title_of(self.status())
     }
 
-    /// The kind of error, in the terms of Stripe's `error.type`.
+    /// The kind of error, in the terms of Stripe's `error.type`, which
+    /// follows from the status: a declined card (`402`) is a card error, a
+    /// reused key an idempotency error, anything on the server's side (`5xx`)
+    /// an API error, and every other refusal an invalid request.
     pub fn error_type(self) -> ErrorType {
         match self {
-            ProblemCode::ParameterMissing
-            | ProblemCode::ParameterUnknown
-            | ProblemCode::ParameterDuplicate
-            | ProblemCode::ParameterInvalidType
-            | ProblemCode::ParameterInvalidInteger
-            | ProblemCode::ParameterInvalidString
-            | ProblemCode::ParameterTooLong
-            | ProblemCode::AmountTooSmall
-            | ProblemCode::AmountTooLarge
-            | ProblemCode::InvalidCurrency
-            | ProblemCode::MetadataInvalid
-            | ProblemCode::InvalidReason
-            | ProblemCode::ResourceMissing
-            | ProblemCode::ChargeNotRefundable
-            | ProblemCode::ChargeAlreadyRefunded
-            | ProblemCode::InvalidJson
-            | ProblemCode::InvalidBody
-            | ProblemCode::InvalidPath
-            | ProblemCode::InvalidIdempotencyKey
-            | ProblemCode::IdempotencyKeyMissing
-            | ProblemCode::FaultInjectionDisabled
-            | ProblemCode::InvalidFault
-            | ProblemCode::AuthenticationRequired
-            | ProblemCode::InvalidApiKey
-            | ProblemCode::RouteNotFound
-            | ProblemCode::MethodNotAllowed
-            | ProblemCode::PayloadTooLarge
-            | ProblemCode::UnsupportedMediaType
-            | ProblemCode::IdempotencyKeyInUse => ErrorType::InvalidRequest,
-            ProblemCode::CardDeclined
-            | ProblemCode::InsufficientFunds
-            | ProblemCode::ExpiredCard
-            | ProblemCode::ProcessingAbandoned => ErrorType::Card,
             ProblemCode::IdempotencyKeyReused => ErrorType::Idempotency,
-            ProblemCode::InternalError
-            | ProblemCode::ProcessingOutcomeUnknown
-            | ProblemCode::ProcessorUnavailable
-            | ProblemCode::ServiceUnavailable
-            | ProblemCode::RequestTimeout
-            | ProblemCode::HttpError => ErrorType::Api,
+            _ if self.status() == StatusCode::PAYMENT_REQUIRED => ErrorType::Card,
+            _ if self.status().is_server_error() => ErrorType::Api,
+            _ => ErrorType::InvalidRequest,
         }
     }
 
