@@ -143,6 +143,49 @@ impl Params {
         self.fields.remove(name).filter(|v| !v.is_null())
     }
 
+    /// Takes Stripe's `expand` parameter and refuses every property it names:
+    /// every object oncepay renders is already whole (a refund's `charge` is
+    /// an id, and stays one), so there is nothing to expand. `expand[]=x`,
+    /// `expand[0]=x` (how the SDKs send it) and a JSON array are accepted;
+    /// an empty list is no request at all.
+    pub fn refuse_expand(&mut self) -> Result<(), ParamError> {
+        let paths: Vec<Value> = match self.take("expand") {
+            None => return Ok(()),
+            Some(Value::Array(paths)) => paths,
+            // A form: `expand[]` and `expand[N]`, any other bracket unknown.
+            Some(Value::Object(entries)) => {
+                if let Some(name) = entries
+                    .keys()
+                    .find(|k| !(k.is_empty() || k.bytes().all(|b| b.is_ascii_digit())))
+                {
+                    return Err(ParamError::unknown(&format!("expand[{name}]")));
+                }
+                entries.into_iter().map(|(_, v)| v).collect()
+            }
+            Some(_) => {
+                return Err(ParamError::new(
+                    ProblemCode::ParameterInvalidType,
+                    "expand",
+                    "expand must be a list of property paths, e.g. expand[]=charge",
+                ));
+            }
+        };
+        match paths.first() {
+            None => Ok(()),
+            Some(path) => {
+                let path = match path {
+                    Value::String(p) => shorten(p).into_owned(),
+                    other => shorten(&other.to_string()).into_owned(),
+                };
+                Err(ParamError::new(
+                    ProblemCode::PropertyNotExpandable,
+                    "expand",
+                    format!("This property cannot be expanded ({path})."),
+                ))
+            }
+        }
+    }
+
     /// Refuses whatever parameters are left, as Stripe does.
     pub fn reject_unknown(&self) -> Result<(), ParamError> {
         match self.fields.keys().next() {
@@ -436,6 +479,38 @@ mod tests {
         assert!(e.message.ends_with(&e.param), "{}", e.message);
         assert_eq!(shorten("é".repeat(100).as_str()), "é".repeat(100));
         assert_eq!(shorten(&"é".repeat(101)), format!("{}…", "é".repeat(100)));
+    }
+
+    #[test]
+    fn expand_is_taken_in_every_spelling_and_refuses_what_it_names() {
+        let refused = |mut params: Params| {
+            let err = params.refuse_expand().unwrap_err();
+            assert_eq!(
+                (err.code, err.param.as_str()),
+                (ProblemCode::PropertyNotExpandable, "expand")
+            );
+            err.message
+        };
+        for form in ["expand[]=charge", "expand[0]=charge&expand[1]=customer"] {
+            let message = refused(Params::from_form(form.as_bytes()).unwrap());
+            assert_eq!(message, "This property cannot be expanded (charge).");
+        }
+        refused(Params::from_json(br#"{"expand": ["charge"]}"#).unwrap());
+        for empty in [&br#"{"expand": []}"#[..], br#"{"expand": null}"#, b"{}"] {
+            let mut params = Params::from_json(empty).unwrap();
+            params.refuse_expand().unwrap();
+            params.reject_unknown().unwrap();
+        }
+        let mut odd = Params::from_form(b"expand[a]=charge").unwrap();
+        assert_eq!(
+            odd.refuse_expand().unwrap_err().code,
+            ProblemCode::ParameterUnknown
+        );
+        let mut scalar = Params::from_json(br#"{"expand": "charge"}"#).unwrap();
+        assert_eq!(
+            scalar.refuse_expand().unwrap_err().code,
+            ProblemCode::ParameterInvalidType
+        );
     }
 
     #[test]

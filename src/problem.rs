@@ -43,6 +43,7 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `parameter_invalid_integer` (400): not a whole number (`amount`, `limit`).
 /// - `parameter_invalid_string` (400): a string contains NUL.
 /// - `parameter_too_long` (400): over a length limit.
+/// - `property_not_expandable` (400): `expand` names a property oncepay cannot expand.
 /// - `amount_too_small` (400): `amount` below 1.
 /// - `amount_too_large` (400): `amount` above the maximum, or more than is left to refund.
 /// - `invalid_currency` (400): unknown currency.
@@ -93,6 +94,8 @@ pub enum ProblemCode {
     ParameterInvalidString,
     /// 400: over a length limit.
     ParameterTooLong,
+    /// 400: `expand` names a property oncepay cannot expand.
+    PropertyNotExpandable,
     /// 400: `amount` below 1.
     AmountTooSmall,
     /// 400: `amount` above the maximum, or more than is left to refund.
@@ -172,6 +175,7 @@ impl ProblemCode {
             ProblemCode::ParameterInvalidInteger => "parameter_invalid_integer",
             ProblemCode::ParameterInvalidString => "parameter_invalid_string",
             ProblemCode::ParameterTooLong => "parameter_too_long",
+            ProblemCode::PropertyNotExpandable => "property_not_expandable",
             ProblemCode::AmountTooSmall => "amount_too_small",
             ProblemCode::AmountTooLarge => "amount_too_large",
             ProblemCode::InvalidCurrency => "invalid_currency",
@@ -220,6 +224,7 @@ impl ProblemCode {
             | ProblemCode::ParameterInvalidInteger
             | ProblemCode::ParameterInvalidString
             | ProblemCode::ParameterTooLong
+            | ProblemCode::PropertyNotExpandable
             | ProblemCode::AmountTooSmall
             | ProblemCode::AmountTooLarge
             | ProblemCode::InvalidCurrency

@@ -137,6 +137,7 @@ impl NewCharge {
             .map(metadata)
             .transpose()?
             .unwrap_or_default();
+        params.refuse_expand()?;
         params.reject_unknown()?;
         Ok(NewCharge {
             amount,
@@ -280,6 +281,10 @@ pub struct ChargeObject<'a> {
     pub amount: i64,
     pub currency: &'a str,
     pub status: &'a str,
+    /// Stripe's flags: the charge succeeded (oncepay captures at once, so
+    /// a paid charge is a captured one).
+    pub paid: bool,
+    pub captured: bool,
     pub source: &'a str,
     pub description: Option<&'a str>,
     pub metadata: &'a BTreeMap<String, String>,
@@ -299,6 +304,8 @@ impl Charge {
             amount: self.amount,
             currency: &self.currency,
             status: self.status.as_str(),
+            paid: self.status == ChargeStatus::Succeeded,
+            captured: self.status == ChargeStatus::Succeeded,
             source: &self.source,
             description: self.description.as_deref(),
             metadata: &self.metadata.0,

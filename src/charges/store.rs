@@ -124,6 +124,32 @@ pub async fn list(
     .await
 }
 
+/// Up to `limit` charges strictly newer than `ending_before`, oldest first:
+/// the ones nearest the cursor, which the caller shows newest first.
+pub async fn list_before(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    ending_before: &Charge,
+    limit: i64,
+) -> sqlx::Result<Vec<Charge>> {
+    sqlx::query_as!(
+        Charge,
+        r#"SELECT id, amount, currency, source, description,
+                  metadata AS "metadata: _", status AS "status: _",
+                  failure_code, failure_message, amount_refunded, created_at
+             FROM charges
+            WHERE merchant_id = $1 AND (created_at, id) > ($2, $3)
+            ORDER BY created_at, id
+            LIMIT $4"#,
+        merchant_id,
+        ending_before.created_at,
+        ending_before.id.as_str(),
+        limit,
+    )
+    .fetch_all(db)
+    .await
+}
+
 /// Pending charges older than `timeout` that no `processing` key guards (the
 /// keyless ones a crash left behind); keyed ones are found through their key.
 pub async fn stale_unguarded(

@@ -11,6 +11,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::auth::Authenticated;
+use super::extract::NoQuery;
 use super::problem::ApiError;
 use crate::app::AppState;
 
@@ -34,6 +35,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 async fn retrieve(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
+    _: NoQuery,
 ) -> Result<Json<Value>, ApiError> {
     let available: Vec<_> = totals(&state.pool, merchant.id)
         .await?

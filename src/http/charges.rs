@@ -4,22 +4,22 @@
 //! handler only extracts, calls and maps.
 
 use axum::Json;
-use axum::extract::{RawQuery, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
-use super::extract::{IdempotentPost, PathParam};
+use super::extract::{IdempotentPost, NoQuery, PathParam, QueryParams};
 use super::idempotent;
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::charges::{NewCharge, store};
+use crate::charges::{Charge, NewCharge, store};
 use crate::operation::charge::CreateCharge;
 use crate::operation::{self, Operation};
-use crate::params::{ParamError, shorten};
+use crate::params::shorten;
 use crate::problem::{Problem, ProblemCode};
 
 const ROUTE: &str = CreateCharge::ROUTE;
@@ -85,6 +85,7 @@ async fn create(
 async fn retrieve(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
+    _: NoQuery,
     PathParam(id): PathParam,
 ) -> Result<Response, ApiError> {
     match store::find(&state.pool, merchant.id, &id).await? {
@@ -108,6 +109,14 @@ fn no_such_charge(id: &str, param: &str) -> ApiError {
     .into()
 }
 
+/// Which page of a list: the newest, the one after a charge (older), or
+/// the one before it (newer).
+enum Page {
+    First,
+    After(Charge),
+    Before(Charge),
+}
+
 /// The merchant's charges, newest first.
 #[utoipa::path(
     get,
@@ -116,7 +125,8 @@ fn no_such_charge(id: &str, param: &str) -> ApiError {
     security(("bearer" = []), ("basic" = [])),
     params(
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10"),
-        ("starting_after" = Option<String>, Query, description = "A charge id from the previous page")
+        ("starting_after" = Option<String>, Query, description = "A charge id: the page of older charges after it"),
+        ("ending_before" = Option<String>, Query, description = "A charge id: the page of newer charges before it")
     ),
     responses(
         (status = 200, description = "A list object", body = super::openapi::ChargeList),
@@ -129,44 +139,66 @@ fn no_such_charge(id: &str, param: &str) -> ApiError {
 async fn list(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
-    RawQuery(query): RawQuery,
+    QueryParams(mut params): QueryParams,
 ) -> Result<Response, ApiError> {
-    let mut limit = 10_i64;
-    let mut starting_after = None;
-    for (name, value) in form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
-        match name.as_ref() {
-            "limit" => {
-                limit = value
-                    .parse()
-                    .ok()
-                    .filter(|l| (1..=100).contains(l))
-                    .ok_or_else(|| {
-                        Problem::new(
-                            ProblemCode::ParameterInvalidInteger,
-                            "limit must be a whole number from 1 to 100",
-                        )
-                        .with_param("limit")
-                    })?;
-            }
-            // No id contains NUL (and Postgres text cannot hold it).
-            "starting_after" if value.contains('\0') => {
-                return Err(no_such_charge("\\u0000", "starting_after"));
-            }
-            "starting_after" => starting_after = Some(value.into_owned()),
-            other => return Err(ParamError::unknown(other).into()),
-        }
-    }
-    let cursor = match &starting_after {
-        Some(id) => Some(
-            store::find(&state.pool, merchant.id, id)
-                .await?
-                .ok_or_else(|| no_such_charge(id, "starting_after"))?,
-        ),
-        None => None,
+    let limit = match params.take("limit") {
+        None => 10,
+        Some(value) => value
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .filter(|l| (1..=100).contains(l))
+            .ok_or_else(|| {
+                Problem::new(
+                    ProblemCode::ParameterInvalidInteger,
+                    "limit must be a whole number from 1 to 100",
+                )
+                .with_param("limit")
+            })?,
     };
-    let mut charges = store::list(&state.pool, merchant.id, cursor.as_ref(), limit + 1).await?;
+    let mut cursor_param = |name: &'static str| match params.take(name) {
+        None => Ok(None),
+        Some(Value::String(id)) => Ok(Some((name, id))),
+        Some(_) => Err(no_such_charge("", name)),
+    };
+    let starting_after = cursor_param("starting_after")?;
+    let ending_before = cursor_param("ending_before")?;
+    params.reject_unknown()?;
+    if starting_after.is_some() && ending_before.is_some() {
+        return Err(Problem::new(
+            ProblemCode::ParameterInvalidType,
+            "You may only specify one of these parameters: ending_before, starting_after.",
+        )
+        .with_param("ending_before")
+        .into());
+    }
+    let page = match starting_after.or(ending_before) {
+        None => Page::First,
+        Some((name, id)) => {
+            let cursor = store::find(&state.pool, merchant.id, &id)
+                .await?
+                .ok_or_else(|| no_such_charge(&id, name))?;
+            if name == "starting_after" {
+                Page::After(cursor)
+            } else {
+                Page::Before(cursor)
+            }
+        }
+    };
+    let mut charges = match &page {
+        Page::First => store::list(&state.pool, merchant.id, None, limit + 1).await?,
+        Page::After(cursor) => {
+            store::list(&state.pool, merchant.id, Some(cursor), limit + 1).await?
+        }
+        Page::Before(cursor) => {
+            store::list_before(&state.pool, merchant.id, cursor, limit + 1).await?
+        }
+    };
     let has_more = charges.len() as i64 > limit;
     charges.truncate(limit as usize);
+    if matches!(page, Page::Before(_)) {
+        // Fetched oldest first, nearest the cursor; shown newest first.
+        charges.reverse();
+    }
     let data: Vec<_> = charges.iter().map(|c| c.to_object()).collect();
     Ok(Json(json!({
         "object": "list",

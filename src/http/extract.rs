@@ -137,3 +137,33 @@ impl<S: Send + Sync> FromRequestParts<S> for PathParam {
         }
     }
 }
+
+/// A `GET`'s query string, decoded like a form body, with `expand` already
+/// answered ([`Params::refuse_expand`]). A handler takes the parameters it
+/// knows and refuses the rest (`Params::reject_unknown`), as Stripe does;
+/// one that takes none is [`NoQuery`].
+pub struct QueryParams(pub Params);
+
+impl<S: Send + Sync> FromRequestParts<S> for QueryParams {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let mut params = Params::from_form(parts.uri.query().unwrap_or("").as_bytes())?;
+        params.refuse_expand()?;
+        Ok(QueryParams(params))
+    }
+}
+
+/// A `GET` that takes no parameter: `expand` is answered, anything else is
+/// `parameter_unknown`.
+pub struct NoQuery;
+
+impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let QueryParams(params) = QueryParams::from_request_parts(parts, state).await?;
+        params.reject_unknown()?;
+        Ok(NoQuery)
+    }
+}

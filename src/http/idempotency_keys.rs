@@ -9,6 +9,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
+use super::extract::NoQuery;
 use super::extract::PathParam;
 use super::problem::ApiError;
 use crate::app::AppState;
@@ -38,6 +39,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 async fn retrieve(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
+    _: NoQuery,
     PathParam(raw): PathParam,
 ) -> Result<Json<Value>, ApiError> {
     let key = IdempotencyKey::parse(raw.as_bytes()).map_err(|e| {

@@ -143,6 +143,10 @@ pub struct Charge {
     currency: String,
     #[schema(example = "succeeded")]
     status: ChargeStatus,
+    /// The charge succeeded.
+    paid: bool,
+    /// The money was captured: oncepay captures every paid charge at once.
+    captured: bool,
     source: String,
     description: Option<String>,
     metadata: BTreeMap<String, String>,

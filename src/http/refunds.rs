@@ -12,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
-use super::extract::{IdempotentPost, PathParam};
+use super::extract::{IdempotentPost, NoQuery, PathParam};
 use super::idempotent;
 use super::problem::ApiError;
 use crate::app::AppState;
@@ -83,6 +83,7 @@ async fn create(
 async fn retrieve(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
+    _: NoQuery,
     PathParam(id): PathParam,
 ) -> Result<Response, ApiError> {
     match store::find(&state.pool, merchant.id, &id).await? {

@@ -79,6 +79,7 @@ impl NewRefund {
             .map(metadata)
             .transpose()?
             .unwrap_or_default();
+        params.refuse_expand()?;
         params.reject_unknown()?;
         Ok(NewRefund {
             charge,

@@ -429,7 +429,7 @@ async fn nul_characters_are_400_and_write_nothing() {
         .assert_problem(404, "resource_missing");
     Answer::of(app.get("/v1/charges?starting_after=%00").await)
         .await
-        .assert_problem(400, "resource_missing");
+        .assert_problem(400, "parameter_invalid_string");
     assert_nothing_written(counts(&app).await, "NUL");
 }
 

@@ -83,6 +83,52 @@ async fn the_list_is_newest_first_and_pages_with_starting_after() {
     assert_eq!(all["data"].as_array().unwrap().len(), 5);
 }
 
+fn ids_of(page: &Value) -> Vec<String> {
+    page["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn ending_before_pages_back_to_newer_charges_newest_first() {
+    let app = spawn_app().await;
+    let mut ids = Vec::new();
+    for amount in 1..=5 {
+        ids.push(app.paid_charge(amount).await);
+    }
+    ids.reverse(); // newest first, as listed
+    let page = |query: String| {
+        let app = &app;
+        async move {
+            Answer::of(app.get(&format!("/v1/charges?{query}")).await)
+                .await
+                .json()
+        }
+    };
+    // The two charges just newer than the oldest, still newest first.
+    let before = page(format!("limit=2&ending_before={}", ids[4])).await;
+    assert_eq!(ids_of(&before), ids[2..4]);
+    assert_eq!(before["has_more"], true, "two newer charges remain");
+    let newest = page(format!("limit=2&ending_before={}", ids[2])).await;
+    assert_eq!(ids_of(&newest), ids[..2]);
+    assert_eq!(newest["has_more"], false);
+    let none = page(format!("ending_before={}", ids[0])).await;
+    assert_eq!(ids_of(&none), Vec::<String>::new());
+    assert_eq!(none["has_more"], false);
+    Answer::of(
+        app.get(&format!(
+            "/v1/charges?starting_after={}&ending_before={}",
+            ids[3], ids[1]
+        ))
+        .await,
+    )
+    .await
+    .assert_problem(400, "parameter_invalid_type");
+}
+
 #[tokio::test]
 async fn bad_list_parameters_are_400_problems() {
     let app = spawn_app().await;
@@ -91,7 +137,9 @@ async fn bad_list_parameters_are_400_problems() {
         ("limit=101", "parameter_invalid_integer"),
         ("limit=ten", "parameter_invalid_integer"),
         ("starting_after=ch_nope", "resource_missing"),
-        ("ending_before=ch_x", "parameter_unknown"),
+        ("ending_before=ch_nope", "resource_missing"),
+        ("limit=2&limit=3", "parameter_duplicate"),
+        ("created=1", "parameter_unknown"),
     ] {
         Answer::of(app.get(&format!("/v1/charges?{query}")).await)
             .await

@@ -207,3 +207,81 @@ async fn a_key_in_flight_is_an_invalid_request_error_worth_retrying() {
     assert_eq!(second.header("stripe-should-retry"), Some("true"));
     assert_eq!(app.charges().await, 1);
 }
+
+#[tokio::test]
+async fn expand_is_accepted_and_every_property_is_refused_as_not_expandable() {
+    let app = spawn_app().await;
+    let charge = app.paid_charge(700).await;
+    // An empty list asks for nothing; the SDKs send `expand[0]=...`.
+    let mut body = visa(100);
+    body["expand"] = json!([]);
+    assert_eq!(
+        Answer::of(app.post_charge(None, &body).await).await.status,
+        201
+    );
+    for path in [
+        format!("/v1/charges/{charge}?expand[]=balance_transaction"),
+        format!("/v1/charges/{charge}?expand[0]=customer"),
+        "/v1/charges?expand[]=data.customer".to_owned(),
+        "/v1/balance?expand[0]=x".to_owned(),
+    ] {
+        let answer = Answer::of(app.get(&path).await).await;
+        answer.assert_problem(400, "property_not_expandable");
+        assert_eq!(answer.json()["param"], "expand", "{path}");
+        assert!(
+            answer.json()["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with("This property cannot be expanded ("),
+            "{path}: {:?}",
+            answer.body
+        );
+    }
+    let form = "amount=1&currency=usd&source=tok_visa&expand[0]=balance_transaction";
+    Answer::of(
+        app.post_raw(
+            Some("expand-form"),
+            "application/x-www-form-urlencoded",
+            form,
+        )
+        .await,
+    )
+    .await
+    .assert_problem(400, "property_not_expandable");
+    let mut body = json!({"charge": charge});
+    body["expand"] = json!(["charge"]);
+    Answer::of(app.post_refund(Some("expand-refund"), &body).await)
+        .await
+        .assert_problem(400, "property_not_expandable");
+    Answer::of(app.get(&format!("/v1/charges/{charge}?expand[x]=y")).await)
+        .await
+        .assert_problem(400, "parameter_unknown");
+    Answer::of(app.get(&format!("/v1/charges/{charge}?color=red")).await)
+        .await
+        .assert_problem(400, "parameter_unknown");
+    assert_eq!(app.charges().await, 2, "nothing refused was written");
+    assert_eq!(app.refunds().await, 0);
+}
+
+#[tokio::test]
+async fn the_stripe_client_user_agent_header_is_accepted() {
+    let app = spawn_app().await;
+    let answer = Answer::of(
+        app.client
+            .post(app.url("/v1/charges"))
+            .bearer_auth(&app.api_key)
+            .header("Stripe-Version", "2024-06-20")
+            .header(
+                "X-Stripe-Client-User-Agent",
+                r#"{"bindings_version":"16.1.0","lang":"python","publisher":"stripe"}"#,
+            )
+            .header("Idempotency-Key", "6a1f3c6e-6e0b-4f7e-9a77-2d2b8b0d6b41")
+            .json(&visa(300))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(answer.status, 201, "{:?}", answer.body);
+    assert_eq!(app.charges().await, 1);
+}

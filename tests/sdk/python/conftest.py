@@ -1,0 +1,196 @@
+"""A real `oncepay serve` for the Stripe SDK tests, on a database of its own.
+
+The server runs with a short `PROCESSING_TIMEOUT`, so that a charge whose
+outcome is unknown is recoverable within the SDK's retries. `lossy_proxy`
+stands between the SDK and the server and can lose the next answer after the
+server has sent it, as a network would.
+
+Settings (environment): DATABASE_URL (any database of a server where the
+user may create databases), ONCEPAY_BIN (default target/debug/oncepay).
+"""
+
+import os
+import secrets
+import socket
+import struct
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+OUT = ROOT / "target" / "sdk"
+BIN = Path(os.environ.get("ONCEPAY_BIN", ROOT / "target" / "debug" / "oncepay"))
+SERVER_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+# Short, so that the SDK's own retries outlast a stale claim.
+PROCESSING_TIMEOUT = "2s"
+
+
+def psql(url, sql):
+    """Runs SQL on URL with psql and returns its unaligned output."""
+    return subprocess.run(
+        ["psql", "-X", "-w", "-Atq", "-v", "ON_ERROR_STOP=1", url, "-c", sql],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def with_database(url, name):
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(path="/" + name))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Oncepay:
+    base: str
+    api_key: str
+    db_url: str
+
+    def sql(self, query):
+        return psql(self.db_url, query)
+
+    def count(self, query):
+        return int(self.sql(query))
+
+    def charges_tagged(self, tag):
+        """Charges whose metadata carries `test=tag`."""
+        return self.count(f"SELECT count(*) FROM charges WHERE metadata->>'test' = '{tag}'")
+
+    def payments_tagged(self, tag):
+        """Money moved at the processor for the charges tagged `tag`."""
+        return self.count(
+            "SELECT count(*) FROM processor_operations p "
+            "JOIN charges c ON p.processor_key = 'auth:' || c.id "
+            f"WHERE p.outcome = 'succeeded' AND c.metadata->>'test' = '{tag}'"
+        )
+
+
+@pytest.fixture(scope="session")
+def oncepay():
+    assert BIN.exists(), f"{BIN} is missing: run cargo build --bin oncepay first"
+    OUT.mkdir(parents=True, exist_ok=True)
+    db_name = "oncepay_sdk_py_" + secrets.token_hex(6)
+    psql(SERVER_URL, f'CREATE DATABASE "{db_name}"')
+    db_url = with_database(SERVER_URL, db_name)
+    api_key = "sk_test_sdkpy" + secrets.token_hex(20)
+    port = free_port()
+    log = open(OUT / "python-server.log", "wb")
+    server = subprocess.Popen(
+        [str(BIN), "serve"],
+        cwd=OUT,  # away from the repository's .env
+        env={
+            "PATH": os.environ["PATH"],
+            "DATABASE_URL": db_url,
+            "PORT": str(port),
+            "BIND_ADDR": "127.0.0.1",
+            "DEMO_API_KEY": api_key,
+            "PROCESSING_TIMEOUT": PROCESSING_TIMEOUT,
+            "SWEEP_INTERVAL": "500ms",
+            "RUST_LOG": "info,sqlx=warn",
+        },
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, f"oncepay serve exited; see {OUT}/python-server.log"
+            try:
+                with urllib.request.urlopen(base + "/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "oncepay did not answer /healthz within 60 s"
+            time.sleep(0.1)
+        yield Oncepay(base=base, api_key=api_key, db_url=db_url)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+        psql(SERVER_URL, f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+
+
+class LossyProxy:
+    """A TCP proxy that can lose answers: once armed with `lose_next()`, the
+    next bytes the server sends back are thrown away and the client's
+    connection is reset. The server has finished (and committed) the request
+    by then; only its answer is lost, as on a flaky network."""
+
+    def __init__(self, target_port):
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.lock = threading.Lock()
+        self.to_lose = 0
+        self.lost = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def lose_next(self, n=1):
+        with self.lock:
+            self.to_lose += n
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _take_loss(self):
+        with self.lock:
+            if self.to_lose > 0:
+                self.to_lose -= 1
+                self.lost += 1
+                return True
+            return False
+
+    def _pipe(self, src, dst, answers):
+        try:
+            while data := src.recv(65536):
+                if answers and self._take_loss():
+                    # Reset, not close: the client sees the connection drop.
+                    # Shutting down the reading side first wakes the other
+                    # direction's thread, so that the socket really closes.
+                    dst.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    dst.shutdown(socket.SHUT_RD)
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self):
+        self.listener.close()
+
+
+@pytest.fixture
+def lossy_proxy(oncepay):
+    port = int(urllib.parse.urlsplit(oncepay.base).port)
+    proxy = LossyProxy(port)
+    yield proxy
+    proxy.close()

@@ -1,0 +1,234 @@
+"""The official `stripe` Python package against a real oncepay: every call a
+charges integration makes, every error class it catches, and the SDK's own
+retries ending in exactly one charge, counted in the database."""
+
+import secrets
+import uuid
+
+import pytest
+import stripe
+
+
+def client(oncepay, base=None, **kwargs):
+    return stripe.StripeClient(
+        oncepay.api_key, base_addresses={"api": base or oncepay.base}, **kwargs
+    )
+
+
+def tagged(amount, source="tok_visa"):
+    """Charge parameters with a tag of their own, to count them in the database."""
+    tag = "py-" + secrets.token_hex(6)
+    return tag, {"amount": amount, "currency": "usd", "source": source, "metadata": {"test": tag}}
+
+
+def test_create_then_retrieve_gives_the_same_charge(oncepay):
+    sdk = client(oncepay)
+    tag, params = tagged(2000)
+    charge = sdk.v1.charges.create(params=params)
+    assert isinstance(charge, stripe.Charge)
+    assert (charge.status, charge.amount, charge.currency, charge.paid) == ("succeeded", 2000, "usd", True)
+    assert charge.metadata["test"] == tag
+    again = sdk.v1.charges.retrieve(charge.id)
+    assert again.to_dict() == charge.to_dict()
+    assert charge.last_response.headers["Request-Id"] == charge.last_response.request_id
+    assert oncepay.charges_tagged(tag) == 1
+
+
+def test_the_same_idempotency_key_gives_the_same_charge_once(oncepay):
+    sdk = client(oncepay)
+    tag, params = tagged(1500)
+    key = str(uuid.uuid4())
+    first = sdk.v1.charges.create(params=params, options={"idempotency_key": key})
+    second = sdk.v1.charges.create(params=params, options={"idempotency_key": key})
+    assert second.id == first.id
+    assert second.last_response.headers["Idempotent-Replayed"] == "true"
+    assert oncepay.charges_tagged(tag) == 1
+    assert oncepay.payments_tagged(tag) == 1
+
+
+def test_auto_paging_walks_every_charge_forward_and_back(oncepay):
+    sdk = client(oncepay)
+    ids = [sdk.v1.charges.create(params=tagged(100 + i)[1]).id for i in range(5)]
+    newest_first = list(reversed(ids))
+    listed = [c.id for c in sdk.v1.charges.list(params={"limit": 2}).auto_paging_iter()]
+    assert listed[:5] == newest_first, "the newest five, newest first"
+    assert len(listed) == len(set(listed)) == oncepay.count("SELECT count(*) FROM charges")
+    # From the oldest of the five back up to the newest: the SDK pages with
+    # ending_before and yields the charges nearest the cursor first.
+    back = [
+        c.id
+        for c in sdk.v1.charges.list(params={"limit": 2, "ending_before": ids[0]}).auto_paging_iter()
+    ]
+    assert back == ids[1:]
+
+
+def test_a_partial_then_full_refund_and_the_balance(oncepay):
+    sdk = client(oncepay)
+    before = sdk.v1.balance.retrieve()
+    charge = sdk.v1.charges.create(params=tagged(3000)[1])
+    partial = sdk.v1.refunds.create(params={"charge": charge.id, "amount": 1000})
+    assert isinstance(partial, stripe.Refund)
+    assert (partial.status, partial.amount, partial.charge) == ("succeeded", 1000, charge.id)
+    rest = sdk.v1.refunds.create(params={"charge": charge.id})
+    assert rest.amount == 2000
+    assert sdk.v1.refunds.retrieve(rest.id).id == rest.id
+    refunded = sdk.v1.charges.retrieve(charge.id)
+    assert (refunded.amount_refunded, refunded.refunded) == (3000, True)
+    after = sdk.v1.balance.retrieve()
+    assert isinstance(after, stripe.Balance)
+    usd = lambda b: next((x for x in b.available if x.currency == "usd"), {"amount": 0})["amount"]  # noqa: E731
+    assert usd(after) == usd(before), "charged 3000, refunded 3000"
+    assert oncepay.count(f"SELECT amount_refunded FROM charges WHERE id = '{charge.id}'") == 3000
+
+
+@pytest.mark.parametrize(
+    "source, code, decline_code",
+    [
+        ("tok_chargeDeclined", "card_declined", "generic_decline"),
+        ("tok_chargeDeclinedInsufficientFunds", "insufficient_funds", "insufficient_funds"),
+        ("tok_chargeDeclinedExpiredCard", "expired_card", "expired_card"),
+    ],
+)
+def test_a_decline_raises_card_error_with_its_codes_and_charge(oncepay, source, code, decline_code):
+    tag, params = tagged(500, source)
+    with pytest.raises(stripe.CardError) as raised:
+        client(oncepay).v1.charges.create(params=params)
+    e = raised.value
+    assert (e.http_status, e.code, e.error.decline_code) == (402, code, decline_code)
+    assert e.error.type == "card_error"
+    assert e.error.charge.startswith("ch_")
+    assert e.request_id and e.headers["Stripe-Should-Retry"] == "false"
+    assert oncepay.sql(f"SELECT status FROM charges WHERE id = '{e.error.charge}'") == "failed"
+    assert oncepay.payments_tagged(tag) == 0
+
+
+@pytest.mark.parametrize(
+    "params, code, param",
+    [
+        ({"currency": "usd", "source": "tok_visa"}, "parameter_missing", "amount"),
+        ({"amount": 0, "currency": "usd", "source": "tok_visa"}, "amount_too_small", "amount"),
+        ({"amount": 100, "currency": "usx", "source": "tok_visa"}, "invalid_currency", "currency"),
+        ({"amount": 100, "currency": "usd", "source": "tok_nope"}, "resource_missing", "source"),
+        ({"amount": 100, "currency": "usd", "source": "tok_visa", "colour": "red"}, "parameter_unknown", "colour"),
+        (
+            {"amount": 100, "currency": "usd", "source": "tok_visa", "expand": ["balance_transaction"]},
+            "property_not_expandable",
+            "expand",
+        ),
+    ],
+)
+def test_bad_parameters_raise_invalid_request_error_naming_the_parameter(oncepay, params, code, param):
+    before = oncepay.count("SELECT count(*) FROM charges")
+    with pytest.raises(stripe.InvalidRequestError) as raised:
+        client(oncepay).v1.charges.create(params=params)
+    e = raised.value
+    assert (e.http_status, e.code, e.param) == (400, code, param)
+    assert e.error.type == "invalid_request_error"
+    assert oncepay.count("SELECT count(*) FROM charges") == before, "nothing written"
+
+
+def test_an_unknown_charge_raises_invalid_request_error_404(oncepay):
+    with pytest.raises(stripe.InvalidRequestError) as raised:
+        client(oncepay).v1.charges.retrieve("ch_doesnotexist")
+    e = raised.value
+    assert (e.http_status, e.code, e.param) == (404, "resource_missing", "id")
+
+
+def test_a_wrong_api_key_raises_authentication_error(oncepay):
+    wrong = stripe.StripeClient("sk_test_" + "0" * 40, base_addresses={"api": oncepay.base})
+    with pytest.raises(stripe.AuthenticationError) as raised:
+        wrong.v1.charges.list()
+    e = raised.value
+    assert (e.http_status, e.error.code, e.error.type) == (401, "invalid_api_key", "invalid_request_error")
+
+
+def test_an_over_refund_raises_invalid_request_error_and_refunds_nothing(oncepay):
+    sdk = client(oncepay)
+    charge = sdk.v1.charges.create(params=tagged(1000)[1])
+    with pytest.raises(stripe.InvalidRequestError) as raised:
+        sdk.v1.refunds.create(params={"charge": charge.id, "amount": 1001})
+    e = raised.value
+    assert (e.http_status, e.code, e.param) == (400, "amount_too_large", "amount")
+    assert oncepay.count(f"SELECT count(*) FROM refunds WHERE charge_id = '{charge.id}'") == 0
+    assert oncepay.count(f"SELECT amount_refunded FROM charges WHERE id = '{charge.id}'") == 0
+
+
+def test_a_reused_key_raises_idempotency_error_and_charges_once(oncepay):
+    sdk = client(oncepay)
+    tag, params = tagged(700)
+    key = str(uuid.uuid4())
+    sdk.v1.charges.create(params=params, options={"idempotency_key": key})
+    with pytest.raises(stripe.IdempotencyError) as raised:
+        sdk.v1.charges.create(params={**params, "amount": 701}, options={"idempotency_key": key})
+    e = raised.value
+    assert (e.http_status, e.error.type, e.error.code) == (400, "idempotency_error", "idempotency_key_reused")
+    assert e.headers["Stripe-Should-Retry"] == "false"
+    assert oncepay.charges_tagged(tag) == 1
+
+
+def test_a_processor_outage_raises_api_error_and_moves_no_money(oncepay):
+    tag, params = tagged(900, "tok_processorUnavailable")
+    with pytest.raises(stripe.APIError) as raised:
+        client(oncepay, max_network_retries=0).v1.charges.create(params=params)
+    e = raised.value
+    assert (e.http_status, e.error.code, e.error.type) == (503, "processor_unavailable", "api_error")
+    assert e.headers["Stripe-Should-Retry"] == "true"
+    assert oncepay.payments_tagged(tag) == 0
+
+
+def test_a_duplicate_in_flight_raises_api_error_409_that_asks_for_a_retry(oncepay):
+    sdk = client(oncepay, max_network_retries=0)
+    tag, params = tagged(800, "tok_processorTimeoutAfterCapture")
+    key = str(uuid.uuid4())
+    with pytest.raises(stripe.APIError) as first:
+        sdk.v1.charges.create(params=params, options={"idempotency_key": key})
+    assert (first.value.http_status, first.value.error.code) == (503, "processing_outcome_unknown")
+    # The key stays claimed until recovery settles the charge.
+    with pytest.raises(stripe.APIError) as second:
+        sdk.v1.charges.create(params=params, options={"idempotency_key": key})
+    e = second.value
+    assert (e.http_status, e.error.code) == (409, "idempotency_key_in_use")
+    assert e.headers["Stripe-Should-Retry"] == "true" and int(e.headers["Retry-After"]) >= 1
+    assert oncepay.charges_tagged(tag) == 1
+
+
+def test_sdk_retries_through_a_lost_answer_make_one_charge(oncepay, lossy_proxy):
+    # No key given: the SDK makes one up for the POST and sends it again on
+    # each retry. The first answer is lost after the charge committed.
+    sdk = client(oncepay, base=f"http://127.0.0.1:{lossy_proxy.port}", max_network_retries=2)
+    tag, params = tagged(1200)
+    lossy_proxy.lose_next()
+    charge = sdk.v1.charges.create(params=params)
+    assert lossy_proxy.lost == 1, "the first answer was lost"
+    assert charge.status == "succeeded"
+    assert charge.last_response.headers["Idempotent-Replayed"] == "true", "the retry was a replay"
+    assert oncepay.charges_tagged(tag) == 1
+    assert oncepay.payments_tagged(tag) == 1
+    key = oncepay.sql(f"SELECT key FROM idempotency_keys WHERE charge_id = '{charge.id}'")
+    assert uuid.UUID(key), "the SDK's own key, a bare UUID"
+
+
+def test_without_retries_a_lost_answer_is_a_connection_error_and_the_key_recovers_it(oncepay, lossy_proxy):
+    sdk = client(oncepay, base=f"http://127.0.0.1:{lossy_proxy.port}", max_network_retries=0)
+    tag, params = tagged(1300)
+    key = str(uuid.uuid4())
+    lossy_proxy.lose_next()
+    with pytest.raises(stripe.APIConnectionError):
+        sdk.v1.charges.create(params=params, options={"idempotency_key": key})
+    assert oncepay.charges_tagged(tag) == 1, "the charge committed; only its answer was lost"
+    again = sdk.v1.charges.create(params=params, options={"idempotency_key": key})
+    assert again.status == "succeeded"
+    assert oncepay.charges_tagged(tag) == 1
+    assert oncepay.payments_tagged(tag) == 1
+
+
+def test_sdk_retries_through_processing_outcome_unknown_make_one_succeeded_charge(oncepay):
+    # The processor captures, then times out: 503 processing_outcome_unknown,
+    # then 409 while the key is claimed, then, once the claim is stale, the
+    # retry settles the charge from the processor's record and answers it.
+    sdk = client(oncepay, max_network_retries=8)
+    tag, params = tagged(1400, "tok_processorTimeoutAfterCapture")
+    charge = sdk.v1.charges.create(params=params)
+    assert (charge.status, charge.amount) == ("succeeded", 1400)
+    assert oncepay.charges_tagged(tag) == 1
+    assert oncepay.payments_tagged(tag) == 1
