@@ -17,22 +17,16 @@
 
 import { after, afterEach, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync, spawn } from "node:child_process";
-import { randomBytes } from "node:crypto";
-import { createWriteStream, existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
-import { createServer } from "node:net";
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
 import { chromium } from "playwright-core";
+import * as oncepay from "../support/oncepay.mjs";
+import { BIN, ROOT, createDatabase, newApiKey, psql, stop } from "../support/oncepay.mjs";
 
-const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
 const OUT = join(ROOT, "target", "lab");
-const BIN = process.env.ONCEPAY_BIN || join(ROOT, "target", "debug", "oncepay");
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
-const SERVER_URL = process.env.DATABASE_URL || "postgres://postgres@127.0.0.1:5432/postgres";
-const API_KEY = "sk_test_lab" + randomBytes(20).toString("hex");
-const DB_NAME = "oncepay_lab_" + randomBytes(6).toString("hex");
+const API_KEY = newApiKey("lab");
 const SCENARIO_TIMEOUT = 60_000;
 
 const servers = [];
@@ -40,19 +34,11 @@ let context = null;
 let page = null;
 let base = null;
 let dbUrl = null;
-let dbCreated = false;
+let db = null;
 let userDataDir = null;
 const pageErrors = [];
 
 // ---- helpers ----------------------------------------------------------------
-
-/** Runs SQL on URL with psql and returns its unaligned output. */
-function psql(url, sql) {
-  return execFileSync("psql", ["-X", "-w", "-Atq", "-v", "ON_ERROR_STOP=1", url, "-c", sql], {
-    encoding: "utf8",
-    stdio: ["ignore", "pipe", "pipe"],
-  }).trim();
-}
 
 /** Processor payments (money moved) for the charges tagged with run TAG. */
 function paymentsInDb(tag) {
@@ -66,39 +52,7 @@ function paymentsInDb(tag) {
   );
 }
 
-function withDatabase(url, name) {
-  const u = new URL(url);
-  u.pathname = "/" + name;
-  return u.toString();
-}
-
-function freePort() {
-  return new Promise((ok, fail) => {
-    const s = createServer();
-    s.once("error", fail);
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => ok(port));
-    });
-  });
-}
-
 const times4 = (x) => [x, x, x, x];
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-async function waitForHealth(proc, url, logName, ms) {
-  const deadline = Date.now() + ms;
-  while (Date.now() < deadline) {
-    if (proc.exited) throw new Error(`oncepay serve exited (${proc.exited}); see ${OUT}/${logName}`);
-    try {
-      if ((await fetch(url + "/healthz")).ok) return;
-    } catch (_) {
-      // not listening yet
-    }
-    await sleep(100);
-  }
-  throw new Error(`oncepay did not answer /healthz within ${ms} ms; see ${OUT}/${logName}`);
-}
 
 const byId = (id) => page.locator(`[data-testid="${id}"]`);
 const text = async (id) => (await byId(id).textContent()).trim();
@@ -140,38 +94,14 @@ async function rows(part) {
 
 /** Starts `oncepay serve` on the test database and a free port, with ENV. */
 async function serve(logName, env) {
-  const port = await freePort();
-  const url = `http://127.0.0.1:${port}`;
-  const log = createWriteStream(join(OUT, logName));
-  const proc = spawn(BIN, ["serve"], {
-    cwd: OUT, // away from the repository's .env
-    env: {
-      PATH: process.env.PATH,
-      DATABASE_URL: dbUrl,
-      PORT: String(port),
-      BIND_ADDR: "127.0.0.1",
-      DEMO_API_KEY: API_KEY,
-      RUST_LOG: "info,sqlx=warn",
-      ...env,
-    },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  proc.stdout.pipe(log);
-  proc.stderr.pipe(log);
-  proc.exited = null;
-  proc.on("exit", (code, signal) => {
-    proc.exited = signal || `code ${code}`;
+  const { proc, base: url } = await oncepay.serve({
+    databaseUrl: dbUrl,
+    apiKey: API_KEY,
+    logPath: join(OUT, logName),
+    env,
   });
   servers.push(proc);
-  await waitForHealth(proc, url, logName, 60_000);
   return { proc, base: url };
-}
-
-async function stop(proc) {
-  if (proc.exited) return;
-  proc.kill("SIGTERM");
-  for (let i = 0; i < 100 && !proc.exited; i++) await sleep(100);
-  if (!proc.exited) proc.kill("SIGKILL");
 }
 
 // ---- set-up and clean-up ----------------------------------------------------
@@ -181,9 +111,8 @@ before(async () => {
   assert.ok(existsSync(CHROMIUM), `${CHROMIUM} is missing: apt-get install chromium`);
   mkdirSync(OUT, { recursive: true });
 
-  psql(SERVER_URL, `CREATE DATABASE "${DB_NAME}"`);
-  dbCreated = true;
-  dbUrl = withDatabase(SERVER_URL, DB_NAME);
+  db = createDatabase("oncepay_lab");
+  dbUrl = db.url;
 
   ({ base } = await serve("server.log", {
     FAULT_INJECTION: "true",
@@ -222,7 +151,7 @@ after(async () => {
   await context?.close().catch(() => {});
   if (userDataDir) rmSync(userDataDir, { recursive: true, force: true });
   for (const proc of servers) await stop(proc);
-  if (dbCreated) psql(SERVER_URL, `DROP DATABASE IF EXISTS "${DB_NAME}" WITH (FORCE)`);
+  db?.drop();
 });
 
 // Every test, the last one included, ends with the page free of script errors;

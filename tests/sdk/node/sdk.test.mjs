@@ -1,0 +1,301 @@
+// The official `stripe` npm package against a real oncepay: every call a
+// charges integration makes, every error class it catches, and the SDK's own
+// retries ending in exactly one charge, counted in the database.
+//
+// Run by scripts/test; alone:
+//   cargo build --bin oncepay && (cd tests/sdk/node && npm ci) &&
+//   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres node --test tests/sdk/node/
+//
+// Settings (environment): DATABASE_URL (any database of a server where the
+// user may create databases), ONCEPAY_BIN (default target/debug/oncepay).
+// The server's log: target/sdk/node-server.log.
+
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { randomBytes, randomUUID } from "node:crypto";
+import { join } from "node:path";
+import Stripe from "stripe";
+import {
+  ROOT,
+  createDatabase,
+  lossyProxy,
+  newApiKey,
+  psql,
+  serve,
+  stop,
+} from "../../support/oncepay.mjs";
+
+let db = null;
+let server = null;
+let apiKey = null;
+
+before(async () => {
+  db = createDatabase("oncepay_sdk_node");
+  apiKey = newApiKey("sdknode");
+  server = await serve({
+    databaseUrl: db.url,
+    apiKey,
+    logPath: join(ROOT, "target", "sdk", "node-server.log"),
+    // Short, so that the SDK's own retries outlast a stale claim.
+    env: { PROCESSING_TIMEOUT: "2s", SWEEP_INTERVAL: "500ms" },
+  });
+});
+
+after(async () => {
+  if (server) await stop(server.proc);
+  db?.drop();
+});
+
+/** An SDK pointed at oncepay (or at PORT, a proxy in front of it). */
+function stripe({ port = server.port, key = apiKey, ...options } = {}) {
+  return new Stripe(key, { host: "127.0.0.1", port, protocol: "http", ...options });
+}
+
+/** Charge parameters with a tag of their own, to count them in the database. */
+function tagged(amount, source = "tok_visa") {
+  const tag = "node-" + randomBytes(6).toString("hex");
+  return [tag, { amount, currency: "usd", source, metadata: { test: tag } }];
+}
+
+const count = (sql) => Number(psql(db.url, sql));
+const chargesTagged = (tag) =>
+  count(`SELECT count(*) FROM charges WHERE metadata->>'test' = '${tag}'`);
+/** Money moved at the processor for the charges tagged TAG. */
+const paymentsTagged = (tag) =>
+  count(`SELECT count(*) FROM processor_operations p
+           JOIN charges c ON p.processor_key = 'auth:' || c.id
+          WHERE p.outcome = 'succeeded' AND c.metadata->>'test' = '${tag}'`);
+
+/** The error PROMISE rejects with, checked to be an instance of CLASS. */
+async function rejection(promise, Class) {
+  try {
+    const value = await promise;
+    assert.fail(`expected ${Class.name}, resolved with ${JSON.stringify(value)}`);
+  } catch (e) {
+    if (e instanceof assert.AssertionError) throw e;
+    assert.ok(e instanceof Class, `expected ${Class.name}, got ${e.constructor.name}: ${e.message}`);
+    return e;
+  }
+}
+
+test("create then retrieve gives the same charge", async () => {
+  const sdk = stripe();
+  const [tag, params] = tagged(2000);
+  const charge = await sdk.charges.create(params);
+  assert.deepEqual(
+    [charge.object, charge.status, charge.amount, charge.currency, charge.paid],
+    ["charge", "succeeded", 2000, "usd", true],
+  );
+  assert.equal(charge.metadata.test, tag);
+  assert.equal(charge.lastResponse.requestId, charge.lastResponse.headers["request-id"]);
+  const again = await sdk.charges.retrieve(charge.id);
+  const { lastResponse: _a, ...created } = charge;
+  const { lastResponse: _b, ...read } = again;
+  assert.deepEqual(read, created);
+  assert.equal(chargesTagged(tag), 1);
+});
+
+test("the same idempotency key gives the same charge once", async () => {
+  const sdk = stripe();
+  const [tag, params] = tagged(1500);
+  const idempotencyKey = randomUUID();
+  const first = await sdk.charges.create(params, { idempotencyKey });
+  const second = await sdk.charges.create(params, { idempotencyKey });
+  assert.equal(second.id, first.id);
+  assert.equal(second.lastResponse.headers["idempotent-replayed"], "true");
+  assert.equal(chargesTagged(tag), 1);
+  assert.equal(paymentsTagged(tag), 1);
+});
+
+test("auto-paging walks every charge forward and back", async () => {
+  const sdk = stripe();
+  const ids = [];
+  for (let i = 0; i < 5; i++) ids.push((await sdk.charges.create(tagged(100 + i)[1])).id);
+  const listed = [];
+  for await (const c of sdk.charges.list({ limit: 2 })) listed.push(c.id);
+  assert.deepEqual(listed.slice(0, 5), [...ids].reverse(), "the newest five, newest first");
+  assert.equal(new Set(listed).size, listed.length);
+  assert.equal(listed.length, count("SELECT count(*) FROM charges"));
+  // From the oldest of the five back up to the newest: the SDK pages with
+  // ending_before and yields the charges nearest the cursor first.
+  const back = [];
+  for await (const c of sdk.charges.list({ limit: 2, ending_before: ids[0] })) back.push(c.id);
+  assert.deepEqual(back, ids.slice(1));
+});
+
+test("a partial then full refund, and the balance", async () => {
+  const sdk = stripe();
+  const usd = (b) => b.available.find((x) => x.currency === "usd")?.amount ?? 0;
+  const before = await sdk.balance.retrieve();
+  const charge = await sdk.charges.create(tagged(3000)[1]);
+  const partial = await sdk.refunds.create({ charge: charge.id, amount: 1000 });
+  assert.deepEqual(
+    [partial.object, partial.status, partial.amount, partial.charge],
+    ["refund", "succeeded", 1000, charge.id],
+  );
+  const rest = await sdk.refunds.create({ charge: charge.id });
+  assert.equal(rest.amount, 2000);
+  assert.equal((await sdk.refunds.retrieve(rest.id)).id, rest.id);
+  const refunded = await sdk.charges.retrieve(charge.id);
+  assert.deepEqual([refunded.amount_refunded, refunded.refunded], [3000, true]);
+  const after = await sdk.balance.retrieve();
+  assert.equal(after.object, "balance");
+  assert.equal(usd(after), usd(before), "charged 3000, refunded 3000");
+  assert.equal(count(`SELECT amount_refunded FROM charges WHERE id = '${charge.id}'`), 3000);
+});
+
+for (const [source, code, declineCode] of [
+  ["tok_chargeDeclined", "card_declined", "generic_decline"],
+  ["tok_chargeDeclinedInsufficientFunds", "insufficient_funds", "insufficient_funds"],
+  ["tok_chargeDeclinedExpiredCard", "expired_card", "expired_card"],
+]) {
+  test(`a decline (${source}) throws StripeCardError with its codes and charge`, async () => {
+    const [tag, params] = tagged(500, source);
+    const e = await rejection(stripe().charges.create(params), Stripe.errors.StripeCardError);
+    assert.deepEqual([e.statusCode, e.rawType, e.code, e.decline_code], [402, "card_error", code, declineCode]);
+    assert.match(e.charge, /^ch_/);
+    assert.ok(e.requestId);
+    assert.equal(e.headers["stripe-should-retry"], "false");
+    assert.equal(psql(db.url, `SELECT status FROM charges WHERE id = '${e.charge}'`), "failed");
+    assert.equal(paymentsTagged(tag), 0);
+  });
+}
+
+for (const [params, code, param] of [
+  [{ currency: "usd", source: "tok_visa" }, "parameter_missing", "amount"],
+  [{ amount: 0, currency: "usd", source: "tok_visa" }, "amount_too_small", "amount"],
+  [{ amount: 100, currency: "usx", source: "tok_visa" }, "invalid_currency", "currency"],
+  [{ amount: 100, currency: "usd", source: "tok_nope" }, "resource_missing", "source"],
+  [{ amount: 100, currency: "usd", source: "tok_visa", colour: "red" }, "parameter_unknown", "colour"],
+  [
+    { amount: 100, currency: "usd", source: "tok_visa", expand: ["balance_transaction"] },
+    "property_not_expandable",
+    "expand",
+  ],
+]) {
+  test(`bad parameters (${code}) throw StripeInvalidRequestError naming ${param}`, async () => {
+    const before = count("SELECT count(*) FROM charges");
+    const e = await rejection(stripe().charges.create(params), Stripe.errors.StripeInvalidRequestError);
+    assert.deepEqual([e.statusCode, e.rawType, e.code, e.param], [400, "invalid_request_error", code, param]);
+    assert.equal(count("SELECT count(*) FROM charges"), before, "nothing written");
+  });
+}
+
+test("an unknown charge throws StripeInvalidRequestError 404", async () => {
+  const e = await rejection(
+    stripe().charges.retrieve("ch_doesnotexist"),
+    Stripe.errors.StripeInvalidRequestError,
+  );
+  assert.deepEqual([e.statusCode, e.code, e.param], [404, "resource_missing", "id"]);
+});
+
+test("a wrong API key throws StripeAuthenticationError", async () => {
+  const e = await rejection(
+    stripe({ key: "sk_test_" + "0".repeat(40) }).charges.list(),
+    Stripe.errors.StripeAuthenticationError,
+  );
+  assert.deepEqual([e.statusCode, e.code], [401, "invalid_api_key"]);
+});
+
+test("an over-refund throws StripeInvalidRequestError and refunds nothing", async () => {
+  const sdk = stripe();
+  const charge = await sdk.charges.create(tagged(1000)[1]);
+  const e = await rejection(
+    sdk.refunds.create({ charge: charge.id, amount: 1001 }),
+    Stripe.errors.StripeInvalidRequestError,
+  );
+  assert.deepEqual([e.statusCode, e.code, e.param], [400, "amount_too_large", "amount"]);
+  assert.equal(count(`SELECT count(*) FROM refunds WHERE charge_id = '${charge.id}'`), 0);
+  assert.equal(count(`SELECT amount_refunded FROM charges WHERE id = '${charge.id}'`), 0);
+});
+
+test("a reused key throws StripeIdempotencyError and charges once", async () => {
+  const sdk = stripe();
+  const [tag, params] = tagged(700);
+  const idempotencyKey = randomUUID();
+  await sdk.charges.create(params, { idempotencyKey });
+  const e = await rejection(
+    sdk.charges.create({ ...params, amount: 701 }, { idempotencyKey }),
+    Stripe.errors.StripeIdempotencyError,
+  );
+  assert.deepEqual([e.statusCode, e.rawType, e.code], [400, "idempotency_error", "idempotency_key_reused"]);
+  assert.equal(e.headers["stripe-should-retry"], "false");
+  assert.equal(chargesTagged(tag), 1);
+});
+
+test("a processor outage throws StripeAPIError and moves no money", async () => {
+  const [tag, params] = tagged(900, "tok_processorUnavailable");
+  const e = await rejection(
+    stripe({ maxNetworkRetries: 0 }).charges.create(params),
+    Stripe.errors.StripeAPIError,
+  );
+  assert.deepEqual([e.statusCode, e.rawType, e.code], [503, "api_error", "processor_unavailable"]);
+  assert.equal(e.headers["stripe-should-retry"], "true");
+  assert.equal(paymentsTagged(tag), 0);
+});
+
+test("a duplicate in flight throws StripeAPIError 409 that asks for a retry", async () => {
+  const sdk = stripe({ maxNetworkRetries: 0 });
+  const [tag, params] = tagged(800, "tok_processorTimeoutAfterCapture");
+  const idempotencyKey = randomUUID();
+  const first = await rejection(sdk.charges.create(params, { idempotencyKey }), Stripe.errors.StripeAPIError);
+  assert.deepEqual([first.statusCode, first.code], [503, "processing_outcome_unknown"]);
+  // The key stays claimed until recovery settles the charge. The SDK makes
+  // an API error of a 409 (by its status), and retries it when it may.
+  const e = await rejection(sdk.charges.create(params, { idempotencyKey }), Stripe.errors.StripeAPIError);
+  assert.deepEqual([e.statusCode, e.code], [409, "idempotency_key_in_use"]);
+  assert.equal(e.headers["stripe-should-retry"], "true");
+  assert.ok(Number(e.headers["retry-after"]) >= 1);
+  assert.equal(chargesTagged(tag), 1);
+});
+
+test("SDK retries through a lost answer make one charge", async () => {
+  const proxy = await lossyProxy(server.port);
+  try {
+    // No key given: the SDK makes one up for every POST and sends it again
+    // on each retry. The first answer is lost after the charge committed.
+    const sdk = stripe({ port: proxy.port, maxNetworkRetries: 2 });
+    const [tag, params] = tagged(1200);
+    proxy.loseNext();
+    const charge = await sdk.charges.create(params);
+    assert.equal(proxy.lost, 1, "the first answer was lost");
+    assert.equal(charge.status, "succeeded");
+    assert.equal(charge.lastResponse.headers["idempotent-replayed"], "true", "the retry was a replay");
+    assert.equal(chargesTagged(tag), 1);
+    assert.equal(paymentsTagged(tag), 1);
+    const key = psql(db.url, `SELECT key FROM idempotency_keys WHERE charge_id = '${charge.id}'`);
+    assert.match(key, /^stripe-node-retry-[0-9a-f-]{36}$/, "the SDK's own key, unquoted");
+  } finally {
+    await proxy.close();
+  }
+});
+
+test("even with retries off, the SDK retries a reset connection once, and the key makes it one charge", async () => {
+  const proxy = await lossyProxy(server.port);
+  try {
+    // stripe-node retries a connection closed by the peer (ECONNRESET) once
+    // whatever maxNetworkRetries says; without a key that is a second charge.
+    const sdk = stripe({ port: proxy.port, maxNetworkRetries: 0 });
+    const [tag, params] = tagged(1300);
+    proxy.loseNext();
+    const charge = await sdk.charges.create(params);
+    assert.equal(proxy.lost, 1);
+    assert.equal(charge.lastResponse.headers["idempotent-replayed"], "true");
+    assert.equal(chargesTagged(tag), 1);
+    assert.equal(paymentsTagged(tag), 1);
+  } finally {
+    await proxy.close();
+  }
+});
+
+test("SDK retries through processing_outcome_unknown make one succeeded charge", async () => {
+  // The processor captures, then times out: 503 processing_outcome_unknown,
+  // then 409 while the key is claimed, then, once the claim is stale, the
+  // retry settles the charge from the processor's record and answers it.
+  const sdk = stripe({ maxNetworkRetries: 8 });
+  const [tag, params] = tagged(1400, "tok_processorTimeoutAfterCapture");
+  const charge = await sdk.charges.create(params);
+  assert.deepEqual([charge.status, charge.amount], ["succeeded", 1400]);
+  assert.equal(chargesTagged(tag), 1);
+  assert.equal(paymentsTagged(tag), 1);
+});
