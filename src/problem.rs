@@ -43,11 +43,13 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `parameter_invalid_integer` (400): not a whole number (`amount`, `limit`).
 /// - `parameter_invalid_string` (400): a string contains NUL.
 /// - `parameter_too_long` (400): over a length limit.
+/// - `parameters_exclusive` (400): two parameters that exclude each other.
 /// - `amount_too_small` (400): `amount` below 1.
 /// - `amount_too_large` (400): `amount` above the maximum, or more than is left to refund.
 /// - `invalid_currency` (400): unknown currency.
 /// - `metadata_invalid` (400): metadata breaks its limits.
 /// - `invalid_reason` (400): unknown refund reason.
+/// - `invalid_event_type` (400): an event list filtered by an unknown type.
 /// - `resource_missing` (400/404): no such token, charge, refund or key.
 /// - `charge_not_refundable` (400): a refund of a pending or failed charge.
 /// - `charge_already_refunded` (400): a refund of a charge refunded in full.
@@ -93,6 +95,8 @@ pub enum ProblemCode {
     ParameterInvalidString,
     /// 400: over a length limit.
     ParameterTooLong,
+    /// 400: two parameters that exclude each other.
+    ParametersExclusive,
     /// 400: `amount` below 1.
     AmountTooSmall,
     /// 400: `amount` above the maximum, or more than is left to refund.
@@ -103,6 +107,8 @@ pub enum ProblemCode {
     MetadataInvalid,
     /// 400: unknown refund reason.
     InvalidReason,
+    /// 400: an event list filtered by an unknown type.
+    InvalidEventType,
     /// 400/404: no such token, charge, refund or key.
     ResourceMissing,
     /// 400: a refund of a pending or failed charge.
@@ -172,11 +178,13 @@ impl ProblemCode {
             ProblemCode::ParameterInvalidInteger => "parameter_invalid_integer",
             ProblemCode::ParameterInvalidString => "parameter_invalid_string",
             ProblemCode::ParameterTooLong => "parameter_too_long",
+            ProblemCode::ParametersExclusive => "parameters_exclusive",
             ProblemCode::AmountTooSmall => "amount_too_small",
             ProblemCode::AmountTooLarge => "amount_too_large",
             ProblemCode::InvalidCurrency => "invalid_currency",
             ProblemCode::MetadataInvalid => "metadata_invalid",
             ProblemCode::InvalidReason => "invalid_reason",
+            ProblemCode::InvalidEventType => "invalid_event_type",
             ProblemCode::ResourceMissing => "resource_missing",
             ProblemCode::ChargeNotRefundable => "charge_not_refundable",
             ProblemCode::ChargeAlreadyRefunded => "charge_already_refunded",
@@ -220,11 +228,13 @@ impl ProblemCode {
             | ProblemCode::ParameterInvalidInteger
             | ProblemCode::ParameterInvalidString
             | ProblemCode::ParameterTooLong
+            | ProblemCode::ParametersExclusive
             | ProblemCode::AmountTooSmall
             | ProblemCode::AmountTooLarge
             | ProblemCode::InvalidCurrency
             | ProblemCode::MetadataInvalid
             | ProblemCode::InvalidReason
+            | ProblemCode::InvalidEventType
             | ProblemCode::ResourceMissing
             | ProblemCode::ChargeNotRefundable
             | ProblemCode::ChargeAlreadyRefunded
