@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod error;
+pub mod events;
 pub mod faults;
 pub mod http;
 pub mod idempotency;

@@ -44,11 +44,13 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `parameter_invalid_string` (400): a string contains NUL.
 /// - `parameter_too_long` (400): over a length limit.
 /// - `property_not_expandable` (400): `expand` names a property oncepay cannot expand.
+/// - `parameters_exclusive` (400): two parameters that exclude each other.
 /// - `amount_too_small` (400): `amount` below 1.
 /// - `amount_too_large` (400): `amount` above the maximum, or more than is left to refund.
 /// - `invalid_currency` (400): unknown currency.
 /// - `metadata_invalid` (400): metadata breaks its limits.
 /// - `invalid_reason` (400): unknown refund reason.
+/// - `invalid_event_type` (400): an event list filtered by an unknown type.
 /// - `resource_missing` (400/404): no such token, charge, refund or key.
 /// - `charge_not_refundable` (400): a refund of a pending or failed charge.
 /// - `charge_already_refunded` (400): a refund of a charge refunded in full.
@@ -96,6 +98,8 @@ pub enum ProblemCode {
     ParameterTooLong,
     /// 400: `expand` names a property oncepay cannot expand.
     PropertyNotExpandable,
+    /// 400: two parameters that exclude each other.
+    ParametersExclusive,
     /// 400: `amount` below 1.
     AmountTooSmall,
     /// 400: `amount` above the maximum, or more than is left to refund.
@@ -106,6 +110,8 @@ pub enum ProblemCode {
     MetadataInvalid,
     /// 400: unknown refund reason.
     InvalidReason,
+    /// 400: an event list filtered by an unknown type.
+    InvalidEventType,
     /// 400/404: no such token, charge, refund or key.
     ResourceMissing,
     /// 400: a refund of a pending or failed charge.
@@ -176,11 +182,13 @@ impl ProblemCode {
             ProblemCode::ParameterInvalidString => "parameter_invalid_string",
             ProblemCode::ParameterTooLong => "parameter_too_long",
             ProblemCode::PropertyNotExpandable => "property_not_expandable",
+            ProblemCode::ParametersExclusive => "parameters_exclusive",
             ProblemCode::AmountTooSmall => "amount_too_small",
             ProblemCode::AmountTooLarge => "amount_too_large",
             ProblemCode::InvalidCurrency => "invalid_currency",
             ProblemCode::MetadataInvalid => "metadata_invalid",
             ProblemCode::InvalidReason => "invalid_reason",
+            ProblemCode::InvalidEventType => "invalid_event_type",
             ProblemCode::ResourceMissing => "resource_missing",
             ProblemCode::ChargeNotRefundable => "charge_not_refundable",
             ProblemCode::ChargeAlreadyRefunded => "charge_already_refunded",
@@ -225,11 +233,13 @@ impl ProblemCode {
             | ProblemCode::ParameterInvalidString
             | ProblemCode::ParameterTooLong
             | ProblemCode::PropertyNotExpandable
+            | ProblemCode::ParametersExclusive
             | ProblemCode::AmountTooSmall
             | ProblemCode::AmountTooLarge
             | ProblemCode::InvalidCurrency
             | ProblemCode::MetadataInvalid
             | ProblemCode::InvalidReason
+            | ProblemCode::InvalidEventType
             | ProblemCode::ResourceMissing
             | ProblemCode::ChargeNotRefundable
             | ProblemCode::ChargeAlreadyRefunded

@@ -26,18 +26,20 @@ pub enum Recovered {
 /// at the processor and settled with what it holds
 /// ([`charge_settle::recover`]); a refund is rolled forward
 /// ([`refund_settle::recover`]). `None` when something else settled it first.
-/// Used by the sweeper and by a retry that finds its key stale.
+/// Used by the sweeper (`request_id` is `None`) and by a retry that finds its
+/// key stale (its own request id, which the record's events name).
 pub async fn recover(
     pool: &PgPool,
     processor: &dyn Processor,
     resource: &Resource,
     key_ttl: Duration,
+    request_id: Option<&str>,
 ) -> anyhow::Result<Option<Recovered>> {
     Ok(match resource {
-        Resource::Charge(id) => charge_settle::recover(pool, processor, id, key_ttl)
+        Resource::Charge(id) => charge_settle::recover(pool, processor, id, key_ttl, request_id)
             .await?
             .map(Recovered::Charge),
-        Resource::Refund(id) => refund_settle::recover(pool, processor, id, key_ttl)
+        Resource::Refund(id) => refund_settle::recover(pool, processor, id, key_ttl, request_id)
             .await?
             .map(Recovered::Refund),
     })

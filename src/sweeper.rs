@@ -167,7 +167,8 @@ impl Sweeper {
     /// Recovers one stale record and counts what it came to.
     async fn recover_one(&self, resource: &Resource, report: &mut SweepReport) {
         let key_ttl = self.settings.key_ttl;
-        match recover(&self.pool, self.processor.as_ref(), resource, key_ttl).await {
+        // No request settles what the sweeper settles: its events name none.
+        match recover(&self.pool, self.processor.as_ref(), resource, key_ttl, None).await {
             Ok(Some(Recovered::Charge(Outcome::Succeeded))) => report.settled_succeeded += 1,
             Ok(Some(Recovered::Charge(_))) => report.settled_failed += 1,
             Ok(Some(Recovered::Refund(RefundOutcome::Refunded))) => report.refunds_settled += 1,

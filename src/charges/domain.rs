@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
+use uuid::Uuid;
 
 use super::currency::Currency;
 use crate::params::{Encoding, ParamError, Params, shorten};
@@ -261,6 +262,8 @@ impl std::fmt::Display for ChargeStatus {
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct Charge {
     pub id: String,
+    /// Who owns it; not part of the API object.
+    pub merchant_id: Uuid,
     pub amount: i64,
     pub currency: String,
     pub source: String,

@@ -1,7 +1,8 @@
 //! Settling a charge: the processor's outcome becomes the charge's final
-//! status and its key's saved response, in one transaction. Shared by the
-//! request that made the charge and by the sweeper that recovers it, so both
-//! write exactly the same thing and whichever comes second changes nothing.
+//! status, its key's saved response and its event (`charge.succeeded` or
+//! `charge.failed`), in one transaction. Shared by the request that made the
+//! charge and by the sweeper that recovers it, so both write exactly the same
+//! thing and whichever comes second changes nothing.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use http::StatusCode;
 use sqlx::PgPool;
 
 use super::{Charge, ChargeStatus, store};
+use crate::events::{EventType, NewEvent, store as events};
 use crate::idempotency::{Resource, SavedResponse, store as keys};
 use crate::problem::{self, Problem, ProblemCode};
 use crate::processor::{self, Outcome, Processor};
@@ -26,18 +28,23 @@ pub enum Settled {
 }
 
 /// Settles `charge_id` with `outcome` if it is still pending; its key keeps
-/// the answer for at least `key_ttl` from now.
+/// the answer for at least `key_ttl` from now. `request_id` names the request
+/// doing it in the charge's event (`None` for the sweeper).
 pub async fn settle(
     pool: &PgPool,
     charge_id: &str,
     outcome: &Outcome,
     key_ttl: Duration,
+    request_id: Option<&str>,
 ) -> sqlx::Result<Settled> {
-    let (status, failure) = match outcome {
-        Outcome::Succeeded => (ChargeStatus::Succeeded, None),
+    // An abandoned attempt is a `charge.failed` too, told apart by its
+    // `failure_code`, as it is in the API.
+    let (status, failure, kind) = match outcome {
+        Outcome::Succeeded => (ChargeStatus::Succeeded, None, EventType::ChargeSucceeded),
         Outcome::Declined { code, message } => (
             ChargeStatus::Failed,
             Some((code.as_str(), message.as_str())),
+            EventType::ChargeFailed,
         ),
         Outcome::Voided => (
             ChargeStatus::Failed,
@@ -45,6 +52,7 @@ pub async fn settle(
                 ABANDONED,
                 "The payment was abandoned before the card network answered; no money moved.",
             )),
+            EventType::ChargeFailed,
         ),
     };
     let mut tx = pool.begin().await?;
@@ -52,16 +60,27 @@ pub async fn settle(
         tx.rollback().await?;
         return Ok(Settled::Already);
     };
+    // The update above decided: this transaction, and only this one, moved
+    // the charge out of `pending`, so it writes the one event of that change.
     let response = response_for(&charge);
-    let completed = keys::complete_for(
+    let key = keys::complete_for(
         &mut tx,
         &Resource::Charge(charge.id.clone()),
         &response,
         key_ttl,
     )
     .await?;
+    let event = NewEvent::new(kind, &charge.id, &charge.to_object());
+    events::insert(
+        &mut tx,
+        charge.merchant_id,
+        request_id,
+        key.as_deref(),
+        std::slice::from_ref(&event),
+    )
+    .await?;
     tx.commit().await?;
-    tracing::info!(charge = %charge.id, status = %charge.status, keys_completed = completed, "charge settled");
+    tracing::info!(charge = %charge.id, status = %charge.status, key_completed = key.is_some(), event = %event.id, "charge settled");
     Ok(Settled::Now(response))
 }
 
@@ -69,18 +88,20 @@ pub async fn settle(
 /// answer, or is just slow): first fence its processor key, so no late
 /// authorization can move money any more, then settle the charge with what
 /// the processor holds: the payment if one was recorded first, otherwise the
-/// void. Used by the sweeper and by a retry that finds its key stale.
-/// Returns the outcome if this call settled the charge.
+/// void. Used by the sweeper and by a retry that finds its key stale (whose
+/// `request_id` the event names). Returns the outcome if this call settled
+/// the charge.
 pub async fn recover(
     pool: &PgPool,
     processor: &dyn Processor,
     charge_id: &str,
     key_ttl: Duration,
+    request_id: Option<&str>,
 ) -> anyhow::Result<Option<Outcome>> {
     let outcome = processor
         .void_unless_recorded(&processor::authorization_key(charge_id))
         .await?;
-    match settle(pool, charge_id, &outcome, key_ttl).await? {
+    match settle(pool, charge_id, &outcome, key_ttl, request_id).await? {
         Settled::Now(_) => {
             tracing::info!(charge = %charge_id, ?outcome, "settled a stale charge");
             Ok(Some(outcome))

@@ -41,7 +41,7 @@ pub async fn settle_pending(
         Charge,
         r#"UPDATE charges SET status = $2, failure_code = $3, failure_message = $4
             WHERE id = $1 AND status = 'pending'
-            RETURNING id, amount, currency, source, description,
+            RETURNING id, merchant_id, amount, currency, source, description,
                       metadata AS "metadata: _", status AS "status: _",
                       failure_code, failure_message, amount_refunded, created_at"#,
         id,
@@ -72,7 +72,7 @@ pub async fn find(
 ) -> sqlx::Result<Option<Charge>> {
     sqlx::query_as!(
         Charge,
-        r#"SELECT id, amount, currency, source, description,
+        r#"SELECT id, merchant_id, amount, currency, source, description,
                   metadata AS "metadata: _", status AS "status: _",
                   failure_code, failure_message, amount_refunded, created_at
              FROM charges WHERE merchant_id = $1 AND id = $2"#,
@@ -87,7 +87,7 @@ pub async fn find(
 pub async fn find_any(db: impl PgExecutor<'_>, id: &str) -> sqlx::Result<Option<Charge>> {
     sqlx::query_as!(
         Charge,
-        r#"SELECT id, amount, currency, source, description,
+        r#"SELECT id, merchant_id, amount, currency, source, description,
                   metadata AS "metadata: _", status AS "status: _",
                   failure_code, failure_message, amount_refunded, created_at
              FROM charges WHERE id = $1"#,
@@ -107,7 +107,7 @@ pub async fn list(
 ) -> sqlx::Result<Vec<Charge>> {
     sqlx::query_as!(
         Charge,
-        r#"SELECT id, amount, currency, source, description,
+        r#"SELECT id, merchant_id, amount, currency, source, description,
                   metadata AS "metadata: _", status AS "status: _",
                   failure_code, failure_message, amount_refunded, created_at
              FROM charges
@@ -134,7 +134,7 @@ pub async fn list_before(
 ) -> sqlx::Result<Vec<Charge>> {
     sqlx::query_as!(
         Charge,
-        r#"SELECT id, amount, currency, source, description,
+        r#"SELECT id, merchant_id, amount, currency, source, description,
                   metadata AS "metadata: _", status AS "status: _",
                   failure_code, failure_message, amount_refunded, created_at
              FROM charges

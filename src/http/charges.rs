@@ -165,7 +165,7 @@ async fn list(
     params.reject_unknown()?;
     if starting_after.is_some() && ending_before.is_some() {
         return Err(Problem::new(
-            ProblemCode::ParameterInvalidType,
+            ProblemCode::ParametersExclusive,
             "You may only specify one of these parameters: ending_before, starting_after.",
         )
         .with_param("ending_before")

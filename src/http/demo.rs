@@ -142,7 +142,10 @@ async fn naive_charge(
         return Ok(response);
     }
     // 2. Do the work: the same charge and processor code as the real path.
-    let (charge_id, saved) = workshop::naive_charge(&state, merchant.id, &charge)
+    let request_id = headers
+        .get(super::observe::REQUEST_ID)
+        .and_then(|v| v.to_str().ok());
+    let (charge_id, saved) = workshop::naive_charge(&state, merchant.id, &charge, request_id)
         .await
         .map_err(|e| crate::error::Error::from_recovery(e, &state.config))?;
     // 3. Write the key, after the work. (Bug: too late to stop a duplicate.)

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use uuid::Uuid;
 
 use super::problem::ApiError;
-use super::{faults, idempotent};
+use super::{faults, idempotent, observe};
 use crate::app::AppState;
 use crate::faults::Fault;
 use crate::idempotency::IdempotencyKey;
@@ -51,6 +51,8 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
 /// parameters, refused in the order a client fixes them: the body's size,
 /// the `Idempotency-Key`, `Oncepay-Fault`, the body's encoding.
 pub struct IdempotentPost {
+    /// The request's `X-Request-Id` (set before any handler runs).
+    pub request_id: Option<String>,
     pub key: Option<IdempotencyKey>,
     pub fault: Option<Fault>,
     /// From `Prefer: wait=N`.
@@ -64,6 +66,7 @@ impl IdempotentPost {
     pub fn split(self, merchant_id: Uuid) -> (Guard, Params) {
         let guard = Guard {
             merchant_id,
+            request_id: self.request_id,
             key: self.key,
             wait: self.wait,
             fault: self.fault,
@@ -82,6 +85,10 @@ impl FromRequest<AppState> for IdempotentPost {
         let fault = faults::from_headers(state, &headers)?;
         let params = decode(&headers, &body)?;
         Ok(IdempotentPost {
+            request_id: headers
+                .get(observe::REQUEST_ID)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
             key,
             fault,
             wait: idempotent::prefer_wait(&headers),

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod balance;
 pub mod charges;
 pub mod demo;
+pub mod events;
 pub mod extract;
 pub mod faults;
 pub mod health;
@@ -39,6 +40,7 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(charges::router())
         .merge(refunds::router())
+        .merge(events::router())
         .merge(balance::router())
         .merge(idempotency_keys::router())
         .merge(health::router())

@@ -41,6 +41,7 @@ in Stripe's shape under `error`; see the `Problem` schema for the list. Every re
     tags(
         (name = "charges", description = "Charging a card, exactly once"),
         (name = "refunds", description = "Giving money back, never more than was charged"),
+        (name = "events", description = "What happened to charges and refunds, one event per final state"),
         (name = "idempotency", description = "What the server remembers of a key"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
         (name = "workshop", description = "The lab page and its effect counter")
@@ -212,6 +213,93 @@ pub struct Refund {
     failure_reason: Option<String>,
     metadata: BTreeMap<String, String>,
     created: i64,
+}
+
+/// What happened to a charge or a refund: one event per final state change,
+/// written in the same transaction as the change, never changed afterwards.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Event {
+    /// `evt_` and 24 letters or digits.
+    #[schema(example = "evt_1NbB3eCTYkz2mVgqA8rW0hXp")]
+    id: String,
+    #[schema(example = "event")]
+    object: String,
+    /// Always null: oncepay renders its objects one way only.
+    api_version: Option<String>,
+    /// Unix seconds: when the change was made.
+    created: i64,
+    data: EventData,
+    livemode: bool,
+    /// Webhook deliveries still to make: 0, as none are made yet.
+    pending_webhooks: u32,
+    request: EventRequest,
+    r#type: EventType,
+}
+
+/// The object the event is about, as the API rendered it at that moment.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct EventData {
+    /// A charge for `charge.*` events, a refund for `refund.*` events.
+    #[schema(schema_with = charge_or_refund)]
+    object: (),
+}
+
+/// A charge or a refund.
+fn charge_or_refund() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::Ref;
+    utoipa::openapi::schema::OneOfBuilder::new()
+        .item(Ref::from_schema_name("Charge"))
+        .item(Ref::from_schema_name("Refund"))
+        .description(Some(
+            "A charge for `charge.*` events, a refund for `refund.*` events",
+        ))
+        .build()
+        .into()
+}
+
+/// The API request that settled the object.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct EventRequest {
+    /// Its `X-Request-Id`; null when the sweeper settled the object.
+    id: Option<String>,
+    /// The `Idempotency-Key` that guards the object, if it has one.
+    idempotency_key: Option<String>,
+}
+
+/// What happened.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub enum EventType {
+    /// A charge succeeded.
+    #[schema(rename = "charge.succeeded")]
+    ChargeSucceeded,
+    /// A charge was declined, or abandoned (`failure_code: processing_abandoned`).
+    #[schema(rename = "charge.failed")]
+    ChargeFailed,
+    /// A refund of the charge succeeded, in part or in full; the object is the charge.
+    #[schema(rename = "charge.refunded")]
+    ChargeRefunded,
+    /// A refund succeeded.
+    #[schema(rename = "refund.succeeded")]
+    RefundSucceeded,
+    /// The issuer refused a refund.
+    #[schema(rename = "refund.failed")]
+    RefundFailed,
+}
+
+/// A page of events, newest first.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct EventList {
+    #[schema(example = "list")]
+    object: String,
+    #[schema(example = "/v1/events")]
+    url: String,
+    has_more: bool,
+    data: Vec<Event>,
 }
 
 /// What the merchant's charges came to, per currency.

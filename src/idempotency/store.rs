@@ -260,8 +260,8 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
 }
 
 /// Marks the key that guards `resource` completed with its saved response.
-/// Returns how many keys changed: 0 when the record had no key, or when its
-/// key is no longer `processing` (someone else completed it first).
+/// Returns the key it completed: `None` when the record had no key, or when
+/// its key is no longer `processing` (someone else completed it first).
 ///
 /// The answer must stay replayable for a full `ttl` from the moment it
 /// exists, so `expires_at` moves to at least `now() + ttl`. Without that, an
@@ -273,17 +273,18 @@ pub async fn complete_for(
     resource: &Resource,
     response: &SavedResponse,
     ttl: Duration,
-) -> sqlx::Result<u64> {
+) -> sqlx::Result<Option<String>> {
     let status = response.status as i16;
     let location = response.location.as_deref();
     let ttl_ms = ttl.as_millis() as f64;
-    let done = match resource {
-        Resource::Charge(id) => sqlx::query!(
+    let completed = match resource {
+        Resource::Charge(id) => sqlx::query_scalar!(
             "UPDATE idempotency_keys
                 SET status = 'completed', response_status = $2, response_content_type = $3,
                     response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL,
                     expires_at = greatest(expires_at, now() + $6::float8 * interval '1 millisecond')
-              WHERE charge_id = $1 AND status = 'processing'",
+              WHERE charge_id = $1 AND status = 'processing'
+              RETURNING key",
             id,
             status,
             response.content_type,
@@ -291,14 +292,15 @@ pub async fn complete_for(
             &response.body[..],
             ttl_ms,
         )
-        .execute(tx)
+        .fetch_optional(tx)
         .await?,
-        Resource::Refund(id) => sqlx::query!(
+        Resource::Refund(id) => sqlx::query_scalar!(
             "UPDATE idempotency_keys
                 SET status = 'completed', response_status = $2, response_content_type = $3,
                     response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL,
                     expires_at = greatest(expires_at, now() + $6::float8 * interval '1 millisecond')
-              WHERE refund_id = $1 AND status = 'processing'",
+              WHERE refund_id = $1 AND status = 'processing'
+              RETURNING key",
             id,
             status,
             response.content_type,
@@ -306,10 +308,10 @@ pub async fn complete_for(
             &response.body[..],
             ttl_ms,
         )
-        .execute(tx)
+        .fetch_optional(tx)
         .await?,
     };
-    Ok(done.rows_affected())
+    Ok(completed)
 }
 
 /// Gives a key back when the work could not start: the claim is deleted, so a

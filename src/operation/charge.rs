@@ -71,12 +71,18 @@ impl Operation for CreateCharge {
             .await
     }
 
-    async fn settle(&self, state: &AppState, outcome: &Outcome) -> sqlx::Result<Settled> {
+    async fn settle(
+        &self,
+        state: &AppState,
+        outcome: &Outcome,
+        request_id: Option<&str>,
+    ) -> sqlx::Result<Settled> {
         settle::settle(
             &state.pool,
             &self.id,
             outcome,
             state.config.idempotency_key_ttl,
+            request_id,
         )
         .await
     }

@@ -29,6 +29,9 @@ const WAIT_MARGIN: Duration = Duration::from_millis(250);
 /// (if any), for what (the fingerprint), and how long it will wait.
 pub struct Request {
     pub merchant_id: Uuid,
+    /// The request's `X-Request-Id`, named by the events of a record it
+    /// recovers.
+    pub request_id: Option<String>,
     pub key: Option<IdempotencyKey>,
     pub fingerprint: Fingerprint,
     /// From `Prefer: wait=N`; zero answers `409` at once.
@@ -175,6 +178,7 @@ pub async fn begin(
                         state.processor.as_ref(),
                         &stale,
                         state.config.idempotency_key_ttl,
+                        request.request_id.as_deref(),
                     )
                     .await
                     .map_err(|e| Error::from_recovery(e, &state.config))?;

@@ -40,6 +40,9 @@ use crate::retry_after;
 #[derive(Debug)]
 pub struct Guard {
     pub merchant_id: Uuid,
+    /// The request's `X-Request-Id`, which the events of the record it
+    /// settles name.
+    pub request_id: Option<String>,
     /// The `Idempotency-Key`, if the request has one.
     pub key: Option<IdempotencyKey>,
     /// How long to wait for the same request in flight (`Prefer: wait=N`);
@@ -101,12 +104,13 @@ pub trait Operation: Send + Sync + 'static {
         &self,
         processor: &dyn Processor,
     ) -> impl Future<Output = Result<Self::Outcome, ProcessorError>> + Send;
-    /// Step 4: settles the record with `outcome` if still pending and saves
-    /// its answer on its key.
+    /// Step 4: settles the record with `outcome` if still pending, saves
+    /// its answer on its key and writes its events (naming `request_id`).
     fn settle(
         &self,
         state: &AppState,
         outcome: &Self::Outcome,
+        request_id: Option<&str>,
     ) -> impl Future<Output = sqlx::Result<Settled>> + Send;
     /// The answer of the settled record, rendered afresh (for a record made
     /// without a key that someone else settled).
@@ -137,6 +141,7 @@ pub async fn run<O: Operation>(
     let _hang_up = client_gone.clone().drop_guard();
     let request = claim::Request {
         merchant_id: guard.merchant_id,
+        request_id: guard.request_id,
         key: guard.key,
         fingerprint,
         wait: guard.wait,
@@ -178,7 +183,7 @@ async fn claim_and_work<O: Operation>(
 
     // 3 and 4. From here on the record is pending: a failure leaves it to
     // recovery.
-    let answer = work_and_settle(&state, &operation, fault)
+    let answer = work_and_settle(&state, &operation, request.request_id.as_deref(), fault)
         .await
         .map_err(|e| e.awaiting_recovery(&state.config));
     claim::finished(&state, &request);
@@ -188,13 +193,14 @@ async fn claim_and_work<O: Operation>(
 async fn work_and_settle<O: Operation>(
     state: &AppState,
     operation: &O,
+    request_id: Option<&str>,
     fault: Option<Fault>,
 ) -> Result<Answer, Error> {
     let outcome = operation.call_processor(state.processor.as_ref()).await;
     crash_if(fault, Fault::CrashAfterProcessor);
     match outcome {
         // Recorded and final, whatever it was: settling saves it on the key.
-        Ok(outcome) => match operation.settle(state, &outcome).await? {
+        Ok(outcome) => match operation.settle(state, &outcome, request_id).await? {
             Settled::Now(saved) => Ok(Answer::Fresh(saved)),
             // Recovery settled it while the processor was answering: what it
             // saved is the answer, since both came from the one processor

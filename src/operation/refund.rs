@@ -100,12 +100,18 @@ impl Operation for CreateRefund {
         settle::refund_at_processor(processor, &self.pending()).await
     }
 
-    async fn settle(&self, state: &AppState, outcome: &RefundOutcome) -> sqlx::Result<Settled> {
+    async fn settle(
+        &self,
+        state: &AppState,
+        outcome: &RefundOutcome,
+        request_id: Option<&str>,
+    ) -> sqlx::Result<Settled> {
         settle::settle(
             &state.pool,
             &self.id,
             outcome,
             state.config.idempotency_key_ttl,
+            request_id,
         )
         .await
     }

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use uuid::Uuid;
 
 use crate::charges::Amount;
 use crate::charges::domain::{metadata, new_id, required, string};
@@ -135,6 +136,8 @@ impl std::fmt::Display for RefundStatus {
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct Refund {
     pub id: String,
+    /// Who owns it; not part of the API object.
+    pub merchant_id: Uuid,
     pub charge_id: String,
     pub amount: i64,
     pub currency: String,

@@ -1,6 +1,7 @@
 //! Settling a refund: once the processor has recorded its outcome, the
-//! refund becomes `succeeded` (or `failed`, its reservation given back) and
-//! its key saves the response, in one transaction. Shared by the request that
+//! refund becomes `succeeded` (or `failed`, its reservation given back), its
+//! key saves the response and its events are written (`refund.succeeded`
+//! and `charge.refunded`, or `refund.failed`), in one transaction. Shared by the request that
 //! made the refund and by recovery (the sweeper, a retry finding its key
 //! stale), which rolls a stuck refund *forward*: the money was promised when
 //! the amount was reserved, and the processor's refund is idempotent on its
@@ -13,38 +14,68 @@ use sqlx::PgPool;
 
 use super::{Refund, store};
 use crate::charges::settle::Settled;
+use crate::events::{EventType, NewEvent, store as events};
 use crate::idempotency::{Resource, SavedResponse, store as keys};
 use crate::processor::{self, Processor, RefundOutcome};
 
 /// Settles `refund_id` with the processor's `outcome` if it is still
 /// pending: `succeeded`, or `failed` with its reservation given back. Its key
 /// completes in the same transaction and keeps the answer for at least
-/// `key_ttl` from now.
+/// `key_ttl` from now, and its events are written, naming `request_id` (the
+/// request doing it; `None` for the sweeper).
 pub async fn settle(
     pool: &PgPool,
     refund_id: &str,
     outcome: &RefundOutcome,
     key_ttl: Duration,
+    request_id: Option<&str>,
 ) -> sqlx::Result<Settled> {
     let mut tx = pool.begin().await?;
+    // A refund that succeeds refunds its charge, in part or in full: Stripe
+    // sends `charge.refunded` for both, with the charge as it stands.
     let settled = match outcome {
-        RefundOutcome::Refunded => store::succeed_pending(&mut tx, refund_id).await?,
-        RefundOutcome::Failed { reason } => store::fail_pending(&mut tx, refund_id, reason).await?,
+        RefundOutcome::Refunded => {
+            store::succeed_pending(&mut tx, refund_id)
+                .await?
+                .map(|(refund, charge)| {
+                    let events = vec![
+                        NewEvent::new(EventType::RefundSucceeded, &refund.id, &refund.to_object()),
+                        NewEvent::new(EventType::ChargeRefunded, &charge.id, &charge.to_object()),
+                    ];
+                    (refund, events)
+                })
+        }
+        RefundOutcome::Failed { reason } => store::fail_pending(&mut tx, refund_id, reason)
+            .await?
+            .map(|refund| {
+                let event = NewEvent::new(EventType::RefundFailed, &refund.id, &refund.to_object());
+                (refund, vec![event])
+            }),
     };
-    let Some(refund) = settled else {
+    let Some((refund, new_events)) = settled else {
         tx.rollback().await?;
         return Ok(Settled::Already);
     };
+    // The update above decided: only this transaction settled the refund,
+    // so only it writes the refund's events.
     let response = response_for(&refund);
-    let completed = keys::complete_for(
+    let key = keys::complete_for(
         &mut tx,
         &Resource::Refund(refund.id.clone()),
         &response,
         key_ttl,
     )
     .await?;
+    events::insert(
+        &mut tx,
+        refund.merchant_id,
+        request_id,
+        key.as_deref(),
+        &new_events,
+    )
+    .await?;
     tx.commit().await?;
-    tracing::info!(refund = %refund.id, charge = %refund.charge_id, status = %refund.status, keys_completed = completed, "refund settled");
+    tracing::info!(refund = %refund.id, charge = %refund.charge_id, status = %refund.status, key_completed = key.is_some(), events = new_events.len(), "refund settled");
     Ok(Settled::Now(response))
 }
 
@@ -88,13 +119,15 @@ pub async fn refund_at_processor(
 
 /// Rolls a refund whose request went quiet forward: repeats the processor's
 /// refund under the same processor key, then settles it with the recorded
-/// outcome. Returns the outcome if this call settled it; a refund already
-/// settled is left alone.
+/// outcome (its events naming `request_id`: the retry that found its key
+/// stale, or `None` for the sweeper). Returns the outcome if this call
+/// settled it; a refund already settled is left alone.
 pub async fn recover(
     pool: &PgPool,
     processor: &dyn Processor,
     refund_id: &str,
     key_ttl: Duration,
+    request_id: Option<&str>,
 ) -> anyhow::Result<Option<RefundOutcome>> {
     let Some(refund) = store::find_any(pool, refund_id).await? else {
         return Ok(None);
@@ -103,7 +136,7 @@ pub async fn recover(
         return Ok(None);
     }
     let outcome = refund_at_processor(processor, &Pending::from(refund)).await?;
-    match settle(pool, refund_id, &outcome, key_ttl).await? {
+    match settle(pool, refund_id, &outcome, key_ttl, request_id).await? {
         Settled::Now(_) => {
             tracing::info!(refund = %refund_id, ?outcome, "rolled a stale refund forward");
             Ok(Some(outcome))

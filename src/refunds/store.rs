@@ -1,10 +1,14 @@
 //! The refunds table's SQL, and the reservation of a refund's amount on its
 //! charge.
 
+use std::collections::BTreeMap;
+
+use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
-use super::{NewRefund, Refund};
+use super::{NewRefund, Refund, RefundStatus};
+use crate::charges::{Charge, ChargeStatus};
 
 /// An amount reserved on a charge for a refund.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,19 +69,64 @@ pub async fn insert_pending(
     Ok(())
 }
 
-/// Marks a pending refund succeeded. `None` means it was not pending any
-/// more: something else settled it first, and what it wrote stands.
-pub async fn succeed_pending(tx: &mut PgConnection, id: &str) -> sqlx::Result<Option<Refund>> {
-    sqlx::query_as!(
-        Refund,
-        r#"UPDATE refunds SET status = 'succeeded'
-            WHERE id = $1 AND status = 'pending'
-            RETURNING id, charge_id, amount, currency, status AS "status: _", reason,
-                      metadata AS "metadata: _", created_at, failure_reason"#,
+/// Marks a pending refund succeeded, and returns it with its charge as the
+/// charge stands (its `amount_refunded` already counts the refund, reserved
+/// when it was made). `None` means the refund was not pending any more:
+/// something else settled it first, and what it wrote stands.
+pub async fn succeed_pending(
+    tx: &mut PgConnection,
+    id: &str,
+) -> sqlx::Result<Option<(Refund, Charge)>> {
+    // One statement: the charge comes from the join, not a read of its own.
+    let row = sqlx::query!(
+        r#"UPDATE refunds r SET status = 'succeeded'
+             FROM charges c
+            WHERE r.id = $1 AND r.status = 'pending' AND c.id = r.charge_id
+            RETURNING r.id, r.merchant_id, r.charge_id, r.amount, r.currency,
+                      r.status AS "status: RefundStatus", r.reason,
+                      r.metadata AS "metadata: Json<BTreeMap<String, String>>",
+                      r.created_at, r.failure_reason,
+                      c.amount AS "charge_amount!", c.currency AS "charge_currency!",
+                      c.source AS "charge_source!", c.description AS charge_description,
+                      c.metadata AS "charge_metadata!: Json<BTreeMap<String, String>>",
+                      c.status AS "charge_status!: ChargeStatus",
+                      c.failure_code AS charge_failure_code,
+                      c.failure_message AS charge_failure_message,
+                      c.amount_refunded AS "charge_amount_refunded!",
+                      c.created_at AS "charge_created_at!""#,
         id,
     )
     .fetch_optional(tx)
-    .await
+    .await?;
+    Ok(row.map(|row| {
+        let charge = Charge {
+            id: row.charge_id.clone(),
+            merchant_id: row.merchant_id,
+            amount: row.charge_amount,
+            currency: row.charge_currency,
+            source: row.charge_source,
+            description: row.charge_description,
+            metadata: row.charge_metadata,
+            status: row.charge_status,
+            failure_code: row.charge_failure_code,
+            failure_message: row.charge_failure_message,
+            amount_refunded: row.charge_amount_refunded,
+            created_at: row.charge_created_at,
+        };
+        let refund = Refund {
+            id: row.id,
+            merchant_id: row.merchant_id,
+            charge_id: row.charge_id,
+            amount: row.amount,
+            currency: row.currency,
+            status: row.status,
+            reason: row.reason,
+            metadata: row.metadata,
+            created_at: row.created_at,
+            failure_reason: row.failure_reason,
+        };
+        (refund, charge)
+    }))
 }
 
 /// Marks a pending refund failed with `reason` and gives its reservation
@@ -93,7 +142,7 @@ pub async fn fail_pending(
         Refund,
         r#"UPDATE refunds SET status = 'failed', failure_reason = $2
             WHERE id = $1 AND status = 'pending'
-            RETURNING id, charge_id, amount, currency, status AS "status: _", reason,
+            RETURNING id, merchant_id, charge_id, amount, currency, status AS "status: _", reason,
                       metadata AS "metadata: _", created_at, failure_reason"#,
         id,
         reason,
@@ -123,7 +172,7 @@ pub async fn find(
 ) -> sqlx::Result<Option<Refund>> {
     sqlx::query_as!(
         Refund,
-        r#"SELECT id, charge_id, amount, currency, status AS "status: _", reason,
+        r#"SELECT id, merchant_id, charge_id, amount, currency, status AS "status: _", reason,
                   metadata AS "metadata: _", created_at, failure_reason
              FROM refunds WHERE merchant_id = $1 AND id = $2"#,
         merchant_id,
@@ -137,7 +186,7 @@ pub async fn find(
 pub async fn find_any(db: impl PgExecutor<'_>, id: &str) -> sqlx::Result<Option<Refund>> {
     sqlx::query_as!(
         Refund,
-        r#"SELECT id, charge_id, amount, currency, status AS "status: _", reason,
+        r#"SELECT id, merchant_id, charge_id, amount, currency, status AS "status: _", reason,
                   metadata AS "metadata: _", created_at, failure_reason
              FROM refunds WHERE id = $1"#,
         id,

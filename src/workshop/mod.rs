@@ -88,12 +88,13 @@ pub async fn naive_lookup(
     }))
 }
 
-/// The naive endpoint's work: a pending charge, the processor, the settle.
-/// Returns the charge id and its answer.
+/// The naive endpoint's work: a pending charge, the processor, the settle
+/// (whose event names `request_id`). Returns the charge id and its answer.
 pub async fn naive_charge(
     state: &AppState,
     merchant_id: Uuid,
     charge: &NewCharge,
+    request_id: Option<&str>,
 ) -> anyhow::Result<(String, SavedResponse)> {
     let id = new_charge_id();
     let mut tx = state.pool.begin().await?;
@@ -109,7 +110,8 @@ pub async fn naive_charge(
             source: charge.source,
         })
         .await?;
-    let saved = match settle(&state.pool, &id, &outcome, state.config.idempotency_key_ttl).await? {
+    let ttl = state.config.idempotency_key_ttl;
+    let saved = match settle(&state.pool, &id, &outcome, ttl, request_id).await? {
         Settled::Now(saved) => saved,
         Settled::Already => {
             let charge = store::find_any(&state.pool, &id)

@@ -321,6 +321,20 @@ impl TestApp {
             .await
     }
 
+    /// The types of the events about the charge or refund `object_id`, in
+    /// the order they were written.
+    pub async fn event_types_of(&self, object_id: &str) -> Vec<String> {
+        sqlx::query_scalar("SELECT type FROM events WHERE object_id = $1 ORDER BY seq")
+            .bind(object_id)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    pub async fn events(&self) -> i64 {
+        self.count("SELECT count(*) FROM events").await
+    }
+
     /// A charge's `amount_refunded`, as stored.
     pub async fn amount_refunded(&self, charge_id: &str) -> i64 {
         sqlx::query_scalar("SELECT amount_refunded FROM charges WHERE id = $1")

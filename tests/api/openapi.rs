@@ -14,6 +14,8 @@ const SERVED: &[(&str, &str)] = &[
     ("get", "/v1/charges/{id}"),
     ("post", "/v1/refunds"),
     ("get", "/v1/refunds/{id}"),
+    ("get", "/v1/events"),
+    ("get", "/v1/events/{id}"),
     ("get", "/v1/balance"),
     ("get", "/v1/idempotency_keys/{key}"),
     ("get", "/healthz"),

@@ -126,7 +126,7 @@ async fn ending_before_pages_back_to_newer_charges_newest_first() {
         .await,
     )
     .await
-    .assert_problem(400, "parameter_invalid_type");
+    .assert_problem(400, "parameters_exclusive");
 }
 
 #[tokio::test]

@@ -925,11 +925,12 @@ async fn a_settled_refund_is_never_settled_again() {
     .await;
     assert_eq!(done.status, 201, "{:?}", done.body);
     let done = done.json()["id"].as_str().unwrap().to_owned();
-    let again = settle::settle(&app.pool, &done, &refused, ttl)
+    let again = settle::settle(&app.pool, &done, &refused, ttl, None)
         .await
         .unwrap();
     assert!(matches!(again, Settled::Already), "{again:?}");
     assert_eq!(refund_state(&app, &done).await.0, "succeeded");
+    assert_eq!(app.event_types_of(&done).await, ["refund.succeeded"]);
     assert_eq!(
         app.amount_refunded(&charge).await,
         500,
@@ -938,15 +939,16 @@ async fn a_settled_refund_is_never_settled_again() {
 
     let failed = "re_settledfailedrefund00001";
     stale_refund(&app, None, failed, &charge, 300).await;
-    let first = settle::settle(&app.pool, failed, &refused, ttl)
+    let first = settle::settle(&app.pool, failed, &refused, ttl, None)
         .await
         .unwrap();
     assert!(matches!(first, Settled::Now(_)), "{first:?}");
-    let again = settle::settle(&app.pool, failed, &RefundOutcome::Refunded, ttl)
+    let again = settle::settle(&app.pool, failed, &RefundOutcome::Refunded, ttl, None)
         .await
         .unwrap();
     assert!(matches!(again, Settled::Already), "{again:?}");
     assert_eq!(refund_state(&app, failed).await.0, "failed");
+    assert_eq!(app.event_types_of(failed).await, ["refund.failed"]);
     assert_eq!(
         app.amount_refunded(&charge).await,
         500,

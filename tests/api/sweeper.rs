@@ -666,6 +666,7 @@ async fn settling_a_settled_charge_again_changes_nothing() {
         &charge,
         &Outcome::Voided,
         app.config.idempotency_key_ttl,
+        None,
     )
     .await
     .unwrap();
@@ -674,4 +675,5 @@ async fn settling_a_settled_charge_again_changes_nothing() {
         charge_state(&app, &charge).await,
         ("succeeded".to_owned(), None)
     );
+    assert_eq!(app.event_types_of(&charge).await, ["charge.succeeded"]);
 }

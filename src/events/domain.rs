@@ -1,0 +1,180 @@
+//! What an event is: its type, the row a settle writes, and its API object.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::charges::domain::new_id;
+
+/// What happened, with Stripe's names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, sqlx::Type)]
+#[sqlx(type_name = "text")]
+pub enum EventType {
+    /// A charge succeeded: the money moved.
+    #[sqlx(rename = "charge.succeeded")]
+    ChargeSucceeded,
+    /// A charge failed: declined, or abandoned by recovery before the card
+    /// network answered (`failure_code: processing_abandoned`).
+    #[sqlx(rename = "charge.failed")]
+    ChargeFailed,
+    /// A refund of the charge succeeded, in part or in full; `data.object`
+    /// is the charge.
+    #[sqlx(rename = "charge.refunded")]
+    ChargeRefunded,
+    /// A refund succeeded; `data.object` is the refund.
+    #[sqlx(rename = "refund.succeeded")]
+    RefundSucceeded,
+    /// The card's issuer refused a refund; its amount can be refunded again.
+    #[sqlx(rename = "refund.failed")]
+    RefundFailed,
+}
+
+impl EventType {
+    /// Every type, in the order the documentation lists them.
+    pub const ALL: [EventType; 5] = [
+        EventType::ChargeSucceeded,
+        EventType::ChargeFailed,
+        EventType::ChargeRefunded,
+        EventType::RefundSucceeded,
+        EventType::RefundFailed,
+    ];
+
+    /// As stored, and as the API shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::ChargeSucceeded => "charge.succeeded",
+            EventType::ChargeFailed => "charge.failed",
+            EventType::ChargeRefunded => "charge.refunded",
+            EventType::RefundSucceeded => "refund.succeeded",
+            EventType::RefundFailed => "refund.failed",
+        }
+    }
+
+    /// The type a name names, if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for EventType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An event a settle is about to write: its id, what happened, and the
+/// object it happened to, rendered by the API's own serialisation.
+#[derive(Clone, Debug)]
+pub struct NewEvent {
+    pub id: String,
+    pub kind: EventType,
+    /// The charge's or refund's id.
+    pub object_id: String,
+    /// The object as the API renders it (`Charge::to_object`, ...), as JSON text.
+    pub data: String,
+}
+
+impl NewEvent {
+    /// A new event of `kind` about `object` (whose id is `object_id`), with a fresh id.
+    pub fn new(kind: EventType, object_id: &str, object: &impl Serialize) -> Self {
+        NewEvent {
+            id: new_event_id(),
+            kind,
+            object_id: object_id.to_owned(),
+            data: serde_json::to_string(object).expect("an API object serialises"),
+        }
+    }
+}
+
+/// An event as stored.
+#[derive(Clone, Debug)]
+pub struct Event {
+    /// The order events were written in; the list's cursor.
+    pub seq: i64,
+    pub id: String,
+    pub kind: EventType,
+    /// The object's snapshot, key order kept.
+    pub data: sqlx::types::Json<Value>,
+    pub request_id: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The event object of the API, in Stripe's shape.
+#[derive(Debug, Serialize)]
+pub struct EventObject<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    /// oncepay renders its objects one way only, so no version is named.
+    pub api_version: Option<&'static str>,
+    pub created: i64,
+    pub data: EventData<'a>,
+    pub livemode: bool,
+    /// Webhook deliveries still to make; none yet, as none are made.
+    pub pending_webhooks: u32,
+    pub request: EventRequest<'a>,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EventData<'a> {
+    pub object: &'a Value,
+}
+
+/// The API request behind an event.
+#[derive(Debug, Serialize)]
+pub struct EventRequest<'a> {
+    /// Its `X-Request-Id`; `None` when the sweeper settled the object.
+    pub id: Option<&'a str>,
+    /// The key that guards the object, if it has one.
+    pub idempotency_key: Option<&'a str>,
+}
+
+impl Event {
+    pub fn to_object(&self) -> EventObject<'_> {
+        EventObject {
+            id: &self.id,
+            object: "event",
+            api_version: None,
+            created: self.created_at.timestamp(),
+            data: EventData {
+                object: &self.data.0,
+            },
+            livemode: false,
+            pending_webhooks: 0,
+            request: EventRequest {
+                id: self.request_id.as_deref(),
+                idempotency_key: self.idempotency_key.as_deref(),
+            },
+            kind: self.kind.as_str(),
+        }
+    }
+}
+
+/// A new event id: `evt_` and 24 random letters and digits.
+pub fn new_event_id() -> String {
+    new_id("evt")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_parses_back_from_its_name() {
+        for kind in EventType::ALL {
+            assert_eq!(EventType::parse(kind.as_str()), Some(kind));
+        }
+        assert_eq!(EventType::parse("charge.*"), None);
+        assert_eq!(EventType::parse("charge.succeed"), None);
+    }
+
+    #[test]
+    fn a_new_event_keeps_the_objects_own_rendering() {
+        let object = serde_json::json!({"id": "ch_1", "object": "charge", "amount": 5});
+        let event = NewEvent::new(EventType::ChargeSucceeded, "ch_1", &object);
+        assert_eq!(event.data, r#"{"id":"ch_1","object":"charge","amount":5}"#);
+        assert!(event.id.starts_with("evt_") && event.id.len() == 28);
+    }
+}

@@ -1,0 +1,115 @@
+//! The events table's SQL. Events are only ever inserted, by a settle in its
+//! own transaction, and read; nothing updates or deletes one.
+
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use super::{Event, EventType, NewEvent};
+
+/// Writes `events`, of one merchant, in one statement, in the order given.
+/// Called by a settle in its transaction, after the conditional update that
+/// settled the object returned it: that update decides, so an event exists
+/// exactly when its state change does.
+pub async fn insert(
+    tx: &mut PgConnection,
+    merchant_id: Uuid,
+    request_id: Option<&str>,
+    idempotency_key: Option<&str>,
+    events: &[NewEvent],
+) -> sqlx::Result<()> {
+    let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+    let types: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    let objects: Vec<&str> = events.iter().map(|e| e.object_id.as_str()).collect();
+    let data: Vec<&str> = events.iter().map(|e| e.data.as_str()).collect();
+    sqlx::query!(
+        "INSERT INTO events (id, merchant_id, type, object_id, data, request_id, idempotency_key)
+         SELECT e.id, $1, e.type, e.object_id, e.data::json, $2, $3
+           FROM unnest($4::text[], $5::text[], $6::text[], $7::text[])
+                WITH ORDINALITY AS e(id, type, object_id, data, n)
+          ORDER BY e.n",
+        merchant_id,
+        request_id,
+        idempotency_key,
+        &ids as &[&str],
+        &types as &[&str],
+        &objects as &[&str],
+        &data as &[&str],
+    )
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// One event by id; `merchant_id` scopes it, so another merchant's id is not found.
+pub async fn find(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    id: &str,
+) -> sqlx::Result<Option<Event>> {
+    sqlx::query_as!(
+        Event,
+        r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
+                  request_id, idempotency_key, created_at
+             FROM events WHERE merchant_id = $1 AND id = $2"#,
+        merchant_id,
+        id,
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// Up to `limit` events, newest first, older than the event at `before`
+/// (a `seq`) when given, of the `types` when given.
+pub async fn list_older(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    types: Option<&[&str]>,
+    before: Option<i64>,
+    limit: i64,
+) -> sqlx::Result<Vec<Event>> {
+    sqlx::query_as!(
+        Event,
+        r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
+                  request_id, idempotency_key, created_at
+             FROM events
+            WHERE merchant_id = $1
+              AND ($2::text[] IS NULL OR type = ANY($2))
+              AND ($3::bigint IS NULL OR seq < $3)
+            ORDER BY seq DESC
+            LIMIT $4"#,
+        merchant_id,
+        types as Option<&[&str]>,
+        before,
+        limit,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Up to `limit` events newer than the event at `after` (a `seq`), the
+/// oldest of them first, of the `types` when given: the page before a cursor.
+pub async fn list_newer(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    types: Option<&[&str]>,
+    after: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<Event>> {
+    sqlx::query_as!(
+        Event,
+        r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
+                  request_id, idempotency_key, created_at
+             FROM events
+            WHERE merchant_id = $1
+              AND ($2::text[] IS NULL OR type = ANY($2))
+              AND seq > $3
+            ORDER BY seq
+            LIMIT $4"#,
+        merchant_id,
+        types as Option<&[&str]>,
+        after,
+        limit,
+    )
+    .fetch_all(db)
+    .await
+}
