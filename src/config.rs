@@ -74,6 +74,24 @@ pub struct Settings {
     /// Delay of every simulated authorization, in milliseconds; below PROCESSING_TIMEOUT.
     #[arg(long, help_heading = "Processor", env = "PROCESSOR_LATENCY_MS", default_value = "0", value_parser = milliseconds, global = true)]
     processor_latency_ms: Duration,
+    /// The longest one webhook attempt may take, connecting and answering included.
+    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_TIMEOUT", default_value = "10s", value_parser = positive_duration, global = true)]
+    webhook_timeout: Duration,
+    /// Attempts per webhook delivery, the first included (1 to 50).
+    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_MAX_ATTEMPTS", default_value = "16", value_parser = max_attempts, global = true)]
+    webhook_max_attempts: i32,
+    /// The wait after a webhook's first failed attempt; it doubles after each, with jitter.
+    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_RETRY_BASE", default_value = "1m", value_parser = positive_duration, global = true)]
+    webhook_retry_base: Duration,
+    /// The longest wait between two attempts of a webhook.
+    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_RETRY_MAX", default_value = "8h", value_parser = positive_duration, global = true)]
+    webhook_retry_max: Duration,
+    /// An endpoint that fails every delivery for this long is disabled.
+    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_DISABLE_AFTER", default_value = "72h", value_parser = positive_duration, global = true)]
+    webhook_disable_after: Duration,
+    /// How often an idle delivery worker looks for due webhooks.
+    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_POLL_INTERVAL", default_value = "1s", value_parser = positive_duration, global = true)]
+    webhook_poll_interval: Duration,
     /// If set, a merchant `demo` with this secret key is made sure to exist.
     #[arg(long, help_heading = "Workshop", env = "DEMO_API_KEY", hide_env_values = true, value_parser = demo_api_key, global = true)]
     demo_api_key: Option<String>,
@@ -118,6 +136,18 @@ pub struct Config {
     pub request_timeout: Duration,
     /// How long shutdown waits for requests in flight to finish.
     pub shutdown_grace: Duration,
+    /// The longest one webhook attempt may take.
+    pub webhook_timeout: Duration,
+    /// Attempts per webhook delivery, the first included.
+    pub webhook_max_attempts: i32,
+    /// The wait after a webhook's first failed attempt; doubled after each.
+    pub webhook_retry_base: Duration,
+    /// The longest wait between two webhook attempts.
+    pub webhook_retry_max: Duration,
+    /// An endpoint failing every delivery for this long is disabled.
+    pub webhook_disable_after: Duration,
+    /// How often an idle delivery worker looks for due webhooks.
+    pub webhook_poll_interval: Duration,
 }
 
 /// Reads just the settings, for [`Config::from_lookup`].
@@ -193,6 +223,12 @@ impl Config {
             demo_unsafe_endpoints,
             request_timeout,
             shutdown_grace,
+            webhook_timeout,
+            webhook_max_attempts,
+            webhook_retry_base,
+            webhook_retry_max,
+            webhook_disable_after,
+            webhook_poll_interval,
         } = settings;
         let database_url = database_url.ok_or_else(|| ConfigError {
             name: "DATABASE_URL".into(),
@@ -219,6 +255,12 @@ impl Config {
             request_timeout: request_timeout
                 .unwrap_or((processing_timeout / 2).min(Duration::from_secs(30))),
             shutdown_grace,
+            webhook_timeout,
+            webhook_max_attempts,
+            webhook_retry_base,
+            webhook_retry_max,
+            webhook_disable_after,
+            webhook_poll_interval,
         };
         // A request (and the processor call in it) must be over before its
         // key counts as stale: past PROCESSING_TIMEOUT, a retry or the sweeper
@@ -260,6 +302,16 @@ impl Config {
                 ),
             });
         }
+        if config.webhook_retry_max < config.webhook_retry_base {
+            return Err(ConfigError {
+                name: "WEBHOOK_RETRY_MAX".into(),
+                value: humantime::format_duration(config.webhook_retry_max).to_string(),
+                reason: format!(
+                    "must be at least WEBHOOK_RETRY_BASE ({})",
+                    humantime::format_duration(config.webhook_retry_base)
+                ),
+            });
+        }
         Ok(config)
     }
 
@@ -293,6 +345,12 @@ impl std::fmt::Debug for Config {
             .field("demo_unsafe_endpoints", &self.demo_unsafe_endpoints)
             .field("request_timeout", &self.request_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("webhook_timeout", &self.webhook_timeout)
+            .field("webhook_max_attempts", &self.webhook_max_attempts)
+            .field("webhook_retry_base", &self.webhook_retry_base)
+            .field("webhook_retry_max", &self.webhook_retry_max)
+            .field("webhook_disable_after", &self.webhook_disable_after)
+            .field("webhook_poll_interval", &self.webhook_poll_interval)
             .finish()
     }
 }
@@ -409,6 +467,15 @@ fn demo_api_key(value: &str) -> Result<String, String> {
     }
 }
 
+fn max_attempts(value: &str) -> Result<i32, String> {
+    value
+        .trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|n| (1..=50).contains(n))
+        .ok_or_else(|| "must be a whole number from 1 to 50".to_owned())
+}
+
 fn batch_size(value: &str) -> Result<i64, String> {
     value
         .trim()
@@ -468,6 +535,12 @@ mod tests {
         assert!(!c.demo_unsafe_endpoints);
         assert_eq!(c.request_timeout, Duration::from_secs(15));
         assert_eq!(c.shutdown_grace, Duration::from_secs(10));
+        assert_eq!(c.webhook_timeout, Duration::from_secs(10));
+        assert_eq!(c.webhook_max_attempts, 16);
+        assert_eq!(c.webhook_retry_base, Duration::from_secs(60));
+        assert_eq!(c.webhook_retry_max, Duration::from_secs(8 * 3600));
+        assert_eq!(c.webhook_disable_after, Duration::from_secs(72 * 3600));
+        assert_eq!(c.webhook_poll_interval, Duration::from_secs(1));
     }
 
     /// The rows of the README's configuration table: name and default cell.

@@ -2,6 +2,10 @@
 //! `FAULT_INJECTION=true`, a request can ask (`Oncepay-Fault`) to fail on
 //! purpose at a chosen point of its workflow. Off by default.
 
+/// The header that asks for a fault: on a request, and on a receiver's
+/// answer to a webhook.
+pub const HEADER: &str = "oncepay-fault";
+
 /// Where to fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -11,6 +15,10 @@ pub enum Fault {
     CrashAfterClaim,
     /// Abort the process right after the processor answered, before settling.
     CrashAfterProcessor,
+    /// Abort the process after a webhook receiver answered, before the
+    /// attempt is recorded. Asked for by the receiver, in its answer
+    /// (`Oncepay-Fault: crash-after-delivery`), never by a request.
+    CrashAfterDelivery,
 }
 
 impl Fault {

@@ -23,4 +23,5 @@ pub mod retry_after;
 pub mod startup;
 pub mod sweeper;
 pub mod telemetry;
+pub mod webhooks;
 pub mod workshop;

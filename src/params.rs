@@ -101,7 +101,8 @@ impl Params {
 
     /// Decodes an `application/x-www-form-urlencoded` body, Stripe style:
     /// `metadata[order]=42` sets one metadata entry. A repeated parameter is
-    /// refused rather than silently resolved.
+    /// refused rather than silently resolved; `list[]=a&list[]=b` is a list
+    /// (the entries `0` and `1`), as `list[0]=a&list[1]=b` is.
     pub fn from_form(body: &[u8]) -> Result<Self, DecodeError> {
         let mut fields = Map::new();
         for (name, value) in form_urlencoded::parse(body) {
@@ -121,7 +122,12 @@ impl Params {
                     let Value::Object(object) = object else {
                         return Err(duplicate(outer));
                     };
-                    (object.entry(inner.to_owned()), name.clone())
+                    // `list[]=a&list[]=b` appends, as `list[0]=a&list[1]=b` does.
+                    let inner = match inner {
+                        "" => object.len().to_string(),
+                        inner => inner.to_owned(),
+                    };
+                    (object.entry(inner), name.clone())
                 }
                 None => (fields.entry(name.clone()), name.clone()),
             };

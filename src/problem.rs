@@ -50,7 +50,9 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `invalid_currency` (400): unknown currency.
 /// - `metadata_invalid` (400): metadata breaks its limits.
 /// - `invalid_reason` (400): unknown refund reason.
-/// - `invalid_event_type` (400): an event list filtered by an unknown type.
+/// - `invalid_event_type` (400): an unknown event type (an event list's filter, a webhook endpoint's `enabled_events`).
+/// - `url_invalid` (400): a webhook endpoint's `url` is not an absolute `http` or `https` URL.
+/// - `webhook_endpoint_limit` (400): the merchant has as many webhook endpoints as allowed.
 /// - `resource_missing` (400/404): no such token, charge, refund or key.
 /// - `charge_not_refundable` (400): a refund of a pending or failed charge.
 /// - `charge_already_refunded` (400): a refund of a charge refunded in full.
@@ -110,8 +112,12 @@ pub enum ProblemCode {
     MetadataInvalid,
     /// 400: unknown refund reason.
     InvalidReason,
-    /// 400: an event list filtered by an unknown type.
+    /// 400: an unknown event type (an event list's filter, a webhook endpoint's `enabled_events`).
     InvalidEventType,
+    /// 400: a webhook endpoint's `url` is not an absolute `http` or `https` URL.
+    UrlInvalid,
+    /// 400: the merchant has as many webhook endpoints as allowed.
+    WebhookEndpointLimit,
     /// 400/404: no such token, charge, refund or key.
     ResourceMissing,
     /// 400: a refund of a pending or failed charge.
@@ -189,6 +195,8 @@ impl ProblemCode {
             ProblemCode::MetadataInvalid => "metadata_invalid",
             ProblemCode::InvalidReason => "invalid_reason",
             ProblemCode::InvalidEventType => "invalid_event_type",
+            ProblemCode::UrlInvalid => "url_invalid",
+            ProblemCode::WebhookEndpointLimit => "webhook_endpoint_limit",
             ProblemCode::ResourceMissing => "resource_missing",
             ProblemCode::ChargeNotRefundable => "charge_not_refundable",
             ProblemCode::ChargeAlreadyRefunded => "charge_already_refunded",
@@ -240,6 +248,8 @@ impl ProblemCode {
             | ProblemCode::MetadataInvalid
             | ProblemCode::InvalidReason
             | ProblemCode::InvalidEventType
+            | ProblemCode::UrlInvalid
+            | ProblemCode::WebhookEndpointLimit
             | ProblemCode::ResourceMissing
             | ProblemCode::ChargeNotRefundable
             | ProblemCode::ChargeAlreadyRefunded

@@ -1,5 +1,5 @@
 //! Building and running the server: bind, make the demo merchant, start the
-//! sweeper, serve until a shutdown signal.
+//! sweeper and the webhook delivery worker, serve until a shutdown signal.
 
 use std::sync::Arc;
 
@@ -15,6 +15,7 @@ use crate::idempotency::wait::Waits;
 use crate::merchants::{self, ApiKey};
 use crate::processor::{Processor, SimulatedProcessor};
 use crate::sweeper::{SweepSettings, Sweeper};
+use crate::webhooks::deliver::{DeliverySettings, Worker};
 
 /// A bound, ready server.
 pub struct Application {
@@ -105,6 +106,14 @@ impl Application {
         let sweeper = tokio::spawn(sweeper.run(config.sweep_interval, async move {
             let _ = sweeper_stop.wait_for(|stop| *stop).await;
         }));
+        let worker = Worker::new(
+            self.state.pool.clone(),
+            DeliverySettings::from_config(&config),
+        )?;
+        let mut worker_stop = stop_rx.clone();
+        let worker = tokio::spawn(worker.run(async move {
+            let _ = worker_stop.wait_for(|stop| *stop).await;
+        }));
         tracing::info!(addr = %self.listener.local_addr()?, "oncepay listening");
         let mut stopping = stop_rx.clone();
         let server = axum::serve(self.listener, http::router(self.state)).with_graceful_shutdown(
@@ -151,6 +160,13 @@ impl Application {
         if tokio::time::timeout_at(deadline, sweeper).await.is_err() {
             sweeper_abort.abort();
             tracing::warn!("shutdown grace over during a sweep pass; stopped it");
+        }
+        // Likewise the delivery worker: an attempt cut short is unrecorded,
+        // and its delivery is due again once its lease runs out.
+        let worker_abort = worker.abort_handle();
+        if tokio::time::timeout_at(deadline, worker).await.is_err() {
+            worker_abort.abort();
+            tracing::warn!("shutdown grace over during webhook deliveries; stopped them");
         }
         let _ = tokio::time::timeout_at(deadline, pool.close()).await;
         tracing::info!("stopped");

@@ -98,6 +98,8 @@ pub struct Event {
     pub request_id: Option<String>,
     pub idempotency_key: Option<String>,
     pub created_at: DateTime<Utc>,
+    /// Its webhook deliveries not yet ended (succeeded or failed for good).
+    pub pending_webhooks: i32,
 }
 
 /// The event object of the API, in Stripe's shape.
@@ -110,8 +112,8 @@ pub struct EventObject<'a> {
     pub created: i64,
     pub data: EventData<'a>,
     pub livemode: bool,
-    /// Webhook deliveries still to make; none yet, as none are made.
-    pub pending_webhooks: u32,
+    /// Webhook deliveries not yet ended.
+    pub pending_webhooks: i32,
     pub request: EventRequest<'a>,
     #[serde(rename = "type")]
     pub kind: &'static str,
@@ -142,7 +144,7 @@ impl Event {
                 object: &self.data.0,
             },
             livemode: false,
-            pending_webhooks: 0,
+            pending_webhooks: self.pending_webhooks,
             request: EventRequest {
                 id: self.request_id.as_deref(),
                 idempotency_key: self.idempotency_key.as_deref(),

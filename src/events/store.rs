@@ -1,5 +1,6 @@
 //! The events table's SQL. Events are only ever inserted, by a settle in its
-//! own transaction, and read; nothing updates or deletes one.
+//! own transaction, together with their webhook deliveries, and read;
+//! nothing updates or deletes one.
 
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
@@ -21,12 +22,25 @@ pub async fn insert(
     let types: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
     let objects: Vec<&str> = events.iter().map(|e| e.object_id.as_str()).collect();
     let data: Vec<&str> = events.iter().map(|e| e.data.as_str()).collect();
+    // One statement writes the events and, for each, a delivery to every
+    // enabled endpoint of the merchant that wants its type: an event is
+    // never committed without its deliveries, and the delivery worker needs
+    // no cursor over the events (whose `seq` may commit out of order).
     sqlx::query!(
-        "INSERT INTO events (id, merchant_id, type, object_id, data, request_id, idempotency_key)
-         SELECT e.id, $1, e.type, e.object_id, e.data::json, $2, $3
-           FROM unnest($4::text[], $5::text[], $6::text[], $7::text[])
-                WITH ORDINALITY AS e(id, type, object_id, data, n)
-          ORDER BY e.n",
+        "WITH written AS (
+             INSERT INTO events (id, merchant_id, type, object_id, data, request_id, idempotency_key)
+             SELECT e.id, $1, e.type, e.object_id, e.data::json, $2, $3
+               FROM unnest($4::text[], $5::text[], $6::text[], $7::text[])
+                    WITH ORDINALITY AS e(id, type, object_id, data, n)
+              ORDER BY e.n
+             RETURNING seq, type)
+         INSERT INTO webhook_deliveries (event_seq, endpoint_id)
+         SELECT written.seq, w.id
+           FROM written
+           JOIN webhook_endpoints w
+             ON w.merchant_id = $1 AND w.status = 'enabled'
+            AND (written.type = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+          ORDER BY written.seq, w.id",
         merchant_id,
         request_id,
         idempotency_key,
@@ -49,7 +63,10 @@ pub async fn find(
     sqlx::query_as!(
         Event,
         r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
-                  request_id, idempotency_key, created_at
+                  request_id, idempotency_key, created_at,
+                  (SELECT count(*) FROM webhook_deliveries d
+                    WHERE d.event_seq = events.seq AND d.status = 'pending')::int
+                      AS "pending_webhooks!"
              FROM events WHERE merchant_id = $1 AND id = $2"#,
         merchant_id,
         id,
@@ -70,7 +87,10 @@ pub async fn list_older(
     sqlx::query_as!(
         Event,
         r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
-                  request_id, idempotency_key, created_at
+                  request_id, idempotency_key, created_at,
+                  (SELECT count(*) FROM webhook_deliveries d
+                    WHERE d.event_seq = events.seq AND d.status = 'pending')::int
+                      AS "pending_webhooks!"
              FROM events
             WHERE merchant_id = $1
               AND ($2::text[] IS NULL OR type = ANY($2))
@@ -98,7 +118,10 @@ pub async fn list_newer(
     sqlx::query_as!(
         Event,
         r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
-                  request_id, idempotency_key, created_at
+                  request_id, idempotency_key, created_at,
+                  (SELECT count(*) FROM webhook_deliveries d
+                    WHERE d.event_seq = events.seq AND d.status = 'pending')::int
+                      AS "pending_webhooks!"
              FROM events
             WHERE merchant_id = $1
               AND ($2::text[] IS NULL OR type = ANY($2))

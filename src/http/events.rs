@@ -10,12 +10,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
-use super::extract::PathParam;
+use super::extract::{NoQuery, PathParam};
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::events::{EventType, store};
 use crate::params::{ParamError, shorten};
 use crate::problem::{Problem, ProblemCode};
+use crate::webhooks::domain::DeliveryStatus;
+use crate::webhooks::store as webhooks;
 
 const ROUTE: &str = "/v1/events";
 /// The most types one `types[]` filter may name, as Stripe allows.
@@ -25,6 +27,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list))
         .routes(routes!(retrieve))
+        .routes(routes!(deliveries))
 }
 
 /// One of the merchant's events.
@@ -52,6 +55,74 @@ async fn retrieve(
         Some(event) => Ok(Json(event.to_object()).into_response()),
         None => Err(no_such_event(&id, "id")),
     }
+}
+
+/// Where an event's webhooks stand: one delivery per endpoint that enabled
+/// its type, each with every attempt recorded (status, duration, error).
+#[utoipa::path(
+    get,
+    path = "/v1/events/{id}/deliveries",
+    tag = "webhooks",
+    security(("bearer" = []), ("basic" = [])),
+    params(("id" = String, Path, description = "An event id, `evt_...`")),
+    responses(
+        (status = 200, description = "A list object of deliveries", body = super::openapi::WebhookDeliveryList),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn deliveries(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    _: NoQuery,
+    PathParam(id): PathParam,
+) -> Result<Response, ApiError> {
+    let Some(event) = store::find(&state.pool, merchant.id, &id).await? else {
+        return Err(no_such_event(&id, "id"));
+    };
+    let deliveries = webhooks::deliveries_of(&state.pool, event.seq).await?;
+    let attempts = webhooks::attempts_of(&state.pool, event.seq).await?;
+    let data: Vec<_> = deliveries
+        .iter()
+        .map(|d| {
+            let tried: Vec<_> = attempts
+                .iter()
+                .filter(|a| a.endpoint_id == d.endpoint_id)
+                .map(|a| {
+                    json!({
+                        "attempt": a.attempt,
+                        "created": a.started_at.timestamp(),
+                        "duration_ms": a.duration_ms,
+                        "response_status": a.response_status,
+                        "error": a.error,
+                    })
+                })
+                .collect();
+            json!({
+                "object": "webhook_delivery",
+                "event": event.id,
+                "webhook_endpoint": d.endpoint_id,
+                "url": d.url,
+                "status": d.status.as_str(),
+                "attempt_count": d.attempts,
+                "next_attempt": (d.status == DeliveryStatus::Pending)
+                    .then(|| d.next_attempt_at.timestamp()),
+                "finished": d.finished_at.map(|t| t.timestamp()),
+                "failure_reason": d.failure_reason,
+                "attempts": tried,
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "object": "list",
+        "url": format!("{ROUTE}/{}/deliveries", event.id),
+        "has_more": false,
+        "data": data,
+    }))
+    .into_response())
 }
 
 fn no_such_event(id: &str, param: &str) -> ApiError {

@@ -16,6 +16,7 @@ pub mod openapi;
 pub mod problem;
 pub mod refunds;
 pub mod stripe;
+pub mod webhook_endpoints;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -41,6 +42,7 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
         .merge(charges::router())
         .merge(refunds::router())
         .merge(events::router())
+        .merge(webhook_endpoints::router())
         .merge(balance::router())
         .merge(idempotency_keys::router())
         .merge(health::router())

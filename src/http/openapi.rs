@@ -42,6 +42,7 @@ in Stripe's shape under `error`; see the `Problem` schema for the list. Every re
         (name = "charges", description = "Charging a card, exactly once"),
         (name = "refunds", description = "Giving money back, never more than was charged"),
         (name = "events", description = "What happened to charges and refunds, one event per final state"),
+        (name = "webhooks", description = "Events sent to the merchant's endpoints, signed, retried until answered 2xx: at least once, so receivers deduplicate by event id"),
         (name = "idempotency", description = "What the server remembers of a key"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
         (name = "workshop", description = "The lab page and its effect counter")
@@ -231,7 +232,7 @@ pub struct Event {
     created: i64,
     data: EventData,
     livemode: bool,
-    /// Webhook deliveries still to make: 0, as none are made yet.
+    /// Webhook deliveries of this event not yet ended (see `/v1/events/{id}/deliveries`).
     pending_webhooks: u32,
     request: EventRequest,
     r#type: EventType,
@@ -300,6 +301,120 @@ pub struct EventList {
     url: String,
     has_more: bool,
     data: Vec<Event>,
+}
+
+/// The parameters of a new webhook endpoint.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct CreateWebhookEndpoint {
+    /// Where to send events: an absolute `http` or `https` URL, without
+    /// credentials, at most 2048 characters.
+    #[schema(example = "https://example.com/webhooks/oncepay")]
+    url: String,
+    /// The event types to send, or `["*"]` for all. A form sends
+    /// `enabled_events[]=charge.succeeded` (or `enabled_events[0]=...`).
+    #[schema(example = json!(["charge.succeeded", "charge.refunded"]))]
+    enabled_events: Vec<String>,
+    /// At most 5000 characters.
+    description: Option<String>,
+}
+
+/// Where the merchant's events are sent.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct WebhookEndpoint {
+    /// `we_` and 24 letters or digits.
+    #[schema(example = "we_1NbB3eCTYkz2mVgqA8rW0hXp")]
+    id: String,
+    #[schema(example = "webhook_endpoint")]
+    object: String,
+    url: String,
+    enabled_events: Vec<String>,
+    description: Option<String>,
+    /// `enabled`, or `disabled` once every delivery failed for `WEBHOOK_DISABLE_AFTER`.
+    #[schema(example = "enabled")]
+    status: String,
+    /// Why the endpoint was disabled, if it was.
+    disabled_reason: Option<String>,
+    /// Always null.
+    api_version: Option<String>,
+    created: i64,
+    livemode: bool,
+    metadata: BTreeMap<String, String>,
+    /// The signing secret, `whsec_...`: only in the answer to the create
+    /// (and its replays). Verify each delivery's `Stripe-Signature` with it.
+    secret: Option<String>,
+}
+
+/// A page of webhook endpoints, newest first.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct WebhookEndpointList {
+    #[schema(example = "list")]
+    object: String,
+    #[schema(example = "/v1/webhook_endpoints")]
+    url: String,
+    has_more: bool,
+    data: Vec<WebhookEndpoint>,
+}
+
+/// A deleted webhook endpoint.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct DeletedWebhookEndpoint {
+    id: String,
+    #[schema(example = "webhook_endpoint")]
+    object: String,
+    deleted: bool,
+}
+
+/// One event's delivery to one endpoint.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct WebhookDelivery {
+    #[schema(example = "webhook_delivery")]
+    object: String,
+    event: String,
+    webhook_endpoint: String,
+    url: String,
+    /// `pending` (another attempt is due), `succeeded` (answered 2xx) or
+    /// `failed` (attempts exhausted, or the endpoint disabled or deleted).
+    #[schema(example = "succeeded")]
+    status: String,
+    /// Attempts begun, including one cut short by a crash (which has no record).
+    attempt_count: i32,
+    /// Unix seconds: when the next attempt is due, while pending.
+    next_attempt: Option<i64>,
+    /// Unix seconds: when it succeeded or failed for good.
+    finished: Option<i64>,
+    /// `attempts_exhausted`, `endpoint_disabled` or `endpoint_deleted`, when failed.
+    failure_reason: Option<String>,
+    attempts: Vec<WebhookAttempt>,
+}
+
+/// One attempt that ran to its end.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct WebhookAttempt {
+    attempt: i32,
+    /// Unix seconds: when it began.
+    created: i64,
+    duration_ms: i32,
+    /// The receiver's status code; null when none came.
+    response_status: Option<i32>,
+    /// What went wrong (`HTTP 500`, `timeout`, `connect: ...`); null for a 2xx.
+    error: Option<String>,
+}
+
+/// The deliveries of one event.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct WebhookDeliveryList {
+    #[schema(example = "list")]
+    object: String,
+    url: String,
+    has_more: bool,
+    data: Vec<WebhookDelivery>,
 }
 
 /// What the merchant's charges came to, per currency.

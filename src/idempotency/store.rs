@@ -180,8 +180,11 @@ pub struct Claim<'a> {
     pub method: &'a str,
     pub path: &'a str,
     pub fingerprint: Fingerprint,
-    /// The business record written in the same transaction.
-    pub resource: &'a Resource,
+    /// The business record written in the same transaction, when the key
+    /// guards one that recovery may have to settle. A record written and
+    /// answered in the claim's own transaction (a webhook endpoint) needs
+    /// none: its key is never left `processing`.
+    pub resource: Option<&'a Resource>,
     pub ttl: Duration,
 }
 
@@ -233,9 +236,9 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
         claim.method,
         claim.path,
         &claim.fingerprint.0[..],
-        claim.resource.charge_id(),
+        claim.resource.and_then(Resource::charge_id),
         claim.ttl.as_millis() as f64,
-        claim.resource.refund_id(),
+        claim.resource.and_then(Resource::refund_id),
     )
     .fetch_optional(&mut *tx)
     .await?;
@@ -312,6 +315,36 @@ pub async fn complete_for(
         .await?,
     };
     Ok(completed)
+}
+
+/// Marks the key `merchant_id` holds as `key` completed with its saved
+/// response, in the claim's own transaction: for a record written and
+/// answered there (a webhook endpoint), which needs no settle later.
+/// `false` when the key is not this transaction's `processing` claim.
+pub async fn complete(
+    tx: &mut PgConnection,
+    merchant_id: Uuid,
+    key: &IdempotencyKey,
+    response: &SavedResponse,
+    ttl: Duration,
+) -> sqlx::Result<bool> {
+    let completed = sqlx::query!(
+        "UPDATE idempotency_keys
+            SET status = 'completed', response_status = $3, response_content_type = $4,
+                response_location = $5, response_body = $6, completed_at = now(), locked_at = NULL,
+                expires_at = greatest(expires_at, now() + $7::float8 * interval '1 millisecond')
+          WHERE merchant_id = $1 AND key = $2 AND status = 'processing'",
+        merchant_id,
+        key.as_str(),
+        response.status as i16,
+        response.content_type,
+        response.location.as_deref(),
+        &response.body[..],
+        ttl.as_millis() as f64,
+    )
+    .execute(tx)
+    .await?;
+    Ok(completed.rows_affected() == 1)
 }
 
 /// Gives a key back when the work could not start: the claim is deleted, so a

@@ -85,7 +85,7 @@ pub async fn begin(
     state: &AppState,
     request: &Request,
     route: &'static str,
-    resource: &Resource,
+    resource: Option<&Resource>,
 ) -> Result<Begun, Error> {
     let Some(key) = &request.key else {
         return Ok(Begun::Claimed(state.pool.begin().await?));

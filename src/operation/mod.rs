@@ -12,10 +12,15 @@
 //! Steps 2 to 4 run in their own task, so that a client hanging up cannot
 //! cancel the work half-way once the claim may have committed. A record
 //! left pending by a failure is settled later by [`crate::recovery`].
+//!
+//! An operation with no processor call (creating a webhook endpoint) is a
+//! [`write::Write`] instead: claim, record and answer in one transaction.
 
 pub mod charge;
 pub mod claim;
 pub mod refund;
+pub mod webhook_endpoint;
+pub mod write;
 
 use std::future::Future;
 use std::time::Duration;
@@ -167,7 +172,7 @@ async fn claim_and_work<O: Operation>(
     fault: Option<Fault>,
 ) -> Result<Answer, Error> {
     // 2. Claim the key and write the pending record, in one transaction.
-    let begun = claim::begin(&state, &request, O::ROUTE, &operation.resource()).await?;
+    let begun = claim::begin(&state, &request, O::ROUTE, Some(&operation.resource())).await?;
     let mut tx = match begun {
         Begun::Claimed(tx) => tx,
         Begun::Replay { saved, waited } => return Ok(Answer::Replayed { saved, waited }),
@@ -240,7 +245,7 @@ async fn settled_elsewhere<O: Operation>(state: &AppState, operation: &O) -> Res
 }
 
 /// `422`: the key was used with other parameters.
-fn reused(key: Option<&IdempotencyKey>) -> Problem {
+pub(crate) fn reused(key: Option<&IdempotencyKey>) -> Problem {
     Problem::new(
         ProblemCode::IdempotencyKeyReused,
         format!(
@@ -252,7 +257,7 @@ fn reused(key: Option<&IdempotencyKey>) -> Problem {
 }
 
 /// `409`: the same request is still in flight.
-fn in_use(waited: bool) -> Problem {
+pub(crate) fn in_use(waited: bool) -> Problem {
     let detail = if waited {
         "A request with this Idempotency-Key is still in progress and did not finish within the wait."
     } else {

@@ -17,6 +17,11 @@ const SERVED: &[(&str, &str)] = &[
     ("get", "/v1/events"),
     ("get", "/v1/events/{id}"),
     ("get", "/v1/balance"),
+    ("get", "/v1/events/{id}/deliveries"),
+    ("post", "/v1/webhook_endpoints"),
+    ("get", "/v1/webhook_endpoints"),
+    ("get", "/v1/webhook_endpoints/{id}"),
+    ("delete", "/v1/webhook_endpoints/{id}"),
     ("get", "/v1/idempotency_keys/{key}"),
     ("get", "/healthz"),
     ("get", "/readyz"),
@@ -65,6 +70,7 @@ async fn the_served_document_lists_every_route_the_router_serves() {
         let request = match method.as_str() {
             "get" => app.client.get(url),
             "post" => app.client.post(url).json(&serde_json::json!({})),
+            "delete" => app.client.delete(url),
             other => panic!("undocumented method {other}"),
         };
         let answer = Answer::of(request.bearer_auth(&app.api_key).send().await.unwrap()).await;

@@ -1,0 +1,225 @@
+//! `POST /v1/webhook_endpoints`, `GET /v1/webhook_endpoints/{id}`,
+//! `GET /v1/webhook_endpoints`, `DELETE /v1/webhook_endpoints/{id}`.
+//!
+//! Creating an endpoint is a guarded write ([`crate::operation::write`]);
+//! the handlers only extract, call and map.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::Authenticated;
+use super::extract::{IdempotentPost, NoQuery, PathParam, QueryParams};
+use super::idempotent;
+use super::problem::ApiError;
+use crate::app::AppState;
+use crate::operation::webhook_endpoint::CreateEndpoint;
+use crate::operation::write::{self, Write};
+use crate::params::shorten;
+use crate::problem::{Problem, ProblemCode};
+use crate::webhooks::domain::NewEndpoint;
+use crate::webhooks::store;
+
+const ROUTE: &str = CreateEndpoint::ROUTE;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(retrieve, delete))
+}
+
+/// Registers a URL to receive the merchant's events, signed with a new
+/// secret that this answer alone shows.
+#[utoipa::path(
+    post,
+    path = "/v1/webhook_endpoints",
+    tag = "webhooks",
+    security(("bearer" = []), ("basic" = [])),
+    params(super::openapi::IdempotencyHeaders),
+    request_body(content(
+        (super::openapi::CreateWebhookEndpoint = "application/json"),
+        (super::openapi::CreateWebhookEndpoint = "application/x-www-form-urlencoded")
+    )),
+    responses(
+        (status = 201, description = "Created, with its `secret` (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::WebhookEndpoint,
+         headers(("Location" = String, description = "/v1/webhook_endpoints/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 409, response = super::openapi::InFlight),
+        (status = 413, response = super::openapi::TooLarge),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 422, response = super::openapi::KeyReused),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn create(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    post: IdempotentPost,
+) -> Result<Response, ApiError> {
+    let (guard, params) = post.split(merchant.id);
+    let endpoint = NewEndpoint::from_params(params)?;
+    let answer = write::run(&state, guard, CreateEndpoint::new(merchant.id, endpoint)).await?;
+    Ok(idempotent::respond(answer))
+}
+
+/// One of the merchant's webhook endpoints (without its secret).
+#[utoipa::path(
+    get,
+    path = "/v1/webhook_endpoints/{id}",
+    tag = "webhooks",
+    security(("bearer" = []), ("basic" = [])),
+    params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
+    responses(
+        (status = 200, description = "The endpoint", body = super::openapi::WebhookEndpoint),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn retrieve(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    _: NoQuery,
+    PathParam(id): PathParam,
+) -> Result<Response, ApiError> {
+    match store::find(&state.pool, merchant.id, &id).await? {
+        Some(endpoint) => Ok(Json(endpoint.to_object()).into_response()),
+        None => Err(no_such_endpoint(&id, "id")),
+    }
+}
+
+/// Deletes an endpoint: nothing more is sent to it, and its deliveries
+/// still pending end `failed`.
+#[utoipa::path(
+    delete,
+    path = "/v1/webhook_endpoints/{id}",
+    tag = "webhooks",
+    security(("bearer" = []), ("basic" = [])),
+    params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
+    responses(
+        (status = 200, description = "Deleted", body = super::openapi::DeletedWebhookEndpoint),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn delete(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    _: NoQuery,
+    PathParam(id): PathParam,
+) -> Result<Response, ApiError> {
+    if !store::delete(&state.pool, merchant.id, &id).await? {
+        return Err(no_such_endpoint(&id, "id"));
+    }
+    Ok(Json(json!({"id": id, "object": "webhook_endpoint", "deleted": true})).into_response())
+}
+
+fn no_such_endpoint(id: &str, param: &str) -> ApiError {
+    let status = if param == "id" {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::BAD_REQUEST
+    };
+    Problem::with_status(
+        status,
+        ProblemCode::ResourceMissing,
+        format!("No such webhook endpoint: '{}'", shorten(id)),
+    )
+    .with_param(param)
+    .into()
+}
+
+/// The merchant's webhook endpoints, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/webhook_endpoints",
+    tag = "webhooks",
+    security(("bearer" = []), ("basic" = [])),
+    params(
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10"),
+        ("starting_after" = Option<String>, Query, description = "An endpoint id: the page of older endpoints after it"),
+        ("ending_before" = Option<String>, Query, description = "An endpoint id: the page of newer endpoints before it")
+    ),
+    responses(
+        (status = 200, description = "A list object", body = super::openapi::WebhookEndpointList),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn list(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    QueryParams(mut params): QueryParams,
+) -> Result<Response, ApiError> {
+    let limit = match params.take("limit") {
+        None => 10,
+        Some(value) => value
+            .as_str()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|l| (1..=100).contains(l))
+            .ok_or_else(|| {
+                Problem::new(
+                    ProblemCode::ParameterInvalidInteger,
+                    "limit must be a whole number from 1 to 100",
+                )
+                .with_param("limit")
+            })?,
+    };
+    let mut cursor_param = |name: &'static str| match params.take(name) {
+        None => Ok(None),
+        Some(Value::String(id)) => Ok(Some((name, id))),
+        Some(_) => Err(no_such_endpoint("", name)),
+    };
+    let starting_after = cursor_param("starting_after")?;
+    let ending_before = cursor_param("ending_before")?;
+    params.reject_unknown()?;
+    if starting_after.is_some() && ending_before.is_some() {
+        return Err(Problem::new(
+            ProblemCode::ParametersExclusive,
+            "You may only specify one of these parameters: ending_before, starting_after.",
+        )
+        .with_param("ending_before")
+        .into());
+    }
+    // A merchant has at most MAX_ENDPOINTS: the whole list is one read, and
+    // a page is a slice of it.
+    let all = store::list(&state.pool, merchant.id).await?;
+    let position = |name: &'static str, id: &str| {
+        all.iter()
+            .position(|e| e.id == id)
+            .ok_or_else(|| no_such_endpoint(id, name))
+    };
+    let (page, has_more) = match starting_after.or(ending_before) {
+        None => (&all[..all.len().min(limit)], all.len() > limit),
+        Some((name @ "starting_after", id)) => {
+            let older = &all[position(name, &id)? + 1..];
+            (&older[..older.len().min(limit)], older.len() > limit)
+        }
+        Some((name, id)) => {
+            let newer = &all[..position(name, &id)?];
+            let from = newer.len().saturating_sub(limit);
+            (&newer[from..], from > 0)
+        }
+    };
+    let data: Vec<_> = page.iter().map(|e| e.to_object()).collect();
+    Ok(Json(json!({
+        "object": "list",
+        "url": ROUTE,
+        "has_more": has_more,
+        "data": data,
+    }))
+    .into_response())
+}

@@ -1,0 +1,71 @@
+//! A guarded operation done whole in the claim's transaction: no processor,
+//! no other system, so the claim, the record and the saved answer commit
+//! together or not at all. Creating a webhook endpoint is one. Its key is
+//! never left `processing`, so nothing here is ever left to recovery: a
+//! retry finds the key completed and replays it, or finds it free.
+
+use std::future::Future;
+
+use sqlx::PgConnection;
+use tokio_util::sync::CancellationToken;
+
+use super::claim::{self, Begun};
+use super::{Answer, Guard};
+use crate::app::AppState;
+use crate::error::Error;
+use crate::idempotency::{Fingerprint, SavedResponse, store as keys};
+
+/// The work of one kind of record, plugged into [`run`].
+pub trait Write: Send + Sync {
+    /// The route whose keys guard this operation.
+    const ROUTE: &'static str;
+    /// The parameters in a canonical form, for the key's fingerprint.
+    fn canonical(&self) -> Vec<u8>;
+    /// Writes the record in the claim's transaction and renders the
+    /// answer to save. An error rolls the claim back with it: the key
+    /// stays free, as for any refusal.
+    fn write(
+        &self,
+        tx: &mut PgConnection,
+    ) -> impl Future<Output = Result<SavedResponse, Error>> + Send;
+}
+
+/// Runs `write` for a request guarded by `guard`: claims the key or answers
+/// from it; writes, saves the answer on the key, and commits, all at once.
+pub async fn run<W: Write>(state: &AppState, guard: Guard, write: W) -> Result<Answer, Error> {
+    let fingerprint = Fingerprint::of("POST", W::ROUTE, &write.canonical());
+    let client_gone = CancellationToken::new();
+    let _hang_up = client_gone.clone().drop_guard();
+    let request = claim::Request {
+        merchant_id: guard.merchant_id,
+        request_id: guard.request_id,
+        key: guard.key,
+        fingerprint,
+        wait: guard.wait,
+        client_gone,
+    };
+    let mut tx = match claim::begin(state, &request, W::ROUTE, None).await? {
+        Begun::Claimed(tx) => tx,
+        Begun::Replay { saved, waited } => return Ok(Answer::Replayed { saved, waited }),
+        Begun::InUse { waited } => return Err(super::in_use(waited).into()),
+        Begun::Reused => return Err(super::reused(request.key.as_ref()).into()),
+    };
+    let saved = match write.write(&mut tx).await {
+        Ok(saved) => saved,
+        Err(e) => {
+            tx.rollback().await?;
+            return Err(e);
+        }
+    };
+    if let Some(key) = &request.key {
+        let ttl = state.config.idempotency_key_ttl;
+        if !keys::complete(&mut tx, request.merchant_id, key, &saved, ttl).await? {
+            return Err(Error::internal(
+                "the key claimed in this transaction is no longer its to complete",
+            ));
+        }
+    }
+    tx.commit().await?;
+    claim::finished(state, &request);
+    Ok(Answer::Fresh(saved))
+}

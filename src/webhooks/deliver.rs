@@ -1,0 +1,373 @@
+//! The delivery worker, in every `serve` process beside the sweeper: claims
+//! due deliveries ([`store::claim_due`], `FOR UPDATE SKIP LOCKED`), sends
+//! each event, signed, to its endpoint, and records every attempt.
+//!
+//! Delivery is at least once. The receiver's `2xx` and the worker's record
+//! of it are two systems' writes, and no transaction spans both: a worker
+//! that dies between them leaves the delivery claimed but unrecorded, and
+//! it is sent again once its lease runs out. Receivers therefore
+//! deduplicate by the event's `id` (an inbox); what the worker guarantees
+//! is that nothing committed is lost, and that no two workers send one
+//! attempt.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use reqwest::header::{CONTENT_TYPE, HeaderValue, USER_AGENT};
+use sqlx::PgPool;
+use tokio::task::JoinSet;
+
+use super::signature;
+use super::store::{self, Claimed, Finished, Next};
+use crate::config::Config;
+use crate::faults::{Fault, crash_if};
+
+/// The most deliveries one pass claims; they are sent at once.
+pub const BATCH: i64 = 32;
+/// The most bytes of a receiver's answer read: its status is what counts.
+pub const MAX_RESPONSE_BYTES: usize = 4096;
+/// How long a claim holds a delivery beyond the attempt's own timeout,
+/// for recording it.
+const LEASE_MARGIN: Duration = Duration::from_secs(5);
+
+/// How the worker delivers, from the `WEBHOOK_*` settings.
+#[derive(Clone, Copy, Debug)]
+pub struct DeliverySettings {
+    /// The longest one attempt may take, connecting and answering included.
+    pub timeout: Duration,
+    /// Attempts per delivery, the first included.
+    pub max_attempts: i32,
+    /// The wait after the first failed attempt; it doubles after each.
+    pub retry_base: Duration,
+    /// The longest wait between two attempts.
+    pub retry_max: Duration,
+    /// An endpoint that fails every delivery for this long is disabled.
+    pub disable_after: Duration,
+    /// How often an idle worker looks for due deliveries.
+    pub poll_interval: Duration,
+    /// Honour `Oncepay-Fault` in a receiver's answer (tests and workshops).
+    pub fault_injection: bool,
+}
+
+impl DeliverySettings {
+    pub fn from_config(config: &Config) -> Self {
+        DeliverySettings {
+            timeout: config.webhook_timeout,
+            max_attempts: config.webhook_max_attempts,
+            retry_base: config.webhook_retry_base,
+            retry_max: config.webhook_retry_max,
+            disable_after: config.webhook_disable_after,
+            poll_interval: config.webhook_poll_interval,
+            fault_injection: config.fault_injection,
+        }
+    }
+
+    /// How long a claim holds a delivery: past the attempt's timeout, so a
+    /// live worker is never overtaken, and short, so a dead one's delivery
+    /// is soon due again.
+    pub fn lease(&self) -> Duration {
+        self.timeout + LEASE_MARGIN
+    }
+}
+
+/// The wait before the attempt after failed attempt `attempt` (1 for the
+/// first): `retry_base` doubled for each attempt before it, at most
+/// `retry_max`, then jittered to between half and all of that (`jitter` in
+/// `[0, 1)`), so receivers that failed together are not retried together.
+pub fn retry_delay(settings: &DeliverySettings, attempt: i32, jitter: f64) -> Duration {
+    let doublings = u32::try_from(attempt.saturating_sub(1))
+        .unwrap_or(0)
+        .min(30);
+    let full = settings
+        .retry_base
+        .saturating_mul(1 << doublings)
+        .min(settings.retry_max);
+    full.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
+}
+
+/// What one attempt came to.
+#[derive(Debug)]
+struct Sent {
+    status: Option<u16>,
+    error: Option<String>,
+    /// The receiver asked this process to crash before recording
+    /// (`Oncepay-Fault: crash-after-delivery`, honoured only with fault
+    /// injection on).
+    crash: bool,
+}
+
+/// The worker of one process.
+pub struct Worker {
+    pool: PgPool,
+    client: reqwest::Client,
+    settings: DeliverySettings,
+}
+
+impl Worker {
+    pub fn new(pool: PgPool, settings: DeliverySettings) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            // A redirect is an answer that is not 2xx, as Stripe treats it.
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(settings.timeout)
+            .timeout(settings.timeout)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(4)
+            .build()
+            .map_err(|e| anyhow::anyhow!(e).context("building the webhook HTTP client"))?;
+        Ok(Worker {
+            pool,
+            client,
+            settings,
+        })
+    }
+
+    /// Delivers until `stop` resolves: a full batch is followed at once by
+    /// the next, anything less by `poll_interval` of rest.
+    pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
+        tokio::pin!(stop);
+        loop {
+            let claimed = match self.pass().await {
+                Ok(claimed) => claimed,
+                Err(e) => {
+                    tracing::warn!(error = format!("{e:#}"), "webhook delivery pass failed");
+                    0
+                }
+            };
+            if claimed as i64 == BATCH {
+                continue;
+            }
+            tokio::select! {
+                () = &mut stop => return,
+                () = tokio::time::sleep(self.settings.poll_interval) => {}
+            }
+        }
+    }
+
+    /// One pass: claims a batch, sends it all at once, records each attempt.
+    /// Returns how many deliveries it claimed.
+    pub async fn pass(&self) -> anyhow::Result<usize> {
+        let age = store::oldest_pending_age(&self.pool).await?;
+        metrics::gauge!("webhook_oldest_pending_event_age_seconds").set(age.unwrap_or(0.0));
+        let claimed = store::claim_due(&self.pool, BATCH, self.settings.lease()).await?;
+        let count = claimed.len();
+        let mut sends = JoinSet::new();
+        for delivery in claimed {
+            let pool = self.pool.clone();
+            let client = self.client.clone();
+            let settings = self.settings;
+            sends.spawn(async move { deliver(&pool, &client, &settings, delivery).await });
+        }
+        while let Some(done) = sends.join_next().await {
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(
+                    error = format!("{e:#}"),
+                    "recording a webhook attempt failed; the delivery is due again after its lease"
+                ),
+                Err(e) => tracing::error!(error = %e, "a webhook delivery task failed"),
+            }
+        }
+        Ok(count)
+    }
+}
+
+/// Sends one claimed delivery and records the attempt.
+async fn deliver(
+    pool: &PgPool,
+    client: &reqwest::Client,
+    settings: &DeliverySettings,
+    claimed: Claimed,
+) -> anyhow::Result<()> {
+    let started_at = Utc::now();
+    let started = Instant::now();
+    let sent = send(client, settings, &claimed).await;
+    let duration = started.elapsed();
+    if sent.crash && settings.fault_injection {
+        crash_if(Some(Fault::CrashAfterDelivery), Fault::CrashAfterDelivery);
+    }
+    let delivered = sent.status.is_some_and(|s| (200..300).contains(&s));
+    let next = if delivered {
+        Next::Delivered
+    } else if claimed.attempt >= settings.max_attempts {
+        Next::GiveUp
+    } else {
+        Next::RetryAfter(retry_delay(settings, claimed.attempt, rand::random()))
+    };
+    let result = match (&sent.status, &sent.error) {
+        (Some(s), _) if (200..300).contains(s) => "delivered",
+        (Some(_), _) => "http_error",
+        (None, Some(e)) if e == "timeout" => "timeout",
+        (None, Some(e)) if e.starts_with("connect") => "connect_error",
+        (None, _) => "error",
+    };
+    metrics::counter!("webhook_attempts_total", "result" => result).increment(1);
+    metrics::histogram!("webhook_attempt_duration_seconds").record(duration.as_secs_f64());
+    let finished = Finished {
+        delivery_id: claimed.delivery_id,
+        attempt: claimed.attempt,
+        started_at,
+        duration,
+        response_status: sent.status,
+        error: sent.error.as_deref(),
+        next,
+    };
+    let recorded = store::record(pool, &finished, settings.disable_after).await?;
+    let span = tracing::info_span!(
+        "webhook",
+        event = %claimed.event.id,
+        endpoint = %claimed.endpoint_id,
+        attempt = claimed.attempt,
+    );
+    let _entered = span.enter();
+    if !recorded.held {
+        metrics::counter!("webhook_leases_lost_total").increment(1);
+        tracing::warn!(
+            "the delivery was taken on again or ended while this attempt ran; only the attempt is recorded"
+        );
+        return Ok(());
+    }
+    match next {
+        Next::Delivered => {
+            metrics::counter!("webhook_deliveries_total", "outcome" => "succeeded").increment(1);
+            tracing::info!(status = sent.status, ?duration, "webhook delivered");
+        }
+        Next::RetryAfter(after) => tracing::info!(
+            status = sent.status,
+            error = sent.error,
+            retry_in = ?after,
+            "webhook attempt failed; will retry"
+        ),
+        Next::GiveUp => {
+            metrics::counter!("webhook_deliveries_total", "outcome" => "failed").increment(1);
+            tracing::warn!(
+                status = sent.status,
+                error = sent.error,
+                "webhook delivery failed for good: attempts exhausted"
+            );
+        }
+    }
+    if let Some(endpoint) = recorded.disabled_endpoint {
+        let ended = store::end_deliveries_of_disabled(pool, &endpoint).await?;
+        metrics::counter!("webhook_endpoints_disabled_total").increment(1);
+        metrics::counter!("webhook_deliveries_total", "outcome" => "failed").increment(ended);
+        tracing::warn!(
+            ended,
+            "webhook endpoint disabled: it failed every delivery for WEBHOOK_DISABLE_AFTER"
+        );
+    }
+    Ok(())
+}
+
+/// One attempt: the event as the API renders it, signed now, posted within
+/// the timeout; at most [`MAX_RESPONSE_BYTES`] of the answer are read.
+async fn send(client: &reqwest::Client, settings: &DeliverySettings, claimed: &Claimed) -> Sent {
+    let payload = serde_json::to_vec(&claimed.event.to_object()).expect("an event serialises");
+    let signed = signature::sign(&claimed.secret, Utc::now().timestamp(), &payload);
+    let request = client
+        .post(&claimed.url)
+        .header(CONTENT_TYPE, "application/json; charset=utf-8")
+        .header(USER_AGENT, concat!("oncepay/", env!("CARGO_PKG_VERSION")))
+        .header(signature::HEADER, signed)
+        .body(payload);
+    let attempt = async {
+        let mut response = request.send().await?;
+        let status = response.status().as_u16();
+        let crash = response
+            .headers()
+            .get(crate::faults::HEADER)
+            .is_some_and(|v| v == HeaderValue::from_static("crash-after-delivery"));
+        let mut read = 0;
+        while read < MAX_RESPONSE_BYTES {
+            match response.chunk().await? {
+                Some(chunk) => read += chunk.len(),
+                None => break,
+            }
+        }
+        Ok::<_, reqwest::Error>((status, crash))
+    };
+    match tokio::time::timeout(settings.timeout, attempt).await {
+        Ok(Ok((status, crash))) => Sent {
+            status: Some(status),
+            error: (!(200..300).contains(&status)).then(|| format!("HTTP {status}")),
+            crash,
+        },
+        Ok(Err(e)) => Sent {
+            status: None,
+            error: Some(describe(&e)),
+            crash: false,
+        },
+        Err(_) => Sent {
+            status: None,
+            error: Some("timeout".to_owned()),
+            crash: false,
+        },
+    }
+}
+
+/// A few words on a failed attempt, without its URL (which may carry a
+/// merchant's token in its query).
+fn describe(error: &reqwest::Error) -> String {
+    if error.is_timeout() {
+        return "timeout".to_owned();
+    }
+    let kind = if error.is_connect() {
+        "connect"
+    } else if error.is_body() || error.is_decode() {
+        "reading the answer"
+    } else {
+        "request"
+    };
+    let mut source = std::error::Error::source(error);
+    let mut detail = String::new();
+    while let Some(inner) = source {
+        detail = inner.to_string();
+        source = inner.source();
+    }
+    if detail.is_empty() {
+        kind.to_owned()
+    } else {
+        format!("{kind}: {detail}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> DeliverySettings {
+        DeliverySettings {
+            timeout: Duration::from_secs(10),
+            max_attempts: 16,
+            retry_base: Duration::from_secs(60),
+            retry_max: Duration::from_secs(8 * 3600),
+            disable_after: Duration::from_secs(72 * 3600),
+            poll_interval: Duration::from_secs(1),
+            fault_injection: false,
+        }
+    }
+
+    #[test]
+    fn retries_double_from_the_base_up_to_the_cap_and_jitter_keeps_at_least_half() {
+        let s = settings();
+        let secs = |attempt, jitter| retry_delay(&s, attempt, jitter).as_secs_f64();
+        assert_eq!(secs(1, 0.999_999).round(), 60.0);
+        assert_eq!(secs(1, 0.0), 30.0);
+        assert_eq!(secs(2, 0.999_999).round(), 120.0);
+        assert_eq!(secs(5, 0.999_999).round(), 960.0);
+        // 60 s * 2^9 = 8.5 h: capped at 8 h from the tenth attempt on.
+        assert_eq!(secs(10, 0.999_999).round(), 8.0 * 3600.0);
+        assert_eq!(secs(15, 0.999_999).round(), 8.0 * 3600.0);
+        assert_eq!(secs(i32::MAX, 0.5), 0.75 * 8.0 * 3600.0);
+        for attempt in 1..=16 {
+            let low = secs(attempt, 0.0);
+            let high = secs(attempt, 0.999_999);
+            assert!(low > 0.0 && (high / low - 2.0).abs() < 0.001, "{attempt}");
+        }
+    }
+
+    #[test]
+    fn the_lease_outlasts_an_attempt() {
+        let s = settings();
+        assert!(s.lease() > s.timeout);
+    }
+}

@@ -1,0 +1,403 @@
+//! What a webhook endpoint is: its validated parameters, its row and its API
+//! object; and what a delivery and its attempts look like.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::charges::domain::{new_id, required, string};
+use crate::events::EventType;
+use crate::params::{Encoding, ParamError, Params, shorten};
+use crate::problem::ProblemCode;
+
+/// The most endpoints a merchant may have, as Stripe allows.
+pub const MAX_ENDPOINTS: i64 = 16;
+const MAX_URL_CHARS: usize = 2048;
+const MAX_DESCRIPTION_CHARS: usize = 5000;
+/// In `enabled_events`, every type, present and future.
+pub const ALL_EVENTS: &str = "*";
+
+/// The validated parameters of `POST /v1/webhook_endpoints`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewEndpoint {
+    pub url: String,
+    /// Sorted and without repeats: `["*"]`, or event type names.
+    pub enabled_events: Vec<String>,
+    pub description: Option<String>,
+}
+
+impl NewEndpoint {
+    pub fn from_params(mut params: Params) -> Result<Self, ParamError> {
+        let url = string(required(&mut params, "url")?, "url")?;
+        let url = parse_url(&url)?;
+        let enabled_events =
+            enabled_events(required(&mut params, "enabled_events")?, params.encoding)?;
+        let description = params
+            .take("description")
+            .map(|v| string(v, "description"))
+            .transpose()?;
+        if description
+            .as_ref()
+            .is_some_and(|d| d.chars().count() > MAX_DESCRIPTION_CHARS)
+        {
+            return Err(ParamError::new(
+                ProblemCode::ParameterTooLong,
+                "description",
+                format!("Description must be at most {MAX_DESCRIPTION_CHARS} characters"),
+            ));
+        }
+        params.refuse_expand()?;
+        params.reject_unknown()?;
+        Ok(NewEndpoint {
+            url,
+            enabled_events,
+            description,
+        })
+    }
+
+    /// The parameters in a canonical form, for the key's fingerprint.
+    pub fn canonical(&self) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!([
+            self.url,
+            self.enabled_events,
+            self.description,
+        ]))
+        .expect("plain JSON serialises")
+    }
+}
+
+/// An absolute `http` or `https` URL with a host and no credentials,
+/// normalised as the delivery will use it.
+fn parse_url(raw: &str) -> Result<String, ParamError> {
+    let invalid = |why: &str| {
+        ParamError::new(
+            ProblemCode::UrlInvalid,
+            "url",
+            format!("Invalid URL: '{}': {why}", shorten(raw)),
+        )
+    };
+    if raw.chars().count() > MAX_URL_CHARS {
+        return Err(ParamError::new(
+            ProblemCode::ParameterTooLong,
+            "url",
+            format!("url must be at most {MAX_URL_CHARS} characters"),
+        ));
+    }
+    let url = url::Url::parse(raw).map_err(|_| invalid("not an absolute URL"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid("the scheme must be http or https"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("it has no host"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(invalid("credentials do not belong in the URL"));
+    }
+    if url.fragment().is_some() {
+        return Err(invalid("a fragment is never sent"));
+    }
+    let url = String::from(url);
+    if url.len() > MAX_URL_CHARS {
+        return Err(invalid("too long once normalised"));
+    }
+    Ok(url)
+}
+
+/// `enabled_events`: a list of event types, or `["*"]`. A form gives it as
+/// `enabled_events[]=...` or `enabled_events[0]=...`; JSON as an array.
+fn enabled_events(value: Value, encoding: Encoding) -> Result<Vec<String>, ParamError> {
+    let invalid_type = || {
+        ParamError::new(
+            ProblemCode::ParameterInvalidType,
+            "enabled_events",
+            "enabled_events must be a list of event types, e.g. enabled_events[]=charge.succeeded",
+        )
+    };
+    let items: Vec<Value> = match (value, encoding) {
+        (Value::Array(items), Encoding::Json) => items,
+        (Value::Object(entries), Encoding::Form) => {
+            if let Some(name) = entries
+                .keys()
+                .find(|k| !(k.is_empty() || k.bytes().all(|b| b.is_ascii_digit())))
+            {
+                return Err(ParamError::unknown(&format!("enabled_events[{name}]")));
+            }
+            entries.into_iter().map(|(_, v)| v).collect()
+        }
+        _ => return Err(invalid_type()),
+    };
+    let mut names = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::String(name) = item else {
+            return Err(invalid_type());
+        };
+        if name != ALL_EVENTS && EventType::parse(&name).is_none() {
+            return Err(ParamError::new(
+                ProblemCode::InvalidEventType,
+                "enabled_events",
+                format!(
+                    "Invalid event type: '{}'. Use '*' or one of: {}",
+                    shorten(&name),
+                    EventType::ALL.map(EventType::as_str).join(", ")
+                ),
+            ));
+        }
+        names.push(name);
+    }
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        return Err(ParamError::new(
+            ProblemCode::ParameterMissing,
+            "enabled_events",
+            "enabled_events must name at least one event type, or '*'",
+        ));
+    }
+    if names.len() > 1 && names.iter().any(|n| n == ALL_EVENTS) {
+        return Err(ParamError::new(
+            ProblemCode::InvalidEventType,
+            "enabled_events",
+            "'*' already enables every event type; send it alone",
+        ));
+    }
+    Ok(names)
+}
+
+/// An endpoint's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum EndpointStatus {
+    /// Receives the events it enabled.
+    Enabled,
+    /// Failed every delivery for `WEBHOOK_DISABLE_AFTER`; receives nothing.
+    Disabled,
+    /// Deleted by the merchant; not shown any more.
+    Deleted,
+}
+
+impl EndpointStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndpointStatus::Enabled => "enabled",
+            EndpointStatus::Disabled => "disabled",
+            EndpointStatus::Deleted => "deleted",
+        }
+    }
+}
+
+/// An endpoint as stored.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    pub id: String,
+    pub url: String,
+    pub enabled_events: Vec<String>,
+    pub description: Option<String>,
+    pub secret: String,
+    pub status: EndpointStatus,
+    pub disabled_reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The webhook endpoint object of the API, in Stripe's shape. `secret` is
+/// there only in the answer to the create.
+#[derive(Debug, Serialize)]
+pub struct EndpointObject<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub url: &'a str,
+    pub enabled_events: &'a [String],
+    pub description: Option<&'a str>,
+    pub status: &'static str,
+    /// Why it was disabled, when it was (oncepay's addition).
+    pub disabled_reason: Option<&'a str>,
+    pub api_version: Option<&'static str>,
+    pub created: i64,
+    pub livemode: bool,
+    pub metadata: serde_json::Map<String, Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<&'a str>,
+}
+
+impl Endpoint {
+    /// The object as `GET` shows it: without the secret.
+    pub fn to_object(&self) -> EndpointObject<'_> {
+        EndpointObject {
+            id: &self.id,
+            object: "webhook_endpoint",
+            url: &self.url,
+            enabled_events: &self.enabled_events,
+            description: self.description.as_deref(),
+            status: self.status.as_str(),
+            disabled_reason: self.disabled_reason.as_deref(),
+            api_version: None,
+            created: self.created_at.timestamp(),
+            livemode: false,
+            metadata: serde_json::Map::new(),
+            secret: None,
+        }
+    }
+
+    /// The object as the create answers it, the one time the secret is shown.
+    pub fn to_created_object(&self) -> EndpointObject<'_> {
+        EndpointObject {
+            secret: Some(&self.secret),
+            ..self.to_object()
+        }
+    }
+}
+
+/// A new endpoint id: `we_` and 24 random letters and digits.
+pub fn new_endpoint_id() -> String {
+    new_id("we")
+}
+
+/// A new signing secret: `whsec_` and 32 random letters and digits, from
+/// the operating system's generator by way of `rand`'s CSPRNG.
+pub fn new_secret() -> String {
+    use rand::Rng;
+    let random: String = rand::rng()
+        .sample_iter(&rand::distr::Alphanumeric)
+        .take(32)
+        .map(char::from)
+        .collect();
+    format!("whsec_{random}")
+}
+
+/// A delivery's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum DeliveryStatus {
+    /// Not yet answered `2xx`; another attempt is due at `next_attempt_at`.
+    Pending,
+    /// An attempt was answered `2xx`.
+    Succeeded,
+    /// Every attempt failed, or the endpoint was disabled or deleted.
+    Failed,
+}
+
+impl DeliveryStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Succeeded => "succeeded",
+            DeliveryStatus::Failed => "failed",
+        }
+    }
+}
+
+/// One event's delivery to one endpoint, with its attempts.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    pub endpoint_id: String,
+    pub url: String,
+    pub status: DeliveryStatus,
+    pub attempts: i32,
+    pub next_attempt_at: DateTime<Utc>,
+    pub failure_reason: Option<String>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// One attempt that ran to its end.
+#[derive(Clone, Debug)]
+pub struct Attempt {
+    pub endpoint_id: String,
+    pub attempt: i32,
+    pub started_at: DateTime<Utc>,
+    pub duration_ms: i32,
+    pub response_status: Option<i16>,
+    pub error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn from_json(body: Value) -> Result<NewEndpoint, ParamError> {
+        NewEndpoint::from_params(Params::from_json(body.to_string().as_bytes()).unwrap())
+    }
+
+    fn from_form(body: &str) -> Result<NewEndpoint, ParamError> {
+        NewEndpoint::from_params(Params::from_form(body.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn a_form_and_json_give_the_same_endpoint_and_the_same_fingerprint() {
+        let json = from_json(json!({
+            "url": "https://example.com/hooks",
+            "enabled_events": ["refund.failed", "charge.succeeded", "charge.succeeded"],
+        }))
+        .unwrap();
+        let form = from_form(
+            "url=https://example.com/hooks&enabled_events[0]=charge.succeeded&enabled_events[1]=refund.failed",
+        )
+        .unwrap();
+        assert_eq!(json, form);
+        let appended = from_form(
+            "url=https://example.com/hooks&enabled_events[]=refund.failed&enabled_events[]=charge.succeeded",
+        )
+        .unwrap();
+        assert_eq!(appended, form);
+        assert_eq!(json.enabled_events, ["charge.succeeded", "refund.failed"]);
+        assert_eq!(json.canonical(), form.canonical());
+        let wildcard = from_form("url=http://127.0.0.1:9/x&enabled_events[]=*").unwrap();
+        assert_eq!(wildcard.enabled_events, ["*"]);
+    }
+
+    #[test]
+    fn only_absolute_http_and_https_urls_without_credentials_are_accepted() {
+        for bad in [
+            "ftp://example.com/x",
+            "file:///etc/passwd",
+            "/relative",
+            "https://user:pw@example.com/",
+            "http://example.com/#frag",
+            "javascript:alert(1)",
+        ] {
+            let err = from_json(json!({"url": bad, "enabled_events": ["*"]})).unwrap_err();
+            assert_eq!(err.code, ProblemCode::UrlInvalid, "{bad}");
+            assert_eq!(err.param, "url");
+        }
+        let long = format!("https://example.com/{}", "a".repeat(MAX_URL_CHARS));
+        let err = from_json(json!({"url": long, "enabled_events": ["*"]})).unwrap_err();
+        assert_eq!(err.code, ProblemCode::ParameterTooLong);
+    }
+
+    #[test]
+    fn enabled_events_must_name_known_types_or_the_wildcard_alone() {
+        let err =
+            from_json(json!({"url": "https://e.com", "enabled_events": ["charge.*"]})).unwrap_err();
+        assert_eq!(err.code, ProblemCode::InvalidEventType);
+        let err =
+            from_json(json!({"url": "https://e.com", "enabled_events": ["*", "charge.failed"]}))
+                .unwrap_err();
+        assert_eq!(err.code, ProblemCode::InvalidEventType);
+        let err = from_json(json!({"url": "https://e.com", "enabled_events": []})).unwrap_err();
+        assert_eq!(err.code, ProblemCode::ParameterMissing);
+        let err = from_json(json!({"url": "https://e.com", "enabled_events": "*"})).unwrap_err();
+        assert_eq!(err.code, ProblemCode::ParameterInvalidType);
+        let err = from_json(json!({"url": "https://e.com"})).unwrap_err();
+        assert_eq!(err.code, ProblemCode::ParameterMissing);
+        let err = from_form("url=https://e.com&enabled_events[x]=*").unwrap_err();
+        assert_eq!(err.code, ProblemCode::ParameterUnknown);
+    }
+
+    #[test]
+    fn the_secret_is_shown_only_by_the_create() {
+        let endpoint = Endpoint {
+            id: new_endpoint_id(),
+            url: "https://e.com/".into(),
+            enabled_events: vec!["*".into()],
+            description: None,
+            secret: new_secret(),
+            status: EndpointStatus::Enabled,
+            disabled_reason: None,
+            created_at: Utc::now(),
+        };
+        let shown = serde_json::to_value(endpoint.to_object()).unwrap();
+        assert!(shown.get("secret").is_none());
+        let created = serde_json::to_value(endpoint.to_created_object()).unwrap();
+        assert_eq!(created["secret"], endpoint.secret.as_str());
+        assert!(endpoint.secret.starts_with("whsec_") && endpoint.secret.len() == 38);
+    }
+}

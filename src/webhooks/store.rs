@@ -1,0 +1,334 @@
+//! The webhook tables' SQL: endpoints, and the deliveries the worker claims
+//! and records. Deliveries are written with their events (see
+//! [`crate::events::store::insert`]); every change after that is one
+//! conditional statement.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use super::domain::{Attempt, Delivery, DeliveryStatus, Endpoint, MAX_ENDPOINTS, NewEndpoint};
+use crate::events::{Event, EventType};
+
+fn millis(d: Duration) -> f64 {
+    d.as_millis() as f64
+}
+
+/// Writes a new endpoint, unless the merchant has [`MAX_ENDPOINTS`]
+/// already (`None`). The merchant's row is locked first, so that two
+/// creates at once count each other.
+pub async fn insert(
+    tx: &mut PgConnection,
+    merchant_id: Uuid,
+    id: &str,
+    secret: &str,
+    new: &NewEndpoint,
+) -> sqlx::Result<Option<Endpoint>> {
+    sqlx::query!(
+        "SELECT id FROM merchants WHERE id = $1 FOR UPDATE",
+        merchant_id
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    // A statement of its own, after the lock: its snapshot sees every
+    // endpoint committed before the lock was granted.
+    sqlx::query_as!(
+        Endpoint,
+        r#"INSERT INTO webhook_endpoints (id, merchant_id, url, enabled_events, description, secret)
+           SELECT $2, $1, $3, $4, $5, $6
+            WHERE (SELECT count(*) FROM webhook_endpoints
+                    WHERE merchant_id = $1 AND status <> 'deleted') < $7
+        RETURNING id, url, enabled_events, description, secret, status AS "status: _",
+                  disabled_reason, created_at"#,
+        merchant_id,
+        id,
+        new.url,
+        &new.enabled_events,
+        new.description,
+        secret,
+        MAX_ENDPOINTS,
+    )
+    .fetch_optional(&mut *tx)
+    .await
+}
+
+/// One endpoint of the merchant's, unless deleted.
+pub async fn find(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    id: &str,
+) -> sqlx::Result<Option<Endpoint>> {
+    sqlx::query_as!(
+        Endpoint,
+        r#"SELECT id, url, enabled_events, description, secret, status AS "status: _",
+                  disabled_reason, created_at
+             FROM webhook_endpoints
+            WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted'"#,
+        merchant_id,
+        id,
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// The merchant's endpoints, newest first (there are at most
+/// [`MAX_ENDPOINTS`], so one page holds them all).
+pub async fn list(db: impl PgExecutor<'_>, merchant_id: Uuid) -> sqlx::Result<Vec<Endpoint>> {
+    sqlx::query_as!(
+        Endpoint,
+        r#"SELECT id, url, enabled_events, description, secret, status AS "status: _",
+                  disabled_reason, created_at
+             FROM webhook_endpoints
+            WHERE merchant_id = $1 AND status <> 'deleted'
+            ORDER BY created_at DESC, id DESC"#,
+        merchant_id,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Deletes an endpoint: it is marked deleted (its deliveries keep naming
+/// it) and its pending deliveries end `failed`. `false` when there was no
+/// such endpoint, or it was deleted already.
+pub async fn delete(db: impl PgExecutor<'_>, merchant_id: Uuid, id: &str) -> sqlx::Result<bool> {
+    let deleted = sqlx::query_scalar!(
+        r#"WITH deleted AS (
+               UPDATE webhook_endpoints SET status = 'deleted', disabled_reason = NULL
+                WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted'
+               RETURNING id),
+           ended AS (
+               UPDATE webhook_deliveries d
+                  SET status = 'failed', failure_reason = 'endpoint_deleted', finished_at = now()
+                 FROM deleted WHERE d.endpoint_id = deleted.id AND d.status = 'pending')
+           SELECT count(*) AS "n!" FROM deleted"#,
+        merchant_id,
+        id,
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(deleted > 0)
+}
+
+/// A delivery a worker has claimed: the attempt it may make, and what to send.
+#[derive(Debug)]
+pub struct Claimed {
+    pub delivery_id: i64,
+    /// This attempt's number; only the holder of it may record it.
+    pub attempt: i32,
+    pub endpoint_id: String,
+    pub url: String,
+    pub secret: String,
+    pub event: Event,
+}
+
+/// Claims up to `limit` due deliveries for one attempt each: `FOR UPDATE
+/// SKIP LOCKED`, so that workers in several processes never take the same
+/// row, and in the same statement the attempt count goes up and the next
+/// attempt moves `lease` ahead. A worker that dies mid-attempt leaves the
+/// delivery due again after the lease: redelivered, never lost.
+pub async fn claim_due(
+    db: impl PgExecutor<'_>,
+    limit: i64,
+    lease: Duration,
+) -> sqlx::Result<Vec<Claimed>> {
+    let rows = sqlx::query!(
+        r#"UPDATE webhook_deliveries d
+              SET attempts = d.attempts + 1,
+                  next_attempt_at = now() + $2::float8 * interval '1 millisecond'
+             FROM (SELECT id FROM webhook_deliveries
+                    WHERE status = 'pending' AND next_attempt_at <= now()
+                    ORDER BY next_attempt_at
+                    LIMIT $1
+                      FOR UPDATE SKIP LOCKED) due,
+                  webhook_endpoints w, events e
+            WHERE d.id = due.id AND w.id = d.endpoint_id AND e.seq = d.event_seq
+        RETURNING d.id, d.attempts, w.id AS endpoint_id, w.url, w.secret,
+                  e.seq, e.id AS event_id, e.type AS "kind: EventType", e.data AS "data: sqlx::types::Json<serde_json::Value>",
+                  e.request_id, e.idempotency_key, e.created_at,
+                  (SELECT count(*) FROM webhook_deliveries p
+                    WHERE p.event_seq = e.seq AND p.status = 'pending')::int AS "pending_webhooks!""#,
+        limit,
+        millis(lease),
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| Claimed {
+            delivery_id: row.id,
+            attempt: row.attempts,
+            endpoint_id: row.endpoint_id,
+            url: row.url,
+            secret: row.secret,
+            event: Event {
+                seq: row.seq,
+                id: row.event_id,
+                kind: row.kind,
+                data: row.data,
+                request_id: row.request_id,
+                idempotency_key: row.idempotency_key,
+                created_at: row.created_at,
+                pending_webhooks: row.pending_webhooks,
+            },
+        })
+        .collect())
+}
+
+/// What becomes of a delivery after an attempt.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Next {
+    /// Answered `2xx`: delivered.
+    Delivered,
+    /// Failed: try again after this long.
+    RetryAfter(Duration),
+    /// Failed, and it was the last attempt allowed.
+    GiveUp,
+}
+
+/// An attempt that ran to its end.
+#[derive(Debug)]
+pub struct Finished<'a> {
+    pub delivery_id: i64,
+    pub attempt: i32,
+    pub started_at: DateTime<Utc>,
+    pub duration: Duration,
+    pub response_status: Option<u16>,
+    pub error: Option<&'a str>,
+    pub next: Next,
+}
+
+/// What recording an attempt changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Recorded {
+    /// The delivery was still this worker's to settle: pending, at this
+    /// attempt. `false` when it was claimed again meanwhile (the attempt
+    /// outlived its lease) or ended otherwise (the endpoint went away).
+    pub held: bool,
+    /// This failure disabled the endpoint: it had failed every delivery
+    /// since `disable_after` ago.
+    pub disabled_endpoint: Option<String>,
+}
+
+/// Records an attempt and, if the delivery is still held at that attempt,
+/// its consequence, in one statement: the attempt's row, the delivery's
+/// new state, and the endpoint's run of failures (cleared by a success;
+/// begun, or ended by disabling the endpoint, by a failure).
+pub async fn record(
+    db: impl PgExecutor<'_>,
+    finished: &Finished<'_>,
+    disable_after: Duration,
+) -> sqlx::Result<Recorded> {
+    let delivered = finished.next == Next::Delivered;
+    let retry_ms = match finished.next {
+        Next::RetryAfter(after) => Some(millis(after)),
+        Next::Delivered | Next::GiveUp => None,
+    };
+    let duration_ms = i32::try_from(finished.duration.as_millis()).unwrap_or(i32::MAX);
+    let row = sqlx::query!(
+        r#"WITH attempt AS (
+               INSERT INTO webhook_attempts
+                      (delivery_id, attempt, started_at, duration_ms, response_status, error)
+               VALUES ($1, $2, $3, $4, $5, $6)
+               ON CONFLICT DO NOTHING),
+           delivery AS (
+               UPDATE webhook_deliveries
+                  SET status = CASE WHEN $7 THEN 'succeeded'
+                                    WHEN $8::float8 IS NULL THEN 'failed'
+                                    ELSE 'pending' END,
+                      next_attempt_at = CASE WHEN $8::float8 IS NULL THEN next_attempt_at
+                                             ELSE now() + $8::float8 * interval '1 millisecond' END,
+                      finished_at = CASE WHEN $7 OR $8::float8 IS NULL THEN now() END,
+                      failure_reason = CASE WHEN NOT $7 AND $8::float8 IS NULL
+                                            THEN 'attempts_exhausted' END
+                WHERE id = $1 AND status = 'pending' AND attempts = $2
+               RETURNING endpoint_id),
+           endpoint AS (
+               UPDATE webhook_endpoints w
+                  SET failing_since = CASE WHEN $7 THEN NULL ELSE coalesce(w.failing_since, now()) END,
+                      status = CASE WHEN NOT $7 AND w.failing_since <= now() - $9::float8 * interval '1 millisecond'
+                                    THEN 'disabled' ELSE w.status END,
+                      disabled_reason = CASE WHEN NOT $7 AND w.failing_since <= now() - $9::float8 * interval '1 millisecond'
+                                             THEN 'every delivery failed for ' || $10::text ELSE w.disabled_reason END
+                 FROM delivery
+                WHERE w.id = delivery.endpoint_id AND w.status = 'enabled'
+                  AND (NOT $7 OR w.failing_since IS NOT NULL)
+               RETURNING w.id, w.status)
+           SELECT (SELECT count(*) FROM delivery) AS "held!",
+                  (SELECT id FROM endpoint WHERE status = 'disabled') AS disabled"#,
+        finished.delivery_id,
+        finished.attempt,
+        finished.started_at,
+        duration_ms,
+        finished.response_status.map(|s| s as i16),
+        finished.error,
+        delivered,
+        retry_ms,
+        millis(disable_after),
+        humantime::format_duration(disable_after).to_string(),
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(Recorded {
+        held: row.held > 0,
+        disabled_endpoint: row.disabled,
+    })
+}
+
+/// Ends the pending deliveries of an endpoint just disabled: they fail, as
+/// nothing will be sent to it any more.
+pub async fn end_deliveries_of_disabled(
+    db: impl PgExecutor<'_>,
+    endpoint_id: &str,
+) -> sqlx::Result<u64> {
+    let ended = sqlx::query!(
+        "UPDATE webhook_deliveries
+            SET status = 'failed', failure_reason = 'endpoint_disabled', finished_at = now()
+          WHERE endpoint_id = $1 AND status = 'pending'",
+        endpoint_id,
+    )
+    .execute(db)
+    .await?;
+    Ok(ended.rows_affected())
+}
+
+/// The deliveries of one event, one per endpoint.
+pub async fn deliveries_of(db: impl PgExecutor<'_>, event_seq: i64) -> sqlx::Result<Vec<Delivery>> {
+    sqlx::query_as!(
+        Delivery,
+        r#"SELECT d.endpoint_id, w.url, d.status AS "status: DeliveryStatus", d.attempts,
+                  d.next_attempt_at, d.failure_reason, d.finished_at
+             FROM webhook_deliveries d JOIN webhook_endpoints w ON w.id = d.endpoint_id
+            WHERE d.event_seq = $1
+            ORDER BY d.id"#,
+        event_seq,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The recorded attempts of one event's deliveries, in order.
+pub async fn attempts_of(db: impl PgExecutor<'_>, event_seq: i64) -> sqlx::Result<Vec<Attempt>> {
+    sqlx::query_as!(
+        Attempt,
+        r#"SELECT d.endpoint_id, a.attempt, a.started_at, a.duration_ms, a.response_status, a.error
+             FROM webhook_attempts a JOIN webhook_deliveries d ON d.id = a.delivery_id
+            WHERE d.event_seq = $1
+            ORDER BY d.id, a.attempt"#,
+        event_seq,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// How long the oldest event with a delivery still pending has waited, in
+/// seconds; `None` when every delivery has ended.
+pub async fn oldest_pending_age(db: impl PgExecutor<'_>) -> sqlx::Result<Option<f64>> {
+    sqlx::query_scalar!(
+        r#"SELECT extract(epoch FROM now() - min(created_at))::float8
+             FROM webhook_deliveries WHERE status = 'pending'"#
+    )
+    .fetch_one(db)
+    .await
+}
