@@ -18,7 +18,10 @@ fn millis(d: Duration) -> f64 {
 
 /// Writes a new endpoint, unless the merchant has [`MAX_ENDPOINTS`]
 /// already (`None`). The merchant's row is locked first, so that two
-/// creates at once count each other.
+/// creates at once count each other. `FOR NO KEY UPDATE`, not `FOR UPDATE`:
+/// the claim in the same transaction already holds the `KEY SHARE` lock its
+/// foreign key takes on that row, and two creates holding one each while
+/// waiting for `FOR UPDATE` would deadlock.
 pub async fn insert(
     tx: &mut PgConnection,
     merchant_id: Uuid,
@@ -27,7 +30,7 @@ pub async fn insert(
     new: &NewEndpoint,
 ) -> sqlx::Result<Option<Endpoint>> {
     sqlx::query!(
-        "SELECT id FROM merchants WHERE id = $1 FOR UPDATE",
+        "SELECT id FROM merchants WHERE id = $1 FOR NO KEY UPDATE",
         merchant_id
     )
     .fetch_one(&mut *tx)

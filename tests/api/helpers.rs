@@ -143,6 +143,65 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
     }
 }
 
+/// Another server process on a test app's database, as a second instance
+/// of the service would be: its own pool, sweeper and webhook worker.
+pub struct Instance {
+    shutdown: Option<oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl TestApp {
+    /// Starts another instance on this app's database with `settings` on
+    /// top of this app's configuration.
+    pub async fn another_instance(&self, settings: Settings) -> Instance {
+        let base = self.config.clone();
+        let config = Config::from_lookup(|name| {
+            settings
+                .vars
+                .iter()
+                .rev()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+                .or_else(|| match name {
+                    "DATABASE_URL" => Some(base.database_url.clone()),
+                    "PORT" => Some("0".to_owned()),
+                    "SWEEP_INTERVAL" => Some("1h".to_owned()),
+                    _ => None,
+                })
+        })
+        .expect("a valid configuration for the second instance");
+        let pool = PgPoolOptions::new()
+            .max_connections(config.database_max_connections)
+            .connect(&config.database_url)
+            .await
+            .expect("connect the second instance");
+        let app = Application::build(config, pool)
+            .await
+            .expect("build the second instance");
+        let (shutdown, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            app.run_until_stopped(async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("the second instance runs");
+        });
+        Instance {
+            shutdown: Some(shutdown),
+            server,
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        self.server.abort();
+    }
+}
+
 impl Drop for TestApp {
     fn drop(&mut self) {
         if let Some(shutdown) = self.shutdown.take() {

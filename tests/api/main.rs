@@ -21,3 +21,4 @@ mod refunds;
 mod stripe;
 mod sweeper;
 mod waits;
+mod webhooks;

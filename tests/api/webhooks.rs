@@ -1,0 +1,702 @@
+//! Webhook endpoints and deliveries: the endpoints API, guarded by keys like
+//! every POST; each event delivered, signed, to each endpoint that wants it;
+//! retries, timeouts, refusals and disabling; several instances delivering
+//! from one database. The receivers are real HTTP servers on free ports.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use oncepay::webhooks::signature;
+use serde_json::{Value, json};
+
+use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, until, visa};
+
+/// Fast retries, so that a test sees several attempts in a second.
+fn fast() -> Settings {
+    Settings::new()
+        .set("WEBHOOK_POLL_INTERVAL", "50ms")
+        .set("WEBHOOK_RETRY_BASE", "100ms")
+        .set("WEBHOOK_RETRY_MAX", "200ms")
+}
+
+/// How a test receiver answers one delivery.
+#[derive(Clone, Copy, Debug)]
+enum Reply {
+    Status(u16),
+    /// Answers 200 after this long.
+    Slow(Duration),
+    /// Answers 200 with a body that never ends.
+    Endless,
+}
+
+/// A delivery a test receiver got.
+#[derive(Clone, Debug)]
+struct Got {
+    signature: String,
+    body: Bytes,
+    at: Instant,
+}
+
+/// A real HTTP server that records every delivery and answers each with
+/// the next of its replies (the last one again once they run out).
+struct Receiver {
+    url: String,
+    got: Arc<Mutex<Vec<Got>>>,
+    /// Bytes of an endless answer the server was made to produce.
+    produced: Arc<AtomicUsize>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Receiver {
+    async fn start(replies: &[Reply]) -> Self {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let produced = Arc::new(AtomicUsize::new(0));
+        let replies = Arc::new(replies.to_vec());
+        let (got_in, produced_in) = (got.clone(), produced.clone());
+        let handler = move |headers: HeaderMap, body: Bytes| {
+            let (got, produced, replies) = (got_in.clone(), produced_in.clone(), replies.clone());
+            async move {
+                let n = {
+                    let mut got = got.lock().unwrap();
+                    got.push(Got {
+                        signature: headers
+                            .get("stripe-signature")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_owned(),
+                        body,
+                        at: Instant::now(),
+                    });
+                    got.len()
+                };
+                match replies[(n - 1).min(replies.len() - 1)] {
+                    Reply::Status(status) => StatusCode::from_u16(status).unwrap().into_response(),
+                    Reply::Slow(delay) => {
+                        tokio::time::sleep(delay).await;
+                        StatusCode::OK.into_response()
+                    }
+                    Reply::Endless => {
+                        let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+                        let stream = futures::stream::unfold((), move |()| {
+                            let chunk = chunk.clone();
+                            let produced = produced.clone();
+                            async move {
+                                produced.fetch_add(chunk.len(), Ordering::Relaxed);
+                                Some((Ok::<_, std::io::Error>(chunk), ()))
+                            }
+                        });
+                        Response::new(Body::from_stream(stream))
+                    }
+                }
+            }
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+        let router = axum::Router::new().route("/hooks", axum::routing::post(handler));
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        Receiver {
+            url,
+            got,
+            produced,
+            server,
+        }
+    }
+
+    fn got(&self) -> Vec<Got> {
+        self.got.lock().unwrap().clone()
+    }
+
+    /// The event ids received, in order.
+    fn event_ids(&self) -> Vec<String> {
+        self.got()
+            .iter()
+            .map(|g| {
+                serde_json::from_slice::<Value>(&g.body).unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    async fn until_got(&self, n: usize, within: Duration) {
+        until(within, &format!("{n} deliveries received"), || async {
+            self.got().len() >= n
+        })
+        .await;
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl TestApp {
+    async fn create_endpoint(&self, key: Option<&str>, body: &Value) -> Answer {
+        let mut request = self
+            .client
+            .post(self.url("/v1/webhook_endpoints"))
+            .bearer_auth(&self.api_key)
+            .json(body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        Answer::of(request.send().await.unwrap()).await
+    }
+
+    /// A new endpoint at `url` for `events`; returns its id and secret.
+    async fn endpoint(&self, url: &str, events: &[&str]) -> (String, String) {
+        let created = self
+            .create_endpoint(None, &json!({"url": url, "enabled_events": events}))
+            .await;
+        assert_eq!(created.status, 201, "{:?}", created.body);
+        let body = created.json();
+        (
+            body["id"].as_str().unwrap().to_owned(),
+            body["secret"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    async fn endpoints(&self) -> i64 {
+        self.count("SELECT count(*) FROM webhook_endpoints").await
+    }
+
+    /// The statuses of every delivery, oldest first.
+    async fn delivery_statuses(&self) -> Vec<String> {
+        sqlx::query_scalar("SELECT status FROM webhook_deliveries ORDER BY id")
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn event_of(&self, object_id: &str, kind: &str) -> String {
+        sqlx::query_scalar("SELECT id FROM events WHERE object_id = $1 AND type = $2")
+            .bind(object_id)
+            .bind(kind)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn deliveries_of(&self, event_id: &str) -> Value {
+        let answer = Answer::of(self.get(&format!("/v1/events/{event_id}/deliveries")).await).await;
+        assert_eq!(answer.status, 200, "{:?}", answer.body);
+        answer.json()
+    }
+}
+
+#[tokio::test]
+async fn creating_an_endpoint_shows_its_secret_once_and_a_retry_replays_the_same_endpoint() {
+    let app = spawn_app_with(fast()).await;
+    let body = json!({"url": "https://example.com/hooks", "enabled_events": ["charge.succeeded"], "description": "orders"});
+    let first = app.create_endpoint(Some("we-1"), &body).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let created = first.json();
+    let id = created["id"].as_str().unwrap();
+    assert!(id.starts_with("we_") && id.len() == 27, "{id}");
+    assert!(created["secret"].as_str().unwrap().starts_with("whsec_"));
+    assert_eq!(created["object"], "webhook_endpoint");
+    assert_eq!(created["status"], "enabled");
+    assert_eq!(
+        first.header("location"),
+        Some(&*format!("/v1/webhook_endpoints/{id}"))
+    );
+
+    let again = app.create_endpoint(Some("we-1"), &body).await;
+    assert_eq!(again.status, 201);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body, "the same bytes, the same secret");
+    assert_eq!(app.endpoints().await, 1);
+
+    let shown = Answer::of(app.get(&format!("/v1/webhook_endpoints/{id}")).await).await;
+    assert_eq!(shown.status, 200);
+    let shown = shown.json();
+    assert!(shown.get("secret").is_none(), "{shown}");
+    assert_eq!(shown["url"], "https://example.com/hooks");
+    assert_eq!(shown["description"], "orders");
+    let list = Answer::of(app.get("/v1/webhook_endpoints").await)
+        .await
+        .json();
+    assert_eq!(list["data"].as_array().unwrap().len(), 1);
+    assert!(list["data"][0].get("secret").is_none());
+
+    let reused = app
+        .create_endpoint(
+            Some("we-1"),
+            &json!({"url": "https://example.com/other", "enabled_events": ["*"]}),
+        )
+        .await;
+    reused.assert_problem(422, "idempotency_key_reused");
+
+    let other = app.other_merchant().await;
+    let foreign = Answer::of(
+        app.client
+            .get(app.url(&format!("/v1/webhook_endpoints/{id}")))
+            .bearer_auth(&other)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    foreign.assert_problem(404, "resource_missing");
+}
+
+#[tokio::test]
+async fn fifty_concurrent_creates_with_one_key_make_one_endpoint() {
+    let app = Arc::new(spawn_app_with(fast()).await);
+    let body = json!({"url": "https://example.com/hooks", "enabled_events": ["*"]});
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let (app, body) = (app.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            app.create_endpoint(Some("one-key"), &body).await
+        }));
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    for task in tasks {
+        let answer = task.await.unwrap();
+        match answer.status {
+            201 => {
+                ids.insert(answer.json()["id"].as_str().unwrap().to_owned());
+            }
+            409 => answer.assert_problem(409, "idempotency_key_in_use"),
+            other => panic!("unexpected {other}: {:?}", answer.body),
+        }
+    }
+    assert_eq!(ids.len(), 1, "every 201 names the one endpoint: {ids:?}");
+    assert_eq!(app.endpoints().await, 1);
+}
+
+#[tokio::test]
+async fn bad_endpoint_parameters_are_refused_and_write_nothing() {
+    let app = spawn_app_with(fast()).await;
+    for (body, code, param) in [
+        (
+            json!({"url": "ftp://example.com/x", "enabled_events": ["*"]}),
+            "url_invalid",
+            "url",
+        ),
+        (
+            json!({"url": "not a url", "enabled_events": ["*"]}),
+            "url_invalid",
+            "url",
+        ),
+        (
+            json!({"url": "https://example.com", "enabled_events": ["charge.nope"]}),
+            "invalid_event_type",
+            "enabled_events",
+        ),
+        (
+            json!({"url": "https://example.com"}),
+            "parameter_missing",
+            "enabled_events",
+        ),
+        (json!({"enabled_events": ["*"]}), "parameter_missing", "url"),
+        (
+            json!({"url": "https://example.com", "enabled_events": ["*"], "colour": "red"}),
+            "parameter_unknown",
+            "colour",
+        ),
+        (
+            json!({"url": 7, "enabled_events": ["*"]}),
+            "parameter_invalid_type",
+            "url",
+        ),
+    ] {
+        let answer = app.create_endpoint(Some("bad"), &body).await;
+        answer.assert_problem(400, code);
+        assert_eq!(answer.json()["param"], param, "{body}");
+    }
+    assert_eq!(app.endpoints().await, 0);
+    assert_eq!(app.keys().await, 0, "a refused request leaves its key free");
+    // A form, with the list spelled as curl users write it.
+    let form = app
+        .client
+        .post(app.url("/v1/webhook_endpoints"))
+        .bearer_auth(&app.api_key)
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body("url=https://example.com/h&enabled_events[]=charge.succeeded&enabled_events[]=charge.failed")
+        .send()
+        .await
+        .unwrap();
+    let form = Answer::of(form).await;
+    assert_eq!(form.status, 201, "{:?}", form.body);
+    assert_eq!(
+        form.json()["enabled_events"],
+        json!(["charge.failed", "charge.succeeded"])
+    );
+}
+
+#[tokio::test]
+async fn a_merchant_has_at_most_sixteen_endpoints_even_when_twenty_are_created_at_once() {
+    let app = Arc::new(spawn_app_with(fast()).await);
+    let mut tasks = Vec::new();
+    for n in 0..20 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let body = json!({"url": format!("https://example.com/{n}"), "enabled_events": ["*"]});
+            app.create_endpoint(Some(&format!("key-{n}")), &body).await
+        }));
+    }
+    let (mut created, mut refused) = (0, 0);
+    for task in tasks {
+        let answer = task.await.unwrap();
+        if answer.status == 201 {
+            created += 1;
+        } else {
+            answer.assert_problem(400, "webhook_endpoint_limit");
+            refused += 1;
+        }
+    }
+    assert_eq!((created, refused), (16, 4));
+    assert_eq!(app.endpoints().await, 16);
+}
+
+#[tokio::test]
+async fn each_event_is_delivered_signed_to_each_endpoint_that_enabled_its_type() {
+    let app = spawn_app_with(fast()).await;
+    let charges = Receiver::start(&[Reply::Status(200)]).await;
+    let refunds = Receiver::start(&[Reply::Status(204)]).await;
+    let (_, charge_secret) = app.endpoint(&charges.url, &["charge.succeeded"]).await;
+    let (_, refund_secret) = app.endpoint(&refunds.url, &["refund.succeeded"]).await;
+    let charge = app.paid_charge(1000).await;
+    let refund = Answer::of(
+        app.post_refund(None, &json!({"charge": charge, "amount": 400}))
+            .await,
+    )
+    .await;
+    assert_eq!(refund.status, 201);
+    let refund_id = refund.json()["id"].as_str().unwrap().to_owned();
+    charges.until_got(1, Duration::from_secs(10)).await;
+    refunds.until_got(1, Duration::from_secs(10)).await;
+    until(
+        Duration::from_secs(10),
+        "both deliveries recorded",
+        || async { app.delivery_statuses().await == ["succeeded", "succeeded"] },
+    )
+    .await;
+
+    let now = chrono::Utc::now().timestamp();
+    let got = &charges.got()[0];
+    signature::verify(Some(&got.signature), &got.body, &charge_secret, now, 300)
+        .expect("signed with the endpoint's secret");
+    assert!(
+        signature::verify(Some(&got.signature), &got.body, &refund_secret, now, 300).is_err(),
+        "and with no other"
+    );
+    let delivered: Value = serde_json::from_slice(&got.body).unwrap();
+    assert_eq!(delivered["type"], "charge.succeeded");
+    assert_eq!(delivered["data"]["object"]["id"], charge);
+    let event = app.event_of(&charge, "charge.succeeded").await;
+    let stored = Answer::of(app.get(&format!("/v1/events/{event}")).await)
+        .await
+        .json();
+    assert_eq!(delivered["id"], stored["id"]);
+    assert_eq!(delivered["data"], stored["data"]);
+    assert_eq!(stored["pending_webhooks"], 0, "delivered");
+
+    let got = &refunds.got()[0];
+    signature::verify(Some(&got.signature), &got.body, &refund_secret, now, 300).unwrap();
+    let delivered: Value = serde_json::from_slice(&got.body).unwrap();
+    assert_eq!(delivered["type"], "refund.succeeded");
+    assert_eq!(delivered["data"]["object"]["id"], refund_id);
+    // Nothing else: charge.refunded went to no endpoint.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!((charges.got().len(), refunds.got().len()), (1, 1));
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_deliveries").await,
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_failing_receiver_is_retried_with_backoff_until_it_answers_2xx() {
+    let app = spawn_app_with(fast()).await;
+    let receiver =
+        Receiver::start(&[Reply::Status(500), Reply::Status(503), Reply::Status(200)]).await;
+    app.endpoint(&receiver.url, &["*"]).await;
+    let charge = app.paid_charge(500).await;
+    receiver.until_got(3, Duration::from_secs(10)).await;
+    let event = app.event_of(&charge, "charge.succeeded").await;
+    assert_eq!(
+        receiver.event_ids(),
+        [event.clone(), event.clone(), event.clone()]
+    );
+    let got = receiver.got();
+    // 100 ms doubled, jittered to at least half: >= 50 ms, then >= 100 ms.
+    assert!(got[1].at - got[0].at >= Duration::from_millis(50));
+    assert!(got[2].at - got[1].at >= Duration::from_millis(100));
+    until(
+        Duration::from_secs(10),
+        "the delivery is recorded",
+        || async { app.delivery_statuses().await == ["succeeded"] },
+    )
+    .await;
+    let deliveries = app.deliveries_of(&event).await;
+    let delivery = &deliveries["data"][0];
+    assert_eq!(delivery["status"], "succeeded");
+    assert_eq!(delivery["attempt_count"], 3);
+    assert_eq!(delivery["next_attempt"], Value::Null);
+    let statuses: Vec<_> = delivery["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["response_status"].clone(), a["error"].clone()))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            (json!(500), json!("HTTP 500")),
+            (json!(503), json!("HTTP 503")),
+            (json!(200), Value::Null)
+        ]
+    );
+    let metrics = Answer::of(app.get("/metrics").await).await;
+    let metrics = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        metrics.contains("webhook_attempts_total{result=\"http_error\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("webhook_oldest_pending_event_age_seconds"));
+}
+
+#[tokio::test]
+async fn a_delivery_that_never_succeeds_ends_failed_after_the_last_attempt() {
+    let app = spawn_app_with(fast().set("WEBHOOK_MAX_ATTEMPTS", "3")).await;
+    let receiver = Receiver::start(&[Reply::Status(503)]).await;
+    app.endpoint(&receiver.url, &["charge.succeeded"]).await;
+    let charge = app.paid_charge(500).await;
+    until(Duration::from_secs(10), "the delivery ends", || async {
+        app.delivery_statuses().await == ["failed"]
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(receiver.got().len(), 3, "three attempts, no fourth");
+    let event = app.event_of(&charge, "charge.succeeded").await;
+    let delivery = app.deliveries_of(&event).await["data"][0].clone();
+    assert_eq!(delivery["failure_reason"], "attempts_exhausted");
+    assert_eq!(delivery["attempts"].as_array().unwrap().len(), 3);
+    let stored = Answer::of(app.get(&format!("/v1/events/{event}")).await)
+        .await
+        .json();
+    assert_eq!(stored["pending_webhooks"], 0);
+}
+
+#[tokio::test]
+async fn a_slow_receiver_is_cut_off_at_the_timeout_and_an_endless_answer_is_not_read() {
+    let app = spawn_app_with(fast().set("WEBHOOK_TIMEOUT", "500ms")).await;
+    let slow = Receiver::start(&[Reply::Slow(Duration::from_secs(30))]).await;
+    let endless = Receiver::start(&[Reply::Endless]).await;
+    app.endpoint(&slow.url, &["charge.succeeded"]).await;
+    app.endpoint(&endless.url, &["charge.succeeded"]).await;
+    let charge = app.paid_charge(500).await;
+    let event = app.event_of(&charge, "charge.succeeded").await;
+    until(
+        Duration::from_secs(10),
+        "both first attempts recorded",
+        || async {
+            app.count("SELECT count(DISTINCT delivery_id) FROM webhook_attempts")
+                .await
+                == 2
+        },
+    )
+    .await;
+    let deliveries = app.deliveries_of(&event).await;
+    for delivery in deliveries["data"].as_array().unwrap() {
+        let first = &delivery["attempts"][0];
+        assert!(first["duration_ms"].as_i64().unwrap() < 2_000, "{first}");
+        if delivery["url"] == slow.url.as_str() {
+            assert_eq!(first["error"], "timeout");
+            assert_eq!(first["response_status"], Value::Null);
+        } else {
+            // Its status is the answer; the endless body is left unread.
+            assert_eq!(delivery["status"], "succeeded", "{delivery}");
+            assert_eq!(first["response_status"], 200);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let produced = endless.produced.load(Ordering::Relaxed);
+    assert!(
+        produced < 16 * 1024 * 1024,
+        "the worker stopped reading: {produced} bytes produced"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_recorded_and_retried() {
+    let app = spawn_app_with(
+        fast()
+            .set("WEBHOOK_RETRY_BASE", "1h")
+            .set("WEBHOOK_RETRY_MAX", "1h"),
+    )
+    .await;
+    // A port that was free a moment ago and has no listener now.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    app.endpoint(&format!("http://{closed}/hooks"), &["*"])
+        .await;
+    let charge = app.paid_charge(500).await;
+    let event = app.event_of(&charge, "charge.succeeded").await;
+    until(Duration::from_secs(10), "the attempt recorded", || async {
+        app.count("SELECT count(*) FROM webhook_attempts").await == 1
+    })
+    .await;
+    let delivery = app.deliveries_of(&event).await["data"][0].clone();
+    assert_eq!(delivery["status"], "pending");
+    let error = delivery["attempts"][0]["error"].as_str().unwrap();
+    assert!(error.starts_with("connect"), "{error}");
+    let next = delivery["next_attempt"].as_i64().unwrap();
+    assert!(
+        next >= chrono::Utc::now().timestamp() + 25 * 60,
+        "retried after backoff: {next}"
+    );
+}
+
+#[tokio::test]
+async fn an_endpoint_failing_every_delivery_for_the_disable_period_is_disabled() {
+    let app = spawn_app_with(fast().set("WEBHOOK_DISABLE_AFTER", "1s")).await;
+    let receiver = Receiver::start(&[Reply::Status(500)]).await;
+    let (id, _) = app.endpoint(&receiver.url, &["*"]).await;
+    app.paid_charge(500).await;
+    until(
+        Duration::from_secs(15),
+        "the endpoint is disabled",
+        || async {
+            app.count("SELECT count(*) FROM webhook_endpoints WHERE status = 'disabled'")
+                .await
+                == 1
+        },
+    )
+    .await;
+    let shown = Answer::of(app.get(&format!("/v1/webhook_endpoints/{id}")).await)
+        .await
+        .json();
+    assert_eq!(shown["status"], "disabled");
+    assert!(
+        shown["disabled_reason"]
+            .as_str()
+            .unwrap()
+            .contains("every delivery failed")
+    );
+    until(Duration::from_secs(5), "its delivery ended", || async {
+        app.count("SELECT count(*) FROM webhook_deliveries WHERE status = 'failed' AND failure_reason = 'endpoint_disabled'").await == 1
+    })
+    .await;
+    let sent = receiver.got().len();
+    app.paid_charge(700).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.got().len(), sent, "nothing more is sent to it");
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_deliveries").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn deleting_an_endpoint_ends_its_pending_deliveries_and_stops_new_ones() {
+    let app = spawn_app_with(
+        fast()
+            .set("WEBHOOK_RETRY_BASE", "1h")
+            .set("WEBHOOK_RETRY_MAX", "1h"),
+    )
+    .await;
+    let receiver = Receiver::start(&[Reply::Status(500)]).await;
+    let (id, _) = app.endpoint(&receiver.url, &["*"]).await;
+    app.paid_charge(500).await;
+    receiver.until_got(1, Duration::from_secs(10)).await;
+    let deleted = Answer::of(
+        app.client
+            .delete(app.url(&format!("/v1/webhook_endpoints/{id}")))
+            .bearer_auth(&app.api_key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(deleted.status, 200);
+    assert_eq!(
+        deleted.json(),
+        json!({"id": id, "object": "webhook_endpoint", "deleted": true})
+    );
+    until(Duration::from_secs(5), "the delivery ended", || async {
+        app.delivery_statuses().await == ["failed"]
+    })
+    .await;
+    Answer::of(app.get(&format!("/v1/webhook_endpoints/{id}")).await)
+        .await
+        .assert_problem(404, "resource_missing");
+    app.paid_charge(600).await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_deliveries").await,
+        1
+    );
+    let list = Answer::of(app.get("/v1/webhook_endpoints").await)
+        .await
+        .json();
+    assert_eq!(list["data"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_instances_on_one_database_send_each_event_once() {
+    let settings = || {
+        fast()
+            .set("WEBHOOK_POLL_INTERVAL", "20ms")
+            .set("WEBHOOK_RETRY_BASE", "1h")
+            .set("WEBHOOK_RETRY_MAX", "1h")
+    };
+    let app = spawn_app_with(settings()).await;
+    let _second = app.another_instance(settings()).await;
+    let _third = app.another_instance(settings()).await;
+    // A slow receiver keeps attempts in flight while the others poll.
+    let receiver = Receiver::start(&[Reply::Slow(Duration::from_millis(100))]).await;
+    app.endpoint(&receiver.url, &["charge.succeeded"]).await;
+    let charges = 60;
+    let mut tasks = Vec::new();
+    let app = Arc::new(app);
+    for n in 0..charges {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let answer = Answer::of(
+                app.post_charge(Some(&format!("c{n}")), &visa(100 + n))
+                    .await,
+            )
+            .await;
+            assert_eq!(answer.status, 201);
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    until(Duration::from_secs(30), "every delivery ended", || async {
+        app.count("SELECT count(*) FROM webhook_deliveries WHERE status = 'succeeded'")
+            .await
+            == charges
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut ids = receiver.event_ids();
+    assert_eq!(ids.len() as i64, charges, "one request per event");
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len() as i64, charges, "no event sent twice");
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_attempts").await,
+        charges,
+        "one attempt each"
+    );
+    assert_eq!(
+        app.count("SELECT max(attempts)::bigint FROM webhook_deliveries")
+            .await,
+        1
+    );
+}
