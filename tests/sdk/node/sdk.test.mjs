@@ -1,6 +1,8 @@
 // The official `stripe` npm package against a real oncepay: every call a
 // charges integration makes, every error class it catches, and the SDK's own
-// retries ending in exactly one charge, counted in the database.
+// retries ending in exactly one charge, counted in the database; then the
+// webhook endpoints it manages, and its own `webhooks.constructEvent`
+// verifying what oncepay delivers to a receiver on 127.0.0.1.
 //
 // Run by scripts/test; alone:
 //   cargo build --bin oncepay && (cd tests/sdk/node && npm ci) &&
@@ -13,6 +15,7 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes, randomUUID } from "node:crypto";
+import { createServer } from "node:http";
 import { join } from "node:path";
 import Stripe from "stripe";
 import {
@@ -22,6 +25,7 @@ import {
   newApiKey,
   psql,
   serve,
+  sleep,
   stop,
 } from "../../support/oncepay.mjs";
 
@@ -36,8 +40,14 @@ before(async () => {
     databaseUrl: db.url,
     apiKey,
     logPath: join(ROOT, "target", "sdk", "node-server.log"),
-    // Short, so that the SDK's own retries outlast a stale claim.
-    env: { PROCESSING_TIMEOUT: "2s", SWEEP_INTERVAL: "500ms" },
+    // Short, so that the SDK's own retries outlast a stale claim, and so
+    // that a delivery refused once is sent again within the test.
+    env: {
+      PROCESSING_TIMEOUT: "2s",
+      SWEEP_INTERVAL: "500ms",
+      WEBHOOK_RETRY_BASE: "100ms",
+      WEBHOOK_POLL_INTERVAL: "100ms",
+    },
   });
 });
 
@@ -298,4 +308,247 @@ test("SDK retries through processing_outcome_unknown make one succeeded charge",
   assert.deepEqual([charge.status, charge.amount], ["succeeded", 1400]);
   assert.equal(chargesTagged(tag), 1);
   assert.equal(paymentsTagged(tag), 1);
+});
+
+// Webhooks.
+
+/**
+ * An HTTP server on 127.0.0.1 that keeps every POST it is sent, in order,
+ * the body as the raw bytes that arrived, and answers each with the status
+ * `answer(delivery)` gives (200 unless the test sets another `answer`).
+ */
+async function webhookReceiver() {
+  const receiver = { deliveries: [], answer: () => 200 };
+  const server = createServer((req, res) => {
+    const chunks = [];
+    req.on("data", (chunk) => chunks.push(chunk));
+    req.on("end", async () => {
+      const body = Buffer.concat(chunks);
+      const signature = req.headers["stripe-signature"] ?? "";
+      const delivery = {
+        body,
+        signature,
+        contentType: req.headers["content-type"] ?? "",
+        event: JSON.parse(body),
+        /** The `t=` of its Stripe-Signature. */
+        timestamp: Number(/(?:^|,)t=(\d+)/.exec(signature)?.[1]),
+      };
+      receiver.deliveries.push(delivery);
+      const status = await receiver.answer(delivery);
+      res.writeHead(status, { "content-length": 0 }).end();
+    });
+  });
+  await new Promise((ok) => server.listen(0, "127.0.0.1", ok));
+  receiver.url = `http://127.0.0.1:${server.address().port}/webhooks`;
+  /** The first N deliveries of events about CHARGE_ID, waiting for them. */
+  receiver.ofCharge = async (chargeId, n = 1, timeoutMs = 15_000) => {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const mine = receiver.deliveries.filter((d) => d.event.data?.object?.id === chargeId);
+      if (mine.length >= n) return mine.slice(0, n);
+      if (Date.now() > deadline) {
+        assert.fail(`${mine.length} of ${n} deliveries about ${chargeId} within ${timeoutMs} ms`);
+      }
+      await sleep(20);
+    }
+  };
+  receiver.close = () =>
+    new Promise((ok) => {
+      server.closeAllConnections();
+      server.close(ok);
+    });
+  return receiver;
+}
+
+/**
+ * Runs FN with a receiver and an endpoint for `charge.succeeded` created
+ * at it with the SDK; deletes the endpoint and stops the receiver after.
+ */
+async function withEndpoint(fn) {
+  const receiver = await webhookReceiver();
+  const sdk = stripe();
+  try {
+    const endpoint = await sdk.webhookEndpoints.create({
+      url: receiver.url,
+      enabled_events: ["charge.succeeded"],
+    });
+    try {
+      return await fn({ sdk, receiver, endpoint });
+    } finally {
+      await sdk.webhookEndpoints.del(endpoint.id);
+    }
+  } finally {
+    await receiver.close();
+  }
+}
+
+/** A new charge, and the first N deliveries of its event. */
+async function chargeAndDeliveries(sdk, receiver, n = 1) {
+  const charge = await sdk.charges.create({ amount: 2000, currency: "usd", source: "tok_visa" });
+  return [charge, await receiver.ofCharge(charge.id, n)];
+}
+
+const withoutResponse = ({ lastResponse: _, ...object }) => object;
+
+/** The error FN throws, checked to be a StripeSignatureVerificationError. */
+function refused(fn) {
+  try {
+    fn();
+  } catch (e) {
+    assert.ok(
+      e instanceof Stripe.errors.StripeSignatureVerificationError,
+      `expected StripeSignatureVerificationError, got ${e.constructor.name}: ${e.message}`,
+    );
+    return e;
+  }
+  assert.fail("expected StripeSignatureVerificationError, the signature verified");
+}
+
+test("an endpoint shows its secret only when created, and is retrieved, listed and deleted", async () => {
+  const receiver = await webhookReceiver();
+  try {
+    const sdk = stripe();
+    const created = await sdk.webhookEndpoints.create({
+      url: receiver.url,
+      enabled_events: ["charge.succeeded"],
+      description: "the Node.js SDK's receiver",
+    });
+    assert.match(created.id, /^we_/);
+    assert.match(created.secret, /^whsec_/);
+    assert.deepEqual(
+      [created.object, created.url, created.enabled_events, created.status, created.description],
+      ["webhook_endpoint", receiver.url, ["charge.succeeded"], "enabled", "the Node.js SDK's receiver"],
+    );
+
+    const retrieved = await sdk.webhookEndpoints.retrieve(created.id);
+    assert.equal("secret" in retrieved, false);
+    const { secret: _, ...shown } = withoutResponse(created);
+    assert.deepEqual(withoutResponse(retrieved), shown);
+
+    const listed = [];
+    for await (const e of sdk.webhookEndpoints.list()) listed.push(e);
+    assert.ok(listed.some((e) => e.id === created.id));
+    assert.ok(listed.every((e) => e.object === "webhook_endpoint" && !("secret" in e)));
+
+    const deleted = await sdk.webhookEndpoints.del(created.id);
+    assert.deepEqual(
+      [deleted.id, deleted.object, deleted.deleted],
+      [created.id, "webhook_endpoint", true],
+    );
+    const e = await rejection(
+      sdk.webhookEndpoints.retrieve(created.id),
+      Stripe.errors.StripeInvalidRequestError,
+    );
+    assert.deepEqual([e.statusCode, e.code], [404, "resource_missing"]);
+    const after = [];
+    for await (const e of sdk.webhookEndpoints.list()) after.push(e.id);
+    assert.equal(after.includes(created.id), false);
+  } finally {
+    await receiver.close();
+  }
+});
+
+test("a charge is delivered signed, and constructEvent gives the event the API shows", async () => {
+  await withEndpoint(async ({ sdk, receiver, endpoint }) => {
+    const [charge, [delivery]] = await chargeAndDeliveries(sdk, receiver);
+    assert.match(delivery.contentType, /^application\/json/);
+    const event = sdk.webhooks.constructEvent(delivery.body, delivery.signature, endpoint.secret);
+    assert.deepEqual([event.object, event.type], ["event", "charge.succeeded"]);
+    assert.equal(event.data.object.id, charge.id);
+    assert.deepEqual(event.data.object, withoutResponse(charge), "the charge as the API answered it");
+
+    const retrieved = await sdk.events.retrieve(event.id);
+    assert.deepEqual([retrieved.id, retrieved.type], [event.id, event.type]);
+    assert.deepEqual(retrieved.data, event.data);
+  });
+});
+
+/** Runs FN with one genuine delivery, checked to verify, and its endpoint's secret. */
+async function withDelivery(fn) {
+  await withEndpoint(async ({ sdk, receiver, endpoint }) => {
+    const [, [delivery]] = await chargeAndDeliveries(sdk, receiver);
+    sdk.webhooks.constructEvent(delivery.body, delivery.signature, endpoint.secret);
+    await fn({ sdk, delivery, secret: endpoint.secret });
+  });
+}
+
+test("constructEvent refuses a tampered payload", async () => {
+  await withDelivery(async ({ sdk, delivery: { body, signature }, secret }) => {
+    const tampered = Buffer.from(body.toString("utf8").replace('"amount":2000', '"amount":1'));
+    assert.notDeepEqual(tampered, body);
+    const e = refused(() => sdk.webhooks.constructEvent(tampered, signature, secret));
+    assert.match(e.message, /No signatures found matching/);
+    // Only the bytes as sent verify: the same JSON written again does not.
+    const rewritten = JSON.stringify(JSON.parse(body), null, 2);
+    const again = refused(() => sdk.webhooks.constructEvent(rewritten, signature, secret));
+    assert.match(again.message, /No signatures found matching/);
+  });
+});
+
+test("constructEvent refuses a delivery checked with another secret", async () => {
+  await withDelivery(async ({ sdk, delivery: { body, signature } }) => {
+    const other = "whsec_" + randomBytes(16).toString("hex");
+    const e = refused(() => sdk.webhooks.constructEvent(body, signature, other));
+    assert.match(e.message, /No signatures found matching/);
+  });
+});
+
+test("constructEvent refuses a delivery older than its tolerance", async () => {
+  await withDelivery(async ({ sdk, delivery: { body, signature, timestamp }, secret }) => {
+    // Received later (constructEvent's receivedAt): at 300 s, the default
+    // tolerance, the signature still holds; at 301 s it is stale.
+    const receivedAfter = (seconds, tolerance = undefined) => {
+      const receivedAt = (timestamp + seconds) * 1000;
+      return sdk.webhooks.constructEvent(body, signature, secret, tolerance, undefined, receivedAt);
+    };
+    receivedAfter(300);
+    assert.match(refused(() => receivedAfter(301)).message, /outside the tolerance zone/);
+    assert.match(refused(() => receivedAfter(61, 60)).message, /outside the tolerance zone/);
+  });
+});
+
+test("a delivery answered 500 is sent again signed anew, and the deliveries API shows both attempts", async () => {
+  await withEndpoint(async ({ sdk, receiver, endpoint }) => {
+    const failedOnce = new Set();
+    receiver.answer = async (delivery) => {
+      if (failedOnce.has(delivery.event.id)) return 200;
+      failedOnce.add(delivery.event.id);
+      // Not before the signature's second has passed, so that the retry is
+      // signed at a later `t=`.
+      while (Date.now() < (delivery.timestamp + 1) * 1000) await sleep(50);
+      return 500;
+    };
+    const [charge, [first, second]] = await chargeAndDeliveries(sdk, receiver, 2);
+    const events = [first, second].map((d) =>
+      sdk.webhooks.constructEvent(d.body, d.signature, endpoint.secret),
+    );
+    assert.equal(events[1].id, events[0].id);
+    assert.deepEqual(events.map((e) => e.type), ["charge.succeeded", "charge.succeeded"]);
+    assert.equal(events[1].data.object.id, charge.id);
+    assert.ok(second.timestamp > first.timestamp, "each attempt is signed when it is sent");
+
+    // The worker records the second attempt once the receiver has answered it.
+    const eventId = events[0].id;
+    const deadline = Date.now() + 15_000;
+    let mine;
+    for (;;) {
+      const answer = await fetch(`${server.base}/v1/events/${eventId}/deliveries`, {
+        headers: { authorization: `Bearer ${apiKey}` },
+      });
+      assert.equal(answer.status, 200);
+      mine = (await answer.json()).data.filter((d) => d.webhook_endpoint === endpoint.id);
+      if (mine.length && mine[0].status !== "pending") break;
+      assert.ok(Date.now() < deadline, `the delivery is still pending: ${JSON.stringify(mine)}`);
+      await sleep(100);
+    }
+    const [delivery] = mine;
+    assert.deepEqual(
+      [delivery.object, delivery.event, delivery.url, delivery.status, delivery.attempt_count],
+      ["webhook_delivery", eventId, receiver.url, "succeeded", 2],
+    );
+    assert.deepEqual(delivery.attempts.map((a) => a.attempt), [1, 2]);
+    assert.deepEqual(delivery.attempts.map((a) => a.response_status), [500, 200]);
+    assert.equal(delivery.attempts[0].error, "HTTP 500");
+    assert.equal(receiver.deliveries.filter((d) => d.event.id === eventId).length, 2, "and no more");
+  });
 });

@@ -1,14 +1,19 @@
 """A real `oncepay serve` for the Stripe SDK tests, on a database of its own.
 
 The server runs with a short `PROCESSING_TIMEOUT`, so that a charge whose
-outcome is unknown is recoverable within the SDK's retries. `lossy_proxy`
-stands between the SDK and the server and can lose the next answer after the
-server has sent it, as a network would.
+outcome is unknown is recoverable within the SDK's retries, and with webhook
+retries and polling of 100 ms, so that a failed delivery is sent again at
+once. `lossy_proxy` stands between the SDK and the server and can lose the
+next answer after the server has sent it, as a network would.
+`webhook_receiver` is an HTTP server on 127.0.0.1 that keeps every delivery
+it is sent, raw body and headers, and answers as the test tells it.
 
 Settings (environment): DATABASE_URL (any database of a server where the
 user may create databases), ONCEPAY_BIN (default target/debug/oncepay).
 """
 
+import http.server
+import json
 import os
 import secrets
 import socket
@@ -18,7 +23,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -29,6 +34,9 @@ BIN = Path(os.environ.get("ONCEPAY_BIN", ROOT / "target" / "debug" / "oncepay"))
 SERVER_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 # Short, so that the SDK's own retries outlast a stale claim.
 PROCESSING_TIMEOUT = "2s"
+# Short, so that a delivery refused once is sent again within the test.
+WEBHOOK_RETRY_BASE = "100ms"
+WEBHOOK_POLL_INTERVAL = "100ms"
 
 
 def psql(url, sql):
@@ -98,6 +106,8 @@ def oncepay():
             "DEMO_API_KEY": api_key,
             "PROCESSING_TIMEOUT": PROCESSING_TIMEOUT,
             "SWEEP_INTERVAL": "500ms",
+            "WEBHOOK_RETRY_BASE": WEBHOOK_RETRY_BASE,
+            "WEBHOOK_POLL_INTERVAL": WEBHOOK_POLL_INTERVAL,
             "RUST_LOG": "info,sqlx=warn",
         },
         stdout=log,
@@ -194,3 +204,81 @@ def lossy_proxy(oncepay):
     proxy = LossyProxy(port)
     yield proxy
     proxy.close()
+
+
+@dataclass
+class Delivery:
+    """One webhook request as it arrived: the body's raw bytes, unparsed."""
+
+    body: bytes
+    signature: str
+    content_type: str
+    received_at: float
+    event: dict = field(init=False)
+
+    def __post_init__(self):
+        self.event = json.loads(self.body)
+
+    @property
+    def timestamp(self):
+        """The `t=` of its `Stripe-Signature`."""
+        return int(dict(p.split("=", 1) for p in self.signature.split(","))["t"])
+
+
+class WebhookReceiver:
+    """An HTTP server on 127.0.0.1 that keeps every POST it is sent, in
+    order, and answers each with the status `answer(delivery)` returns
+    (200 unless the test sets another `answer`)."""
+
+    def __init__(self):
+        self.deliveries = []
+        self.changed = threading.Condition()
+        self.answer = lambda delivery: 200
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                delivery = Delivery(
+                    body=body,
+                    signature=self.headers.get("Stripe-Signature", ""),
+                    content_type=self.headers.get("Content-Type", ""),
+                    received_at=time.time(),
+                )
+                with receiver.changed:
+                    receiver.deliveries.append(delivery)
+                    receiver.changed.notify_all()
+                status = receiver.answer(delivery)
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/webhooks"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def of_charge(self, charge_id, n=1, timeout=15):
+        """The first N deliveries of events about CHARGE_ID, waiting for them."""
+
+        def mine():
+            return [d for d in self.deliveries if d.event["data"]["object"].get("id") == charge_id]
+
+        with self.changed:
+            got = self.changed.wait_for(lambda: len(mine()) >= n, timeout)
+            assert got, f"{len(mine())} of {n} deliveries about {charge_id} within {timeout} s"
+            return mine()[:n]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def webhook_receiver():
+    receiver = WebhookReceiver()
+    yield receiver
+    receiver.close()
