@@ -20,8 +20,9 @@ use futures::future::join_all;
 
 use database::TestDb as Database;
 use harness::{
-    Answer, OpOutcome, PrivateCluster, Report, SLACK, Server, Timing, charge_body, client,
-    crash_each, drive, eventually, merge, metric, scale, send, setting, wait_until_settled,
+    Answer, OpOutcome, PrivateCluster, Report, SLACK, Server, Timing, assert_events_paired,
+    charge_body, client, crash_each, drive, eventually, merge, metric, scale, send, setting,
+    wait_until_settled,
 };
 
 const FAULTS_ON: (&str, &str) = ("FAULT_INJECTION", "true");
@@ -757,6 +758,7 @@ async fn sigterm_lets_requests_in_flight_finish_and_leaves_nothing_half_done() {
     .await
     .unwrap();
     assert_eq!(half_done, 0);
+    assert_events_paired(&pool).await;
     let log = server.log_text();
     assert!(
         log.contains("shutting down") && log.contains("stopped"),
@@ -802,6 +804,7 @@ async fn json_logs_carry_request_id_merchant_route_and_key_but_never_the_api_key
         "the API key never reaches the log"
     );
     assert!(!log.to_lowercase().contains("authorization"));
+    assert_events_paired(&db.pool().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -827,6 +830,7 @@ async fn the_report_counts_unreadable_or_foreign_acknowledgements_as_lost_and_di
             .map(|(status, id)| Answer {
                 status: *status,
                 id: id.map(str::to_owned),
+                state: None,
             })
             .collect(),
         requests: 1,
