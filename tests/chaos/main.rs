@@ -1,16 +1,20 @@
 //! Failure scenarios against real `oncepay serve` processes: retry storms,
 //! lost answers, processor faults, crashes at each point, a database restart
-//! under load, three instances on one database, and refunds under the same
-//! faults. Each scenario measures its row of the reliability report in the
-//! database and asserts the invariant: one logical operation, one effect,
-//! nothing acknowledged lost, one answer per operation and true to the
-//! database. Every deadline is derived from the servers' settings.
+//! under load, three instances on one database, refunds under the same
+//! faults, and charges and refunds killed at each point of their settle.
+//! Each scenario measures its row of the reliability report in the database
+//! and asserts the invariant: one logical operation, one effect, nothing
+//! acknowledged lost, one answer per operation and true to the database, and
+//! every change paired with its event (no event without its change, no
+//! change without its event). Every deadline is derived from the servers'
+//! settings.
 //!
 //! `scripts/chaos` runs these with `CHAOS_SCALE=3` and prints the table.
 
 #[path = "../common/database.rs"]
 mod database;
 mod harness;
+mod pairing;
 mod refunds;
 mod waits;
 
