@@ -15,6 +15,10 @@ pub enum Fault {
     CrashAfterClaim,
     /// Abort the process right after the processor answered, before settling.
     CrashAfterProcessor,
+    /// Abort the process inside the settle's transaction, after the record's
+    /// conditional update and its events were written, before `COMMIT`: the
+    /// database rolls all of it back.
+    CrashBeforeSettleCommit,
     /// Abort the process after a webhook receiver answered, before the
     /// attempt is recorded. Asked for by the receiver, in its answer
     /// (`Oncepay-Fault: crash-after-delivery`), never by a request.
@@ -28,6 +32,7 @@ impl Fault {
             "drop-response" => Some(Fault::DropResponse),
             "crash-after-claim" => Some(Fault::CrashAfterClaim),
             "crash-after-processor" => Some(Fault::CrashAfterProcessor),
+            "crash-before-settle-commit" => Some(Fault::CrashBeforeSettleCommit),
             _ => None,
         }
     }

@@ -11,6 +11,7 @@ use sqlx::PgPool;
 
 use super::{Charge, ChargeStatus, store};
 use crate::events::{EventType, NewEvent, store as events};
+use crate::faults::{Fault, crash_if};
 use crate::idempotency::{Resource, SavedResponse, store as keys};
 use crate::problem::{self, Problem, ProblemCode};
 use crate::processor::{self, Outcome, Processor};
@@ -36,6 +37,19 @@ pub async fn settle(
     outcome: &Outcome,
     key_ttl: Duration,
     request_id: Option<&str>,
+) -> sqlx::Result<Settled> {
+    settle_or_crash(pool, charge_id, outcome, key_ttl, request_id, None).await
+}
+
+/// [`settle`], for a request that may ask to crash
+/// ([`Fault::CrashBeforeSettleCommit`]) just before the commit.
+pub async fn settle_or_crash(
+    pool: &PgPool,
+    charge_id: &str,
+    outcome: &Outcome,
+    key_ttl: Duration,
+    request_id: Option<&str>,
+    fault: Option<Fault>,
 ) -> sqlx::Result<Settled> {
     // An abandoned attempt is a `charge.failed` too, told apart by its
     // `failure_code`, as it is in the API.
@@ -79,6 +93,7 @@ pub async fn settle(
         std::slice::from_ref(&event),
     )
     .await?;
+    crash_if(fault, Fault::CrashBeforeSettleCommit);
     tx.commit().await?;
     tracing::info!(charge = %charge.id, status = %charge.status, key_completed = key.is_some(), event = %event.id, "charge settled");
     Ok(Settled::Now(response))

@@ -31,7 +31,7 @@ pub fn from_headers(state: &AppState, headers: &HeaderMap) -> Result<Option<Faul
         Some(fault) => Ok(Some(fault)),
         None => Err(Problem::new(
             ProblemCode::InvalidFault,
-            "Oncepay-Fault must be drop-response, crash-after-claim or crash-after-processor.",
+            "Oncepay-Fault must be drop-response, crash-after-claim, crash-after-processor or crash-before-settle-commit.",
         )
         .into()),
     }

@@ -11,6 +11,7 @@ use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
 use crate::charges::{NewCharge, store};
 use crate::error::Error;
+use crate::faults::Fault;
 use crate::idempotency::{Resource, SavedResponse, store as keys};
 use crate::operation::{Operation, Written};
 use crate::problem::{Problem, ProblemCode};
@@ -76,13 +77,15 @@ impl Operation for CreateCharge {
         state: &AppState,
         outcome: &Outcome,
         request_id: Option<&str>,
+        fault: Option<Fault>,
     ) -> sqlx::Result<Settled> {
-        settle::settle(
+        settle::settle_or_crash(
             &state.pool,
             &self.id,
             outcome,
             state.config.idempotency_key_ttl,
             request_id,
+            fault,
         )
         .await
     }

@@ -110,12 +110,15 @@ pub trait Operation: Send + Sync + 'static {
         processor: &dyn Processor,
     ) -> impl Future<Output = Result<Self::Outcome, ProcessorError>> + Send;
     /// Step 4: settles the record with `outcome` if still pending, saves
-    /// its answer on its key and writes its events (naming `request_id`).
+    /// its answer on its key and writes its events (naming `request_id`),
+    /// in one transaction; with [`Fault::CrashBeforeSettleCommit`], the
+    /// process aborts just before that transaction commits.
     fn settle(
         &self,
         state: &AppState,
         outcome: &Self::Outcome,
         request_id: Option<&str>,
+        fault: Option<Fault>,
     ) -> impl Future<Output = sqlx::Result<Settled>> + Send;
     /// The answer of the settled record, rendered afresh (for a record made
     /// without a key that someone else settled).
@@ -205,7 +208,7 @@ async fn work_and_settle<O: Operation>(
     crash_if(fault, Fault::CrashAfterProcessor);
     match outcome {
         // Recorded and final, whatever it was: settling saves it on the key.
-        Ok(outcome) => match operation.settle(state, &outcome, request_id).await? {
+        Ok(outcome) => match operation.settle(state, &outcome, request_id, fault).await? {
             Settled::Now(saved) => Ok(Answer::Fresh(saved)),
             // Recovery settled it while the processor was answering: what it
             // saved is the answer, since both came from the one processor

@@ -12,6 +12,7 @@ use crate::app::AppState;
 use crate::charges::settle::Settled;
 use crate::charges::{ChargeStatus, store as charges};
 use crate::error::Error;
+use crate::faults::Fault;
 use crate::idempotency::{Resource, SavedResponse};
 use crate::operation::{Operation, Written};
 use crate::params::shorten;
@@ -105,13 +106,15 @@ impl Operation for CreateRefund {
         state: &AppState,
         outcome: &RefundOutcome,
         request_id: Option<&str>,
+        fault: Option<Fault>,
     ) -> sqlx::Result<Settled> {
-        settle::settle(
+        settle::settle_or_crash(
             &state.pool,
             &self.id,
             outcome,
             state.config.idempotency_key_ttl,
             request_id,
+            fault,
         )
         .await
     }

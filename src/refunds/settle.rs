@@ -15,6 +15,7 @@ use sqlx::PgPool;
 use super::{Refund, store};
 use crate::charges::settle::Settled;
 use crate::events::{EventType, NewEvent, store as events};
+use crate::faults::{Fault, crash_if};
 use crate::idempotency::{Resource, SavedResponse, store as keys};
 use crate::processor::{self, Processor, RefundOutcome};
 
@@ -29,6 +30,19 @@ pub async fn settle(
     outcome: &RefundOutcome,
     key_ttl: Duration,
     request_id: Option<&str>,
+) -> sqlx::Result<Settled> {
+    settle_or_crash(pool, refund_id, outcome, key_ttl, request_id, None).await
+}
+
+/// [`settle`], for a request that may ask to crash
+/// ([`Fault::CrashBeforeSettleCommit`]) just before the commit.
+pub async fn settle_or_crash(
+    pool: &PgPool,
+    refund_id: &str,
+    outcome: &RefundOutcome,
+    key_ttl: Duration,
+    request_id: Option<&str>,
+    fault: Option<Fault>,
 ) -> sqlx::Result<Settled> {
     let mut tx = pool.begin().await?;
     // A refund that succeeds refunds its charge, in part or in full: Stripe
@@ -74,6 +88,7 @@ pub async fn settle(
         &new_events,
     )
     .await?;
+    crash_if(fault, Fault::CrashBeforeSettleCommit);
     tx.commit().await?;
     tracing::info!(refund = %refund.id, charge = %refund.charge_id, status = %refund.status, key_completed = key.is_some(), events = new_events.len(), "refund settled");
     Ok(Settled::Now(response))

@@ -417,6 +417,9 @@ pub struct Answer {
     /// The record the answer names: a `201`'s `id`, a `402`'s `charge`;
     /// `None` when the body had none (which no check accepts).
     pub id: Option<String>,
+    /// The state a `201` says its record is in (its body's `status`: a
+    /// refund the issuer refused is a `201` too, `failed`); `None` otherwise.
+    pub state: Option<String>,
 }
 
 impl Answer {
@@ -425,6 +428,7 @@ impl Answer {
         Answer {
             status,
             id: body[field].as_str().map(str::to_owned),
+            state: body["status"].as_str().map(str::to_owned),
         }
     }
 }
@@ -626,13 +630,19 @@ pub struct Report {
     /// by the processor whose record is not succeeded.
     pub duplicates: i64,
     /// Operations a client got a `201` for whose record is not in the
-    /// database as a succeeded record of that operation (or whose body named
-    /// no record at all).
+    /// database as a record of that operation in the state the answer says:
+    /// a succeeded charge, a succeeded (or refused, `failed`) refund; or
+    /// whose body named no record at all.
     pub lost: i64,
     /// Operations whose clients got definite answers that disagree (`201`
     /// and `402`, or two records), or a `402` naming anything but a failed
     /// charge of that operation.
     pub wrong: i64,
+    /// Changes without their event and events without their change, of
+    /// every charge and refund in the database ([`unpaired_events`]).
+    pub events: i64,
+    /// The first of them, described.
+    pub unpaired: Vec<String>,
     pub five_xx: u64,
     pub hung: u64,
     pub undecided: usize,
@@ -690,38 +700,52 @@ impl Report {
         ))
         .await;
 
-        // Each acknowledgement must name a succeeded record of its own operation.
-        let answered = |status: u16| -> (Vec<String>, Vec<Option<String>>) {
-            outcomes
+        // Each acknowledgement must name a record of its own operation, in
+        // the state it says: a succeeded charge; a refund as its body says,
+        // succeeded or refused by the issuer (`failed`).
+        type Named = (Vec<String>, Vec<Option<String>>, Vec<Option<String>>);
+        let answered = |status: u16| -> Named {
+            let mut named: Named = Default::default();
+            for (o, a) in outcomes
                 .iter()
                 .flat_map(|o| o.answers.iter().map(move |a| (o, a)))
                 .filter(|(_, a)| a.status == status)
-                .map(|(o, a)| (o.op.clone(), a.id.clone()))
-                .unzip()
+            {
+                let state = match (ledger, status) {
+                    (Ledger::Refunds, 201) => a.state.clone().filter(|s| s != "pending"),
+                    (_, 201) => Some("succeeded".to_owned()),
+                    _ => Some("failed".to_owned()),
+                };
+                named.0.push(o.op.clone());
+                named.1.push(a.id.clone());
+                named.2.push(state);
+            }
+            named
         };
-        let not_found = |state: &'static str, (ops, ids): (Vec<String>, Vec<Option<String>>)| {
+        let not_found = |(ops, ids, states): Named| {
             let sql = format!(
-                "SELECT DISTINCT a.op FROM unnest($1::text[], $2::text[]) AS a(op, id)
+                "SELECT DISTINCT a.op FROM unnest($1::text[], $2::text[], $3::text[]) AS a(op, id, state)
                   WHERE NOT EXISTS (SELECT 1 FROM {table} r
-                                     WHERE r.id = a.id AND r.status = '{state}'
+                                     WHERE r.id = a.id AND r.status = a.state
                                        AND r.metadata->>'op' = a.op)"
             );
             async move {
                 sqlx::query_scalar::<_, String>(&sql)
                     .bind(ops)
                     .bind(ids)
+                    .bind(states)
                     .fetch_all(pool)
                     .await
                     .unwrap_or_else(|e| panic!("{sql}: {e}"))
             }
         };
-        let lost = not_found("succeeded", answered(201)).await.len() as i64;
+        let lost = not_found(answered(201)).await.len() as i64;
 
         // A refusal names the failed charge of its own operation; nothing
         // else answers 402.
         let refused = answered(402);
         let mut wrong: BTreeSet<String> = match ledger {
-            Ledger::Charges => not_found("failed", refused).await.into_iter().collect(),
+            Ledger::Charges => not_found(refused).await.into_iter().collect(),
             Ledger::Refunds => refused.0.into_iter().collect(),
         };
         // And every client of one operation heard the same answer.
@@ -732,6 +756,10 @@ impl Report {
                 .map(|o| o.op.clone()),
         );
 
+        let mut unpaired = unpaired_events(pool).await;
+        let events = unpaired.len() as i64;
+        unpaired.truncate(10);
+
         Report {
             scenario,
             operations: outcomes.len(),
@@ -741,6 +769,8 @@ impl Report {
             duplicates: duplicate_records + orphan_effects,
             lost,
             wrong: wrong.len() as i64,
+            events,
+            unpaired,
             five_xx: outcomes.iter().map(|o| o.five_xx).sum(),
             hung: outcomes.iter().map(|o| o.hung).sum(),
             undecided: outcomes.iter().filter(|o| o.answers.is_empty()).count(),
@@ -750,7 +780,7 @@ impl Report {
     /// Appends this row to `CHAOS_REPORT` (for `scripts/chaos`) and prints it.
     pub fn publish(&self) {
         let line = format!(
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             self.scenario,
             self.operations,
             self.requests,
@@ -759,6 +789,7 @@ impl Report {
             self.duplicates,
             self.lost,
             self.wrong,
+            self.events,
             self.five_xx
         );
         eprintln!("chaos report: {self:?}");
@@ -773,12 +804,18 @@ impl Report {
     }
 
     /// The invariant: one logical operation, one effect, nothing acknowledged
-    /// lost, and one answer per operation, true to the database.
+    /// lost, one answer per operation, true to the database, and every
+    /// change paired with its event.
     #[track_caller]
     pub fn assert_exactly_once(&self) {
         assert_eq!(self.duplicates, 0, "{self:?}");
         assert_eq!(self.lost, 0, "{self:?}");
         assert_eq!(self.wrong, 0, "{self:?}");
+        assert_eq!(
+            self.events, 0,
+            "every change has its event and every event its change: {:#?}\n{self:?}",
+            self.unpaired
+        );
         assert_eq!(
             self.effects, self.succeeded,
             "money moved equals succeeded records: {self:?}"
@@ -873,4 +910,94 @@ pub async fn crash_each(
         outcomes.push(outcome);
     }
     (outcomes, slowest)
+}
+
+/// Every way the database breaks "no event without its change, no change
+/// without its event", described, read in one statement (one snapshot, so
+/// a settle committing meanwhile is seen whole or not at all):
+///
+/// - a succeeded charge has exactly one `charge.succeeded` and no
+///   `charge.failed`; a failed one exactly one `charge.failed` and no
+///   `charge.succeeded`; a pending one neither;
+/// - a charge has one `charge.refunded` per succeeded refund of it;
+/// - a succeeded refund has exactly one `refund.succeeded` and no
+///   `refund.failed`; a failed one exactly one `refund.failed` and no
+///   `refund.succeeded`; a pending one neither;
+/// - every event is about an object of the merchant that exists, of the
+///   kind its type names, whose snapshot (`data.object`) names it and is in
+///   the state the type says, as the row is: `succeeded` for
+///   `charge.succeeded`, `charge.refunded` and `refund.succeeded`, `failed`
+///   for `charge.failed` and `refund.failed`.
+pub async fn unpaired_events(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar::<_, String>(
+        "WITH n AS (
+             SELECT object_id,
+                    count(*) FILTER (WHERE type = 'charge.succeeded') AS charge_succeeded,
+                    count(*) FILTER (WHERE type = 'charge.failed') AS charge_failed,
+                    count(*) FILTER (WHERE type = 'charge.refunded') AS charge_refunded,
+                    count(*) FILTER (WHERE type = 'refund.succeeded') AS refund_succeeded,
+                    count(*) FILTER (WHERE type = 'refund.failed') AS refund_failed
+               FROM events GROUP BY object_id),
+         c AS (
+             SELECT c.id, c.status,
+                    coalesce(n.charge_succeeded, 0) AS succeeded,
+                    coalesce(n.charge_failed, 0) AS failed,
+                    coalesce(n.charge_refunded, 0) AS refunded,
+                    (SELECT count(*) FROM refunds r
+                      WHERE r.charge_id = c.id AND r.status = 'succeeded') AS refunds
+               FROM charges c LEFT JOIN n ON n.object_id = c.id),
+         r AS (
+             SELECT r.id, r.status,
+                    coalesce(n.refund_succeeded, 0) AS succeeded,
+                    coalesce(n.refund_failed, 0) AS failed
+               FROM refunds r LEFT JOIN n ON n.object_id = r.id),
+         e AS (
+             SELECT e.*, CASE WHEN e.type IN ('charge.failed', 'refund.failed')
+                              THEN 'failed' ELSE 'succeeded' END AS says
+               FROM events e)
+         SELECT format('charge %s is %s, with %s charge.succeeded and %s charge.failed',
+                       id, status, succeeded, failed)
+           FROM c
+          WHERE (succeeded, failed) <> (CASE WHEN status = 'succeeded' THEN 1 ELSE 0 END,
+                                        CASE WHEN status = 'failed' THEN 1 ELSE 0 END)
+         UNION ALL
+         SELECT format('charge %s has %s charge.refunded for %s succeeded refunds',
+                       id, refunded, refunds)
+           FROM c WHERE refunded <> refunds
+         UNION ALL
+         SELECT format('refund %s is %s, with %s refund.succeeded and %s refund.failed',
+                       id, status, succeeded, failed)
+           FROM r
+          WHERE (succeeded, failed) <> (CASE WHEN status = 'succeeded' THEN 1 ELSE 0 END,
+                                        CASE WHEN status = 'failed' THEN 1 ELSE 0 END)
+         UNION ALL
+         SELECT format('%s %s says %s %s is %s (its snapshot: %s %s %s), but it is %s',
+                       e.type, e.id, split_part(e.type, '.', 1), e.object_id, e.says,
+                       e.data->>'object', e.data->>'id', e.data->>'status',
+                       coalesce(o.status, 'missing'))
+           FROM e
+           LEFT JOIN LATERAL (
+                SELECT status, merchant_id FROM charges
+                 WHERE id = e.object_id AND e.type LIKE 'charge.%'
+                UNION ALL
+                SELECT status, merchant_id FROM refunds
+                 WHERE id = e.object_id AND e.type LIKE 'refund.%') o ON true
+          WHERE NOT coalesce(o.status = e.says AND o.merchant_id = e.merchant_id
+                             AND e.data->>'status' = e.says
+                             AND e.data->>'id' = e.object_id
+                             AND e.data->>'object' = split_part(e.type, '.', 1), false)",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read the events and their records")
+}
+
+/// Asserts that the database pairs every change with its event and every
+/// event with its change ([`unpaired_events`]).
+pub async fn assert_events_paired(pool: &PgPool) {
+    let unpaired = unpaired_events(pool).await;
+    assert!(
+        unpaired.is_empty(),
+        "every change has its event and every event its change: {unpaired:#?}"
+    );
 }

@@ -1,16 +1,20 @@
 //! Failure scenarios against real `oncepay serve` processes: retry storms,
 //! lost answers, processor faults, crashes at each point, a database restart
-//! under load, three instances on one database, and refunds under the same
-//! faults. Each scenario measures its row of the reliability report in the
-//! database and asserts the invariant: one logical operation, one effect,
-//! nothing acknowledged lost, one answer per operation and true to the
-//! database. Every deadline is derived from the servers' settings.
+//! under load, three instances on one database, refunds under the same
+//! faults, and charges and refunds killed at each point of their settle.
+//! Each scenario measures its row of the reliability report in the database
+//! and asserts the invariant: one logical operation, one effect, nothing
+//! acknowledged lost, one answer per operation and true to the database, and
+//! every change paired with its event (no event without its change, no
+//! change without its event). Every deadline is derived from the servers'
+//! settings.
 //!
 //! `scripts/chaos` runs these with `CHAOS_SCALE=3` and prints the table.
 
 #[path = "../common/database.rs"]
 mod database;
 mod harness;
+mod pairing;
 mod refunds;
 mod waits;
 
@@ -20,8 +24,9 @@ use futures::future::join_all;
 
 use database::TestDb as Database;
 use harness::{
-    Answer, OpOutcome, PrivateCluster, Report, SLACK, Server, Timing, charge_body, client,
-    crash_each, drive, eventually, merge, metric, scale, send, setting, wait_until_settled,
+    Answer, OpOutcome, PrivateCluster, Report, SLACK, Server, Timing, assert_events_paired,
+    charge_body, client, crash_each, drive, eventually, merge, metric, scale, send, setting,
+    wait_until_settled,
 };
 
 const FAULTS_ON: (&str, &str) = ("FAULT_INJECTION", "true");
@@ -757,6 +762,7 @@ async fn sigterm_lets_requests_in_flight_finish_and_leaves_nothing_half_done() {
     .await
     .unwrap();
     assert_eq!(half_done, 0);
+    assert_events_paired(&pool).await;
     let log = server.log_text();
     assert!(
         log.contains("shutting down") && log.contains("stopped"),
@@ -802,6 +808,7 @@ async fn json_logs_carry_request_id_merchant_route_and_key_but_never_the_api_key
         "the API key never reaches the log"
     );
     assert!(!log.to_lowercase().contains("authorization"));
+    assert_events_paired(&db.pool().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -827,6 +834,7 @@ async fn the_report_counts_unreadable_or_foreign_acknowledgements_as_lost_and_di
             .map(|(status, id)| Answer {
                 status: *status,
                 id: id.map(str::to_owned),
+                state: None,
             })
             .collect(),
         requests: 1,

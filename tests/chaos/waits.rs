@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 
 use crate::database::TestDb as Database;
-use crate::harness::{Server, charge_body, client, eventually, metric, send};
+use crate::harness::{Server, assert_events_paired, charge_body, client, eventually, metric, send};
 
 /// The settings of both scenarios: a slow processor, well inside
 /// `PROCESSING_TIMEOUT`, and the default pool.
@@ -125,6 +125,7 @@ async fn two_hundred_waiters_on_one_key_share_one_poll_and_leave_the_pool_to_oth
         polls <= 2.0 * intervals + 10.0,
         "the waiters shared one poll: {polls} polls in {waited:?}"
     );
+    assert_events_paired(&pool).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,6 +202,7 @@ async fn a_waiter_whose_client_hangs_up_stops_waiting() {
             .await
             .unwrap();
     assert_eq!(charges, 1);
+    assert_events_paired(&pool).await;
 }
 
 /// Waits until `key` is claimed and its request at the processor, where it
