@@ -63,6 +63,8 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `idempotency_key_missing` (400): no key while keys are required.
 /// - `fault_injection_disabled` (400): `Oncepay-Fault` while fault injection is off.
 /// - `invalid_fault` (400): an unknown `Oncepay-Fault`.
+/// - `webhook_signature_invalid` (400): a workshop receiver got a delivery whose `Stripe-Signature` is missing or does not verify.
+/// - `receiver_invalid` (400): a workshop receiver's `run`, `mode`, `secret`, `fail_first` or `fault` is not one it accepts.
 /// - `authentication_required` (401): no API key.
 /// - `invalid_api_key` (401): a wrong API key.
 /// - `card_declined` (402): declined (saved and replayed).
@@ -76,6 +78,7 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `unsupported_media_type` (415): neither JSON nor a form.
 /// - `idempotency_key_reused` (422): the key was used with other parameters.
 /// - `internal_error` (500): a bug; details in the log only.
+/// - `receiver_failed_on_purpose` (500): a workshop receiver did its work, then answered 500 as its `fail_first` asks.
 /// - `processing_outcome_unknown` (503): the processor's outcome is unknown; retry with the same key after `Retry-After` (`PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
 /// - `processor_unavailable` (503): for a charge, the processor recorded nothing and the key is free (`Retry-After: 1`); for a refund, it stays reserved until recovery rolls it forward (`Retry-After`: `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
 /// - `service_unavailable` (503): the database is unreachable (`Retry-After: 1`, or `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL` once the processor was called).
@@ -138,6 +141,10 @@ pub enum ProblemCode {
     FaultInjectionDisabled,
     /// 400: an unknown `Oncepay-Fault`.
     InvalidFault,
+    /// 400: a workshop receiver got a delivery whose `Stripe-Signature` is missing or does not verify.
+    WebhookSignatureInvalid,
+    /// 400: a workshop receiver's `run`, `mode`, `secret`, `fail_first` or `fault` is not one it accepts.
+    ReceiverInvalid,
     /// 401: no API key.
     AuthenticationRequired,
     /// 401: a wrong API key.
@@ -164,6 +171,8 @@ pub enum ProblemCode {
     IdempotencyKeyReused,
     /// 500: a bug; details in the log only.
     InternalError,
+    /// 500: a workshop receiver did its work, then answered 500 as its `fail_first` asks.
+    ReceiverFailedOnPurpose,
     /// 503: the processor's outcome is unknown; retry with the same key after `Retry-After`.
     ProcessingOutcomeUnknown,
     /// 503: a charge: the processor recorded nothing, the key is free; a refund: reserved until rolled forward.
@@ -207,6 +216,8 @@ impl ProblemCode {
             ProblemCode::IdempotencyKeyMissing => "idempotency_key_missing",
             ProblemCode::FaultInjectionDisabled => "fault_injection_disabled",
             ProblemCode::InvalidFault => "invalid_fault",
+            ProblemCode::WebhookSignatureInvalid => "webhook_signature_invalid",
+            ProblemCode::ReceiverInvalid => "receiver_invalid",
             ProblemCode::AuthenticationRequired => "authentication_required",
             ProblemCode::InvalidApiKey => "invalid_api_key",
             ProblemCode::CardDeclined => "card_declined",
@@ -220,6 +231,7 @@ impl ProblemCode {
             ProblemCode::UnsupportedMediaType => "unsupported_media_type",
             ProblemCode::IdempotencyKeyReused => "idempotency_key_reused",
             ProblemCode::InternalError => "internal_error",
+            ProblemCode::ReceiverFailedOnPurpose => "receiver_failed_on_purpose",
             ProblemCode::ProcessingOutcomeUnknown => "processing_outcome_unknown",
             ProblemCode::ProcessorUnavailable => "processor_unavailable",
             ProblemCode::ServiceUnavailable => "service_unavailable",
@@ -259,7 +271,9 @@ impl ProblemCode {
             | ProblemCode::InvalidIdempotencyKey
             | ProblemCode::IdempotencyKeyMissing
             | ProblemCode::FaultInjectionDisabled
-            | ProblemCode::InvalidFault => StatusCode::BAD_REQUEST,
+            | ProblemCode::InvalidFault
+            | ProblemCode::WebhookSignatureInvalid
+            | ProblemCode::ReceiverInvalid => StatusCode::BAD_REQUEST,
             ProblemCode::AuthenticationRequired | ProblemCode::InvalidApiKey => {
                 StatusCode::UNAUTHORIZED
             }
@@ -273,9 +287,9 @@ impl ProblemCode {
             ProblemCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProblemCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ProblemCode::InternalError | ProblemCode::HttpError => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            ProblemCode::InternalError
+            | ProblemCode::ReceiverFailedOnPurpose
+            | ProblemCode::HttpError => StatusCode::INTERNAL_SERVER_ERROR,
             ProblemCode::ProcessingOutcomeUnknown
             | ProblemCode::ProcessorUnavailable
             | ProblemCode::ServiceUnavailable

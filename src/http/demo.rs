@@ -1,6 +1,7 @@
 //! Workshop routes: the effect counter (`GET /demo/effects`), the lab page
 //! (`GET /lab`), and, only with `DEMO_UNSAFE_ENDPOINTS=true`, the
-//! deliberately broken `POST /demo/naive/charges`.
+//! deliberately broken `POST /demo/naive/charges` and the webhook receivers
+//! (see [`super::receiver`]).
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
@@ -28,7 +29,9 @@ pub fn router(unsafe_endpoints: bool) -> OpenApiRouter<AppState> {
         .routes(routes!(lab))
         .routes(routes!(effects));
     if unsafe_endpoints {
-        router.routes(routes!(naive_charge))
+        router
+            .routes(routes!(naive_charge))
+            .merge(super::receiver::router())
     } else {
         router
     }

@@ -14,6 +14,7 @@ pub mod idempotent;
 pub mod observe;
 pub mod openapi;
 pub mod problem;
+pub mod receiver;
 pub mod refunds;
 pub mod stripe;
 pub mod webhook_endpoints;

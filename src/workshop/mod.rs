@@ -1,5 +1,8 @@
-//! The workshop's SQL: effect counts, and the naive endpoint's key table.
-//! Nothing here is used by the real charge path.
+//! The workshop's SQL: effect counts, and the naive endpoint's key table;
+//! and, in [`receiver`], the webhook receivers. Nothing here is used by the
+//! real charge path.
+
+pub mod receiver;
 
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;

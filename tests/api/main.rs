@@ -17,6 +17,7 @@ mod leases;
 mod openapi;
 mod operability;
 mod reads;
+mod receivers;
 mod refunds;
 mod stripe;
 mod sweeper;

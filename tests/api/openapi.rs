@@ -30,6 +30,10 @@ const SERVED: &[(&str, &str)] = &[
     ("get", "/lab"),
     ("get", "/demo/effects"),
     ("post", "/demo/naive/charges"),
+    ("post", "/demo/receivers"),
+    ("get", "/demo/receivers"),
+    ("post", "/demo/receiver/naive"),
+    ("post", "/demo/receiver/inbox"),
 ];
 
 #[tokio::test]

@@ -1,0 +1,372 @@
+//! The workshop's webhook receivers, served only with
+//! `DEMO_UNSAFE_ENDPOINTS=true` (see [`crate::workshop::receiver`]):
+//! `POST /demo/receivers` sets one up for a run, `GET /demo/receivers`
+//! counts what a run's receivers took in, and `POST /demo/receiver/naive`
+//! and `POST /demo/receiver/inbox` take deliveries, as a merchant's order
+//! system would.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::Authenticated;
+use super::extract::{QueryParams, RawBody, decode};
+use super::problem::ApiError;
+use crate::app::AppState;
+use crate::charges::domain::{required, string};
+use crate::params::{ParamError, Params};
+use crate::problem::{Problem, ProblemCode};
+use crate::webhooks::signature;
+use crate::workshop::receiver::{
+    self, CRASH_AFTER_DELIVERY, Misbehaviour, Mode, NewReceiver, Receipt, ReceiverCounts,
+};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(register, counts))
+        .routes(routes!(naive))
+        .routes(routes!(inbox))
+}
+
+/// The path a run's receiver takes deliveries at.
+fn path(mode: Mode, run: &str) -> String {
+    let run: String = form_urlencoded::byte_serialize(run.as_bytes()).collect();
+    format!("/demo/receiver/{}?run={run}", mode.as_str())
+}
+
+fn fault(misbehaviour: Misbehaviour) -> Option<&'static str> {
+    (misbehaviour == Misbehaviour::CrashAfterDelivery).then_some(CRASH_AFTER_DELIVERY)
+}
+
+/// Sets up the receiver of a run in one mode, with the signing secret of
+/// the webhook endpoint that will send to it (the `whsec_` that endpoint's
+/// create answered) and how it fails on purpose. Setting it up again
+/// replaces the secret and the behaviour; what it took in stays counted.
+#[utoipa::path(
+    post,
+    path = "/demo/receivers",
+    tag = "workshop",
+    security(("bearer" = []), ("basic" = [])),
+    request_body(content(
+        (CreateReceiver = "application/json"),
+        (CreateReceiver = "application/x-www-form-urlencoded")
+    )),
+    responses(
+        (status = 200, description = "Set up", body = DemoReceiver),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 413, response = super::openapi::TooLarge),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn register(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Json<Value>, ApiError> {
+    let new = NewReceiver::from_params(decode(&headers, &body)?)?;
+    if new.misbehaviour == Misbehaviour::CrashAfterDelivery && !state.config.fault_injection {
+        return Err(Problem::new(
+            ProblemCode::FaultInjectionDisabled,
+            "fault=crash-after-delivery is only honoured when the server runs with FAULT_INJECTION=true.",
+        )
+        .into());
+    }
+    receiver::register(&state.pool, merchant.id, &new).await?;
+    Ok(Json(json!({
+        "object": "demo_receiver",
+        "run": new.run,
+        "mode": new.mode.as_str(),
+        "path": path(new.mode, &new.run),
+        "fail_first": new.fail_first,
+        "fault": fault(new.misbehaviour),
+    })))
+}
+
+/// `run`, the one query parameter of these routes.
+fn run_param(mut params: Params) -> Result<String, ParamError> {
+    let run = string(required(&mut params, "run")?, "run")?;
+    params.reject_unknown()?;
+    Ok(run)
+}
+
+/// What a run's receivers took in, read from the database: per receiver,
+/// the deliveries it received (signature verified), the distinct events
+/// among them and the orders it shipped.
+#[utoipa::path(
+    get,
+    path = "/demo/receivers",
+    tag = "workshop",
+    security(("bearer" = []), ("basic" = [])),
+    params(("run" = String, Query, description = "The run tag the receivers were set up for")),
+    responses(
+        (status = 200, description = "The counts", body = DemoReceivers),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn counts(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    QueryParams(params): QueryParams,
+) -> Result<Json<Value>, ApiError> {
+    let run = run_param(params)?;
+    let counts = receiver::counts(&state.pool, merchant.id, &run).await?;
+    let mut receivers = serde_json::Map::new();
+    for mode in Mode::ALL {
+        let found = counts.receivers.iter().find(|r| r.mode == mode);
+        let zero = ReceiverCounts {
+            mode,
+            fail_first: 0,
+            misbehaviour: Misbehaviour::Fail,
+            deliveries: 0,
+            events: 0,
+            shipments: 0,
+        };
+        let r = found.unwrap_or(&zero);
+        receivers.insert(
+            mode.as_str().to_owned(),
+            json!({
+                "registered": found.is_some(),
+                "path": path(mode, &run),
+                "fail_first": r.fail_first,
+                "fault": found.and_then(|r| fault(r.misbehaviour)),
+                "deliveries": r.deliveries,
+                "events": r.events,
+                "shipments": r.shipments,
+            }),
+        );
+    }
+    Ok(Json(json!({
+        "object": "demo_receivers",
+        "run": run,
+        "events": counts.events,
+        "receivers": receivers,
+    })))
+}
+
+/// WRONG ON PURPOSE, for teaching: verifies the signature, then ships an
+/// order for every delivery, so an event delivered three times ships three.
+#[utoipa::path(
+    post,
+    path = "/demo/receiver/naive",
+    tag = "workshop",
+    params(
+        ("run" = String, Query, description = "The run whose receiver takes the delivery"),
+        ("Stripe-Signature" = String, Header, description = "`t=<unix seconds>,v1=<hex HMAC-SHA256 of \"t.body\">`, keyed with the receiver's secret; at most five minutes old")
+    ),
+    request_body(content = super::openapi::Event, content_type = "application/json",
+        description = "An event, as the delivery worker sends it; the signature covers these exact bytes"),
+    responses(
+        (status = 200, description = "Received and acted on, or about another run and ignored", body = DemoReceipt,
+         headers(("Oncepay-Fault" = String, description = "`crash-after-delivery`, on the deliveries the receiver's `fault` asks a worker to crash after"))),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 413, response = super::openapi::TooLarge),
+        (status = 500, description = "Failed on purpose after its work committed (`receiver_failed_on_purpose`, `fail_first`), or a bug",
+         body = super::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn naive(
+    State(state): State<AppState>,
+    QueryParams(params): QueryParams,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Response, ApiError> {
+    receive(&state, Mode::Naive, params, &headers, &body).await
+}
+
+/// Verifies the signature, then records the event id in its inbox and ships
+/// in one transaction, only when the id is new: a redelivery ships nothing.
+#[utoipa::path(
+    post,
+    path = "/demo/receiver/inbox",
+    tag = "workshop",
+    params(
+        ("run" = String, Query, description = "The run whose receiver takes the delivery"),
+        ("Stripe-Signature" = String, Header, description = "`t=<unix seconds>,v1=<hex HMAC-SHA256 of \"t.body\">`, keyed with the receiver's secret; at most five minutes old")
+    ),
+    request_body(content = super::openapi::Event, content_type = "application/json",
+        description = "An event, as the delivery worker sends it; the signature covers these exact bytes"),
+    responses(
+        (status = 200, description = "Received (and shipped if the event was new), or about another run and ignored", body = DemoReceipt,
+         headers(("Oncepay-Fault" = String, description = "`crash-after-delivery`, on the deliveries the receiver's `fault` asks a worker to crash after"))),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 413, response = super::openapi::TooLarge),
+        (status = 500, description = "Failed on purpose after its work committed (`receiver_failed_on_purpose`, `fail_first`), or a bug",
+         body = super::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn inbox(
+    State(state): State<AppState>,
+    QueryParams(params): QueryParams,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Response, ApiError> {
+    receive(&state, Mode::Inbox, params, &headers, &body).await
+}
+
+async fn receive(
+    state: &AppState,
+    mode: Mode,
+    params: Params,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let run = run_param(params)?;
+    // A header that is not visible ASCII is there, and malformed.
+    let signed = headers
+        .get(signature::HEADER)
+        .map(|v| v.to_str().unwrap_or(""));
+    let receipt = receiver::receive(&state.pool, &run, mode, signed, body).await?;
+    let answer = |event: &str, delivery: Option<i32>, shipped: bool| {
+        json!({
+            "object": "demo_receipt",
+            "run": run,
+            "receiver": mode.as_str(),
+            "event": event,
+            "ignored": delivery.is_none(),
+            "delivery": delivery,
+            "shipped": shipped,
+        })
+    };
+    match receipt {
+        Receipt::Ignored { event_id } => Ok(Json(answer(&event_id, None, false)).into_response()),
+        Receipt::Received {
+            event_id,
+            delivery,
+            shipped,
+            misbehaviour,
+        } => {
+            let body = answer(&event_id, Some(delivery), shipped);
+            match misbehaviour {
+                None => Ok(Json(body).into_response()),
+                Some(Misbehaviour::Fail) => Err(Problem::new(
+                    ProblemCode::ReceiverFailedOnPurpose,
+                    format!(
+                        "Delivery {delivery} of {event_id} was received and committed (shipped: {shipped}); \
+                         this receiver answers 500 anyway, as its fail_first asks, so the event is sent again."
+                    ),
+                )
+                .with_extra("event", event_id)
+                .with_extra("delivery", delivery)
+                .with_extra("shipped", shipped)
+                .into()),
+                Some(Misbehaviour::CrashAfterDelivery) => {
+                    let mut response = Json(body).into_response();
+                    response.headers_mut().insert(
+                        HeaderName::from_static(crate::faults::HEADER),
+                        HeaderValue::from_static(CRASH_AFTER_DELIVERY),
+                    );
+                    Ok(response)
+                }
+            }
+        }
+    }
+}
+
+/// The parameters of `POST /demo/receivers`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct CreateReceiver {
+    /// The run tag: 1 to 200 characters. The receiver acts only on events
+    /// about charges with this `metadata[demo_run]`.
+    run: String,
+    /// `naive` (ships for every delivery) or `inbox` (ships once per event id).
+    #[schema(example = "inbox")]
+    mode: String,
+    /// The signing secret of the webhook endpoint that sends to this
+    /// receiver: `whsec_` and up to 100 letters or digits.
+    #[schema(example = "whsec_1NbB3eCTYkz2mVgqA8rW0hXpq3RtY6Uz")]
+    secret: String,
+    /// Answer the first N deliveries of each event with a failure, after
+    /// the work committed: 0 to 10, default 0.
+    #[schema(minimum = 0, maximum = 10)]
+    fail_first: Option<i32>,
+    /// `crash-after-delivery`: on those first N, answer `200` with
+    /// `Oncepay-Fault: crash-after-delivery` instead of `500` (needs
+    /// `FAULT_INJECTION=true`).
+    fault: Option<String>,
+}
+
+/// A receiver as set up.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct DemoReceiver {
+    #[schema(example = "demo_receiver")]
+    object: String,
+    run: String,
+    mode: String,
+    /// Where it takes deliveries: the URL to give the webhook endpoint, on
+    /// this server.
+    #[schema(example = "/demo/receiver/inbox?run=demo-1")]
+    path: String,
+    fail_first: i32,
+    fault: Option<String>,
+}
+
+/// The receivers of a run and what they took in.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct DemoReceivers {
+    #[schema(example = "demo_receivers")]
+    object: String,
+    run: String,
+    /// Distinct events received by either receiver.
+    events: i64,
+    receivers: DemoReceiverModes,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct DemoReceiverModes {
+    naive: DemoReceiverCounts,
+    inbox: DemoReceiverCounts,
+}
+
+/// One receiver of a run; zeros when it was not set up.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct DemoReceiverCounts {
+    registered: bool,
+    path: String,
+    fail_first: i32,
+    fault: Option<String>,
+    /// Deliveries received: signature verified, about this run.
+    deliveries: i64,
+    /// Distinct events among them.
+    events: i64,
+    /// Orders shipped.
+    shipments: i64,
+}
+
+/// What a receiver did with a delivery.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct DemoReceipt {
+    #[schema(example = "demo_receipt")]
+    object: String,
+    run: String,
+    /// `naive` or `inbox`.
+    receiver: String,
+    /// The event's id.
+    event: String,
+    /// The event is about no charge of this run: nothing was written.
+    ignored: bool,
+    /// This delivery's number among the deliveries of its event, from 1;
+    /// null when ignored.
+    delivery: Option<i32>,
+    /// Whether this delivery shipped an order.
+    shipped: bool,
+}
