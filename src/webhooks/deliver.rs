@@ -90,10 +90,9 @@ pub fn retry_delay(settings: &DeliverySettings, attempt: i32, jitter: f64) -> Du
 struct Sent {
     status: Option<u16>,
     error: Option<String>,
-    /// The receiver asked this process to crash before recording
-    /// (`Oncepay-Fault: crash-after-delivery`, honoured only with fault
-    /// injection on).
-    crash: bool,
+    /// The fault the receiver's answer asked for (`Oncepay-Fault:
+    /// crash-after-delivery`), honoured only with fault injection on.
+    fault: Option<Fault>,
 }
 
 /// The worker of one process.
@@ -182,8 +181,8 @@ async fn deliver(
     let started = Instant::now();
     let sent = send(client, settings, &claimed).await;
     let duration = started.elapsed();
-    if sent.crash && settings.fault_injection {
-        crash_if(Some(Fault::CrashAfterDelivery), Fault::CrashAfterDelivery);
+    if settings.fault_injection {
+        crash_if(sent.fault, Fault::CrashAfterDelivery);
     }
     let delivered = sent.status.is_some_and(|s| (200..300).contains(&s));
     let next = if delivered {
@@ -272,10 +271,11 @@ async fn send(client: &reqwest::Client, settings: &DeliverySettings, claimed: &C
     let attempt = async {
         let mut response = request.send().await?;
         let status = response.status().as_u16();
-        let crash = response
+        let fault = response
             .headers()
             .get(crate::faults::HEADER)
-            .is_some_and(|v| v == HeaderValue::from_static("crash-after-delivery"));
+            .is_some_and(|v| v == HeaderValue::from_static("crash-after-delivery"))
+            .then_some(Fault::CrashAfterDelivery);
         let mut read = 0;
         while read < MAX_RESPONSE_BYTES {
             match response.chunk().await? {
@@ -283,23 +283,23 @@ async fn send(client: &reqwest::Client, settings: &DeliverySettings, claimed: &C
                 None => break,
             }
         }
-        Ok::<_, reqwest::Error>((status, crash))
+        Ok::<_, reqwest::Error>((status, fault))
     };
     match tokio::time::timeout(settings.timeout, attempt).await {
-        Ok(Ok((status, crash))) => Sent {
+        Ok(Ok((status, fault))) => Sent {
             status: Some(status),
             error: (!(200..300).contains(&status)).then(|| format!("HTTP {status}")),
-            crash,
+            fault,
         },
         Ok(Err(e)) => Sent {
             status: None,
             error: Some(describe(&e)),
-            crash: false,
+            fault: None,
         },
         Err(_) => Sent {
             status: None,
             error: Some("timeout".to_owned()),
-            crash: false,
+            fault: None,
         },
     }
 }
