@@ -16,6 +16,10 @@ CREATE TABLE webhook_endpoints (
     -- The first failure of the current unbroken run of failures; NULL after
     -- a success. An endpoint failing for WEBHOOK_DISABLE_AFTER is disabled.
     failing_since    timestamptz,
+    -- The latest failure. A failure long after it (more than the longest
+    -- wait between attempts) begins a new run: an endpoint that had nothing
+    -- to receive was not failing meanwhile.
+    last_failed_at   timestamptz,
     disabled_reason  text,
     created_at       timestamptz NOT NULL DEFAULT now(),
     CHECK ((status = 'disabled') = (disabled_reason IS NOT NULL))

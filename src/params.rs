@@ -101,8 +101,8 @@ impl Params {
 
     /// Decodes an `application/x-www-form-urlencoded` body, Stripe style:
     /// `metadata[order]=42` sets one metadata entry. A repeated parameter is
-    /// refused rather than silently resolved; `list[]=a&list[]=b` is a list
-    /// (the entries `0` and `1`), as `list[0]=a&list[1]=b` is.
+    /// refused rather than silently resolved, except `list[]=a&list[]=b`,
+    /// which is how a form sends a list: an array, `["a", "b"]`.
     pub fn from_form(body: &[u8]) -> Result<Self, DecodeError> {
         let mut fields = Map::new();
         for (name, value) in form_urlencoded::parse(body) {
@@ -116,18 +116,23 @@ impl Params {
                     let Some(inner) = inner else {
                         return Err(ParamError::unknown(&name).into());
                     };
+                    if inner.is_empty() {
+                        let list = fields
+                            .entry(outer.to_owned())
+                            .or_insert_with(|| Value::Array(Vec::new()));
+                        let Value::Array(list) = list else {
+                            return Err(duplicate(outer));
+                        };
+                        list.push(Value::String(value));
+                        continue;
+                    }
                     let object = fields
                         .entry(outer.to_owned())
                         .or_insert_with(|| Value::Object(Map::new()));
                     let Value::Object(object) = object else {
                         return Err(duplicate(outer));
                     };
-                    // `list[]=a&list[]=b` appends, as `list[0]=a&list[1]=b` does.
-                    let inner = match inner {
-                        "" => object.len().to_string(),
-                        inner => inner.to_owned(),
-                    };
-                    (object.entry(inner), name.clone())
+                    (object.entry(inner.to_owned()), name.clone())
                 }
                 None => (fields.entry(name.clone()), name.clone()),
             };
@@ -485,6 +490,23 @@ mod tests {
         assert!(e.message.ends_with(&e.param), "{}", e.message);
         assert_eq!(shorten("é".repeat(100).as_str()), "é".repeat(100));
         assert_eq!(shorten(&"é".repeat(101)), format!("{}…", "é".repeat(100)));
+    }
+
+    #[test]
+    fn a_form_list_is_an_array_and_mixing_its_spellings_is_a_duplicate() {
+        let mut params = Params::from_form(b"list[]=a&list[]=b").unwrap();
+        assert_eq!(params.take("list"), Some(serde_json::json!(["a", "b"])));
+        for mixed in [
+            &b"list[]=a&list[0]=b"[..],
+            b"list[0]=a&list[]=b",
+            b"list=a&list[]=b",
+        ] {
+            let err = Params::from_form(mixed).unwrap_err();
+            assert!(
+                matches!(&err, DecodeError::Param(e) if e.code == ProblemCode::ParameterDuplicate),
+                "{err:?}"
+            );
+        }
     }
 
     #[test]

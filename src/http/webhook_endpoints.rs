@@ -119,9 +119,12 @@ async fn delete(
     _: NoQuery,
     PathParam(id): PathParam,
 ) -> Result<Response, ApiError> {
-    if !store::delete(&state.pool, merchant.id, &id).await? {
+    let mut tx = state.pool.begin().await?;
+    if !store::delete(&mut tx, merchant.id, &id).await? {
+        tx.rollback().await?;
         return Err(no_such_endpoint(&id, "id"));
     }
+    tx.commit().await?;
     Ok(Json(json!({"id": id, "object": "webhook_endpoint", "deleted": true})).into_response())
 }
 

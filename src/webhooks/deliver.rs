@@ -17,6 +17,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderValue, USER_AGENT};
 use sqlx::PgPool;
 use tokio::task::JoinSet;
 
+use super::domain::EndpointStatus;
 use super::signature;
 use super::store::{self, Claimed, Finished, Next};
 use crate::config::Config;
@@ -26,8 +27,8 @@ use crate::faults::{Fault, crash_if};
 pub const BATCH: i64 = 32;
 /// The most bytes of a receiver's answer read: its status is what counts.
 pub const MAX_RESPONSE_BYTES: usize = 4096;
-/// How long a claim holds a delivery beyond the attempt's own timeout,
-/// for recording it.
+/// How long a claim holds a delivery beyond the attempt's own timeout and
+/// the wait for a connection to record it, for the recording statement.
 const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
 /// How the worker delivers, from the `WEBHOOK_*` settings.
@@ -45,6 +46,9 @@ pub struct DeliverySettings {
     pub disable_after: Duration,
     /// How often an idle worker looks for due deliveries.
     pub poll_interval: Duration,
+    /// The longest a record waits for a database connection
+    /// (`DATABASE_ACQUIRE_TIMEOUT`): part of the lease.
+    pub acquire_timeout: Duration,
     /// Honour `Oncepay-Fault` in a receiver's answer (tests and workshops).
     pub fault_injection: bool,
 }
@@ -58,15 +62,24 @@ impl DeliverySettings {
             retry_max: config.webhook_retry_max,
             disable_after: config.webhook_disable_after,
             poll_interval: config.webhook_poll_interval,
+            acquire_timeout: config.database_acquire_timeout,
             fault_injection: config.fault_injection,
         }
     }
 
-    /// How long a claim holds a delivery: past the attempt's timeout, so a
-    /// live worker is never overtaken, and short, so a dead one's delivery
-    /// is soon due again.
+    /// How long a claim holds a delivery: past the attempt's timeout and
+    /// the wait for a connection to record it, so a live worker is not
+    /// overtaken (one that is records nothing but its attempt), and short,
+    /// so a dead one's delivery is soon due again.
     pub fn lease(&self) -> Duration {
-        self.timeout + LEASE_MARGIN
+        self.timeout + self.acquire_timeout + LEASE_MARGIN
+    }
+
+    /// The longest a failing endpoint can go between two failures while
+    /// still failing every delivery: the longest wait between attempts,
+    /// plus a lease. A failure after a longer quiet begins a new run.
+    pub fn failure_run_gap(&self) -> Duration {
+        self.retry_max + self.lease()
     }
 }
 
@@ -133,7 +146,12 @@ impl Worker {
                 }
             };
             if claimed as i64 == BATCH {
-                continue;
+                // More are due at once; but a stop comes first.
+                tokio::select! {
+                    biased;
+                    () = &mut stop => return,
+                    () = std::future::ready(()) => continue,
+                }
             }
             tokio::select! {
                 () = &mut stop => return,
@@ -177,6 +195,29 @@ async fn deliver(
     settings: &DeliverySettings,
     claimed: Claimed,
 ) -> anyhow::Result<()> {
+    // Nothing is sent to an endpoint deleted or disabled after the delivery
+    // was written, nor past the last attempt (attempts cut short by crashes
+    // count, so a receiver that crashes every sender cannot loop forever).
+    let unsent = match claimed.endpoint_status {
+        EndpointStatus::Deleted => Some("endpoint_deleted"),
+        EndpointStatus::Disabled => Some("endpoint_disabled"),
+        EndpointStatus::Enabled if claimed.attempt > settings.max_attempts => {
+            Some("attempts_exhausted")
+        }
+        EndpointStatus::Enabled => None,
+    };
+    if let Some(reason) = unsent {
+        if store::end_unsent(pool, claimed.delivery_id, claimed.attempt, reason).await? {
+            metrics::counter!("webhook_deliveries_total", "outcome" => "failed").increment(1);
+            tracing::info!(
+                event = %claimed.event.id,
+                endpoint = %claimed.endpoint_id,
+                reason,
+                "webhook delivery ended unsent"
+            );
+        }
+        return Ok(());
+    }
     let started_at = Utc::now();
     let started = Instant::now();
     let sent = send(client, settings, &claimed).await;
@@ -210,7 +251,13 @@ async fn deliver(
         error: sent.error.as_deref(),
         next,
     };
-    let recorded = store::record(pool, &finished, settings.disable_after).await?;
+    let recorded = store::record(
+        pool,
+        &finished,
+        settings.disable_after,
+        settings.failure_run_gap(),
+    )
+    .await?;
     let span = tracing::info_span!(
         "webhook",
         event = %claimed.event.id,
@@ -342,6 +389,7 @@ mod tests {
             retry_max: Duration::from_secs(8 * 3600),
             disable_after: Duration::from_secs(72 * 3600),
             poll_interval: Duration::from_secs(1),
+            acquire_timeout: Duration::from_secs(5),
             fault_injection: false,
         }
     }

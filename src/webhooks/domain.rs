@@ -114,11 +114,12 @@ fn enabled_events(value: Value, encoding: Encoding) -> Result<Vec<String>, Param
         )
     };
     let items: Vec<Value> = match (value, encoding) {
-        (Value::Array(items), Encoding::Json) => items,
+        // JSON, or a form's `enabled_events[]=...`.
+        (Value::Array(items), _) => items,
         (Value::Object(entries), Encoding::Form) => {
             if let Some(name) = entries
                 .keys()
-                .find(|k| !(k.is_empty() || k.bytes().all(|b| b.is_ascii_digit())))
+                .find(|k| k.is_empty() || !k.bytes().all(|b| b.is_ascii_digit()))
             {
                 return Err(ParamError::unknown(&format!("enabled_events[{name}]")));
             }
@@ -185,8 +186,8 @@ impl EndpointStatus {
     }
 }
 
-/// An endpoint as stored.
-#[derive(Clone, Debug)]
+/// An endpoint as stored. Its `Debug` leaves the secret out.
+#[derive(Clone)]
 pub struct Endpoint {
     pub id: String,
     pub url: String,
@@ -198,9 +199,19 @@ pub struct Endpoint {
     pub created_at: DateTime<Utc>,
 }
 
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("id", &self.id)
+            .field("enabled_events", &self.enabled_events)
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The webhook endpoint object of the API, in Stripe's shape. `secret` is
 /// there only in the answer to the create.
-#[derive(Debug, Serialize)]
+#[derive(Serialize)]
 pub struct EndpointObject<'a> {
     pub id: &'a str,
     pub object: &'static str,

@@ -9,7 +9,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
-use super::domain::{Attempt, Delivery, DeliveryStatus, Endpoint, MAX_ENDPOINTS, NewEndpoint};
+use super::domain::{
+    Attempt, Delivery, DeliveryStatus, Endpoint, EndpointStatus, MAX_ENDPOINTS, NewEndpoint,
+};
 use crate::events::{Event, EventType};
 
 fn millis(d: Duration) -> f64 {
@@ -95,35 +97,60 @@ pub async fn list(db: impl PgExecutor<'_>, merchant_id: Uuid) -> sqlx::Result<Ve
 /// Deletes an endpoint: it is marked deleted (its deliveries keep naming
 /// it) and its pending deliveries end `failed`. `false` when there was no
 /// such endpoint, or it was deleted already.
-pub async fn delete(db: impl PgExecutor<'_>, merchant_id: Uuid, id: &str) -> sqlx::Result<bool> {
-    let deleted = sqlx::query_scalar!(
-        r#"WITH deleted AS (
-               UPDATE webhook_endpoints SET status = 'deleted', disabled_reason = NULL
-                WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted'
-               RETURNING id),
-           ended AS (
-               UPDATE webhook_deliveries d
-                  SET status = 'failed', failure_reason = 'endpoint_deleted', finished_at = now()
-                 FROM deleted WHERE d.endpoint_id = deleted.id AND d.status = 'pending')
-           SELECT count(*) AS "n!" FROM deleted"#,
+///
+/// The deliveries are ended first, then the endpoint, in one transaction:
+/// the order in which recording an attempt locks them (delivery, then
+/// endpoint), so the two never deadlock. A delivery a settle writes
+/// meanwhile, having seen the endpoint still enabled, is ended by the
+/// worker when it claims it ([`claim_due`] reports the endpoint's status).
+pub async fn delete(tx: &mut PgConnection, merchant_id: Uuid, id: &str) -> sqlx::Result<bool> {
+    sqlx::query!(
+        "UPDATE webhook_deliveries
+            SET status = 'failed', failure_reason = 'endpoint_deleted', finished_at = now()
+          WHERE endpoint_id = (SELECT id FROM webhook_endpoints
+                                WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted')
+            AND status = 'pending'",
         merchant_id,
         id,
     )
-    .fetch_one(db)
+    .execute(&mut *tx)
     .await?;
-    Ok(deleted > 0)
+    let deleted = sqlx::query!(
+        "UPDATE webhook_endpoints SET status = 'deleted', disabled_reason = NULL
+          WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted'",
+        merchant_id,
+        id,
+    )
+    .execute(&mut *tx)
+    .await?;
+    Ok(deleted.rows_affected() == 1)
 }
 
 /// A delivery a worker has claimed: the attempt it may make, and what to send.
-#[derive(Debug)]
 pub struct Claimed {
     pub delivery_id: i64,
     /// This attempt's number; only the holder of it may record it.
     pub attempt: i32,
     pub endpoint_id: String,
+    /// Not `enabled` when the endpoint was deleted or disabled after the
+    /// delivery was written: then nothing is sent.
+    pub endpoint_status: EndpointStatus,
     pub url: String,
     pub secret: String,
     pub event: Event,
+}
+
+/// Without the URL and the secret, which must never reach a log.
+impl std::fmt::Debug for Claimed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claimed")
+            .field("delivery_id", &self.delivery_id)
+            .field("attempt", &self.attempt)
+            .field("endpoint_id", &self.endpoint_id)
+            .field("endpoint_status", &self.endpoint_status)
+            .field("event", &self.event.id)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Claims up to `limit` due deliveries for one attempt each: `FOR UPDATE
@@ -147,7 +174,8 @@ pub async fn claim_due(
                       FOR UPDATE SKIP LOCKED) due,
                   webhook_endpoints w, events e
             WHERE d.id = due.id AND w.id = d.endpoint_id AND e.seq = d.event_seq
-        RETURNING d.id, d.attempts, w.id AS endpoint_id, w.url, w.secret,
+        RETURNING d.id, d.attempts, w.id AS endpoint_id,
+                  w.status AS "endpoint_status: EndpointStatus", w.url, w.secret,
                   e.seq, e.id AS event_id, e.type AS "kind: EventType", e.data AS "data: sqlx::types::Json<serde_json::Value>",
                   e.request_id, e.idempotency_key, e.created_at,
                   (SELECT count(*) FROM webhook_deliveries p
@@ -163,6 +191,7 @@ pub async fn claim_due(
             delivery_id: row.id,
             attempt: row.attempts,
             endpoint_id: row.endpoint_id,
+            endpoint_status: row.endpoint_status,
             url: row.url,
             secret: row.secret,
             event: Event {
@@ -217,11 +246,14 @@ pub struct Recorded {
 /// Records an attempt and, if the delivery is still held at that attempt,
 /// its consequence, in one statement: the attempt's row, the delivery's
 /// new state, and the endpoint's run of failures (cleared by a success;
-/// begun, or ended by disabling the endpoint, by a failure).
+/// begun, or ended by disabling the endpoint, by a failure). A failure
+/// more than `run_gap` after the previous one begins a new run, so that an
+/// endpoint idle for days is not disabled by its next single failure.
 pub async fn record(
     db: impl PgExecutor<'_>,
     finished: &Finished<'_>,
     disable_after: Duration,
+    run_gap: Duration,
 ) -> sqlx::Result<Recorded> {
     let delivered = finished.next == Next::Delivered;
     let retry_ms = match finished.next {
@@ -247,15 +279,27 @@ pub async fn record(
                                             THEN 'attempts_exhausted' END
                 WHERE id = $1 AND status = 'pending' AND attempts = $2
                RETURNING endpoint_id),
+           run AS (
+               SELECT w.id,
+                      w.failing_since IS NOT NULL
+                          AND w.last_failed_at >= now() - $11::float8 * interval '1 millisecond'
+                          AS continues
+                 FROM webhook_endpoints w JOIN delivery ON w.id = delivery.endpoint_id),
            endpoint AS (
                UPDATE webhook_endpoints w
-                  SET failing_since = CASE WHEN $7 THEN NULL ELSE coalesce(w.failing_since, now()) END,
-                      status = CASE WHEN NOT $7 AND w.failing_since <= now() - $9::float8 * interval '1 millisecond'
+                  SET failing_since = CASE WHEN $7 THEN NULL
+                                           WHEN run.continues THEN w.failing_since
+                                           ELSE now() END,
+                      last_failed_at = CASE WHEN $7 THEN w.last_failed_at ELSE now() END,
+                      status = CASE WHEN NOT $7 AND run.continues
+                                         AND w.failing_since <= now() - $9::float8 * interval '1 millisecond'
                                     THEN 'disabled' ELSE w.status END,
-                      disabled_reason = CASE WHEN NOT $7 AND w.failing_since <= now() - $9::float8 * interval '1 millisecond'
-                                             THEN 'every delivery failed for ' || $10::text ELSE w.disabled_reason END
-                 FROM delivery
-                WHERE w.id = delivery.endpoint_id AND w.status = 'enabled'
+                      disabled_reason = CASE WHEN NOT $7 AND run.continues
+                                                  AND w.failing_since <= now() - $9::float8 * interval '1 millisecond'
+                                             THEN 'every delivery failed for ' || $10::text
+                                             ELSE w.disabled_reason END
+                 FROM run
+                WHERE w.id = run.id AND w.status = 'enabled'
                   AND (NOT $7 OR w.failing_since IS NOT NULL)
                RETURNING w.id, w.status)
            SELECT (SELECT count(*) FROM delivery) AS "held!",
@@ -270,6 +314,7 @@ pub async fn record(
         retry_ms,
         millis(disable_after),
         humantime::format_duration(disable_after).to_string(),
+        millis(run_gap),
     )
     .fetch_one(db)
     .await?;
@@ -277,6 +322,31 @@ pub async fn record(
         held: row.held > 0,
         disabled_endpoint: row.disabled,
     })
+}
+
+/// Ends a claimed delivery without sending it: its endpoint is gone
+/// (`endpoint_deleted`, `endpoint_disabled`) or its attempts are spent
+/// (`attempts_exhausted`, after crashes that left attempts unrecorded).
+/// The claim's count goes back, as no attempt was made. `false` when the
+/// delivery is no longer held at `attempt`.
+pub async fn end_unsent(
+    db: impl PgExecutor<'_>,
+    delivery_id: i64,
+    attempt: i32,
+    reason: &str,
+) -> sqlx::Result<bool> {
+    let ended = sqlx::query!(
+        "UPDATE webhook_deliveries
+            SET status = 'failed', failure_reason = $3, finished_at = now(),
+                attempts = attempts - 1
+          WHERE id = $1 AND status = 'pending' AND attempts = $2",
+        delivery_id,
+        attempt,
+        reason,
+    )
+    .execute(db)
+    .await?;
+    Ok(ended.rows_affected() == 1)
 }
 
 /// Ends the pending deliveries of an endpoint just disabled: they fail, as
