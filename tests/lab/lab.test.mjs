@@ -291,7 +291,7 @@ test("the screenshots are saved", async () => {
   console.log(`# screenshot: ${join(OUT, "lab.png")}`);
 });
 
-test("without the workshop switches, scenarios 3 and 4 say what to turn on", async () => {
+test("without the workshop switches, scenarios 3, 4 and 6 say what to turn on", async () => {
   const plain = await serve("server-plain.log", {});
   await page.goto(`${plain.base}/lab?key=${API_KEY}`);
   await run("3");
