@@ -98,7 +98,7 @@ pub struct Settings {
     /// Honour the Oncepay-Fault request header (tests and workshops only).
     #[arg(long, help_heading = "Workshop", env = "FAULT_INJECTION", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
     fault_injection: bool,
-    /// Serve the deliberately broken POST /demo/naive/charges (workshops only).
+    /// Serve the deliberately broken POST /demo/naive/charges and the webhook receivers (workshops only).
     #[arg(long, help_heading = "Workshop", env = "DEMO_UNSAFE_ENDPOINTS", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
     demo_unsafe_endpoints: bool,
 }
@@ -129,7 +129,8 @@ pub struct Config {
     pub replay_cache_bytes: u64,
     /// Honour the `Oncepay-Fault` request header (tests and workshops only).
     pub fault_injection: bool,
-    /// Serve the deliberately broken `POST /demo/naive/charges` (workshops only).
+    /// Serve the deliberately broken `POST /demo/naive/charges` and the
+    /// webhook receivers under `/demo/receiver/` (workshops only).
     pub demo_unsafe_endpoints: bool,
     /// The longest a request may take before it is answered `503 request_timeout`.
     /// By default half of `processing_timeout`, at most 30 s; always below it.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The workshop demo: five scenarios against a running oncepay server.
+"""The workshop demo: six scenarios against a running oncepay server.
 
 Run by scripts/demo (which starts a server first, or uses ONCEPAY_URL); it can
 also be run on its own:
@@ -7,9 +7,11 @@ also be run on its own:
     ONCEPAY_API_KEY=sk_test_... python3 scripts/lib/demo.py --url http://127.0.0.1:8080 [--json]
 
 Every effect count printed is read from the server's GET /demo/effects (the
-processor's payments in the database) after the scenario, never counted here.
-Each scenario tags its charges with a fresh run tag (metadata demo_run) and
-uses fresh idempotency keys, so every run gives the same numbers.
+processor's payments in the database) after the scenario, never counted here;
+scenario 6's shipments and deliveries from GET /demo/receivers (the workshop's
+webhook receivers' tables). Each scenario tags its charges with a fresh run tag
+(metadata demo_run) and uses fresh idempotency keys, so every run gives the
+same numbers.
 
 Python 3 standard library only. Exit status: 0 when every count is as
 expected, 1 when one differs or a scenario could not run, 2 when the server
@@ -31,6 +33,7 @@ import urllib.request
 import uuid
 
 TIMEOUT = 30  # seconds, per request
+DELIVERY_WAIT = 60  # seconds, for scenario 6's webhook deliveries to end
 
 
 class Unusable(Exception):
@@ -103,12 +106,51 @@ class Server:
         body = {"amount": 500, "currency": "usd", "source": "tok_visa", "metadata": {"demo_run": run}}
         return self.request("POST", path, body, headers)
 
+    def create_endpoint(self, url, events):
+        """A webhook endpoint; returns its answer (with `secret`, shown once)."""
+        body = {"url": url, "enabled_events": events}
+        return self.request("POST", "/v1/webhook_endpoints", body, {"Idempotency-Key": "demo-" + str(uuid.uuid4())})
+
+    def set_up_receiver(self, run, mode, secret, fail_first):
+        body = {"run": run, "mode": mode, "secret": secret, "fail_first": fail_first}
+        return self.request("POST", "/demo/receivers", body)
+
+    def receivers(self, run):
+        """What RUN's webhook receivers took in: deliveries, events, shipments."""
+        answer = self.request("GET", "/demo/receivers?run=" + urllib.parse.quote(run))
+        if answer.status != 200 or "receivers" not in answer.body:
+            raise Unusable(f"GET /demo/receivers answered {describe_problem(answer)}")
+        return answer.body["receivers"]
+
+    def event_of(self, charge_id, kind):
+        """The event of type KIND about the charge, from the newest events."""
+        answer = self.request("GET", "/v1/events?limit=100&type=" + urllib.parse.quote(kind))
+        if answer.status != 200:
+            raise Unusable(f"GET /v1/events answered {describe_problem(answer)}")
+        for event in answer.body.get("data", []):
+            if event.get("data", {}).get("object", {}).get("id") == charge_id:
+                return event["id"]
+        return None
+
+    def deliveries(self, event_id):
+        answer = self.request("GET", f"/v1/events/{urllib.parse.quote(event_id)}/deliveries")
+        if answer.status != 200:
+            raise Unusable(f"GET /v1/events/{event_id}/deliveries answered {describe_problem(answer)}")
+        return answer.body.get("data", [])
+
     def effects(self, run):
         """Payments the processor recorded for the charges tagged RUN."""
         answer = self.request("GET", "/demo/effects?run=" + urllib.parse.quote(run))
         if answer.status != 200 or "payments" not in answer.body:
             raise Unusable(f"GET /demo/effects answered {describe_problem(answer)}")
         return int(answer.body["payments"])
+
+
+def attempt_answer(attempt):
+    """What one webhook attempt got: the status code, or why none came."""
+    if attempt.get("response_status") is not None:
+        return str(attempt["response_status"])
+    return attempt.get("error") or "no answer"
 
 
 def describe_problem(answer):
@@ -301,13 +343,78 @@ class Demo:
         b.row("effects in total", b.count("total", one + each, 4))
         return b
 
+    def a_webhook_delivered_three_times(self, receivers):
+        b = Block(6, "A webhook delivered three times")
+        if not receivers:
+            b.skipped = "the webhook receivers need DEMO_UNSAFE_ENDPOINTS=true on the server"
+            return b
+        run = self.run_tag(6)
+        b.runs.append(run)
+        modes = {
+            "naive": "receiver without an inbox (POST /demo/receiver/naive)",
+            "inbox": "receiver with an inbox (POST /demo/receiver/inbox)",
+        }
+        # Two endpoints, one per receiver, each receiver holding its endpoint's
+        # secret and answering 500 to the first two deliveries of each event,
+        # after its work committed.
+        endpoints = []
+        try:
+            for mode in modes:
+                url = f"{self.server.url}/demo/receiver/{mode}?run={urllib.parse.quote(run)}"
+                endpoint = self.server.create_endpoint(url, ["charge.succeeded"])
+                if endpoint.status != 201:
+                    b.skipped = f"POST /v1/webhook_endpoints answered {describe_problem(endpoint)}"
+                    return b
+                endpoints.append(endpoint.body["id"])
+                receiver = self.server.set_up_receiver(run, mode, endpoint.body["secret"], fail_first=2)
+                if receiver.status != 200:
+                    b.skipped = f"POST /demo/receivers answered {describe_problem(receiver)}"
+                    return b
+            charge = self.charge(run, self.new_key())
+            b.row("the charge (POST /v1/charges)", b.say(charge))
+            event = charge.charge_id and self.server.event_of(charge.charge_id, "charge.succeeded")
+            if not event:
+                b.skipped = "the charge or its charge.succeeded event is missing"
+                return b
+            b.row("its event", "charge.succeeded, sent to two receivers")
+            b.row("each receiver", "does its work, then answers 500 to the first two")
+            deliveries = self.delivered(event)
+            if any(d.get("status") == "pending" for d in deliveries):
+                b.skipped = (
+                    f"the deliveries had not ended after {DELIVERY_WAIT} s; start the server with "
+                    "WEBHOOK_RETRY_BASE=200ms WEBHOOK_POLL_INTERVAL=100ms"
+                )
+        finally:
+            for endpoint in endpoints:
+                self.server.request("DELETE", f"/v1/webhook_endpoints/{endpoint}")
+
+        counts = self.server.receivers(run)
+        for mode, heading in modes.items():
+            b.part(heading)
+            sent = [d for d in deliveries if f"/demo/receiver/{mode}?" in d.get("url", "")]
+            got = [attempt_answer(a) for d in sent for a in d.get("attempts", [])]
+            b.row("deliveries received", b.count(f"{mode}_deliveries", counts[mode]["deliveries"], 3))
+            b.row("what the sender got", " | ".join(got) or "nothing")
+            b.row("orders shipped", b.count(f"{mode}_shipments", counts[mode]["shipments"], {"naive": 3, "inbox": 1}[mode]))
+        return b
+
+    def delivered(self, event):
+        """The event's deliveries, once none is pending (or DELIVERY_WAIT is over)."""
+        deadline = time.monotonic() + DELIVERY_WAIT
+        while True:
+            deliveries = self.server.deliveries(event)
+            ended = deliveries and all(d.get("status") != "pending" for d in deliveries)
+            if ended or time.monotonic() > deadline:
+                return deliveries
+            time.sleep(0.1)
+
 
 # ----------------------------------------------------------------------------
 # Checking the server, printing
 
 
 def check_server(server, log):
-    """Returns (fault_injection, naive_endpoint); raises Unusable when the
+    """Returns (fault_injection, naive_endpoint, receivers); raises Unusable when the
     server is down, the key is wrong or /demo/effects is missing. The probes
     create nothing: each is refused before any write."""
     health = server.request("GET", "/healthz", auth=False)
@@ -339,7 +446,15 @@ def check_server(server, log):
             f"the server at {server.url} has no POST /demo/naive/charges (the probe got "
             f"{describe_problem(probe)}); start it with DEMO_UNSAFE_ENDPOINTS=true: half of scenario 4 cannot run"
         )
-    return fault_injection, naive_endpoint
+    # The webhook receivers' counts: 200 when served, 404 when not.
+    probe = server.request("GET", "/demo/receivers?run=probe-" + uuid.uuid4().hex[:8])
+    receivers = probe.status == 200
+    if not receivers:
+        log(
+            f"the server at {server.url} has no webhook receivers (GET /demo/receivers got "
+            f"{describe_problem(probe)}); start it with DEMO_UNSAFE_ENDPOINTS=true: scenario 6 cannot run"
+        )
+    return fault_injection, naive_endpoint, receivers
 
 
 def wait_until_healthy(server, pid, seconds, log):
@@ -469,15 +584,16 @@ def main():
     try:
         if args.wait:
             wait_until_healthy(server, args.server_pid, args.wait, log)
-        fault_injection, naive_endpoint = check_server(server, log)
+        fault_injection, naive_endpoint, receivers = check_server(server, log)
         demo = Demo(server)
-        log(f"running the five scenarios against {server.url} (run tags {demo.prefix}-*)")
+        log(f"running the six scenarios against {server.url} (run tags {demo.prefix}-*)")
         blocks = [
             demo.retry_without_a_key(),
             demo.retries_with_a_key(),
             demo.the_window(fault_injection),
             demo.two_at_once(naive_endpoint),
             demo.a_new_key_per_attempt(),
+            demo.a_webhook_delivered_three_times(receivers),
         ]
     except Unusable as e:
         log(f"error: {e}")

@@ -1,7 +1,8 @@
 // The lab page (GET /lab), end to end: a real `oncepay serve` on a fresh
 // database, the page in headless Chromium (Debian's /usr/bin/chromium driven
 // by playwright-core), every scenario clicked, and every effect count the
-// page shows checked against the database with psql. After every test, the
+// page shows (payments, and scenario 6's orders shipped by the webhook
+// receivers) checked against the database with psql. After every test, the
 // page must have raised no script error (an uncaught exception or rejection,
 // or a console.error; the browser's own "Failed to load resource" lines are
 // expected, the scenarios get 409s and dropped answers on purpose). Saves
@@ -50,6 +51,18 @@ function paymentsInDb(tag) {
         WHERE p.outcome = 'succeeded' AND c.metadata->>'demo_run' = '${tag}'`,
     ),
   );
+}
+
+/** Orders the webhook receiver MODE of run TAG shipped, and the deliveries it took in. */
+function receiverInDb(tag, mode) {
+  assert.match(tag, /^lab-[0-9a-f]+$/, `unexpected run tag ${tag}`);
+  const [shipments, deliveries] = psql(
+    dbUrl,
+    `SELECT (SELECT count(*) FROM demo_shipments WHERE run = '${tag}' AND mode = '${mode}'),
+            (SELECT coalesce(sum(deliveries), 0) FROM demo_receiver_deliveries
+              WHERE run = '${tag}' AND mode = '${mode}')`,
+  ).split("|");
+  return { shipments: Number(shipments), deliveries: Number(deliveries) };
 }
 
 const times4 = (x) => [x, x, x, x];
@@ -118,6 +131,9 @@ before(async () => {
     FAULT_INJECTION: "true",
     DEMO_UNSAFE_ENDPOINTS: "true",
     PROCESSOR_LATENCY_MS: "400",
+    // Scenario 6 waits for two failed webhook attempts and a third.
+    WEBHOOK_RETRY_BASE: "200ms",
+    WEBHOOK_POLL_INTERVAL: "100ms",
   }));
 
   userDataDir = mkdtempSync(join(tmpdir(), "oncepay-lab-chromium-"));
@@ -227,6 +243,27 @@ test("5: three attempts with one key are 1 effect, with a new key each 3", async
   assert.equal(await number("s5-effects-total"), 4);
 });
 
+test("6: an event delivered three times ships 3 orders without an inbox, 1 with one", async () => {
+  await run("6");
+  assert.match(await text("s6-event"), /^evt_[A-Za-z0-9]{24}$/);
+  for (const [part, mode, shipped] of [["s6-naive", "naive", 3], ["s6-inbox", "inbox", 1]]) {
+    const tag = await text(part + "-tag");
+    const db = receiverInDb(tag, mode);
+    assert.equal(await number(part + "-effects-before"), 0, `${part}: a fresh run starts at 0`);
+    assert.equal(await number(part + "-effects-after"), db.shipments, `${part}: the page shows the database's shipments`);
+    assert.equal(db.shipments, shipped, part);
+    assert.equal(await number(part + "-deliveries"), db.deliveries, `${part}: deliveries as in the database`);
+    assert.equal(db.deliveries, 3, part);
+    const statuses = [];
+    for (let i = 1; await byId(`${part}-row-${i}`).count(); i++) statuses.push(await text(`${part}-row-${i}-status`));
+    assert.deepEqual(statuses, ["500", "500", "200"], part);
+  }
+  assert.match(await text("s6-naive-verdict"), /duplicates: 3 orders/);
+  assert.match(await text("s6-inbox-verdict"), /exactly once/);
+  // The page deleted its endpoints: later runs' events go nowhere.
+  assert.equal(Number(psql(dbUrl, "SELECT count(*) FROM webhook_endpoints WHERE status <> 'deleted'")), 0);
+});
+
 test("N at once with one key is one effect", async () => {
   await byId("n-input").fill("8");
   await run("n");
@@ -248,13 +285,13 @@ test("N at once with Prefer: wait replays the first answer to the others", async
 test("the screenshots are saved", async () => {
   await page.evaluate(() => window.scrollTo(0, 0));
   await page.screenshot({ path: join(OUT, "lab.png"), fullPage: true });
-  for (const id of ["1", "2", "3", "4", "5", "n"]) {
+  for (const id of ["1", "2", "3", "4", "5", "6", "n"]) {
     await byId("scenario-" + id).screenshot({ path: join(OUT, `scenario-${id}.png`) });
   }
   console.log(`# screenshot: ${join(OUT, "lab.png")}`);
 });
 
-test("without the workshop switches, scenarios 3 and 4 say what to turn on", async () => {
+test("without the workshop switches, scenarios 3, 4 and 6 say what to turn on", async () => {
   const plain = await serve("server-plain.log", {});
   await page.goto(`${plain.base}/lab?key=${API_KEY}`);
   await run("3");
@@ -264,6 +301,11 @@ test("without the workshop switches, scenarios 3 and 4 say what to turn on", asy
   assert.equal(await effectsAfter("s4-real"), 1, "the real endpoint needs no switch");
   assert.match(await text("s4-naive-note"), /DEMO_UNSAFE_ENDPOINTS=true/);
   assert.equal(await effectsAfter("s4-naive"), 0);
+  await run("6");
+  for (const part of ["s6-naive", "s6-inbox"]) {
+    assert.match(await text(part + "-note"), /DEMO_UNSAFE_ENDPOINTS=true/);
+    assert.equal(await number(part + "-effects-after"), 0);
+  }
   await page.screenshot({ path: join(OUT, "lab-without-switches.png"), fullPage: true });
   await stop(plain.proc);
 });
