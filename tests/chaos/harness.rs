@@ -231,6 +231,14 @@ impl Server {
     }
 
     async fn spawn(&mut self) {
+        if let Err(status) = self.try_spawn().await {
+            panic!("oncepay exited at start ({status}): {}", self.log_text());
+        }
+    }
+
+    /// Starts the process and waits until it answers `/healthz`; the exit
+    /// status if it ends before that.
+    async fn try_spawn(&mut self) -> Result<(), ExitStatus> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -252,11 +260,12 @@ impl Server {
         loop {
             if let Ok(r) = client.get(format!("{}/healthz", self.url())).send().await {
                 if r.status() == 200 {
-                    return;
+                    return Ok(());
                 }
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("oncepay exited at start ({status}): {}", self.log_text());
+                self.child = None;
+                return Err(status);
             }
             assert!(
                 Instant::now() < deadline,
@@ -306,13 +315,27 @@ impl Server {
             .is_some_and(|c| c.try_wait().unwrap().is_none())
     }
 
-    /// Starts the process again on the same port, with the same settings.
-    pub async fn restart(&mut self) {
+    /// Kills the process (`SIGKILL`) and waits for it: nothing listens on
+    /// its port until [`Server::restart`].
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Starts the process again on the same port, with the same settings.
+    pub async fn restart(&mut self) {
+        self.stop();
         self.spawn().await;
+    }
+
+    /// [`Server::restart`], for a process that may abort on purpose before
+    /// it is ready (its webhook worker starts before it answers): the exit
+    /// status if it did.
+    pub async fn try_restart(&mut self) -> Result<(), ExitStatus> {
+        self.stop();
+        self.try_spawn().await
     }
 }
 
@@ -643,9 +666,51 @@ pub struct Report {
     pub events: i64,
     /// The first of them, described.
     pub unpaired: Vec<String>,
+    /// What crossed the webhook boundary; `None` when the scenario
+    /// registered no webhook endpoint.
+    pub delivered: Option<Delivered>,
+    /// What breaks the webhook property ([`webhook_violations`]).
+    pub webhooks: i64,
+    /// The first of them, described.
+    pub webhook_violations: Vec<String>,
     pub five_xx: u64,
     pub hung: u64,
     pub undecided: usize,
+}
+
+/// What crossed the webhook boundary in a scenario, read in one statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivered {
+    /// Events with deliveries, every one of which succeeded.
+    pub events: i64,
+    /// Delivery attempts begun, over every delivery: those a crash cut
+    /// short (which have no recorded attempt) included.
+    pub attempts: i64,
+    /// Orders the inbox receivers shipped.
+    pub shipped: i64,
+}
+
+impl Delivered {
+    /// The counts, or `None` when there is no webhook endpoint.
+    pub async fn measure(pool: &PgPool) -> Option<Self> {
+        let (endpoints, events, attempts, shipped): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM webhook_endpoints),
+                    (SELECT count(*) FROM events e
+                      WHERE EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_seq = e.seq)
+                        AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d
+                                         WHERE d.event_seq = e.seq AND d.status <> 'succeeded')),
+                    (SELECT coalesce(sum(attempts), 0)::bigint FROM webhook_deliveries),
+                    (SELECT count(*) FROM demo_shipments WHERE mode = 'inbox')",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("count the webhook deliveries");
+        (endpoints > 0).then_some(Delivered {
+            events,
+            attempts,
+            shipped,
+        })
+    }
 }
 
 impl Report {
@@ -759,6 +824,9 @@ impl Report {
         let mut unpaired = unpaired_events(pool).await;
         let events = unpaired.len() as i64;
         unpaired.truncate(10);
+        let mut webhook_violations = webhook_violations(pool).await;
+        let webhooks = webhook_violations.len() as i64;
+        webhook_violations.truncate(10);
 
         Report {
             scenario,
@@ -771,6 +839,9 @@ impl Report {
             wrong: wrong.len() as i64,
             events,
             unpaired,
+            delivered: Delivered::measure(pool).await,
+            webhooks,
+            webhook_violations,
             five_xx: outcomes.iter().map(|o| o.five_xx).sum(),
             hung: outcomes.iter().map(|o| o.hung).sum(),
             undecided: outcomes.iter().filter(|o| o.answers.is_empty()).count(),
@@ -778,9 +849,18 @@ impl Report {
     }
 
     /// Appends this row to `CHAOS_REPORT` (for `scripts/chaos`) and prints it.
+    /// The webhook counts are empty fields when the scenario had no endpoint.
     pub fn publish(&self) {
+        let (delivered, attempts, shipped) = match self.delivered {
+            Some(d) => (
+                d.events.to_string(),
+                d.attempts.to_string(),
+                d.shipped.to_string(),
+            ),
+            None => Default::default(),
+        };
         let line = format!(
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             self.scenario,
             self.operations,
             self.requests,
@@ -790,7 +870,11 @@ impl Report {
             self.lost,
             self.wrong,
             self.events,
-            self.five_xx
+            self.five_xx,
+            delivered,
+            attempts,
+            shipped,
+            self.webhooks,
         );
         eprintln!("chaos report: {self:?}");
         if let Ok(path) = std::env::var("CHAOS_REPORT") {
@@ -804,8 +888,8 @@ impl Report {
     }
 
     /// The invariant: one logical operation, one effect, nothing acknowledged
-    /// lost, one answer per operation, true to the database, and every
-    /// change paired with its event.
+    /// lost, one answer per operation, true to the database, every change
+    /// paired with its event, and every event delivered and shipped once.
     #[track_caller]
     pub fn assert_exactly_once(&self) {
         assert_eq!(self.duplicates, 0, "{self:?}");
@@ -815,6 +899,11 @@ impl Report {
             self.events, 0,
             "every change has its event and every event its change: {:#?}\n{self:?}",
             self.unpaired
+        );
+        assert_eq!(
+            self.webhooks, 0,
+            "every event delivered, and shipped once by the inbox: {:#?}\n{self:?}",
+            self.webhook_violations
         );
         assert_eq!(
             self.effects, self.succeeded,
@@ -990,6 +1079,74 @@ pub async fn unpaired_events(pool: &PgPool) -> Vec<String> {
     .fetch_all(pool)
     .await
     .expect("read the events and their records")
+}
+
+/// Every way the database breaks the webhook property, described, read in
+/// one statement:
+///
+/// - a succeeded charge has exactly one `charge.succeeded` event (the event
+///   its webhooks carry);
+/// - an inbox receiver ships exactly one order for each event it received,
+///   however many times it received it, and none for an event it did not
+///   receive or that is no event of this database;
+/// - every delivery has ended `succeeded`. The chaos scenarios never delete
+///   or disable an endpoint and every receiver answers in the end, so a
+///   delivery still pending or `failed` once the scenario has waited for
+///   them ([`wait_until_delivered`]) is one lost.
+///
+/// A database without webhook endpoints or receivers breaks only the first.
+pub async fn webhook_violations(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar::<_, String>(
+        "WITH paid AS (
+             SELECT c.id,
+                    (SELECT count(*) FROM events e
+                      WHERE e.object_id = c.id AND e.type = 'charge.succeeded') AS events
+               FROM charges c WHERE c.status = 'succeeded'),
+         received AS (
+             SELECT r.run, r.event_id, r.deliveries,
+                    (SELECT count(*) FROM demo_shipments s
+                      WHERE s.run = r.run AND s.mode = 'inbox' AND s.event_id = r.event_id) AS shipped
+               FROM demo_receiver_deliveries r WHERE r.mode = 'inbox')
+         SELECT format('charge %s succeeded with %s charge.succeeded events', id, events)
+           FROM paid WHERE events <> 1
+         UNION ALL
+         SELECT format('the inbox of run %s received %s %s times and shipped %s orders for it',
+                       run, event_id, deliveries, shipped)
+           FROM received WHERE shipped <> 1
+         UNION ALL
+         SELECT format('the inbox of run %s received %s, which is no event of this database',
+                       run, event_id)
+           FROM received WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = received.event_id)
+         UNION ALL
+         SELECT format('the inbox of run %s shipped an order for %s, which it never received',
+                       s.run, s.event_id)
+           FROM demo_shipments s
+          WHERE s.mode = 'inbox'
+            AND NOT EXISTS (SELECT 1 FROM received r
+                             WHERE r.run = s.run AND r.event_id = s.event_id)
+         UNION ALL
+         SELECT format('the delivery of %s to %s is %s after %s attempts (%s)',
+                       e.id, d.endpoint_id, d.status, d.attempts,
+                       coalesce(d.failure_reason, 'not ended'))
+           FROM webhook_deliveries d JOIN events e ON e.seq = d.event_seq
+          WHERE d.status <> 'succeeded'",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read the events, their deliveries and the receivers' shipments")
+}
+
+/// Waits until no webhook delivery is pending, or panics at `deadline`.
+pub async fn wait_until_delivered(pool: &PgPool, deadline: Instant) {
+    eventually(deadline, "no webhook delivery is pending", || async {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        (pending == 0).then_some(())
+    })
+    .await
 }
 
 /// Asserts that the database pairs every change with its event and every

@@ -1,13 +1,15 @@
 //! Failure scenarios against real `oncepay serve` processes: retry storms,
 //! lost answers, processor faults, crashes at each point, a database restart
 //! under load, three instances on one database, refunds under the same
-//! faults, and charges and refunds killed at each point of their settle.
+//! faults, charges and refunds killed at each point of their settle, and
+//! the webhook boundary (a worker killed after the receiver answered, a
+//! receiver down for a while, three instances delivering).
 //! Each scenario measures its row of the reliability report in the database
 //! and asserts the invariant: one logical operation, one effect, nothing
-//! acknowledged lost, one answer per operation and true to the database, and
+//! acknowledged lost, one answer per operation and true to the database,
 //! every change paired with its event (no event without its change, no
-//! change without its event). Every deadline is derived from the servers'
-//! settings.
+//! change without its event), and every event delivered, and shipped once by
+//! an inbox receiver. Every deadline is derived from the servers' settings.
 //!
 //! `scripts/chaos` runs these with `CHAOS_SCALE=3` and prints the table.
 
@@ -17,6 +19,7 @@ mod harness;
 mod pairing;
 mod refunds;
 mod waits;
+mod webhooks;
 
 use std::time::{Duration, Instant};
 
