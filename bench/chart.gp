@@ -1,8 +1,12 @@
-# Throughput against clients, oncepay over HTTP and pgbench on the same SQL,
-# one panel per scenario. Called by bench/report.py with -e "data=...; out=...; subtitle=...".
-set terminal pngcairo size 1500,520 font "sans,10"
+# Throughput against clients: each scenario of oncepay over HTTP next to its
+# own anchor (pgbench on the least SQL, the HTTP ceiling, pgbench's
+# primary-key lookup), with pgbench on the service's very SQL dashed beside
+# it where there is one. One panel per scenario; the series are the blocks
+# of chart.dat, in the order bench/report.py writes them. Called by
+# bench/report.py with -e "data=...; out=...; subtitle=...".
+set terminal pngcairo size 1300,1150 font "sans,10"
 set output out
-set multiplot layout 1,3 title "oncepay vs the Postgres limit (pgbench, same SQL), " . subtitle
+set multiplot layout 2,2 title "oncepay against its anchors, " . subtitle
 set logscale x 2
 set xrange [0.8:160]
 set xtics (1, 8, 32, 128)
@@ -10,19 +14,25 @@ set xlabel "concurrent clients"
 set ylabel "requests (transactions) per second"
 set yrange [0:*]
 set grid
-set key outside below
+set key outside below vertical
+set bmargin 8
 set style data linespoints
 
 set title "new charges"
 plot data index 0 using 1:2 title "oncepay" lw 2 pt 7, \
-     data index 1 using 1:2 title "pgbench, same SQL" lw 2 pt 5 dt 2
+     data index 1 using 1:2 title "anchor: pgbench minimum.sql (3 statements)" lw 2 pt 5 dt 2, \
+     data index 2 using 1:2 title "pgbench new\\_charge.sql (the service's SQL)" lw 1 pt 4 dt 3
 
-set title "replays of completed keys"
-plot data index 2 using 1:2 title "oncepay" lw 2 pt 7, \
-     data index 3 using 1:2 title "pgbench, same SQL" lw 2 pt 5 dt 2, \
-     data index 4 using 1:2 title "pgbench, primary-key lookup" lw 2 pt 9 dt 3
+set title "replays from the replay cache"
+plot data index 3 using 1:2 title "oncepay" lw 2 pt 7, \
+     data index 4 using 1:2 title "anchor: the HTTP ceiling (same bytes, no work)" lw 2 pt 5 dt 2
+
+set title "replays missing the cache (REPLAY\\_CACHE\\_BYTES=0)"
+plot data index 5 using 1:2 title "oncepay" lw 2 pt 7, \
+     data index 6 using 1:2 title "anchor: pgbench pk\\_lookup.sql" lw 2 pt 5 dt 2, \
+     data index 7 using 1:2 title "pgbench replay.sql (the service's SQL)" lw 1 pt 4 dt 3
 
 set title "retry storm (90% retries of 100 hot keys)"
-plot data index 5 using 1:2 title "oncepay" lw 2 pt 7, \
-     data index 6 using 1:2 title "pgbench, same SQL" lw 2 pt 5 dt 2
+plot data index 8 using 1:2 title "oncepay" lw 2 pt 7, \
+     data index 9 using 1:2 title "anchor: pgbench, the same SQL" lw 2 pt 5 dt 2
 unset multiplot
