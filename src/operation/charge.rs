@@ -9,7 +9,7 @@ use uuid::Uuid;
 use crate::app::AppState;
 use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
-use crate::charges::{NewCharge, store};
+use crate::charges::{Charge, NewCharge, store};
 use crate::error::Error;
 use crate::faults::Fault;
 use crate::idempotency::{Resource, SavedResponse, store as keys};
@@ -24,6 +24,9 @@ pub struct CreateCharge {
     id: String,
     merchant_id: Uuid,
     charge: NewCharge,
+    /// The charge as written pending (step 2), which the settle renders
+    /// its answer and its event from.
+    pending: Option<Charge>,
 }
 
 impl CreateCharge {
@@ -33,6 +36,7 @@ impl CreateCharge {
             id: new_charge_id(),
             merchant_id,
             charge,
+            pending: None,
         }
     }
 }
@@ -56,7 +60,8 @@ impl Operation for CreateCharge {
     }
 
     async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<Written, Error> {
-        store::insert_pending(tx, &self.id, self.merchant_id, &self.charge).await?;
+        self.pending =
+            Some(store::insert_pending(tx, &self.id, self.merchant_id, &self.charge).await?);
         Ok(Written::Pending)
     }
 
@@ -79,9 +84,20 @@ impl Operation for CreateCharge {
         request_id: Option<&str>,
         fault: Option<Fault>,
     ) -> sqlx::Result<Settled> {
+        let Some(pending) = &self.pending else {
+            // Without the charge as written (never after step 2), read it.
+            return settle::settle(
+                &state.pool,
+                &self.id,
+                outcome,
+                state.config.idempotency_key_ttl,
+                request_id,
+            )
+            .await;
+        };
         settle::settle_or_crash(
             &state.pool,
-            &self.id,
+            pending,
             outcome,
             state.config.idempotency_key_ttl,
             request_id,
