@@ -9,10 +9,11 @@ use uuid::Uuid;
 use crate::app::AppState;
 use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
-use crate::charges::{Charge, NewCharge, store};
+use crate::charges::{Charge, ChargeStatus, NewCharge, store};
 use crate::error::Error;
 use crate::faults::Fault;
-use crate::idempotency::{Resource, SavedResponse, store as keys};
+use crate::idempotency::store::{FirstClaim, PendingCharge};
+use crate::idempotency::{Claim, Resource, SavedResponse, store as keys};
 use crate::operation::{Operation, Written};
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{self, Authorization, Outcome, Processor, ProcessorError};
@@ -57,6 +58,40 @@ impl Operation for CreateCharge {
 
     fn canonical(&self) -> Vec<u8> {
         self.charge.canonical()
+    }
+
+    async fn claim_with_record(
+        &mut self,
+        state: &AppState,
+        claim: &Claim<'_>,
+    ) -> Result<Option<FirstClaim>, Error> {
+        let metadata = serde_json::to_string(&self.charge.metadata).expect("metadata serialises");
+        let pending = PendingCharge {
+            id: &self.id,
+            amount: self.charge.amount.minor_units(),
+            currency: self.charge.currency.as_str(),
+            source: self.charge.source.as_str(),
+            description: self.charge.description.as_deref(),
+            metadata: &metadata,
+        };
+        let first = keys::claim_with_charge(&state.pool, claim, &pending).await?;
+        if let FirstClaim::Claimed { created_at, .. } = &first {
+            self.pending = Some(Charge {
+                id: self.id.clone(),
+                merchant_id: self.merchant_id,
+                amount: self.charge.amount.minor_units(),
+                currency: self.charge.currency.as_str().to_owned(),
+                source: self.charge.source.as_str().to_owned(),
+                description: self.charge.description.clone(),
+                metadata: sqlx::types::Json(self.charge.metadata.clone()),
+                status: ChargeStatus::Pending,
+                failure_code: None,
+                failure_message: None,
+                amount_refunded: 0,
+                created_at: *created_at,
+            });
+        }
+        Ok(Some(first))
     }
 
     async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<Written, Error> {
