@@ -1,6 +1,6 @@
 //! Settling a charge: the processor's outcome becomes the charge's final
 //! status, its key's saved response and its event (`charge.succeeded` or
-//! `charge.failed`), in one transaction. Shared by the request that made the
+//! `charge.failed`), in one statement. Shared by the request that made the
 //! charge and by the sweeper that recovers it, so both write exactly the same
 //! thing and whichever comes second changes nothing.
 
@@ -10,9 +10,9 @@ use http::StatusCode;
 use sqlx::PgPool;
 
 use super::{Charge, ChargeStatus, store};
-use crate::events::{EventType, NewEvent, store as events};
+use crate::events::{EventType, NewEvent};
 use crate::faults::{Fault, crash_if};
-use crate::idempotency::{Resource, SavedResponse, store as keys};
+use crate::idempotency::SavedResponse;
 use crate::problem::{self, Problem, ProblemCode};
 use crate::processor::{self, Outcome, Processor};
 
@@ -30,7 +30,9 @@ pub enum Settled {
 
 /// Settles `charge_id` with `outcome` if it is still pending; its key keeps
 /// the answer for at least `key_ttl` from now. `request_id` names the request
-/// doing it in the charge's event (`None` for the sweeper).
+/// doing it in the charge's event (`None` for the sweeper). The charge is
+/// read first, for its answer and its event; recovery and the tests settle
+/// this way, a request with the charge it wrote ([`settle_or_crash`]).
 pub async fn settle(
     pool: &PgPool,
     charge_id: &str,
@@ -38,14 +40,24 @@ pub async fn settle(
     key_ttl: Duration,
     request_id: Option<&str>,
 ) -> sqlx::Result<Settled> {
-    settle_or_crash(pool, charge_id, outcome, key_ttl, request_id, None).await
+    match store::find_any(pool, charge_id).await? {
+        Some(charge) if charge.status == ChargeStatus::Pending => {
+            settle_or_crash(pool, &charge, outcome, key_ttl, request_id, None).await
+        }
+        _ => Ok(Settled::Already),
+    }
 }
 
-/// [`settle`], for a request that may ask to crash
-/// ([`Fault::CrashBeforeSettleCommit`]) just before the commit.
+/// Settles `pending` (the charge as written, still pending) with `outcome`,
+/// in one statement: the charge's final status, its key's saved answer and
+/// its event, rendered here from what the charge becomes, are written only
+/// if the conditional update moves it out of `pending`
+/// ([`store::settle_and_complete`]). A request that asks to crash
+/// ([`Fault::CrashBeforeSettleCommit`]) runs that statement in a
+/// transaction and dies before its commit.
 pub async fn settle_or_crash(
     pool: &PgPool,
-    charge_id: &str,
+    pending: &Charge,
     outcome: &Outcome,
     key_ttl: Duration,
     request_id: Option<&str>,
@@ -69,32 +81,36 @@ pub async fn settle_or_crash(
             EventType::ChargeFailed,
         ),
     };
-    let mut tx = pool.begin().await?;
-    let Some(charge) = store::settle_pending(&mut tx, charge_id, status, failure).await? else {
-        tx.rollback().await?;
+    let charge = Charge {
+        status,
+        failure_code: failure.map(|(code, _)| code.to_owned()),
+        failure_message: failure.map(|(_, message)| message.to_owned()),
+        ..pending.clone()
+    };
+    let response = response_for(&charge);
+    let event = NewEvent::new(kind, &charge.id, &charge.to_object());
+    let settle = store::Settle {
+        settled: &charge,
+        response: &response,
+        key_ttl,
+        event: &event,
+        request_id,
+    };
+    // The update in the statement decides: only the statement that moves the
+    // charge out of `pending` writes the answer and the one event of that
+    // change.
+    let settled = if fault == Some(Fault::CrashBeforeSettleCommit) {
+        let mut tx = pool.begin().await?;
+        let settled = store::settle_and_complete(&mut *tx, &settle).await?;
+        crash_if(fault, Fault::CrashBeforeSettleCommit);
+        tx.commit().await?;
+        settled
+    } else {
+        store::settle_and_complete(pool, &settle).await?
+    };
+    let Some(key) = settled else {
         return Ok(Settled::Already);
     };
-    // The update above decided: this transaction, and only this one, moved
-    // the charge out of `pending`, so it writes the one event of that change.
-    let response = response_for(&charge);
-    let key = keys::complete_for(
-        &mut tx,
-        &Resource::Charge(charge.id.clone()),
-        &response,
-        key_ttl,
-    )
-    .await?;
-    let event = NewEvent::new(kind, &charge.id, &charge.to_object());
-    events::insert(
-        &mut tx,
-        charge.merchant_id,
-        request_id,
-        key.as_deref(),
-        std::slice::from_ref(&event),
-    )
-    .await?;
-    crash_if(fault, Fault::CrashBeforeSettleCommit);
-    tx.commit().await?;
     tracing::info!(charge = %charge.id, status = %charge.status, key_completed = key.is_some(), event = %event.id, "charge settled");
     Ok(Settled::Now(response))
 }

@@ -3,18 +3,25 @@
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
-use super::{Charge, ChargeStatus, NewCharge};
+use super::{Charge, NewCharge};
+use crate::events::NewEvent;
+use crate::idempotency::SavedResponse;
 
-/// Writes a new charge in status `pending`, before the processor is called.
+/// Writes a new charge in status `pending`, before the processor is called,
+/// and returns it as stored.
 pub async fn insert_pending(
     tx: &mut PgConnection,
     id: &str,
     merchant_id: Uuid,
     charge: &NewCharge,
-) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata, status)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending')",
+) -> sqlx::Result<Charge> {
+    sqlx::query_as!(
+        Charge,
+        r#"INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata, status)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending')
+           RETURNING id, merchant_id, amount, currency, source, description,
+                     metadata AS "metadata: _", status AS "status: _",
+                     failure_code, failure_message, amount_refunded, created_at"#,
         id,
         merchant_id,
         charge.amount.minor_units(),
@@ -23,34 +30,83 @@ pub async fn insert_pending(
         charge.description.as_deref(),
         sqlx::types::Json(&charge.metadata) as _,
     )
-    .execute(tx)
-    .await?;
-    Ok(())
+    .fetch_one(tx)
+    .await
 }
 
-/// Moves a pending charge to its final status. `None` means the charge was
-/// not pending any more: something else settled it first, and what it wrote
-/// stands.
-pub async fn settle_pending(
-    tx: &mut PgConnection,
-    id: &str,
-    status: ChargeStatus,
-    failure: Option<(&str, &str)>,
-) -> sqlx::Result<Option<Charge>> {
-    sqlx::query_as!(
-        Charge,
-        r#"UPDATE charges SET status = $2, failure_code = $3, failure_message = $4
-            WHERE id = $1 AND status = 'pending'
-            RETURNING id, merchant_id, amount, currency, source, description,
-                      metadata AS "metadata: _", status AS "status: _",
-                      failure_code, failure_message, amount_refunded, created_at"#,
-        id,
-        status.as_str(),
-        failure.map(|(code, _)| code),
-        failure.map(|(_, message)| message),
+/// A charge's settle, as one statement: what it becomes, the answer its key
+/// saves, and the event that says so.
+pub struct Settle<'a> {
+    /// The charge as it will be once settled.
+    pub settled: &'a Charge,
+    pub response: &'a SavedResponse,
+    pub key_ttl: std::time::Duration,
+    pub event: &'a NewEvent,
+    /// The request settling it, named by the event.
+    pub request_id: Option<&'a str>,
+}
+
+/// Settles a pending charge in one statement, its own transaction: the
+/// conditional update (`WHERE status = 'pending'`) decides, and only if it
+/// changed the row are the key completed with the saved answer, the event
+/// written and its webhook deliveries fanned out. Returns `None` when the
+/// charge was not pending any more (someone else settled it, and what they
+/// wrote stands), else the key it completed, if any.
+///
+/// The key keeps the answer for at least `key_ttl` from now (see
+/// [`crate::idempotency::store::complete_for`]).
+pub async fn settle_and_complete(
+    db: impl PgExecutor<'_>,
+    settle: &Settle<'_>,
+) -> sqlx::Result<Option<Option<String>>> {
+    let charge = settle.settled;
+    let response = settle.response;
+    let row = sqlx::query!(
+        r#"WITH settled AS (
+               UPDATE charges SET status = $2, failure_code = $3, failure_message = $4
+                WHERE id = $1 AND status = 'pending'
+               RETURNING id, merchant_id),
+           completed AS (
+               UPDATE idempotency_keys k
+                  SET status = 'completed', response_status = $5, response_content_type = $6,
+                      response_location = $7, response_body = $8, completed_at = now(),
+                      locked_at = NULL,
+                      expires_at = greatest(k.expires_at, now() + $9::float8 * interval '1 millisecond')
+                 FROM settled
+                WHERE k.charge_id = settled.id AND k.status = 'processing'
+               RETURNING k.key),
+           written AS (
+               INSERT INTO events (id, merchant_id, type, object_id, data, request_id, idempotency_key)
+               SELECT $10, settled.merchant_id, $11, settled.id, $12::text::json, $13,
+                      (SELECT key FROM completed)
+                 FROM settled
+               RETURNING seq, type, merchant_id),
+           delivered AS (
+               INSERT INTO webhook_deliveries (event_seq, endpoint_id)
+               SELECT written.seq, w.id
+                 FROM written
+                 JOIN webhook_endpoints w
+                   ON w.merchant_id = written.merchant_id AND w.status = 'enabled'
+                  AND (written.type = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events)))
+           SELECT EXISTS (SELECT 1 FROM settled) AS "settled!",
+                  (SELECT key FROM completed) AS key"#,
+        charge.id,
+        charge.status.as_str(),
+        charge.failure_code.as_deref(),
+        charge.failure_message.as_deref(),
+        response.status as i16,
+        response.content_type,
+        response.location.as_deref(),
+        &response.body[..],
+        settle.key_ttl.as_millis() as f64,
+        settle.event.id,
+        settle.event.kind.as_str(),
+        settle.event.data,
+        settle.request_id,
     )
-    .fetch_optional(tx)
-    .await
+    .fetch_one(db)
+    .await?;
+    Ok(row.settled.then_some(row.key))
 }
 
 /// Deletes a pending charge whose processor call certainly recorded nothing.

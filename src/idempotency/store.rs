@@ -262,6 +262,162 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     Ok(ClaimOutcome::Taken(Box::new(row.into_stored(sent)?)))
 }
 
+/// The pending charge a claim writes with it, as its columns.
+#[derive(Debug)]
+pub struct PendingCharge<'a> {
+    pub id: &'a str,
+    pub amount: i64,
+    pub currency: &'a str,
+    pub source: &'a str,
+    pub description: Option<&'a str>,
+    /// `metadata`, as JSON text.
+    pub metadata: &'a str,
+}
+
+/// What [`claim_with_charge`] did.
+#[derive(Debug)]
+pub enum FirstClaim {
+    /// The key is this request's, and the pending charge is written and
+    /// committed with it; `created_at` is the charge's.
+    Claimed {
+        took_over: bool,
+        created_at: DateTime<Utc>,
+    },
+    /// The key was taken: its row as this statement's snapshot saw it (no
+    /// lock taken), or `None` when a request with the same key committed its
+    /// claim while this one ran. The caller goes on as after a plain read.
+    Taken(Option<Box<StoredKey>>),
+}
+
+/// Steps 2 of a new charge in one statement, its own transaction: reads the
+/// key; if there is none, or only a completed one past its expiry, claims
+/// it (the same `INSERT ... ON CONFLICT` as [`claim`]) and writes the
+/// pending charge from the claim's `RETURNING`, so the charge exists exactly
+/// when the claim does. A live or `processing` key is only read, without a
+/// lock, as the fast path of a replay reads it.
+pub async fn claim_with_charge(
+    db: impl PgExecutor<'_>,
+    claim: &Claim<'_>,
+    charge: &PendingCharge<'_>,
+) -> sqlx::Result<FirstClaim> {
+    let sent = Instant::now();
+    let row = sqlx::query!(
+        r#"WITH existing AS (
+               SELECT key, status, request_method, request_path, fingerprint, charge_id,
+                      refund_id, response_status, response_content_type, response_location,
+                      response_body, created_at, expires_at,
+                      (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8
+                          AS remaining_ms
+                 FROM idempotency_keys WHERE merchant_id = $1 AND key = $2),
+           claimed AS (
+               INSERT INTO idempotency_keys
+                      (merchant_id, key, status, request_method, request_path, fingerprint,
+                       charge_id, created_at, locked_at, expires_at)
+               SELECT $1, $2, 'processing', $3, $4, $5, $6,
+                      now(), now(), now() + $7::float8 * interval '1 millisecond'
+                WHERE NOT EXISTS (SELECT 1 FROM existing
+                                   WHERE status = 'processing' OR expires_at > now())
+               ON CONFLICT (merchant_id, key) DO UPDATE SET
+                   status = 'processing',
+                   request_method = EXCLUDED.request_method,
+                   request_path = EXCLUDED.request_path,
+                   fingerprint = EXCLUDED.fingerprint,
+                   charge_id = EXCLUDED.charge_id,
+                   refund_id = NULL,
+                   response_status = NULL,
+                   response_content_type = NULL,
+                   response_location = NULL,
+                   response_body = NULL,
+                   created_at = EXCLUDED.created_at,
+                   locked_at = EXCLUDED.locked_at,
+                   expires_at = EXCLUDED.expires_at,
+                   completed_at = NULL
+               WHERE idempotency_keys.expires_at <= now()
+                 AND idempotency_keys.status = 'completed'
+               RETURNING xmax <> 0 AS took_over),
+           charge AS (
+               INSERT INTO charges (id, merchant_id, amount, currency, source, description,
+                                    metadata, status)
+               SELECT $6, $1, $8, $9, $10, $11, $12::text::jsonb, 'pending' FROM claimed
+               RETURNING created_at)
+           SELECT (SELECT took_over FROM claimed) AS took_over,
+                  (SELECT created_at FROM charge) AS charge_created_at,
+                  e.key AS "key?", e.status AS "status?: KeyStatus",
+                  e.request_method AS "request_method?", e.request_path AS "request_path?",
+                  e.fingerprint AS "fingerprint?", e.charge_id, e.refund_id,
+                  e.response_status, e.response_content_type, e.response_location,
+                  e.response_body, e.created_at AS "created_at?", e.expires_at AS "expires_at?",
+                  e.remaining_ms AS "remaining_ms?"
+             FROM (SELECT 1) AS one LEFT JOIN existing e ON true"#,
+        claim.merchant_id,
+        claim.key.as_str(),
+        claim.method,
+        claim.path,
+        &claim.fingerprint.0[..],
+        charge.id,
+        claim.ttl.as_millis() as f64,
+        charge.amount,
+        charge.currency,
+        charge.source,
+        charge.description,
+        charge.metadata,
+    )
+    .fetch_one(db)
+    .await?;
+    if let (Some(took_over), Some(created_at)) = (row.took_over, row.charge_created_at) {
+        return Ok(FirstClaim::Claimed {
+            took_over,
+            created_at,
+        });
+    }
+    let existing = match (
+        row.key,
+        row.status,
+        row.request_method,
+        row.request_path,
+        row.fingerprint,
+        row.created_at,
+        row.expires_at,
+        row.remaining_ms,
+    ) {
+        (
+            Some(key),
+            Some(status),
+            Some(request_method),
+            Some(request_path),
+            Some(fingerprint),
+            Some(created_at),
+            Some(expires_at),
+            Some(remaining_ms),
+        ) => Some(KeyRow {
+            key,
+            status,
+            request_method,
+            request_path,
+            fingerprint,
+            charge_id: row.charge_id,
+            refund_id: row.refund_id,
+            response_status: row.response_status,
+            response_content_type: row.response_content_type,
+            response_location: row.response_location,
+            response_body: row.response_body,
+            created_at,
+            expires_at,
+            remaining_ms,
+        }),
+        _ => None,
+    };
+    // An expired completed row the claim could not take over (another
+    // request took it first) is as good as gone: look again.
+    let existing =
+        existing.filter(|row| row.status == KeyStatus::Processing || row.remaining_ms > 0.0);
+    Ok(FirstClaim::Taken(
+        existing
+            .map(|row| row.into_stored(sent).map(Box::new))
+            .transpose()?,
+    ))
+}
+
 /// Marks the key that guards `resource` completed with its saved response.
 /// Returns the key it completed: `None` when the record had no key, or when
 /// its key is no longer `processing` (someone else completed it first).

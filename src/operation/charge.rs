@@ -9,10 +9,11 @@ use uuid::Uuid;
 use crate::app::AppState;
 use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
-use crate::charges::{NewCharge, store};
+use crate::charges::{Charge, ChargeStatus, NewCharge, store};
 use crate::error::Error;
 use crate::faults::Fault;
-use crate::idempotency::{Resource, SavedResponse, store as keys};
+use crate::idempotency::store::{FirstClaim, PendingCharge};
+use crate::idempotency::{Claim, Resource, SavedResponse, store as keys};
 use crate::operation::{Operation, Written};
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{self, Authorization, Outcome, Processor, ProcessorError};
@@ -24,6 +25,9 @@ pub struct CreateCharge {
     id: String,
     merchant_id: Uuid,
     charge: NewCharge,
+    /// The charge as written pending (step 2), which the settle renders
+    /// its answer and its event from.
+    pending: Option<Charge>,
 }
 
 impl CreateCharge {
@@ -33,6 +37,7 @@ impl CreateCharge {
             id: new_charge_id(),
             merchant_id,
             charge,
+            pending: None,
         }
     }
 }
@@ -55,8 +60,43 @@ impl Operation for CreateCharge {
         self.charge.canonical()
     }
 
+    async fn claim_with_record(
+        &mut self,
+        state: &AppState,
+        claim: &Claim<'_>,
+    ) -> Result<Option<FirstClaim>, Error> {
+        let metadata = serde_json::to_string(&self.charge.metadata).expect("metadata serialises");
+        let pending = PendingCharge {
+            id: &self.id,
+            amount: self.charge.amount.minor_units(),
+            currency: self.charge.currency.as_str(),
+            source: self.charge.source.as_str(),
+            description: self.charge.description.as_deref(),
+            metadata: &metadata,
+        };
+        let first = keys::claim_with_charge(&state.pool, claim, &pending).await?;
+        if let FirstClaim::Claimed { created_at, .. } = &first {
+            self.pending = Some(Charge {
+                id: self.id.clone(),
+                merchant_id: self.merchant_id,
+                amount: self.charge.amount.minor_units(),
+                currency: self.charge.currency.as_str().to_owned(),
+                source: self.charge.source.as_str().to_owned(),
+                description: self.charge.description.clone(),
+                metadata: sqlx::types::Json(self.charge.metadata.clone()),
+                status: ChargeStatus::Pending,
+                failure_code: None,
+                failure_message: None,
+                amount_refunded: 0,
+                created_at: *created_at,
+            });
+        }
+        Ok(Some(first))
+    }
+
     async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<Written, Error> {
-        store::insert_pending(tx, &self.id, self.merchant_id, &self.charge).await?;
+        self.pending =
+            Some(store::insert_pending(tx, &self.id, self.merchant_id, &self.charge).await?);
         Ok(Written::Pending)
     }
 
@@ -79,9 +119,20 @@ impl Operation for CreateCharge {
         request_id: Option<&str>,
         fault: Option<Fault>,
     ) -> sqlx::Result<Settled> {
+        let Some(pending) = &self.pending else {
+            // Without the charge as written (never after step 2), read it.
+            return settle::settle(
+                &state.pool,
+                &self.id,
+                outcome,
+                state.config.idempotency_key_ttl,
+                request_id,
+            )
+            .await;
+        };
         settle::settle_or_crash(
             &state.pool,
-            &self.id,
+            pending,
             outcome,
             state.config.idempotency_key_ttl,
             request_id,

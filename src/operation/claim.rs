@@ -54,6 +54,9 @@ pub enum Begun {
     InUse { waited: bool },
     /// The key was used with other parameters (or on another route).
     Reused,
+    /// The key is ours, and the record was written and committed with the
+    /// claim, in one statement ([`crate::operation::Operation::claim_with_record`]).
+    Written,
 }
 
 /// What [`begin`] does next.
@@ -90,22 +93,55 @@ pub async fn begin(
     let Some(key) = &request.key else {
         return Ok(Begun::Claimed(state.pool.begin().await?));
     };
+    if let Some(begun) = from_cache(state, request, route)? {
+        return Ok(begun);
+    }
+    // The fast path for a retry of a finished operation: a completed key
+    // cannot change until it expires, so it is answered from one plain
+    // read, with no transaction and no row lock. The same read sends a
+    // request willing to wait on a key in flight straight to the wait,
+    // without a lock either.
+    let found = keys::find(&state.pool, request.merchant_id, key).await?;
+    after_read(state, request, route, resource, found).await
+}
+
+/// The answer a request's key has in this process's cache, if any: a
+/// completed key cannot change until it expires, so it is answered from
+/// memory. `None` for a request without a key.
+pub fn from_cache(
+    state: &AppState,
+    request: &Request,
+    route: &'static str,
+) -> Result<Option<Begun>, Error> {
+    let Some(key) = &request.key else {
+        return Ok(None);
+    };
+    match state.caches.answer(request.merchant_id, key.as_str()) {
+        Some(answer) => answer_from(request, route, &answer, false).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// [`begin`] after the read of the request's key (`found`, just read
+/// without a lock, by [`keys::find`] or by the statement that tried to
+/// claim it with its record).
+pub async fn after_read(
+    state: &AppState,
+    request: &Request,
+    route: &'static str,
+    resource: Option<&Resource>,
+    found: Option<StoredKey>,
+) -> Result<Begun, Error> {
+    let Some(key) = &request.key else {
+        return Ok(Begun::Claimed(state.pool.begin().await?));
+    };
     // A wait ends in time to answer `409` before `REQUEST_TIMEOUT` would
     // answer `503` in its place.
     let wait = request
         .wait
         .min(state.config.request_timeout.saturating_sub(WAIT_MARGIN));
     let deadline = Instant::now() + wait;
-    // The fast path for a retry of a finished operation: a completed key
-    // cannot change until it expires, so it is answered from memory or from
-    // one plain read, with no transaction and no row lock. The same read
-    // sends a request willing to wait on a key in flight straight to the
-    // wait, without a lock either.
     let mut step = Step::Claim;
-    if let Some(answer) = state.caches.answer(request.merchant_id, key.as_str()) {
-        return answer_from(request, route, &answer, false);
-    }
-    let found = keys::find(&state.pool, request.merchant_id, key).await?;
     // When this request last had a read of the key of its own finished: only
     // shared polls begun after it can tell it anything new.
     let mut known_at = Instant::now();

@@ -35,10 +35,12 @@ use crate::app::AppState;
 use crate::charges::settle::Settled;
 use crate::error::Error;
 use crate::faults::{Fault, crash_if};
-use crate::idempotency::{Fingerprint, IdempotencyKey, Resource, SavedResponse};
+use crate::idempotency::store::FirstClaim;
+use crate::idempotency::{Claim, Fingerprint, IdempotencyKey, Resource, SavedResponse};
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{Processor, ProcessorError};
 use crate::retry_after;
+use crate::telemetry::metrics;
 
 /// Who asks, with which key, and how: everything about a request that is
 /// not the operation's own parameters.
@@ -94,6 +96,19 @@ pub trait Operation: Send + Sync + 'static {
     fn resource(&self) -> Resource;
     /// The parameters in a canonical form, for the key's fingerprint.
     fn canonical(&self) -> Vec<u8>;
+    /// Step 2 in one statement, for a kind whose pending record the claim's
+    /// own statement can write: claims the key and writes the record, or
+    /// reads what the key holds (as the plain read of [`claim::begin`]
+    /// would). `None`, the default: the kind has no such statement, and the
+    /// claim runs in a transaction with [`Operation::write_pending`].
+    fn claim_with_record(
+        &mut self,
+        state: &AppState,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = Result<Option<FirstClaim>, Error>> + Send {
+        let _ = (state, claim);
+        async { Ok(None) }
+    }
     /// Step 2: writes the pending record in the claim's transaction.
     fn write_pending(
         &mut self,
@@ -174,19 +189,52 @@ async fn claim_and_work<O: Operation>(
     mut operation: O,
     fault: Option<Fault>,
 ) -> Result<Answer, Error> {
-    // 2. Claim the key and write the pending record, in one transaction.
-    let begun = claim::begin(&state, &request, O::ROUTE, Some(&operation.resource())).await?;
-    let mut tx = match begun {
-        Begun::Claimed(tx) => tx,
+    // 2. Claim the key and write the pending record: in one statement when
+    // the kind has one, else in one transaction.
+    let resource = operation.resource();
+    let begun = match (claim::from_cache(&state, &request, O::ROUTE)?, &request.key) {
+        (Some(begun), _) => begun,
+        (None, None) => claim::begin(&state, &request, O::ROUTE, Some(&resource)).await?,
+        (None, Some(key)) => {
+            let first = Claim {
+                merchant_id: request.merchant_id,
+                key,
+                method: "POST",
+                path: O::ROUTE,
+                fingerprint: request.fingerprint,
+                resource: Some(&resource),
+                ttl: state.config.idempotency_key_ttl,
+            };
+            match operation.claim_with_record(&state, &first).await? {
+                None => claim::begin(&state, &request, O::ROUTE, Some(&resource)).await?,
+                Some(FirstClaim::Claimed { took_over, .. }) => {
+                    metrics::idempotency(if took_over {
+                        "expired_taken_over"
+                    } else {
+                        "executed"
+                    });
+                    Begun::Written
+                }
+                Some(FirstClaim::Taken(found)) => {
+                    let found = found.map(|stored| *stored);
+                    claim::after_read(&state, &request, O::ROUTE, Some(&resource), found).await?
+                }
+            }
+        }
+    };
+    match begun {
+        Begun::Written => {}
+        Begun::Claimed(mut tx) => {
+            if operation.write_pending(&mut tx).await? == Written::Refused {
+                tx.rollback().await?;
+                return Err(operation.refusal(&state).await);
+            }
+            tx.commit().await?;
+        }
         Begun::Replay { saved, waited } => return Ok(Answer::Replayed { saved, waited }),
         Begun::InUse { waited } => return Err(in_use(waited).into()),
         Begun::Reused => return Err(reused(request.key.as_ref()).into()),
-    };
-    if operation.write_pending(&mut tx).await? == Written::Refused {
-        tx.rollback().await?;
-        return Err(operation.refusal(&state).await);
     }
-    tx.commit().await?;
     crash_if(fault, Fault::CrashAfterClaim);
 
     // 3 and 4. From here on the record is pending: a failure leaves it to

@@ -49,6 +49,9 @@ pub async fn run<W: Write>(state: &AppState, guard: Guard, write: W) -> Result<A
         Begun::Replay { saved, waited } => return Ok(Answer::Replayed { saved, waited }),
         Begun::InUse { waited } => return Err(super::in_use(waited).into()),
         Begun::Reused => return Err(super::reused(request.key.as_ref()).into()),
+        Begun::Written => {
+            return Err(Error::internal("a write's claim has no record of its own"));
+        }
     };
     let saved = match write.write(&mut tx).await {
         Ok(saved) => saved,
