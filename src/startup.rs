@@ -47,6 +47,13 @@ impl Application {
             .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;
         let waits = Waits::new(pool.clone(), config.processing_timeout);
         let caches = Arc::new(crate::cache::Caches::new(config.replay_cache_bytes));
+        // Opening a client only checks the URL; each request connects.
+        let redis = config
+            .redis_url
+            .as_deref()
+            .map(redis::Client::open)
+            .transpose()
+            .context("REDIS_URL")?;
         let state = AppState {
             pool,
             config: Arc::new(config),
@@ -55,6 +62,7 @@ impl Application {
             tasks: tokio_util::task::TaskTracker::new(),
             caches,
             waits,
+            redis,
         };
         Ok(Application { listener, state })
     }
