@@ -98,7 +98,7 @@ pub struct Settings {
     /// Honour the Oncepay-Fault request header (tests and workshops only).
     #[arg(long, help_heading = "Workshop", env = "FAULT_INJECTION", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
     fault_injection: bool,
-    /// Serve the deliberately broken POST /demo/naive/charges and the webhook receivers (workshops only).
+    /// Serve the deliberately broken /demo/naive/charges, /demo/naive/refunds, /demo/redis/charges and the webhook receivers (workshops only).
     #[arg(long, help_heading = "Workshop", env = "DEMO_UNSAFE_ENDPOINTS", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
     demo_unsafe_endpoints: bool,
     /// Redis for the workshop's key-outside-the-transaction variant, POST /demo/redis/charges (unset: none).
@@ -132,7 +132,8 @@ pub struct Config {
     pub replay_cache_bytes: u64,
     /// Honour the `Oncepay-Fault` request header (tests and workshops only).
     pub fault_injection: bool,
-    /// Serve the deliberately broken `POST /demo/naive/charges` and the
+    /// Serve the deliberately broken `POST /demo/naive/charges`,
+    /// `POST /demo/naive/refunds` and `POST /demo/redis/charges`, and the
     /// webhook receivers under `/demo/receiver/` (workshops only).
     pub demo_unsafe_endpoints: bool,
     /// The Redis that `POST /demo/redis/charges` keeps its keys in, the

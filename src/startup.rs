@@ -71,9 +71,10 @@ impl Application {
     pub async fn prepare_database(&self) -> anyhow::Result<()> {
         if self.state.config.demo_unsafe_endpoints {
             tracing::warn!(
-                "DEMO_UNSAFE_ENDPOINTS=true: POST /demo/naive/charges and the webhook receivers \
-                 under /demo/receiver/ are served. They double-charge and double-ship on purpose, \
-                 for teaching; never enable them anywhere real"
+                "DEMO_UNSAFE_ENDPOINTS=true: POST /demo/naive/charges, /demo/naive/refunds, \
+                 /demo/redis/charges and the webhook receivers under /demo/receiver/ are served. \
+                 They double-charge, over-refund and double-ship on purpose, for teaching; never \
+                 enable them anywhere real"
             );
         }
         if self.state.config.fault_injection {

@@ -48,8 +48,8 @@ fn effects_statement(
 > {
     sqlx::query_as!(
         Effects,
-        r#"SELECT count(p.processor_key) AS "payments!",
-                  coalesce(sum(p.amount), 0)::bigint AS "charged!",
+        r#"SELECT coalesce(sum(p.payments), 0)::bigint AS "payments!",
+                  coalesce(sum(p.charged), 0)::bigint AS "charged!",
                   coalesce(sum(r.refunds), 0)::bigint AS "refunds!",
                   coalesce(sum(r.refunded), 0)::bigint AS "refunded!",
                   count(*) AS "charges!",
@@ -57,12 +57,16 @@ fn effects_statement(
                   count(*) FILTER (WHERE c.status = 'failed') AS "failed!",
                   count(*) FILTER (WHERE c.status = 'pending') AS "pending!"
              FROM charges c
-             LEFT JOIN processor_operations p
-                    ON p.processor_key = 'auth:' || c.id AND p.outcome = 'succeeded'
-             LEFT JOIN LATERAL (
+             -- Per charge, its payment by key and its refunds by the payment's
+             -- key: index lookups, however long the ledger.
+             CROSS JOIN LATERAL (
+                   SELECT count(*) AS payments, sum(o.amount) AS charged
+                     FROM processor_operations o
+                    WHERE o.processor_key = 'auth:' || c.id AND o.outcome = 'succeeded') p
+             CROSS JOIN LATERAL (
                    SELECT count(*) AS refunds, sum(o.amount) AS refunded
                      FROM processor_operations o
-                    WHERE o.payment_key = 'auth:' || c.id AND o.outcome = 'refunded') r ON true
+                    WHERE o.payment_key = 'auth:' || c.id AND o.outcome = 'refunded') r
             WHERE c.merchant_id = $1 AND c.metadata->>'demo_run' = $2"#,
         merchant_id,
         run,
