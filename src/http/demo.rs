@@ -33,7 +33,13 @@ use crate::workshop::{naive_refund, redis_keys};
 /// The lab page: one self-contained file, no build step, nothing from the internet.
 const LAB_PAGE: &str = include_str!("../../static/lab.html");
 
+/// When this process began serving, for `GET /demo/settings`: a workshop
+/// that crashes the server on purpose tells the restarted process by it.
+static STARTED: std::sync::LazyLock<std::time::SystemTime> =
+    std::sync::LazyLock::new(std::time::SystemTime::now);
+
 pub fn router(unsafe_endpoints: bool) -> OpenApiRouter<AppState> {
+    std::sync::LazyLock::force(&STARTED);
     let router = OpenApiRouter::new()
         .routes(routes!(lab))
         .routes(routes!(effects))
@@ -203,6 +209,9 @@ async fn settings(
         "fault_injection": config.fault_injection,
         "demo_unsafe_endpoints": config.demo_unsafe_endpoints,
         "redis": state.redis.is_some(),
+        "started_at_ms": STARTED
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, millis),
     }))
 }
 

@@ -515,6 +515,8 @@ pub struct DemoSettings {
     demo_unsafe_endpoints: bool,
     /// Whether `REDIS_URL` is set (not whether Redis answers).
     redis: bool,
+    /// When this process started, Unix milliseconds: it changes when the server is restarted.
+    started_at_ms: u64,
 }
 
 /// Liveness or readiness.
