@@ -204,13 +204,14 @@ fn check(
     charge_id: &str,
     charge: Option<Refundable>,
     amount: Option<i64>,
-) -> Result<Refundable, Problem> {
+) -> Result<Refundable, Error> {
     let Some(charge) = charge else {
         return Err(Problem::new(
             ProblemCode::ResourceMissing,
             format!("No such charge: '{}'", shorten(charge_id)),
         )
-        .with_param("charge"));
+        .with_param("charge")
+        .into());
     };
     let left = charge.amount - charge.amount_refunded;
     if charge.status != "succeeded" {
@@ -221,14 +222,16 @@ fn check(
                 charge.status
             ),
         )
-        .with_param("charge"));
+        .with_param("charge")
+        .into());
     }
     if left == 0 {
         return Err(Problem::new(
             ProblemCode::ChargeAlreadyRefunded,
             format!("Charge {charge_id} has already been refunded in full."),
         )
-        .with_param("charge"));
+        .with_param("charge")
+        .into());
     }
     if amount.is_some_and(|a| a > left) {
         return Err(Problem::new(
@@ -237,7 +240,8 @@ fn check(
                 "Refund amount is greater than what is left to refund on charge {charge_id} ({left})."
             ),
         )
-        .with_param("amount"));
+        .with_param("amount")
+        .into());
     }
     Ok(charge)
 }
