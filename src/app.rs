@@ -1,6 +1,6 @@
 //! The services an operation needs, whoever calls it: the database pool, the
-//! configuration, the processor, the caches, the shared waits and the task
-//! tracker. A plain struct; the HTTP layer passes it to handlers as state.
+//! configuration, the processor, the caches, the shared waits, the task
+//! tracker and the workshop's Redis. A plain struct; the HTTP layer passes it to handlers as state.
 
 use std::sync::Arc;
 
@@ -25,4 +25,7 @@ pub struct AppState {
     pub caches: Arc<crate::cache::Caches>,
     /// Requests waiting on keys in flight, see [`crate::idempotency::wait`].
     pub waits: Waits,
+    /// The workshop's Redis (`REDIS_URL`), for `POST /demo/redis/charges`
+    /// only; nothing on the real path uses it.
+    pub redis: Option<redis::Client>,
 }

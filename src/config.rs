@@ -98,9 +98,12 @@ pub struct Settings {
     /// Honour the Oncepay-Fault request header (tests and workshops only).
     #[arg(long, help_heading = "Workshop", env = "FAULT_INJECTION", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
     fault_injection: bool,
-    /// Serve the deliberately broken POST /demo/naive/charges and the webhook receivers (workshops only).
+    /// Serve the deliberately broken /demo/naive/charges, /demo/naive/refunds, /demo/redis/charges and the webhook receivers (workshops only).
     #[arg(long, help_heading = "Workshop", env = "DEMO_UNSAFE_ENDPOINTS", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
     demo_unsafe_endpoints: bool,
+    /// Redis for the workshop's key-outside-the-transaction variant, POST /demo/redis/charges (unset: none).
+    #[arg(long, help_heading = "Workshop", env = "REDIS_URL", hide_env_values = true, value_parser = redis_url, global = true)]
+    redis_url: Option<String>,
 }
 
 /// The service's settings. See `.env.example` for what each one does.
@@ -129,9 +132,13 @@ pub struct Config {
     pub replay_cache_bytes: u64,
     /// Honour the `Oncepay-Fault` request header (tests and workshops only).
     pub fault_injection: bool,
-    /// Serve the deliberately broken `POST /demo/naive/charges` and the
+    /// Serve the deliberately broken `POST /demo/naive/charges`,
+    /// `POST /demo/naive/refunds` and `POST /demo/redis/charges`, and the
     /// webhook receivers under `/demo/receiver/` (workshops only).
     pub demo_unsafe_endpoints: bool,
+    /// The Redis that `POST /demo/redis/charges` keeps its keys in, the
+    /// workshop's example of a key store outside the business transaction.
+    pub redis_url: Option<String>,
     /// The longest a request may take before it is answered `503 request_timeout`.
     /// By default half of `processing_timeout`, at most 30 s; always below it.
     pub request_timeout: Duration,
@@ -222,6 +229,7 @@ impl Config {
             replay_cache_bytes,
             fault_injection,
             demo_unsafe_endpoints,
+            redis_url,
             request_timeout,
             shutdown_grace,
             webhook_timeout,
@@ -253,6 +261,7 @@ impl Config {
             replay_cache_bytes,
             fault_injection,
             demo_unsafe_endpoints,
+            redis_url,
             request_timeout: request_timeout
                 .unwrap_or((processing_timeout / 2).min(Duration::from_secs(30))),
             shutdown_grace,
@@ -344,6 +353,7 @@ impl std::fmt::Debug for Config {
             .field("replay_cache_bytes", &self.replay_cache_bytes)
             .field("fault_injection", &self.fault_injection)
             .field("demo_unsafe_endpoints", &self.demo_unsafe_endpoints)
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
             .field("request_timeout", &self.request_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("webhook_timeout", &self.webhook_timeout)
@@ -466,6 +476,19 @@ fn demo_api_key(value: &str) -> Result<String, String> {
         Some(_) => Ok(value.to_owned()),
         None => Err("must be sk_test_ followed by at least 32 letters or digits".into()),
     }
+}
+
+/// A URL the Redis client accepts: `redis://`, `rediss://` needs TLS and is refused.
+fn redis_url(value: &str) -> Result<String, String> {
+    use redis::IntoConnectionInfo;
+    let value = value.trim();
+    if value.starts_with("rediss://") {
+        return Err("rediss:// (TLS) is not supported; use redis://".into());
+    }
+    value
+        .into_connection_info()
+        .map(|_| value.to_owned())
+        .map_err(|e| format!("{e} (write it like redis://127.0.0.1:6379)"))
 }
 
 fn max_attempts(value: &str) -> Result<i32, String> {
@@ -594,6 +617,10 @@ mod tests {
                 "DEMO_API_KEY" => {
                     assert_eq!(*cell, "unset");
                     assert!(config(&[]).unwrap().demo_api_key.is_none());
+                }
+                "REDIS_URL" => {
+                    assert_eq!(*cell, "unset");
+                    assert!(config(&[]).unwrap().redis_url.is_none());
                 }
                 _ => {
                     // The last value in backquotes: `REQUEST_TIMEOUT`'s cell
@@ -729,6 +756,24 @@ mod tests {
             .to_string();
         assert!(err.contains("IDEMPOTENCY_KEY_TTL"), "{err}");
         assert!(config(&[("IDEMPOTENCY_KEY_TTL", "1m"), ("PROCESSING_TIMEOUT", "30s")]).is_ok());
+    }
+
+    #[test]
+    fn a_redis_url_is_checked_at_start_and_its_password_never_shown() {
+        let c = config(&[("REDIS_URL", "redis://:hunter2@127.0.0.1:6379/0")]).unwrap();
+        assert_eq!(
+            c.redis_url.as_deref(),
+            Some("redis://:hunter2@127.0.0.1:6379/0")
+        );
+        assert!(!format!("{c:?}").contains("hunter2"));
+        for bad in [
+            "http://127.0.0.1",
+            "rediss://127.0.0.1:6379",
+            "redis://:x@/",
+        ] {
+            let err = config(&[("REDIS_URL", bad)]).unwrap_err().to_string();
+            assert!(err.contains("REDIS_URL"), "{err}");
+        }
     }
 
     #[test]

@@ -23,7 +23,15 @@ pub enum Fault {
     /// attempt is recorded. Asked for by the receiver, in its answer
     /// (`Oncepay-Fault: crash-after-delivery`), never by a request.
     CrashAfterDelivery,
+    /// Abort the process after the charge committed in Postgres, before
+    /// its answer is written to Redis: the workshop's key store outside the
+    /// business transaction (`POST /demo/redis/charges`) only, which reads
+    /// it from its request itself; the real endpoints refuse it.
+    CrashAfterCommit,
 }
+
+/// The `Oncepay-Fault` value of [`Fault::CrashAfterCommit`].
+pub const CRASH_AFTER_COMMIT: &str = "crash-after-commit";
 
 impl Fault {
     /// The fault a header value names, if any.

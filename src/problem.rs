@@ -83,6 +83,7 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `processor_unavailable` (503): for a charge, the processor recorded nothing and the key is free (`Retry-After: 1`); for a refund, it stays reserved until recovery rolls it forward (`Retry-After`: `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
 /// - `service_unavailable` (503): the database is unreachable (`Retry-After: 1`, or `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL` once the processor was called).
 /// - `request_timeout` (503): the request took longer than `REQUEST_TIMEOUT`.
+/// - `redis_unavailable` (503): the workshop's Redis variant has no Redis (`REDIS_URL` unset, or Redis does not answer).
 /// - `http_error`: An error status raised by a layer with no more specific code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ToSchema)]
 #[schema(rename_all = "snake_case")]
@@ -181,6 +182,8 @@ pub enum ProblemCode {
     ServiceUnavailable,
     /// 503: the request took longer than `REQUEST_TIMEOUT`.
     RequestTimeout,
+    /// 503: the workshop's Redis variant has no Redis (`REDIS_URL` unset, or Redis does not answer).
+    RedisUnavailable,
     /// An error status raised by a layer with no more specific code.
     HttpError,
 }
@@ -236,6 +239,7 @@ impl ProblemCode {
             ProblemCode::ProcessorUnavailable => "processor_unavailable",
             ProblemCode::ServiceUnavailable => "service_unavailable",
             ProblemCode::RequestTimeout => "request_timeout",
+            ProblemCode::RedisUnavailable => "redis_unavailable",
             ProblemCode::HttpError => "http_error",
         }
     }
@@ -293,7 +297,8 @@ impl ProblemCode {
             ProblemCode::ProcessingOutcomeUnknown
             | ProblemCode::ProcessorUnavailable
             | ProblemCode::ServiceUnavailable
-            | ProblemCode::RequestTimeout => StatusCode::SERVICE_UNAVAILABLE,
+            | ProblemCode::RequestTimeout
+            | ProblemCode::RedisUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 

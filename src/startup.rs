@@ -47,6 +47,13 @@ impl Application {
             .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;
         let waits = Waits::new(pool.clone(), config.processing_timeout);
         let caches = Arc::new(crate::cache::Caches::new(config.replay_cache_bytes));
+        // Opening a client only checks the URL; each request connects.
+        let redis = config
+            .redis_url
+            .as_deref()
+            .map(redis::Client::open)
+            .transpose()
+            .context("REDIS_URL")?;
         let state = AppState {
             pool,
             config: Arc::new(config),
@@ -55,6 +62,7 @@ impl Application {
             tasks: tokio_util::task::TaskTracker::new(),
             caches,
             waits,
+            redis,
         };
         Ok(Application { listener, state })
     }
@@ -63,9 +71,10 @@ impl Application {
     pub async fn prepare_database(&self) -> anyhow::Result<()> {
         if self.state.config.demo_unsafe_endpoints {
             tracing::warn!(
-                "DEMO_UNSAFE_ENDPOINTS=true: POST /demo/naive/charges and the webhook receivers \
-                 under /demo/receiver/ are served. They double-charge and double-ship on purpose, \
-                 for teaching; never enable them anywhere real"
+                "DEMO_UNSAFE_ENDPOINTS=true: POST /demo/naive/charges, /demo/naive/refunds, \
+                 /demo/redis/charges and the webhook receivers under /demo/receiver/ are served. \
+                 They double-charge, over-refund and double-ship on purpose, for teaching; never \
+                 enable them anywhere real"
             );
         }
         if self.state.config.fault_injection {

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""The workshop demo: six scenarios against a running oncepay server.
+"""The workshop demo: nine scenarios against a running oncepay server.
 
-Run by scripts/demo (which starts a server first, or uses ONCEPAY_URL); it can
-also be run on its own:
+Run by scripts/demo (which starts two servers first, or uses ONCEPAY_URL); it
+can also be run on its own:
 
-    ONCEPAY_API_KEY=sk_test_... python3 scripts/lib/demo.py --url http://127.0.0.1:8080 [--json]
+    ONCEPAY_API_KEY=sk_test_... python3 scripts/lib/demo.py --url http://127.0.0.1:8080 \
+        [--pitfalls-url http://127.0.0.1:8081] [--json]
+
+Scenarios 8 and 9 run against the second server (--pitfalls-url): a short key
+TTL, Redis, and something that restarts it when scenario 8 crashes it.
 
 Every effect count printed is read from the server's GET /demo/effects (the
-processor's payments in the database) after the scenario, never counted here;
-scenario 6's shipments and deliveries from GET /demo/receivers (the workshop's
-webhook receivers' tables). Each scenario tags its charges with a fresh run tag
+processor's payments and refunds in the database) after the scenario, never
+counted here; scenario 6's shipments and deliveries from GET /demo/receivers
+(the workshop's webhook receivers' tables). Each scenario tags its charges with a fresh run tag
 (metadata demo_run) and uses fresh idempotency keys, so every run gives the
 same numbers.
 
@@ -34,6 +38,9 @@ import uuid
 
 TIMEOUT = 30  # seconds, per request
 DELIVERY_WAIT = 60  # seconds, for scenario 6's webhook deliveries to end
+REFUND_CHARGE = 1000  # scenario 7: the charge, and each of its two refunds
+REFUND_EACH = 600
+LONGEST_TTL = 10  # seconds: scenarios 8 and 9 wait for a key to expire
 
 
 class Unusable(Exception):
@@ -97,14 +104,33 @@ class Server:
         replayed = (headers.get("Idempotent-Replayed") or "").lower() == "true"
         return Answer(status, body, replayed)
 
-    def charge(self, run, key=None, fault=None, path="/v1/charges"):
+    def charge(self, run, key=None, fault=None, path="/v1/charges", amount=500):
         headers = {}
         if key is not None:
             headers["Idempotency-Key"] = key
         if fault is not None:
             headers["Oncepay-Fault"] = fault
-        body = {"amount": 500, "currency": "usd", "source": "tok_visa", "metadata": {"demo_run": run}}
+        body = {"amount": amount, "currency": "usd", "source": "tok_visa", "metadata": {"demo_run": run}}
         return self.request("POST", path, body, headers)
+
+    def refund(self, charge_id, amount, key, path="/v1/refunds"):
+        return self.request("POST", path, {"charge": charge_id, "amount": amount}, {"Idempotency-Key": key})
+
+    def key_state(self, key):
+        """GET /v1/idempotency_keys/{key}: the answer (404 once unknown or expired)."""
+        return self.request("GET", "/v1/idempotency_keys/" + urllib.parse.quote(key, safe=""))
+
+    def settings(self):
+        """GET /demo/settings: the TTL, timeouts and switches; None when not served."""
+        answer = self.request("GET", "/demo/settings")
+        return answer.body if answer.status == 200 else None
+
+    def healthy(self):
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
+                return r.status == 200
+        except (OSError, http.client.HTTPException):
+            return False
 
     def create_endpoint(self, url, events):
         """A webhook endpoint; returns its answer (with `secret`, shown once)."""
@@ -140,10 +166,14 @@ class Server:
 
     def effects(self, run):
         """Payments the processor recorded for the charges tagged RUN."""
+        return int(self.money(run)["payments"])
+
+    def money(self, run):
+        """GET /demo/effects for RUN: payments, charged, refunds, refunded."""
         answer = self.request("GET", "/demo/effects?run=" + urllib.parse.quote(run))
         if answer.status != 200 or "payments" not in answer.body:
             raise Unusable(f"GET /demo/effects answered {describe_problem(answer)}")
-        return int(answer.body["payments"])
+        return answer.body
 
 
 def attempt_answer(attempt):
@@ -229,6 +259,15 @@ class Block:
     def says(self, answers):
         return " | ".join(self.say(a) for a in answers)
 
+    @staticmethod
+    def say_refund(answer):
+        """What a refund got: `refunded 600`, `amount too large (400)`, ..."""
+        if answer.status == 201:
+            return f"refunded {answer.body.get('amount')}" + (" (replayed)" if answer.replayed else "")
+        if answer.status == 400 and answer.body.get("code") == "amount_too_large":
+            return "amount too large (400)"
+        return describe_problem(answer)
+
     def mismatches(self):
         if self.skipped:
             return [f"scenario {self.number} not run in full: {self.skipped}"]
@@ -240,8 +279,11 @@ class Block:
 
 
 class Demo:
-    def __init__(self, server):
+    def __init__(self, server, pitfalls=None):
         self.server = server
+        # The server of blocks 8 and 9 (short TTL, Redis, restarted after a
+        # crash), or None.
+        self.pitfalls = pitfalls
         self.prefix = "demo-" + uuid.uuid4().hex[:8]
         self.timings = []
 
@@ -398,6 +440,148 @@ class Demo:
             b.row("orders shipped", b.count(f"{mode}_shipments", counts[mode]["shipments"], {"naive": 3, "inbox": 1}[mode]))
         return b
 
+    def refunds_at_once(self, naive_endpoint):
+        b = Block(7, "Idempotency is not concurrency control")
+        b.row("each charge", f"{REFUND_CHARGE}, then two refunds of {REFUND_EACH} at the same moment, a key each")
+        parts = [
+            ("one_update", "one conditional update (POST /v1/refunds)", "/v1/refunds", 1),
+            ("read_then_write", "read, check, then write (POST /demo/naive/refunds)", "/demo/naive/refunds", 2),
+        ]
+        for name, heading, path, refunds in parts:
+            b.part(heading)
+            if path != "/v1/refunds" and not naive_endpoint:
+                b.row("not run", "the server runs without DEMO_UNSAFE_ENDPOINTS=true")
+                b.expected[f"{name}_refunds"] = refunds
+                b.skipped = "the naive half needs DEMO_UNSAFE_ENDPOINTS=true on the server"
+                return b
+            run = self.run_tag(f"7-{name.replace('_', '-')}")
+            b.runs.append(run)
+            charge = self.charge(run, self.new_key(), amount=REFUND_CHARGE)
+            if not charge.charge_id:
+                b.skipped = f"the charge answered {describe_problem(charge)}"
+                return b
+            keys = [self.new_key(), self.new_key()]
+            answers = at_once(*[
+                (lambda k=k: self.server.refund(charge.charge_id, REFUND_EACH, k, path)) for k in keys
+            ])
+            answers.sort(key=lambda a: a.status != 201)
+            b.row("requests sent", len(answers))
+            b.row("what the client got", " | ".join(b.say_refund(a) for a in answers))
+            money = self.server.money(run)
+            b.count(f"{name}_refunds", int(money["refunds"]), refunds)
+            refunded = b.count(f"{name}_refunded", int(money["refunded"]), REFUND_EACH * refunds)
+            b.row("money refunded at the processor", f"{refunded} of {money['charged']} charged")
+            books = self.server.request("GET", "/v1/charges/" + urllib.parse.quote(charge.charge_id))
+            recorded = books.body.get("amount_refunded")
+            note = "" if recorded == refunded else ": each wrote what it read plus its own"
+            b.row("the charge's amount_refunded", f"{recorded}{note}")
+        return b
+
+    def at(self, started):
+        return f"{time.monotonic() - started:4.1f} s"
+
+    def until_back(self, server, seconds=30):
+        """Waits for SERVER to answer /healthz again, after its crash."""
+        deadline = time.monotonic() + seconds
+        while not server.healthy():
+            if time.monotonic() > deadline:
+                raise Unusable(
+                    f"{server.url} did not come back within {seconds} s of its crash; "
+                    "run it under something that restarts it (scripts/demo does)"
+                )
+            time.sleep(0.05)
+
+    def key_outside_the_transaction(self, settings):
+        b = Block(8, "The key kept outside the business transaction")
+        server = self.pitfalls
+        missing = pitfalls_missing(settings, redis=True)
+        if missing:
+            b.skipped = missing
+            return b
+        ttl = settings["idempotency_key_ttl_ms"] / 1000
+        b.row("the key's TTL", f"{ttl:g} s (IDEMPOTENCY_KEY_TTL), in Redis and in Postgres alike")
+
+        b.part("key in Redis, charge in Postgres (POST /demo/redis/charges)")
+        # The crashed try charged (#1) and its answer never came: a new charge is #2.
+        b._numbers = {"the crashed try's charge": 1}
+        run, key, path = self.run_tag("8-redis"), self.new_key(), "/demo/redis/charges"
+        b.runs.append(run)
+        started = time.monotonic()
+        first = server.charge(run, key, fault="crash-after-commit", path=path)
+        b.row(f"{self.at(started)}  the charge, crash after the commit", crashed(b, first))
+        self.until_back(server)
+        b.row(f"{self.at(started)}  the server", "restarted")
+        deadline = started + ttl + 10
+        while True:
+            when = self.at(started)
+            retry = server.charge(run, key, path=path)
+            if retry.status != 409 or time.monotonic() > deadline:
+                break
+            left = (retry.body.get("redis_ttl_ms") or 0) / 1000
+            b.row(f"{when}  retry", f"in use (409): Redis says processing, {left:.1f} s left")
+            time.sleep(min(0.5, left + 0.05))
+        b.row(f"{when}  retry, after the TTL", b.say(retry))
+        b.row("times the effect was applied", b.count("key_in_redis", server.effects(run), 2))
+
+        b.part("key and charge in one transaction (POST /v1/charges)")
+        b._numbers = {}  # the replay is the crashed try's charge: #1 again
+        run, key = self.run_tag("8-one-transaction"), self.new_key()
+        b.runs.append(run)
+        started = time.monotonic()
+        first = server.charge(run, key, fault="crash-after-processor")
+        b.row(f"{self.at(started)}  the charge, crash after the processor", crashed(b, first))
+        self.until_back(server)
+        b.row(f"{self.at(started)}  the server", "restarted")
+        deadline = time.monotonic() + settings["processing_timeout_ms"] / 1000 + 10
+        seen = None
+        while time.monotonic() < deadline:
+            state = server.key_state(key).body.get("status")
+            if state != seen:
+                seen = state
+                words = {"processing": "processing: no answer saved", "completed": "completed by the sweeper"}
+                b.row(f"{self.at(started)}  the key", words.get(state, state or "unknown"))
+            if state == "completed":
+                break
+            time.sleep(0.05)
+        retry = server.charge(run, key)
+        b.row(f"{self.at(started)}  retry", b.say(retry))
+        b.row("times the effect was applied", b.count("key_in_the_transaction", server.effects(run), 1))
+        b.part(None)
+        b.row("the rule", "the key and the business write commit together")
+        return b
+
+    def a_ttl_shorter_than_the_retry_horizon(self, settings):
+        b = Block(9, "A TTL shorter than the client's retry horizon")
+        server = self.pitfalls
+        missing = pitfalls_missing(settings, redis=False)
+        if missing:
+            b.skipped = missing
+            return b
+        ttl = settings["idempotency_key_ttl_ms"] / 1000
+        b.row("where the TTL is set", f"IDEMPOTENCY_KEY_TTL: {ttl:g} s on this server (24 h by default)")
+        for name, heading, wait, expected in [
+            ("within", f"a retry within the TTL (after {ttl / 2:g} s)", ttl / 2, 1),
+            ("after", f"a retry after the TTL (after {ttl + 1:g} s)", ttl + 1, 2),
+        ]:
+            b.part(heading)
+            run, key = self.run_tag(f"9-{name}"), self.new_key()
+            b.runs.append(run)
+            first = server.charge(run, key)
+            reported = server.key_state(key).body
+            if name == "within" and reported.get("expires_at"):
+                lifetime = reported["expires_at"] - reported["created_at"]
+                b.row("where it is reported", f"GET /v1/idempotency_keys/{{key}}: expires_at = created_at + {lifetime} s")
+            time.sleep(wait)
+            gone = server.key_state(key)
+            retry = server.charge(run, key)
+            b.row("what the client got", b.says([first, retry]))
+            if gone.status == 404:
+                b.row("the key, just before the retry", "unknown or expired (404)")
+            b.row("times the effect was applied", b.count(name, server.effects(run), expected))
+        b.part(None)
+        b.row("the rule", "TTL >= the longest retry horizon of any client")
+        return b
+
     def delivered(self, event):
         """The event's deliveries, once none is pending (or DELIVERY_WAIT is over)."""
         deadline = time.monotonic() + DELIVERY_WAIT
@@ -407,6 +591,36 @@ class Demo:
             if ended or time.monotonic() > deadline:
                 return deliveries
             time.sleep(0.1)
+
+
+def crashed(block, answer):
+    """What the client saw of a request that crashed the server."""
+    if answer.status is None:
+        return "empty answer: the server died"
+    return block.say(answer) + " (the server did not crash: is FAULT_INJECTION=true?)"
+
+
+def pitfalls_missing(settings, redis):
+    """Why the server of scenarios 8 and 9 cannot run them; None when it can."""
+    if settings is None:
+        return (
+            "it needs a second server with IDEMPOTENCY_KEY_TTL=2s PROCESSING_TIMEOUT=1s SWEEP_INTERVAL=200ms "
+            "FAULT_INJECTION=true DEMO_UNSAFE_ENDPOINTS=true and REDIS_URL, restarted when it crashes "
+            "(scripts/demo starts one; with ONCEPAY_URL, give it as ONCEPAY_PITFALLS_URL)"
+        )
+    wanted = []
+    if settings["idempotency_key_ttl_ms"] > LONGEST_TTL * 1000:
+        wanted.append(f"IDEMPOTENCY_KEY_TTL of at most {LONGEST_TTL}s (2s, with PROCESSING_TIMEOUT=1s)")
+    if redis:
+        if not settings["fault_injection"]:
+            wanted.append("FAULT_INJECTION=true")
+        if not settings["demo_unsafe_endpoints"]:
+            wanted.append("DEMO_UNSAFE_ENDPOINTS=true")
+        if not settings["redis"]:
+            wanted.append("REDIS_URL")
+    if wanted:
+        return "its server needs " + ", ".join(wanted)
+    return None
 
 
 # ----------------------------------------------------------------------------
@@ -571,6 +785,11 @@ def main():
     parser.add_argument("--json", action="store_true", help="print the results as one JSON document")
     parser.add_argument("--wait", type=float, default=0, metavar="SECONDS", help="wait this long for /healthz first")
     parser.add_argument("--server-pid", type=int, default=0, help="stop waiting if this process exits")
+    parser.add_argument(
+        "--pitfalls-url",
+        help="the server of scenarios 8 and 9: IDEMPOTENCY_KEY_TTL=2s, PROCESSING_TIMEOUT=1s, Redis, "
+        "restarted when it crashes (scripts/demo starts one)",
+    )
     args = parser.parse_args()
     if not args.key:
         parser.error("no API key: pass --key or set ONCEPAY_API_KEY")
@@ -585,8 +804,18 @@ def main():
         if args.wait:
             wait_until_healthy(server, args.server_pid, args.wait, log)
         fault_injection, naive_endpoint, receivers = check_server(server, log)
-        demo = Demo(server)
-        log(f"running the six scenarios against {server.url} (run tags {demo.prefix}-*)")
+        pitfalls, settings = None, None
+        if args.pitfalls_url:
+            pitfalls = Server(args.pitfalls_url, args.key)
+            if args.wait:
+                wait_until_healthy(pitfalls, 0, args.wait, log)
+            settings = pitfalls.settings()
+            missing = pitfalls_missing(settings, redis=True)
+            if missing:
+                log(f"the server at {pitfalls.url}: {missing}")
+        demo = Demo(server, pitfalls)
+        where = server.url + (f" and {pitfalls.url}" if pitfalls else "")
+        log(f"running the nine scenarios against {where} (run tags {demo.prefix}-*)")
         blocks = [
             demo.retry_without_a_key(),
             demo.retries_with_a_key(),
@@ -594,6 +823,9 @@ def main():
             demo.two_at_once(naive_endpoint),
             demo.a_new_key_per_attempt(),
             demo.a_webhook_delivered_three_times(receivers),
+            demo.refunds_at_once(naive_endpoint),
+            demo.key_outside_the_transaction(settings),
+            demo.a_ttl_shorter_than_the_retry_horizon(settings),
         ]
     except Unusable as e:
         log(f"error: {e}")

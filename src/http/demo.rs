@@ -1,7 +1,10 @@
-//! Workshop routes: the effect counter (`GET /demo/effects`), the lab page
+//! Workshop routes: the effect counter (`GET /demo/effects`), what a
+//! workshop needs to know of the server (`GET /demo/settings`), the lab page
 //! (`GET /lab`), and, only with `DEMO_UNSAFE_ENDPOINTS=true`, the
-//! deliberately broken `POST /demo/naive/charges` and the webhook receivers
-//! (see [`super::receiver`]).
+//! deliberately broken `POST /demo/naive/charges`, `POST /demo/naive/refunds`
+//! and `POST /demo/redis/charges`, and the webhook receivers (see
+//! [`super::receiver`]). The broken ones share no code path with the real
+//! endpoints: each has its own handler and its own key store.
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
@@ -12,25 +15,40 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
-use super::extract::{RawBody, decode};
+use super::extract::{NoQuery, RawBody, decode};
 use super::idempotent::{self, REPLAYED};
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::charges::NewCharge;
+use crate::error::Error;
+use crate::faults::{self, CRASH_AFTER_COMMIT, Fault};
+use crate::idempotency::SavedResponse;
 use crate::params::ParamError;
 use crate::problem::{Problem, ProblemCode};
+use crate::refunds::NewRefund;
+use crate::retry_after;
 use crate::workshop;
+use crate::workshop::{naive_refund, redis_keys};
 
 /// The lab page: one self-contained file, no build step, nothing from the internet.
 const LAB_PAGE: &str = include_str!("../../static/lab.html");
 
+/// When this process began serving, for `GET /demo/settings`: a workshop
+/// that crashes the server on purpose tells the restarted process by it.
+static STARTED: std::sync::LazyLock<std::time::SystemTime> =
+    std::sync::LazyLock::new(std::time::SystemTime::now);
+
 pub fn router(unsafe_endpoints: bool) -> OpenApiRouter<AppState> {
+    std::sync::LazyLock::force(&STARTED);
     let router = OpenApiRouter::new()
         .routes(routes!(lab))
-        .routes(routes!(effects));
+        .routes(routes!(effects))
+        .routes(routes!(settings));
     if unsafe_endpoints {
         router
             .routes(routes!(naive_charge))
+            .routes(routes!(naive_refund))
+            .routes(routes!(redis_charge))
             .merge(super::receiver::router())
     } else {
         router
@@ -48,7 +66,7 @@ async fn lab() -> Html<&'static str> {
 /// charges tagged `metadata[demo_run]=TAG`: payments recorded by the
 /// processor (money moved) and charges by status. `run` is required: a count
 /// over all of a merchant's charges would read its whole history.
-/// Payments and charges in the database for a workshop run.
+/// Payments, refunds and charges in the database for a workshop run.
 #[utoipa::path(
     get,
     path = "/demo/effects",
@@ -87,6 +105,9 @@ async fn effects(
         "object": "demo_effects",
         "run": run,
         "payments": counts.payments,
+        "charged": counts.charged,
+        "refunds": counts.refunds,
+        "refunded": counts.refunded,
         "charges": counts.charges,
         "succeeded": counts.succeeded,
         "failed": counts.failed,
@@ -153,5 +174,252 @@ async fn naive_charge(
         .map_err(|e| crate::error::Error::from_recovery(e, &state.config))?;
     // 3. Write the key, after the work. (Bug: too late to stop a duplicate.)
     workshop::naive_remember(&state.pool, merchant.id, key.as_str(), &charge_id, &saved).await?;
+    Ok(idempotent::send(saved))
+}
+
+/// What the workshop's scenarios need to know of this server, so that a
+/// script or the lab page can say what to turn on before it starts. Moves
+/// no money and reads no table.
+#[utoipa::path(
+    get,
+    path = "/demo/settings",
+    tag = "workshop",
+    security(("bearer" = []), ("basic" = [])),
+    responses(
+        (status = 200, description = "The settings", body = super::openapi::DemoSettings),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn settings(
+    State(state): State<AppState>,
+    _merchant: Authenticated,
+    _: NoQuery,
+) -> Json<serde_json::Value> {
+    let config = &state.config;
+    let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    Json(json!({
+        "object": "demo_settings",
+        "idempotency_key_ttl_ms": millis(config.idempotency_key_ttl),
+        "processing_timeout_ms": millis(config.processing_timeout),
+        "sweep_interval_ms": millis(config.sweep_interval),
+        "processor_latency_ms": millis(config.processor_latency),
+        "fault_injection": config.fault_injection,
+        "demo_unsafe_endpoints": config.demo_unsafe_endpoints,
+        "redis": state.redis.is_some(),
+        "started_at_ms": STARTED
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, millis),
+    }))
+}
+
+/// The `Idempotency-Key` the workshop's broken endpoints require.
+fn required_key(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+    match idempotent::key_from_headers(state, headers)? {
+        Some(key) => Ok(key.as_str().to_owned()),
+        None => Err(Problem::new(
+            ProblemCode::IdempotencyKeyMissing,
+            "This workshop endpoint demonstrates keys; send an Idempotency-Key.",
+        )
+        .into()),
+    }
+}
+
+/// IDEMPOTENCY IS NOT CONCURRENCY CONTROL, ON PURPOSE. Claims its key
+/// first (right), then reads what is left to refund, checks it, refunds at
+/// the processor and writes the new total: two statements, so two refunds
+/// with different keys at once both pass the check. The real endpoint
+/// reserves the amount with one conditional update; see `refunds.rs`.
+/// WRONG ON PURPOSE, for teaching (only with `DEMO_UNSAFE_ENDPOINTS=true`):
+/// checks what is left to refund and writes the new total in two
+/// statements, so two refunds at once can refund more than was charged.
+#[utoipa::path(
+    post,
+    path = "/demo/naive/refunds",
+    tag = "workshop",
+    security(("bearer" = []), ("basic" = [])),
+    params(("Idempotency-Key" = String, Header, description = "Required here")),
+    request_body(content(
+        (super::openapi::CreateRefund = "application/json"),
+        (super::openapi::CreateRefund = "application/x-www-form-urlencoded")
+    )),
+    responses(
+        (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::Refund),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 409, response = super::openapi::InFlight),
+        (status = 413, response = super::openapi::TooLarge),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn naive_refund(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Response, ApiError> {
+    let key = required_key(&state, &headers)?;
+    super::faults::from_headers(&state, &headers)?;
+    let refund = NewRefund::from_params(decode(&headers, &body)?)?;
+    // The key, claimed before the work: this part is right.
+    match naive_refund::claim(&state.pool, merchant.id, &key).await? {
+        naive_refund::Claim::Claimed => {}
+        naive_refund::Claim::Replay(saved) => return Ok(idempotent::replay(saved, false)),
+        naive_refund::Claim::InUse => {
+            return Err(Problem::new(
+                ProblemCode::IdempotencyKeyInUse,
+                "A request with this key is still at work. Retry later.",
+            )
+            .with_retry_after(retry_after::SOON)
+            .into());
+        }
+    }
+    let refunded = match naive_refund::refund(&state, merchant.id, &refund).await {
+        Ok(refunded) => refunded,
+        Err(Error::Problem(problem)) if problem.status.is_client_error() => {
+            // Refused by the check, before any money moved: the key is free.
+            naive_refund::release(&state.pool, merchant.id, &key).await?;
+            return Err(Error::Problem(problem).into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let saved = SavedResponse {
+        status: 201,
+        content_type: "application/json".to_owned(),
+        location: None,
+        body: serde_json::to_vec(&refunded.to_object())
+            .map_err(|e| ApiError::internal(e.into()))?
+            .into(),
+    };
+    naive_refund::complete(&state.pool, merchant.id, &key, &saved).await?;
+    Ok(idempotent::send(saved))
+}
+
+/// `503 redis_unavailable`, saying why.
+fn redis_unavailable(detail: impl Into<String>) -> ApiError {
+    Problem::new(ProblemCode::RedisUnavailable, detail)
+        .with_retry_after(retry_after::SOON)
+        .into()
+}
+
+fn redis_failed(error: redis::RedisError) -> ApiError {
+    tracing::warn!(%error, "the workshop's Redis failed");
+    redis_unavailable(format!("Redis did not answer: {error}"))
+}
+
+/// The fault this endpoint honours: `crash-after-commit` (and the
+/// middleware's `drop-response`).
+fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, ApiError> {
+    let Some(value) = headers.get(super::faults::HEADER) else {
+        return Ok(None);
+    };
+    if !state.config.fault_injection {
+        return Err(Problem::new(
+            ProblemCode::FaultInjectionDisabled,
+            "Oncepay-Fault is only honoured when the server runs with FAULT_INJECTION=true.",
+        )
+        .into());
+    }
+    match value.to_str().unwrap_or("") {
+        CRASH_AFTER_COMMIT => Ok(Some(Fault::CrashAfterCommit)),
+        "drop-response" => Ok(None),
+        _ => Err(Problem::new(
+            ProblemCode::InvalidFault,
+            "POST /demo/redis/charges takes Oncepay-Fault: crash-after-commit or drop-response.",
+        )
+        .into()),
+    }
+}
+
+/// THE KEY KEPT OUTSIDE THE BUSINESS TRANSACTION, ON PURPOSE. Claims the
+/// key in Redis (`SET NX`), commits the charge in Postgres, then writes the
+/// answer back to Redis: a crash between the two commits leaves the key
+/// `processing` in Redis until its TTL, and the retry after that charges
+/// again. The real endpoint claims the key in the charge's transaction.
+/// WRONG ON PURPOSE, for teaching (only with `DEMO_UNSAFE_ENDPOINTS=true`
+/// and `REDIS_URL`): keeps its keys in Redis, outside the charge's
+/// transaction, so a crash between the two leaves a key no one settles.
+#[utoipa::path(
+    post,
+    path = "/demo/redis/charges",
+    tag = "workshop",
+    security(("bearer" = []), ("basic" = [])),
+    params(
+        ("Idempotency-Key" = String, Header, description = "Required here"),
+        ("Oncepay-Fault" = Option<String>, Header, description = "`crash-after-commit` (with `FAULT_INJECTION=true`): abort the process after the charge committed, before the answer is written to Redis")
+    ),
+    request_body(content(
+        (super::openapi::CreateCharge = "application/json"),
+        (super::openapi::CreateCharge = "application/x-www-form-urlencoded")
+    )),
+    responses(
+        (status = 201, description = "Charged (or the answer saved in Redis, with `Idempotent-Replayed: true`)", body = super::openapi::Charge),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 402, response = super::openapi::PaymentFailed),
+        (status = 409, response = super::openapi::InFlight),
+        (status = 413, response = super::openapi::TooLarge),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn redis_charge(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Response, ApiError> {
+    let Some(client) = state.redis.clone() else {
+        return Err(redis_unavailable(
+            "This server has no Redis: start it with REDIS_URL (for example redis://127.0.0.1:6379).",
+        ));
+    };
+    let key = required_key(&state, &headers)?;
+    let fault = redis_fault(&state, &headers)?;
+    let charge = NewCharge::from_params(decode(&headers, &body)?)?;
+    let ttl = state.config.idempotency_key_ttl;
+    let mut redis = redis_keys::connect(&client).await.map_err(redis_failed)?;
+    // 1. Claim the key in Redis: SET key processing NX PX ttl.
+    match redis_keys::claim(&mut redis, merchant.id, &key, ttl)
+        .await
+        .map_err(redis_failed)?
+    {
+        redis_keys::Claim::Claimed => {}
+        redis_keys::Claim::Replay(saved) => return Ok(idempotent::replay(saved, false)),
+        redis_keys::Claim::InUse { ttl } => {
+            let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+            return Err(Problem::new(
+                ProblemCode::IdempotencyKeyInUse,
+                format!(
+                    "Redis holds this key as processing for {ms} ms more. Nothing else can settle it:                      the key and the charge are in two systems."
+                ),
+            )
+            .with_extra("redis_ttl_ms", ms)
+            .with_retry_after(retry_after::SOON)
+            .into());
+        }
+    }
+    // 2. The charge, committed in Postgres.
+    let request_id = headers
+        .get(super::observe::REQUEST_ID)
+        .and_then(|v| v.to_str().ok());
+    let saved = match workshop::naive_charge(&state, merchant.id, &charge, request_id).await {
+        Ok((_, saved)) => saved,
+        Err(e) => {
+            let _ = redis_keys::release(&mut redis, merchant.id, &key).await;
+            return Err(Error::from_recovery(e, &state.config).into());
+        }
+    };
+    // 3. Committed in Postgres, not yet in Redis: a crash here is the bug.
+    faults::crash_if(fault, Fault::CrashAfterCommit);
+    // 4. The answer, written back to Redis.
+    redis_keys::complete(&mut redis, merchant.id, &key, &saved, ttl)
+        .await
+        .map_err(redis_failed)?;
     Ok(idempotent::send(saved))
 }

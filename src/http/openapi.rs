@@ -45,7 +45,7 @@ in Stripe's shape under `error`; see the `Problem` schema for the list. Every re
         (name = "webhooks", description = "Events sent to the merchant's endpoints, signed, retried until answered 2xx: at least once, so receivers deduplicate by event id"),
         (name = "idempotency", description = "What the server remembers of a key"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
-        (name = "workshop", description = "The lab page and its effect counter")
+        (name = "workshop", description = "The lab page, its effect counter, and the endpoints broken on purpose for teaching")
     )
 )]
 pub struct ApiDoc;
@@ -483,10 +483,40 @@ pub struct Effects {
     run: String,
     /// Payments the processor recorded: money moved.
     payments: i64,
+    /// What those payments took, in minor units.
+    charged: i64,
+    /// Refunds the processor recorded from those payments: money given back.
+    refunds: i64,
+    /// What those refunds gave back, in minor units.
+    refunded: i64,
     charges: i64,
     succeeded: i64,
     failed: i64,
     pending: i64,
+}
+
+/// What the workshop's scenarios need to know of the server.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct DemoSettings {
+    #[schema(example = "demo_settings")]
+    object: String,
+    /// `IDEMPOTENCY_KEY_TTL`, in milliseconds: how long a saved answer is replayed.
+    idempotency_key_ttl_ms: u64,
+    /// `PROCESSING_TIMEOUT`, in milliseconds: when the sweeper settles a key a crash left `processing`.
+    processing_timeout_ms: u64,
+    /// `SWEEP_INTERVAL`, in milliseconds.
+    sweep_interval_ms: u64,
+    /// `PROCESSOR_LATENCY_MS`.
+    processor_latency_ms: u64,
+    /// `FAULT_INJECTION`: `Oncepay-Fault` is honoured.
+    fault_injection: bool,
+    /// `DEMO_UNSAFE_ENDPOINTS`: the deliberately broken endpoints are served.
+    demo_unsafe_endpoints: bool,
+    /// Whether `REDIS_URL` is set (not whether Redis answers).
+    redis: bool,
+    /// When this process started, Unix milliseconds: it changes when the server is restarted.
+    started_at_ms: u64,
 }
 
 /// Liveness or readiness.

@@ -1,8 +1,12 @@
 //! The workshop's SQL: effect counts, and the naive endpoint's key table;
-//! and, in [`receiver`], the webhook receivers. Nothing here is used by the
-//! real charge path.
+//! in [`receiver`], the webhook receivers; in [`naive_refund`], a refund
+//! that checks and writes in two statements; in [`redis_keys`], keys kept
+//! in Redis, outside the business transaction. Nothing here is used by the
+//! real charge or refund path.
 
+pub mod naive_refund;
 pub mod receiver;
+pub mod redis_keys;
 
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
@@ -20,6 +24,12 @@ use crate::processor::{self, Authorization};
 pub struct Effects {
     /// Payments the processor recorded: money moved.
     pub payments: i64,
+    /// What those payments took, in minor units.
+    pub charged: i64,
+    /// Refunds the processor recorded from those payments: money given back.
+    pub refunds: i64,
+    /// What those refunds gave back, in minor units.
+    pub refunded: i64,
     pub charges: i64,
     pub succeeded: i64,
     pub failed: i64,
@@ -38,15 +48,25 @@ fn effects_statement(
 > {
     sqlx::query_as!(
         Effects,
-        r#"SELECT count(*) FILTER (WHERE EXISTS (
-                      SELECT FROM processor_operations p
-                       WHERE p.processor_key = 'auth:' || c.id AND p.outcome = 'succeeded'))
-                      AS "payments!",
+        r#"SELECT coalesce(sum(p.payments), 0)::bigint AS "payments!",
+                  coalesce(sum(p.charged), 0)::bigint AS "charged!",
+                  coalesce(sum(r.refunds), 0)::bigint AS "refunds!",
+                  coalesce(sum(r.refunded), 0)::bigint AS "refunded!",
                   count(*) AS "charges!",
                   count(*) FILTER (WHERE c.status = 'succeeded') AS "succeeded!",
                   count(*) FILTER (WHERE c.status = 'failed') AS "failed!",
                   count(*) FILTER (WHERE c.status = 'pending') AS "pending!"
              FROM charges c
+             -- Per charge, its payment by key and its refunds by the payment's
+             -- key: index lookups, however long the ledger.
+             CROSS JOIN LATERAL (
+                   SELECT count(*) AS payments, sum(o.amount) AS charged
+                     FROM processor_operations o
+                    WHERE o.processor_key = 'auth:' || c.id AND o.outcome = 'succeeded') p
+             CROSS JOIN LATERAL (
+                   SELECT count(*) AS refunds, sum(o.amount) AS refunded
+                     FROM processor_operations o
+                    WHERE o.payment_key = 'auth:' || c.id AND o.outcome = 'refunded') r
             WHERE c.merchant_id = $1 AND c.metadata->>'demo_run' = $2"#,
         merchant_id,
         run,
@@ -58,9 +78,10 @@ pub fn effects_sql() -> &'static str {
     sqlx::Execute::sql(&effects_statement(Uuid::nil(), ""))
 }
 
-/// Counts the merchant's charges tagged `metadata.demo_run = run` and the
-/// payments behind them. The partial index on tagged charges serves it, and
-/// each payment is looked up by its key, so it reads that run's rows only,
+/// Counts the merchant's charges tagged `metadata.demo_run = run`, the
+/// payments behind them and the refunds from those payments, with their
+/// amounts. The partial index on tagged charges serves it, and each payment
+/// and its refunds are looked up by key, so it reads that run's rows only,
 /// however long the merchant's history or the processor's ledger.
 pub async fn effects(
     db: impl PgExecutor<'_>,

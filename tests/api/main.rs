@@ -16,6 +16,7 @@ mod idempotency;
 mod leases;
 mod openapi;
 mod operability;
+mod pitfalls;
 mod reads;
 mod receivers;
 mod refunds;

@@ -1,8 +1,11 @@
 // The lab page (GET /lab), end to end: a real `oncepay serve` on a fresh
 // database, the page in headless Chromium (Debian's /usr/bin/chromium driven
 // by playwright-core), every scenario clicked, and every effect count the
-// page shows (payments, and scenario 6's orders shipped by the webhook
-// receivers) checked against the database with psql. After every test, the
+// page shows (payments, scenario 6's orders shipped by the webhook receivers,
+// scenario 7's money refunded) checked against the database with psql.
+// Scenarios 8 and 9 run on a second server with a short key TTL and Redis
+// (REDIS_URL, default redis://127.0.0.1:6379), which this test restarts on
+// its port whenever it exits, since scenario 8 crashes it on purpose. After every test, the
 // page must have raised no script error (an uncaught exception or rejection,
 // or a console.error; the browser's own "Failed to load resource" lines are
 // expected, the scenarios get 409s and dropped answers on purpose). Saves
@@ -13,8 +16,8 @@
 //   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres node --test tests/lab/lab.test.mjs
 //
 // Settings (environment): DATABASE_URL (any database of a server where the
-// user may create databases), ONCEPAY_BIN (default target/debug/oncepay),
-// CHROMIUM (default /usr/bin/chromium).
+// user may create databases), REDIS_URL, ONCEPAY_BIN (default
+// target/debug/oncepay), CHROMIUM (default /usr/bin/chromium).
 
 import { after, afterEach, before, test } from "node:test";
 import assert from "node:assert/strict";
@@ -29,8 +32,10 @@ const OUT = join(ROOT, "target", "lab");
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 const API_KEY = newApiKey("lab");
 const SCENARIO_TIMEOUT = 60_000;
+const REDIS_URL = process.env.REDIS_URL || "redis://127.0.0.1:6379";
 
 const servers = [];
+const supervisors = [];
 let context = null;
 let page = null;
 let base = null;
@@ -42,13 +47,26 @@ const pageErrors = [];
 // ---- helpers ----------------------------------------------------------------
 
 /** Processor payments (money moved) for the charges tagged with run TAG. */
-function paymentsInDb(tag) {
+function paymentsInDb(tag, url = dbUrl) {
+  assert.match(tag, /^lab-[0-9a-f]+$/, `unexpected run tag ${tag}`);
+  return Number(
+    psql(
+      url,
+      `SELECT count(*) FROM processor_operations p JOIN charges c ON p.processor_key = 'auth:' || c.id
+        WHERE p.outcome = 'succeeded' AND c.metadata->>'demo_run' = '${tag}'`,
+    ),
+  );
+}
+
+/** Money the processor refunded from the payments of the charges tagged TAG. */
+function refundedInDb(tag) {
   assert.match(tag, /^lab-[0-9a-f]+$/, `unexpected run tag ${tag}`);
   return Number(
     psql(
       dbUrl,
-      `SELECT count(*) FROM processor_operations p JOIN charges c ON p.processor_key = 'auth:' || c.id
-        WHERE p.outcome = 'succeeded' AND c.metadata->>'demo_run' = '${tag}'`,
+      `SELECT coalesce(sum(r.amount), 0) FROM processor_operations r JOIN charges c
+           ON r.payment_key = 'auth:' || c.id
+        WHERE r.outcome = 'refunded' AND c.metadata->>'demo_run' = '${tag}'`,
     ),
   );
 }
@@ -84,13 +102,20 @@ async function run(id) {
   assert.equal(state, "done", `scenario ${id} ended in ${state}: ${await text("message")}`);
 }
 
-/** The part's "effects after", checked against the database; returns it. */
-async function effectsAfter(part) {
+/** The part's "effects after", checked against the database (URL); returns it. */
+async function effectsAfter(part, url = dbUrl) {
   const tag = await text(part + "-tag");
   const shown = await number(part + "-effects-after");
   assert.equal(await number(part + "-effects-before"), 0, `${part}: a fresh run starts at 0`);
-  assert.equal(shown, paymentsInDb(tag), `${part}: the page shows what the database holds for ${tag}`);
+  assert.equal(shown, paymentsInDb(tag, url), `${part}: the page shows what the database holds for ${tag}`);
   return shown;
+}
+
+/** The answers shown in the rows of a timeline part (scenarios 7 to 9). */
+async function answers(part) {
+  const out = [];
+  for (let i = 1; await byId(`${part}-row-${i}`).count(); i++) out.push(await text(`${part}-row-${i}-status`));
+  return out;
 }
 
 async function rows(part) {
@@ -115,6 +140,51 @@ async function serve(logName, env) {
   });
   servers.push(proc);
   return { proc, base: url };
+}
+
+/**
+ * `oncepay serve` on a database of its own with ENV, started again on the
+ * same port whenever it exits (each start's log numbered), as a supervisor
+ * restarts a crashed service: `{ base, db, restarts, errors }`.
+ */
+async function supervised(logName, env) {
+  const db = createDatabase("oncepay_lab_pitfalls");
+  const sup = { db, restarts: 0, errors: [], stopped: false, proc: null, base: null };
+  const start = async (port) => {
+    const started = await oncepay.serve({
+      databaseUrl: db.url,
+      apiKey: API_KEY,
+      logPath: join(OUT, `${logName}-${sup.restarts}.log`),
+      env,
+      port,
+    });
+    servers.push(started.proc);
+    sup.proc = started.proc;
+    started.proc.on("exit", () => {
+      if (sup.stopped) return;
+      sup.restarts += 1;
+      start(started.port).catch((e) => sup.errors.push(String(e)));
+    });
+    return started;
+  };
+  sup.base = (await start(undefined)).base;
+  supervisors.push(sup);
+  return sup;
+}
+
+let pitfalls = null;
+
+/** The server of scenarios 8 and 9, started on first use. */
+async function pitfallsServer() {
+  pitfalls ??= await supervised("server-pitfalls", {
+    FAULT_INJECTION: "true",
+    DEMO_UNSAFE_ENDPOINTS: "true",
+    IDEMPOTENCY_KEY_TTL: "2s",
+    PROCESSING_TIMEOUT: "1s",
+    SWEEP_INTERVAL: "200ms",
+    REDIS_URL,
+  });
+  return pitfalls;
 }
 
 // ---- set-up and clean-up ----------------------------------------------------
@@ -166,8 +236,10 @@ before(async () => {
 after(async () => {
   await context?.close().catch(() => {});
   if (userDataDir) rmSync(userDataDir, { recursive: true, force: true });
+  for (const sup of supervisors) sup.stopped = true;
   for (const proc of servers) await stop(proc);
   db?.drop();
+  for (const sup of supervisors) sup.db.drop();
 });
 
 // Every test, the last one included, ends with the page free of script errors;
@@ -264,6 +336,24 @@ test("6: an event delivered three times ships 3 orders without an inbox, 1 with 
   assert.equal(Number(psql(dbUrl, "SELECT count(*) FROM webhook_endpoints WHERE status <> 'deleted'")), 0);
 });
 
+test("7: two refunds at once with their own keys: 600 of 1000 refunded on the real endpoint, 1200 on the naive one", async () => {
+  await run("7");
+  for (const [part, refunded] of [["s7-real", 600], ["s7-naive", 1200]]) {
+    const tag = await text(part + "-tag");
+    assert.equal(await number(part + "-effects-before"), 0, `${part}: a fresh run starts at 0`);
+    assert.equal(await number(part + "-effects-after"), refundedInDb(tag), `${part}: the page shows the database's refunds`);
+    assert.equal(refundedInDb(tag), refunded, part);
+    assert.equal(await number(part + "-charged"), 1000, part);
+    assert.equal(paymentsInDb(tag), 1, `${part}: one charge`);
+  }
+  const [, ...real] = await answers("s7-real");
+  assert.deepEqual(real.sort(), ["201 Created: refunded 600", "400 amount_too_large"]);
+  const [, ...naive] = await answers("s7-naive");
+  assert.deepEqual(naive, ["201 Created: refunded 600", "201 Created: refunded 600"]);
+  assert.match(await text("s7-real-verdict"), /never more than was charged/);
+  assert.match(await text("s7-naive-verdict"), /refunded more than was charged/);
+});
+
 test("N at once with one key is one effect", async () => {
   await byId("n-input").fill("8");
   await run("n");
@@ -285,13 +375,60 @@ test("N at once with Prefer: wait replays the first answer to the others", async
 test("the screenshots are saved", async () => {
   await page.evaluate(() => window.scrollTo(0, 0));
   await page.screenshot({ path: join(OUT, "lab.png"), fullPage: true });
-  for (const id of ["1", "2", "3", "4", "5", "6", "n"]) {
+  for (const id of ["1", "2", "3", "4", "5", "6", "7", "n"]) {
     await byId("scenario-" + id).screenshot({ path: join(OUT, `scenario-${id}.png`) });
   }
   console.log(`# screenshot: ${join(OUT, "lab.png")}`);
 });
 
-test("without the workshop switches, scenarios 3, 4 and 6 say what to turn on", async () => {
+test("8: a crash between the commits: Redis's key gets 409 until its TTL, then a second charge; the real key is settled and replayed", async () => {
+  const pit = await pitfallsServer();
+  await page.goto(`${pit.base}/lab?key=${API_KEY}`);
+  await run("8");
+  assert.deepEqual(pit.errors, [], "every restart worked");
+  assert.equal(pit.restarts, 2, "the page crashed the server twice, and it came back");
+
+  assert.equal(await effectsAfter("s8-redis", pit.db.url), 2, "the bug: a second charge");
+  const redis = await answers("s8-redis");
+  // Or, when Chromium retried the POST on a fresh connection by itself, that retry's 409.
+  assert.match(redis[0], /^no answer \(the server died\)/);
+  assert.equal(redis[1], "restarted");
+  const conflicts = redis.slice(2, -1);
+  assert.ok(conflicts.length >= 1, `retries within the TTL: ${redis}`);
+  for (const a of conflicts) assert.match(a, /^409 idempotency_key_in_use: Redis says processing/);
+  assert.equal(redis.at(-1), "201 Created");
+  assert.match(await text("s8-redis-verdict"), /a second charge/);
+
+  assert.equal(await effectsAfter("s8-real", pit.db.url), 1, "one charge");
+  const real = await answers("s8-real");
+  assert.match(real[0], /^no answer \(the server died\)/);
+  assert.equal(real[1], "restarted");
+  assert.ok(real.includes("completed by the sweeper"), `${real}`);
+  assert.equal(real.at(-1), "201 Created (replayed)");
+  assert.match(await text("s8-real-verdict"), /exactly once/);
+  await byId("scenario-8").screenshot({ path: join(OUT, "scenario-8.png") });
+});
+
+test("9: with a TTL of 2 s, a retry after 1 s is replayed and a retry after 3 s charges again", async () => {
+  const pit = await pitfallsServer();
+  await page.goto(`${pit.base}/lab?key=${API_KEY}`);
+  await run("9");
+  assert.equal(await effectsAfter("s9-within", pit.db.url), 1);
+  assert.equal(await effectsAfter("s9-after", pit.db.url), 2);
+  const within = await answers("s9-within");
+  assert.equal(within.length, 3, `${within}`);
+  assert.equal(within[0], "201 Created");
+  // Unix seconds: 2 s, or 3 when the claim and the answer fall either side of a second.
+  assert.match(within[1], /^expires_at = created_at \+ [23] s$/);
+  assert.equal(within[2], "201 Created (replayed)");
+  const after = await answers("s9-after");
+  assert.equal(after.at(-2), "unknown or expired (404)");
+  assert.equal(after.at(-1), "201 Created");
+  assert.match(await text("s9-after-verdict"), /a new charge/);
+  await byId("scenario-9").screenshot({ path: join(OUT, "scenario-9.png") });
+});
+
+test("without the workshop switches, scenarios 3, 4, 6, 7, 8 and 9 say what to turn on", async () => {
   const plain = await serve("server-plain.log", {});
   await page.goto(`${plain.base}/lab?key=${API_KEY}`);
   await run("3");
@@ -306,6 +443,21 @@ test("without the workshop switches, scenarios 3, 4 and 6 say what to turn on", 
     assert.match(await text(part + "-note"), /DEMO_UNSAFE_ENDPOINTS=true/);
     assert.equal(await number(part + "-effects-after"), 0);
   }
+  await run("7");
+  assert.equal(refundedInDb(await text("s7-real-tag")), 600, "the real endpoint needs no switch");
+  assert.match(await text("s7-naive-note"), /DEMO_UNSAFE_ENDPOINTS=true/);
+  await run("8");
+  for (const part of ["s8-redis", "s8-real"]) {
+    const note = await text(part + "-note");
+    for (const wanted of ["IDEMPOTENCY_KEY_TTL=2s", "FAULT_INJECTION=true", "DEMO_UNSAFE_ENDPOINTS=true", "REDIS_URL"]) {
+      assert.ok(note.includes(wanted), `${part}: ${note}`);
+    }
+    assert.equal(await number(part + "-effects-after"), 0, "nothing was charged, nothing crashed");
+    assert.equal(paymentsInDb(await text(part + "-tag")), 0);
+  }
+  await run("9");
+  assert.equal(await effectsAfter("s9-within"), 1, "a retry within the TTL needs no switch");
+  assert.match(await text("s9-after-note"), /IDEMPOTENCY_KEY_TTL=2s/);
   await page.screenshot({ path: join(OUT, "lab-without-switches.png"), fullPage: true });
   await stop(plain.proc);
 });

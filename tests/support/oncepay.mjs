@@ -57,13 +57,13 @@ export function freePort() {
 }
 
 /**
- * Starts `oncepay serve` on DATABASE_URL and a free port, its output in
- * LOG_PATH, and waits for /healthz. Returns `{ proc, base, port }`.
+ * Starts `oncepay serve` on DATABASE_URL and PORT (default: a free one), its
+ * output in LOG_PATH, and waits for /healthz. Returns `{ proc, base, port }`.
  */
-export async function serve({ databaseUrl, apiKey, logPath, env = {}, cwd }) {
+export async function serve({ databaseUrl, apiKey, logPath, env = {}, cwd, port: fixedPort }) {
   if (!existsSync(BIN)) throw new Error(`${BIN} is missing: run cargo build --bin oncepay first`);
   mkdirSync(dirname(logPath), { recursive: true });
-  const port = await freePort();
+  const port = fixedPort || (await freePort());
   const base = `http://127.0.0.1:${port}`;
   const log = createWriteStream(logPath);
   const proc = spawn(BIN, ["serve"], {
