@@ -1,6 +1,8 @@
 //! The services an operation needs, whoever calls it: the database pool, the
 //! configuration, the processor, the caches, the shared waits, the task
-//! tracker and the workshop's Redis. A plain struct; the HTTP layer passes it to handlers as state.
+//! tracker and the workshop's Redis. One `Arc` around a plain struct: every
+//! request clones the state (each middleware with state, each handler), and
+//! a clone is then one reference count, not one per service.
 
 use std::sync::Arc;
 
@@ -11,9 +13,27 @@ use crate::config::Config;
 use crate::idempotency::wait::Waits;
 use crate::processor::Processor;
 
-/// What every operation (and every handler) can reach.
+/// What every operation (and every handler) can reach; its fields are
+/// [`Services`]'s, reached through `Deref`.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Services>);
+
+impl AppState {
+    pub fn new(services: Services) -> Self {
+        AppState(Arc::new(services))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Services;
+
+    fn deref(&self) -> &Services {
+        &self.0
+    }
+}
+
+/// The services themselves.
+pub struct Services {
     pub pool: PgPool,
     pub config: Arc<Config>,
     pub processor: Arc<dyn Processor>,

@@ -54,7 +54,7 @@ impl Application {
             .map(redis::Client::open)
             .transpose()
             .context("REDIS_URL")?;
-        let state = AppState {
+        let state = AppState::new(crate::app::Services {
             pool,
             config: Arc::new(config),
             processor: crate::telemetry::metrics::MeteredProcessor::wrap(processor),
@@ -63,7 +63,7 @@ impl Application {
             caches,
             waits,
             redis,
-        };
+        });
         Ok(Application { listener, state })
     }
 

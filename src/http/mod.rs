@@ -24,7 +24,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
@@ -94,7 +94,7 @@ pub fn router(state: AppState) -> Router {
                 .on_response(DefaultOnResponse::new().level(Level::INFO)),
         )
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(SetRequestIdLayer::x_request_id(observe::MakeRequestId))
         .layer(axum::middleware::from_fn(observe::sanitize_request_id))
         // Outermost, outside the panic catcher: see `faults::drop_response`.
         .layer(axum::middleware::from_fn_with_state(

@@ -16,6 +16,27 @@ use crate::app::AppState;
 use crate::problem::{CONTENT_TYPE, Problem, ProblemCode};
 
 pub const REQUEST_ID: &str = "x-request-id";
+
+/// Makes each request's id: a UUID v4 from the thread's CSPRNG (`rand`),
+/// rather than tower-http's `MakeRequestUuid`, whose `Uuid::new_v4` asks
+/// the operating system for every id (a system call per request, seen in
+/// the replay profile).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MakeRequestId;
+
+impl tower_http::request_id::MakeRequestId for MakeRequestId {
+    fn make_request_id<B>(
+        &mut self,
+        _: &axum::http::Request<B>,
+    ) -> Option<tower_http::request_id::RequestId> {
+        let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+        let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
+        let text = id.hyphenated().encode_lower(&mut text);
+        HeaderValue::from_str(text)
+            .ok()
+            .map(tower_http::request_id::RequestId::new)
+    }
+}
 /// The longest incoming `X-Request-Id` honoured; others are replaced.
 const MAX_REQUEST_ID: usize = 128;
 

@@ -170,6 +170,13 @@ pub async fn run<O: Operation>(
         wait: guard.wait,
         client_gone,
     };
+    // A retry of a finished operation is answered from memory here, with
+    // no task: there is no work that a hang-up could cut short.
+    match claim::from_cache(state, &request, O::ROUTE)? {
+        Some(Begun::Replay { saved, waited }) => return Ok(Answer::Replayed { saved, waited }),
+        Some(Begun::Reused) => return Err(reused(request.key.as_ref()).into()),
+        _ => {}
+    }
     state
         .tasks
         .clone()
