@@ -5,22 +5,19 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
-use super::extract::{IdempotentPost, NoQuery, PathParam, QueryParams};
+use super::extract::{IdempotentPost, NoQuery, PageParams, PathParam, QueryParams};
 use super::idempotent;
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::charges::{Charge, NewCharge, store};
 use crate::operation::charge::CreateCharge;
 use crate::operation::{self, Operation};
-use crate::params::shorten;
-use crate::problem::{Problem, ProblemCode};
 
 const ROUTE: &str = CreateCharge::ROUTE;
 
@@ -95,18 +92,7 @@ async fn retrieve(
 }
 
 fn no_such_charge(id: &str, param: &str) -> ApiError {
-    let status = if param == "id" {
-        StatusCode::NOT_FOUND
-    } else {
-        StatusCode::BAD_REQUEST
-    };
-    Problem::with_status(
-        status,
-        ProblemCode::ResourceMissing,
-        format!("No such charge: '{}'", shorten(id)),
-    )
-    .with_param(param)
-    .into()
+    super::problem::no_such("charge", id, param)
 }
 
 /// Which page of a list: the newest, the one after a charge (older), or
@@ -139,39 +125,10 @@ enum Page {
 async fn list(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
-    QueryParams(mut params): QueryParams,
+    QueryParams(params): QueryParams,
 ) -> Result<Response, ApiError> {
-    let limit = match params.take("limit") {
-        None => 10,
-        Some(value) => value
-            .as_str()
-            .and_then(|v| v.parse().ok())
-            .filter(|l| (1..=100).contains(l))
-            .ok_or_else(|| {
-                Problem::new(
-                    ProblemCode::ParameterInvalidInteger,
-                    "limit must be a whole number from 1 to 100",
-                )
-                .with_param("limit")
-            })?,
-    };
-    let mut cursor_param = |name: &'static str| match params.take(name) {
-        None => Ok(None),
-        Some(Value::String(id)) => Ok(Some((name, id))),
-        Some(_) => Err(no_such_charge("", name)),
-    };
-    let starting_after = cursor_param("starting_after")?;
-    let ending_before = cursor_param("ending_before")?;
-    params.reject_unknown()?;
-    if starting_after.is_some() && ending_before.is_some() {
-        return Err(Problem::new(
-            ProblemCode::ParametersExclusive,
-            "You may only specify one of these parameters: ending_before, starting_after.",
-        )
-        .with_param("ending_before")
-        .into());
-    }
-    let page = match starting_after.or(ending_before) {
+    let PageParams { limit, cursor } = PageParams::take(params, "charge")?;
+    let page = match cursor {
         None => Page::First,
         Some((name, id)) => {
             let cursor = store::find(&state.pool, merchant.id, &id)

@@ -3,7 +3,6 @@
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
@@ -126,18 +125,7 @@ async fn deliveries(
 }
 
 fn no_such_event(id: &str, param: &str) -> ApiError {
-    let status = if param == "id" {
-        StatusCode::NOT_FOUND
-    } else {
-        StatusCode::BAD_REQUEST
-    };
-    Problem::with_status(
-        status,
-        ProblemCode::ResourceMissing,
-        format!("No such event: '{}'", shorten(id)),
-    )
-    .with_param(param)
-    .into()
+    super::problem::no_such("event", id, param)
 }
 
 /// The merchant's events, newest first.

@@ -174,3 +174,53 @@ impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
         Ok(NoQuery)
     }
 }
+
+/// A list's page, as Stripe's lists take it: `limit` (1 to 100, default
+/// 10) and at most one of `starting_after` and `ending_before`, each an id
+/// of the listed kind.
+pub struct PageParams {
+    pub limit: i64,
+    /// The cursor's parameter (`starting_after` or `ending_before`) and id.
+    pub cursor: Option<(&'static str, String)>,
+}
+
+impl PageParams {
+    /// Takes the page's parameters out of `params` and refuses any other;
+    /// a cursor that is not a string names no `noun`.
+    pub fn take(mut params: Params, noun: &str) -> Result<Self, ApiError> {
+        let limit = match params.take("limit") {
+            None => 10,
+            Some(value) => value
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .filter(|l| (1..=100).contains(l))
+                .ok_or_else(|| {
+                    Problem::new(
+                        ProblemCode::ParameterInvalidInteger,
+                        "limit must be a whole number from 1 to 100",
+                    )
+                    .with_param("limit")
+                })?,
+        };
+        let mut cursor = |name: &'static str| match params.take(name) {
+            None => Ok(None),
+            Some(serde_json::Value::String(id)) => Ok(Some((name, id))),
+            Some(_) => Err(super::problem::no_such(noun, "", name)),
+        };
+        let starting_after = cursor("starting_after")?;
+        let ending_before = cursor("ending_before")?;
+        params.reject_unknown()?;
+        if starting_after.is_some() && ending_before.is_some() {
+            return Err(Problem::new(
+                ProblemCode::ParametersExclusive,
+                "You may only specify one of these parameters: ending_before, starting_after.",
+            )
+            .with_param("ending_before")
+            .into());
+        }
+        Ok(PageParams {
+            limit,
+            cursor: starting_after.or(ending_before),
+        })
+    }
+}

@@ -26,6 +26,24 @@ impl IntoResponse for Problem {
     }
 }
 
+/// `resource_missing` for a `noun` (`charge`, `event`, ...) with `id`, named
+/// by `param`: `404` when the id is the path's, `400` when a parameter
+/// (a cursor, a charge to refund) names nothing.
+pub fn no_such(noun: &str, id: &str, param: &str) -> ApiError {
+    let status = if param == "id" {
+        axum::http::StatusCode::NOT_FOUND
+    } else {
+        axum::http::StatusCode::BAD_REQUEST
+    };
+    Problem::with_status(
+        status,
+        ProblemCode::ResourceMissing,
+        format!("No such {noun}: '{}'", crate::params::shorten(id)),
+    )
+    .with_param(param)
+    .into()
+}
+
 /// Everything a handler can fail with: an [`Error`] of the layers below,
 /// rendered as a problem.
 #[derive(Debug)]

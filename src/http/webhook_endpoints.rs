@@ -6,21 +6,18 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
-use super::extract::{IdempotentPost, NoQuery, PathParam, QueryParams};
+use super::extract::{IdempotentPost, NoQuery, PageParams, PathParam, QueryParams};
 use super::idempotent;
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::operation::webhook_endpoint::CreateEndpoint;
 use crate::operation::write::{self, Write};
-use crate::params::shorten;
-use crate::problem::{Problem, ProblemCode};
 use crate::webhooks::domain::NewEndpoint;
 use crate::webhooks::store;
 
@@ -129,18 +126,7 @@ async fn delete(
 }
 
 fn no_such_endpoint(id: &str, param: &str) -> ApiError {
-    let status = if param == "id" {
-        StatusCode::NOT_FOUND
-    } else {
-        StatusCode::BAD_REQUEST
-    };
-    Problem::with_status(
-        status,
-        ProblemCode::ResourceMissing,
-        format!("No such webhook endpoint: '{}'", shorten(id)),
-    )
-    .with_param(param)
-    .into()
+    super::problem::no_such("webhook endpoint", id, param)
 }
 
 /// The merchant's webhook endpoints, newest first.
@@ -165,38 +151,10 @@ fn no_such_endpoint(id: &str, param: &str) -> ApiError {
 async fn list(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
-    QueryParams(mut params): QueryParams,
+    QueryParams(params): QueryParams,
 ) -> Result<Response, ApiError> {
-    let limit = match params.take("limit") {
-        None => 10,
-        Some(value) => value
-            .as_str()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|l| (1..=100).contains(l))
-            .ok_or_else(|| {
-                Problem::new(
-                    ProblemCode::ParameterInvalidInteger,
-                    "limit must be a whole number from 1 to 100",
-                )
-                .with_param("limit")
-            })?,
-    };
-    let mut cursor_param = |name: &'static str| match params.take(name) {
-        None => Ok(None),
-        Some(Value::String(id)) => Ok(Some((name, id))),
-        Some(_) => Err(no_such_endpoint("", name)),
-    };
-    let starting_after = cursor_param("starting_after")?;
-    let ending_before = cursor_param("ending_before")?;
-    params.reject_unknown()?;
-    if starting_after.is_some() && ending_before.is_some() {
-        return Err(Problem::new(
-            ProblemCode::ParametersExclusive,
-            "You may only specify one of these parameters: ending_before, starting_after.",
-        )
-        .with_param("ending_before")
-        .into());
-    }
+    let PageParams { limit, cursor } = PageParams::take(params, "webhook endpoint")?;
+    let limit = limit as usize;
     // A merchant has at most MAX_ENDPOINTS: the whole list is one read, and
     // a page is a slice of it.
     let all = store::list(&state.pool, merchant.id).await?;
@@ -205,7 +163,7 @@ async fn list(
             .position(|e| e.id == id)
             .ok_or_else(|| no_such_endpoint(id, name))
     };
-    let (page, has_more) = match starting_after.or(ending_before) {
+    let (page, has_more) = match cursor {
         None => (&all[..all.len().min(limit)], all.len() > limit),
         Some((name @ "starting_after", id)) => {
             let older = &all[position(name, &id)? + 1..];
