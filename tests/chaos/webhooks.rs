@@ -21,8 +21,8 @@ use crate::harness::{
     scale, wait_until_delivered, webhook_violations,
 };
 
-/// How long a claim holds a delivery beyond the attempt's timeout (the
-/// worker's `LEASE_MARGIN`).
+/// How long a claim holds a delivery beyond the attempt's timeout and the
+/// wait for a connection (the worker's `LEASE_MARGIN`).
 const LEASE_MARGIN: Duration = Duration::from_secs(5);
 /// The most deliveries one pass of a worker claims (the worker's `BATCH`).
 const BATCH: usize = 32;
@@ -35,6 +35,8 @@ struct Delivery {
     retry_base: Duration,
     retry_max: Duration,
     poll_interval: Duration,
+    /// `DATABASE_ACQUIRE_TIMEOUT`: a part of the lease.
+    acquire_timeout: Duration,
 }
 
 const DELIVERY: Delivery = Delivery {
@@ -42,6 +44,7 @@ const DELIVERY: Delivery = Delivery {
     retry_base: Duration::from_millis(200),
     retry_max: Duration::from_secs(1),
     poll_interval: Duration::from_millis(100),
+    acquire_timeout: Duration::from_secs(5),
 };
 
 impl Delivery {
@@ -52,13 +55,14 @@ impl Delivery {
             ("WEBHOOK_RETRY_BASE", setting(self.retry_base)),
             ("WEBHOOK_RETRY_MAX", setting(self.retry_max)),
             ("WEBHOOK_POLL_INTERVAL", setting(self.poll_interval)),
+            ("DATABASE_ACQUIRE_TIMEOUT", setting(self.acquire_timeout)),
         ]
     }
 
     /// How long a claimed delivery is held: a worker killed mid-attempt
     /// leaves it due again after this.
     fn lease(&self) -> Duration {
-        self.timeout + LEASE_MARGIN
+        self.timeout + self.acquire_timeout + LEASE_MARGIN
     }
 
     /// How long a due delivery may wait for its attempt to end: the next
@@ -266,11 +270,16 @@ async fn a_worker_killed_between_the_receivers_2xx_and_its_record_sends_again_an
     // Started again after each abort, until every delivery has ended. Each
     // abort ends a claim whose deliveries are due again after the lease;
     // every claim sends at least one delivery its first time, so there are
-    // at most as many aborts as deliveries.
+    // at most as many aborts as deliveries. How many there are depends on
+    // how the sends of one claim interleave, so the time allowed is per
+    // step, not in all: after each abort, or each delivery ended, the next
+    // one comes within a lease and an attempt.
     let deliveries = 2 * events;
-    let deadline = Instant::now() + (DELIVERY.lease() + SLACK) * (deliveries as u32 + 1);
+    let step = DELIVERY.lease() + DELIVERY.attempted_within();
     let mut aborts = 0;
     start_through_aborts(&mut hooks, &mut aborts).await;
+    let mut deadline = Instant::now() + step;
+    let mut last_pending = i64::MAX;
     loop {
         let pending: i64 =
             sqlx::query_scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'")
@@ -280,20 +289,29 @@ async fn a_worker_killed_between_the_receivers_2xx_and_its_record_sends_again_an
         if pending == 0 {
             break;
         }
+        if pending < last_pending {
+            last_pending = pending;
+            deadline = Instant::now() + step;
+        }
         if !hooks.alive() {
             let status = hooks.wait_exit().await;
             assert!(!status.success(), "aborted, as kill -9 would: {status}");
             aborts += 1;
             start_through_aborts(&mut hooks, &mut aborts).await;
+            deadline = Instant::now() + step;
         }
         assert!(
             Instant::now() < deadline,
-            "timed out waiting until every delivery ended ({pending} pending, {aborts} aborts)"
+            "no delivery ended and no abort within {step:?} ({pending} pending, {aborts} aborts)"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eprintln!("{deliveries} deliveries, {aborts} aborts");
     assert!(aborts >= 1, "the worker was killed");
+    assert!(
+        aborts <= deliveries,
+        "each abort cost at least one delivery its first send: {aborts} aborts for {deliveries}"
+    );
     let log = hooks.log_text();
     assert_eq!(
         log.matches("fault injection: aborting the process").count(),
