@@ -24,6 +24,10 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
 
+/// The service's allocator, so that the ceiling is built as the service is.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The answer sent to every request.
 struct Saved {
     status: StatusCode,

@@ -2,6 +2,10 @@
 
 use oncepay::cli::{Cli, CliError};
 
+/// mimalloc rather than the system allocator: see `docs/performance.md`.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     // A missing .env is fine (the environment may hold everything); a

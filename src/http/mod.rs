@@ -54,8 +54,8 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
 
 /// The whole API, and Swagger UI at `/docs`. Layers, from the outside in:
 /// fault injection (outside everything, see `faults::drop_response`),
-/// request id, tracing span, metrics, Stripe's headers, problem bodies, panic catcher,
-/// timeout, body limit.
+/// request id, tracing span, the way out (metrics, Stripe's headers, problem
+/// bodies: `observe::finish`), panic catcher, timeout, body limit.
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
     let timeout = state.config.request_timeout;
@@ -84,9 +84,7 @@ pub fn router(state: AppState) -> Router {
             )
             .into_response()
         }))
-        .layer(axum::middleware::from_fn(observe::finish_problems))
-        .layer(axum::middleware::from_fn(stripe::headers))
-        .layer(axum::middleware::from_fn(observe::measure))
+        .layer(axum::middleware::from_fn(observe::finish))
         // Spans carry no headers: Authorization and API keys are never logged.
         .layer(
             TraceLayer::new_for_http()

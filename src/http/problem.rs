@@ -20,7 +20,7 @@ impl IntoResponse for Problem {
         for (name, value) in &self.headers {
             response.headers_mut().append(name.clone(), value.clone());
         }
-        // For `observe::finish_problems`, which adds the request id.
+        // For `observe::finish`, which adds the request id.
         response.extensions_mut().insert(self);
         response
     }

@@ -3,12 +3,9 @@
 //! `Stripe-Should-Retry` on errors where their retry decision matters, and
 //! a `400` for a reused key when the client says it speaks Stripe's API.
 
-use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::Response;
 
-use super::observe::REQUEST_ID;
 use crate::problem::{Problem, ProblemCode};
 
 /// The request id as the SDKs read it into `error.request_id`.
@@ -18,12 +15,11 @@ pub const SHOULD_RETRY: HeaderName = HeaderName::from_static("stripe-should-retr
 /// Sent by every Stripe SDK.
 pub const STRIPE_VERSION: HeaderName = HeaderName::from_static("stripe-version");
 
-/// Adds `Request-Id` (the same value as `X-Request-Id`) to every response,
-/// and `Stripe-Should-Retry` to the errors [`should_retry`] has a word for.
-/// Saved answers get the headers too: only their bytes are untouchable.
-pub async fn headers(request: Request, next: Next) -> Response {
-    let id = request.headers().get(REQUEST_ID).cloned();
-    let mut response = next.run(request).await;
+/// Adds `Request-Id` (the same value as `X-Request-Id`, here `id`) to
+/// every response, and `Stripe-Should-Retry` to the errors
+/// [`should_retry`] has a word for. Saved answers get the headers too: only
+/// their bytes are untouchable. Called by [`super::observe::finish`].
+pub fn add_headers(response: &mut Response, id: Option<HeaderValue>) {
     if let Some(id) = id {
         response.headers_mut().insert(STRIPE_REQUEST_ID, id);
     }
@@ -32,7 +28,6 @@ pub async fn headers(request: Request, next: Next) -> Response {
             .headers_mut()
             .insert(SHOULD_RETRY, HeaderValue::from_static(retry));
     }
-    response
 }
 
 /// `true` where the same request may get another answer later (`409`: the
