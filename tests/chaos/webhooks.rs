@@ -21,9 +21,6 @@ use crate::harness::{
     scale, wait_until_delivered, webhook_violations,
 };
 
-/// How long a claim holds a delivery beyond the attempt's timeout and the
-/// wait for a connection (the worker's `LEASE_MARGIN`).
-const LEASE_MARGIN: Duration = Duration::from_secs(5);
 /// The most deliveries one pass of a worker claims (the worker's `BATCH`).
 const BATCH: usize = 32;
 
@@ -60,9 +57,20 @@ impl Delivery {
     }
 
     /// How long a claimed delivery is held: a worker killed mid-attempt
-    /// leaves it due again after this.
+    /// leaves it due again after this. The worker's own definition, so that
+    /// the two cannot drift apart.
     fn lease(&self) -> Duration {
-        self.timeout + self.acquire_timeout + LEASE_MARGIN
+        oncepay::webhooks::deliver::DeliverySettings {
+            timeout: self.timeout,
+            max_attempts: 16,
+            retry_base: self.retry_base,
+            retry_max: self.retry_max,
+            disable_after: Duration::from_secs(72 * 3600),
+            poll_interval: self.poll_interval,
+            acquire_timeout: self.acquire_timeout,
+            fault_injection: true,
+        }
+        .lease()
     }
 
     /// How long a due delivery may wait for its attempt to end: the next
