@@ -2,7 +2,7 @@
 //! `application/x-www-form-urlencoded`, within `MAX_BODY_BYTES`) and path
 //! parameters.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
@@ -57,6 +57,8 @@ pub struct IdempotentPost {
     pub fault: Option<Fault>,
     /// From `Prefer: wait=N`.
     pub wait: Duration,
+    /// When the request arrived (see [`observe::Arrived`]).
+    pub arrived: Instant,
     pub params: Params,
 }
 
@@ -70,6 +72,7 @@ impl IdempotentPost {
             key: self.key,
             wait: self.wait,
             fault: self.fault,
+            arrived: self.arrived,
         };
         (guard, self.params)
     }
@@ -80,6 +83,10 @@ impl FromRequest<AppState> for IdempotentPost {
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let headers = req.headers().clone();
+        let arrived = req
+            .extensions()
+            .get::<observe::Arrived>()
+            .map_or_else(Instant::now, |arrived| arrived.0);
         let RawBody(body) = RawBody::from_request(req, state).await?;
         let key = idempotent::key_from_headers(state, &headers)?;
         let fault = faults::from_headers(state, &headers)?;
@@ -92,6 +99,7 @@ impl FromRequest<AppState> for IdempotentPost {
             key,
             fault,
             wait: idempotent::prefer_wait(&headers),
+            arrived,
             params,
         })
     }

@@ -18,6 +18,11 @@ use crate::problem::{CONTENT_TYPE, Problem, ProblemCode};
 
 pub const REQUEST_ID: &str = "x-request-id";
 
+/// When a request arrived, taken outside `REQUEST_TIMEOUT`'s layer: its
+/// work may begin only before that timeout would have answered it.
+#[derive(Clone, Copy, Debug)]
+pub struct Arrived(pub Instant);
+
 /// Makes each request's id: a UUID v4 from the thread's CSPRNG (`rand`),
 /// rather than tower-http's `MakeRequestUuid`, whose `Uuid::new_v4` asks
 /// the operating system for every id (a system call per request, seen in
@@ -93,8 +98,9 @@ pub fn span(request: &Request) -> Span {
 /// ([`super::stripe::add_headers`]), then the request's metrics
 /// ([`measure`]). One layer rather than three: each layer of the router is
 /// cloned and boxed for every request (seen in the replay profile).
-pub async fn finish(request: Request, next: Next) -> Response {
+pub async fn finish(mut request: Request, next: Next) -> Response {
     let started = Instant::now();
+    request.extensions_mut().insert(Arrived(started));
     let method = method_label(request.method());
     let route = route(&request);
     let id = request.headers().get(REQUEST_ID).cloned();

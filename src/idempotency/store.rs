@@ -186,6 +186,20 @@ pub struct Claim<'a> {
     /// none: its key is never left `processing`.
     pub resource: Option<&'a Resource>,
     pub ttl: Duration,
+    /// When the claiming request arrived: an expired answer is taken over
+    /// only if it was saved before then (see [`claim`]).
+    pub arrived: Instant,
+}
+
+impl Claim<'_> {
+    /// How long ago the request arrived, in milliseconds, taken just before
+    /// the claim's statement is sent. The statement subtracts it from
+    /// `statement_timestamp()` (when the database received the statement),
+    /// so the rule compares two readings of the database's clock and no
+    /// instance's wall clock plays a part.
+    fn age_ms(&self) -> f64 {
+        self.arrived.elapsed().as_secs_f64() * 1000.0
+    }
 }
 
 #[derive(Debug)]
@@ -201,11 +215,15 @@ pub enum ClaimOutcome {
 }
 
 /// Claims a key in one statement: insert it, or take over a completed row
-/// that has expired (an expired key counts as never seen). A row still
+/// that has expired (an expired key counts as never seen) and whose answer
+/// was saved before the claiming request arrived. A row still
 /// `processing` is never taken over, however old: its request may still be
-/// at work, so it is settled first (sweeper or stale retry). When neither happens, the
-/// conflicting row is locked by the statement and read in the same
-/// transaction, so the answer is built from a committed, current row.
+/// at work, so it is settled first (sweeper or stale retry). An answer saved
+/// after the request arrived may be the answer to this very operation, made
+/// by a retry of it while this request waited: it is replayed, never
+/// replaced. When no claim happens, the conflicting row is locked by the
+/// statement and read in the same transaction, so the answer is built from
+/// a committed, current row.
 pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<ClaimOutcome> {
     let claimed = sqlx::query_scalar!(
         r#"INSERT INTO idempotency_keys
@@ -230,6 +248,8 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
              completed_at = NULL
          WHERE idempotency_keys.expires_at <= now()
            AND idempotency_keys.status = 'completed'
+           AND idempotency_keys.completed_at
+               < statement_timestamp() - $9::float8 * interval '1 millisecond'
          RETURNING xmax <> 0 AS "took_over!""#,
         claim.merchant_id,
         claim.key.as_str(),
@@ -239,6 +259,7 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
         claim.resource.and_then(Resource::charge_id),
         claim.ttl.as_millis() as f64,
         claim.resource.and_then(Resource::refund_id),
+        claim.age_ms(),
     )
     .fetch_optional(&mut *tx)
     .await?;
@@ -305,7 +326,7 @@ pub async fn claim_with_charge(
         r#"WITH existing AS (
                SELECT key, status, request_method, request_path, fingerprint, charge_id,
                       refund_id, response_status, response_content_type, response_location,
-                      response_body, created_at, expires_at,
+                      response_body, created_at, expires_at, completed_at,
                       (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8
                           AS remaining_ms
                  FROM idempotency_keys WHERE merchant_id = $1 AND key = $2),
@@ -316,7 +337,9 @@ pub async fn claim_with_charge(
                SELECT $1, $2, 'processing', $3, $4, $5, $6,
                       now(), now(), now() + $7::float8 * interval '1 millisecond'
                 WHERE NOT EXISTS (SELECT 1 FROM existing
-                                   WHERE status = 'processing' OR expires_at > now())
+                                   WHERE status = 'processing' OR expires_at > now()
+                                      OR completed_at >= statement_timestamp()
+                                                         - $13::float8 * interval '1 millisecond')
                ON CONFLICT (merchant_id, key) DO UPDATE SET
                    status = 'processing',
                    request_method = EXCLUDED.request_method,
@@ -334,6 +357,8 @@ pub async fn claim_with_charge(
                    completed_at = NULL
                WHERE idempotency_keys.expires_at <= now()
                  AND idempotency_keys.status = 'completed'
+                 AND idempotency_keys.completed_at
+                     < statement_timestamp() - $13::float8 * interval '1 millisecond'
                RETURNING xmax <> 0 AS took_over),
            charge AS (
                INSERT INTO charges (id, merchant_id, amount, currency, source, description,
@@ -361,6 +386,7 @@ pub async fn claim_with_charge(
         charge.source,
         charge.description,
         charge.metadata,
+        claim.age_ms(),
     )
     .fetch_one(db)
     .await?;

@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::faults::Fault;
 use crate::idempotency::store::{FirstClaim, PendingCharge};
 use crate::idempotency::{Claim, Resource, SavedResponse, store as keys};
-use crate::operation::{Operation, Written};
+use crate::operation::{Operation, Written, claim};
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{self, Authorization, Outcome, Processor, ProcessorError};
 use crate::retry_after;
@@ -63,6 +63,7 @@ impl Operation for CreateCharge {
     async fn claim_with_record(
         &mut self,
         state: &AppState,
+        request: &claim::Request,
         claim: &Claim<'_>,
     ) -> Result<Option<FirstClaim>, Error> {
         let metadata = serde_json::to_string(&self.charge.metadata).expect("metadata serialises");
@@ -74,7 +75,8 @@ impl Operation for CreateCharge {
             description: self.charge.description.as_deref(),
             metadata: &metadata,
         };
-        let first = keys::claim_with_charge(&state.pool, claim, &pending).await?;
+        let mut db = request.connection(state).await?;
+        let first = keys::claim_with_charge(&mut *db, claim, &pending).await?;
         if let FirstClaim::Claimed { created_at, .. } = &first {
             self.pending = Some(Charge {
                 id: self.id.clone(),

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::pool::PoolConnection;
 use sqlx::{Postgres, Transaction};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,6 +20,7 @@ use crate::idempotency::{
     Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
     StoredKey, store as keys,
 };
+use crate::problem::{Problem, ProblemCode};
 use crate::telemetry::metrics;
 
 /// How long before `REQUEST_TIMEOUT` a wait gives up, so that its `409`
@@ -39,6 +41,65 @@ pub struct Request {
     /// Cancelled when the client hangs up (see [`crate::operation::run`]):
     /// a wait for a key in flight stops then, while claimed work goes on.
     pub client_gone: CancellationToken,
+    /// When the request arrived.
+    pub arrived: std::time::Instant,
+}
+
+impl Request {
+    /// When `REQUEST_TIMEOUT` answers the request at the latest.
+    fn deadline(&self, state: &AppState) -> Instant {
+        Instant::from_std(self.arrived) + state.config.request_timeout
+    }
+
+    /// Whether this request may still begin work: its client still waits
+    /// for the answer and its deadline has not passed. A request answered
+    /// `503` was told to retry, and its retry may have done the work by
+    /// now, on this instance or another; if it began the work later, with
+    /// the key expired or deleted meanwhile, it would do it a second time.
+    /// So whatever claims or writes checks this first, on a connection
+    /// already in hand, with nothing left to wait for before it is sent.
+    fn still_answered(&self, state: &AppState) -> Result<(), Error> {
+        if self.client_gone.is_cancelled() || Instant::now() >= self.deadline(state) {
+            tracing::info!(
+                waited_ms = self.arrived.elapsed().as_millis() as u64,
+                "the request was answered before its work could begin; nothing claimed"
+            );
+            metrics::idempotency("answered_before_claim");
+            return Err(too_late());
+        }
+        Ok(())
+    }
+
+    /// A pooled connection for a claim, waited for only until the request's
+    /// deadline; an error once the request was answered (see
+    /// [`Request::still_answered`]).
+    pub async fn connection(&self, state: &AppState) -> Result<PoolConnection<Postgres>, Error> {
+        let db = tokio::time::timeout_at(self.deadline(state), state.pool.acquire())
+            .await
+            .map_err(|_| self.still_answered(state).err().unwrap_or_else(too_late))??;
+        self.still_answered(state)?;
+        Ok(db)
+    }
+
+    /// A transaction for a claim, as [`Request::connection`].
+    async fn transaction(&self, state: &AppState) -> Result<Transaction<'static, Postgres>, Error> {
+        let tx = tokio::time::timeout_at(self.deadline(state), state.pool.begin())
+            .await
+            .map_err(|_| self.still_answered(state).err().unwrap_or_else(too_late))??;
+        self.still_answered(state)?;
+        Ok(tx)
+    }
+}
+
+/// The error of a request whose work did not begin before it was answered
+/// (the client already has `503 request_timeout`, or hung up).
+fn too_late() -> Error {
+    Problem::new(
+        ProblemCode::RequestTimeout,
+        "The request took too long and was stopped before any work began. Retry (a POST with the same Idempotency-Key).",
+    )
+    .with_retry_after(crate::retry_after::SOON)
+    .into()
 }
 
 /// What a request's key says, once claimed or read.
@@ -91,7 +152,7 @@ pub async fn begin(
     resource: Option<&Resource>,
 ) -> Result<Begun, Error> {
     let Some(key) = &request.key else {
-        return Ok(Begun::Claimed(state.pool.begin().await?));
+        return Ok(Begun::Claimed(request.transaction(state).await?));
     };
     if let Some(begun) = from_cache(state, request, route)? {
         return Ok(begun);
@@ -133,14 +194,13 @@ pub async fn after_read(
     found: Option<StoredKey>,
 ) -> Result<Begun, Error> {
     let Some(key) = &request.key else {
-        return Ok(Begun::Claimed(state.pool.begin().await?));
+        return Ok(Begun::Claimed(request.transaction(state).await?));
     };
     // A wait ends in time to answer `409` before `REQUEST_TIMEOUT` would
     // answer `503` in its place.
-    let wait = request
-        .wait
-        .min(state.config.request_timeout.saturating_sub(WAIT_MARGIN));
-    let deadline = Instant::now() + wait;
+    let deadline = (Instant::now() + request.wait)
+        .min(request.deadline(state) - WAIT_MARGIN.min(state.config.request_timeout));
+    let wait = deadline.saturating_duration_since(Instant::now());
     let mut step = Step::Claim;
     // When this request last had a read of the key of its own finished: only
     // shared polls begun after it can tell it anything new.
@@ -163,7 +223,7 @@ pub async fn after_read(
     loop {
         step = match step {
             Step::Claim => {
-                let mut tx = state.pool.begin().await?;
+                let mut tx = request.transaction(state).await?;
                 let claim = Claim {
                     merchant_id: request.merchant_id,
                     key,
@@ -172,6 +232,7 @@ pub async fn after_read(
                     fingerprint: request.fingerprint,
                     resource,
                     ttl: state.config.idempotency_key_ttl,
+                    arrived: request.arrived,
                 };
                 let claimed = keys::claim(&mut tx, claim).await?;
                 known_at = Instant::now();
@@ -199,6 +260,7 @@ pub async fn after_read(
                 Step::Lease
             }
             Step::Lease => {
+                request.still_answered(state)?;
                 let stale = keys::lease_one(
                     &state.pool,
                     request.merchant_id,

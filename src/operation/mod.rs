@@ -57,6 +57,9 @@ pub struct Guard {
     pub wait: Duration,
     /// Where to fail on purpose (`FAULT_INJECTION=true` only).
     pub fault: Option<Fault>,
+    /// When the request arrived: its work may begin only while its client
+    /// still waits for the answer, and before `REQUEST_TIMEOUT` from here.
+    pub arrived: std::time::Instant,
 }
 
 /// The answer to a guarded operation.
@@ -101,12 +104,15 @@ pub trait Operation: Send + Sync + 'static {
     /// reads what the key holds (as the plain read of [`claim::begin`]
     /// would). `None`, the default: the kind has no such statement, and the
     /// claim runs in a transaction with [`Operation::write_pending`].
+    /// The statement runs on a connection from [`claim::Request::connection`],
+    /// so that it is never sent once the request was answered.
     fn claim_with_record(
         &mut self,
         state: &AppState,
+        request: &claim::Request,
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<Option<FirstClaim>, Error>> + Send {
-        let _ = (state, claim);
+        let _ = (state, request, claim);
         async { Ok(None) }
     }
     /// Step 2: writes the pending record in the claim's transaction.
@@ -152,7 +158,8 @@ pub trait Operation: Send + Sync + 'static {
 /// answers from it, does the work, settles. Steps 2 to 4 run in a task of
 /// [`AppState::tasks`]; if this future is dropped (the client hung up, or
 /// `REQUEST_TIMEOUT` passed), a wait for a key in flight stops, while claimed
-/// work goes on to the end.
+/// work goes on to the end. Work not yet claimed by then never is: the
+/// client was told to retry, and its retry may already have done it.
 pub async fn run<O: Operation>(
     state: &AppState,
     guard: Guard,
@@ -169,6 +176,7 @@ pub async fn run<O: Operation>(
         fingerprint,
         wait: guard.wait,
         client_gone,
+        arrived: guard.arrived,
     };
     // A retry of a finished operation is answered from memory here, with
     // no task: there is no work that a hang-up could cut short.
@@ -211,8 +219,12 @@ async fn claim_and_work<O: Operation>(
                 fingerprint: request.fingerprint,
                 resource: Some(&resource),
                 ttl: state.config.idempotency_key_ttl,
+                arrived: request.arrived,
             };
-            match operation.claim_with_record(&state, &first).await? {
+            match operation
+                .claim_with_record(&state, &request, &first)
+                .await?
+            {
                 None => claim::begin(&state, &request, O::ROUTE, Some(&resource)).await?,
                 Some(FirstClaim::Claimed { took_over, .. }) => {
                     metrics::idempotency(if took_over {

@@ -43,6 +43,7 @@ pub async fn run<W: Write>(state: &AppState, guard: Guard, write: W) -> Result<A
         fingerprint,
         wait: guard.wait,
         client_gone,
+        arrived: guard.arrived,
     };
     let mut tx = match claim::begin(state, &request, W::ROUTE, None).await? {
         Begun::Claimed(tx) => tx,

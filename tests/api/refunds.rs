@@ -997,3 +997,104 @@ async fn a_full_refund_that_waits_for_another_reservation_refunds_exactly_the_re
     );
     assert_eq!(app.amount_refunded(&charge).await, 2000);
 }
+
+/// The order that answered a same-key duplicate of a refund `400
+/// charge_already_refunded`: the duplicate reads its key while the first
+/// request is still at work, so it goes on to claim; before its claim
+/// statement runs, the first request completes the key (the whole charge
+/// refunded) and the answer expires. Taking the expired answer over would
+/// run the refund again, find nothing left to refund, and answer the
+/// duplicate with a refusal of a refund that in fact succeeded. The answer
+/// was saved after the duplicate arrived, so it is replayed instead.
+#[tokio::test]
+async fn a_same_key_duplicate_that_claims_after_its_answer_expired_replays_it() {
+    // No cache: the duplicate reads the key from the database.
+    let app = spawn_app_with(Settings::new().set("REPLAY_CACHE_BYTES", 0)).await;
+    let charge = app.paid_charge(2000).await;
+    let first = Answer::of(app.post_refund(Some("dup"), &refund(&charge, None)).await).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let saved: (i16, Vec<u8>) = sqlx::query_as(
+        "SELECT response_status, response_body FROM idempotency_keys WHERE key = 'dup'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+
+    // The first request, as the duplicate will read it: still at work.
+    sqlx::query(
+        "UPDATE idempotency_keys
+            SET status = 'processing', response_status = NULL, response_content_type = NULL,
+                response_location = NULL, response_body = NULL, completed_at = NULL,
+                locked_at = now()
+          WHERE key = 'dup'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    // The first request's settle, held open on the key's row.
+    let mut settle = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = 'dup' FOR UPDATE")
+        .execute(&mut *settle)
+        .await
+        .unwrap();
+
+    let duplicate = {
+        let app_url = app.url("/v1/refunds");
+        let (client, api_key, body) = (
+            app.client.clone(),
+            app.api_key.clone(),
+            refund(&charge, None),
+        );
+        tokio::spawn(async move {
+            client
+                .post(app_url)
+                .bearer_auth(api_key)
+                .header("Idempotency-Key", "dup")
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    // The duplicate read the key in flight and its claim now waits on the row.
+    crate::helpers::until(
+        Duration::from_secs(10),
+        "the duplicate's claim waits",
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+                > 0
+        },
+    )
+    .await;
+    // The first request completes the key, and its answer expires.
+    sqlx::query(
+        "UPDATE idempotency_keys
+            SET status = 'completed', response_status = $1, response_content_type = 'application/json',
+                response_body = $2, completed_at = clock_timestamp(), locked_at = NULL,
+                expires_at = clock_timestamp() - interval '1 second'
+          WHERE key = 'dup'",
+    )
+    .bind(saved.0)
+    .bind(&saved.1)
+    .execute(&mut *settle)
+    .await
+    .unwrap();
+    settle.commit().await.unwrap();
+
+    let duplicate = Answer::of(duplicate.await.unwrap()).await;
+    assert_eq!(duplicate.status, 201, "{:?}", duplicate.body);
+    assert!(duplicate.replayed());
+    assert_eq!(
+        &duplicate.body[..],
+        &saved.1[..],
+        "the first answer, byte for byte"
+    );
+    assert_eq!(app.refunds().await, 1);
+    assert_eq!(app.processor_refunds().await, 1);
+}

@@ -16,6 +16,7 @@
 #[path = "../common/database.rs"]
 mod database;
 mod harness;
+mod late_claims;
 mod pairing;
 mod refunds;
 mod waits;
