@@ -15,6 +15,7 @@ use crate::idempotency::wait::Waits;
 use crate::merchants::{self, ApiKey};
 use crate::processor::{Processor, SimulatedProcessor};
 use crate::sweeper::{SweepSettings, Sweeper};
+use crate::telemetry::metrics;
 use crate::webhooks::deliver::{DeliverySettings, Worker};
 
 /// A bound, ready server.
@@ -123,6 +124,10 @@ impl Application {
         let mut worker_stop = stop_rx.clone();
         let worker = tokio::spawn(worker.run(async move {
             let _ = worker_stop.wait_for(|stop| *stop).await;
+        }));
+        let mut upkeep_stop = stop_rx.clone();
+        tokio::spawn(metrics::upkeep(self.state.metrics.clone(), async move {
+            let _ = upkeep_stop.wait_for(|stop| *stop).await;
         }));
         tracing::info!(addr = %self.listener.local_addr()?, "oncepay listening");
         let mut stopping = stop_rx.clone();

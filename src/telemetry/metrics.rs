@@ -50,6 +50,26 @@ pub fn handle() -> PrometheusHandle {
         .clone()
 }
 
+/// How often [`upkeep`] drains the recorder.
+pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Drains the recorder's histogram samples into their buckets every
+/// [`UPKEEP_INTERVAL`] until `stop` resolves. The recorder keeps each sample
+/// it is given until something drains it; a scrape of `/metrics` does, but
+/// with nobody scraping, every request's samples would be kept for good and
+/// memory would grow with the number of requests served.
+pub async fn upkeep(handle: PrometheusHandle, stop: impl std::future::Future<Output = ()>) {
+    let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => handle.run_upkeep(),
+            () = &mut stop => return,
+        }
+    }
+}
+
 /// Renders every metric, after sampling the pool's gauges.
 pub fn render(handle: &PrometheusHandle, pool: &PgPool) -> String {
     let size = pool.size() as f64;
