@@ -148,15 +148,23 @@ class Server:
             raise Unusable(f"GET /demo/receivers answered {describe_problem(answer)}")
         return answer.body["receivers"]
 
-    def event_of(self, charge_id, kind):
-        """The event of type KIND about the charge, from the newest events."""
-        answer = self.request("GET", "/v1/events?limit=100&type=" + urllib.parse.quote(kind))
-        if answer.status != 200:
-            raise Unusable(f"GET /v1/events answered {describe_problem(answer)}")
-        for event in answer.body.get("data", []):
-            if event.get("data", {}).get("object", {}).get("id") == charge_id:
-                return event["id"]
-        return None
+    def event_of(self, charge_id, kind, within=5.0):
+        """The event of type KIND about the charge, from the newest events.
+
+        The list shows an event once every transaction that began writing
+        before it has ended, usually at once: it is asked again for up to
+        WITHIN seconds."""
+        deadline = time.monotonic() + within
+        while True:
+            answer = self.request("GET", "/v1/events?limit=100&type=" + urllib.parse.quote(kind))
+            if answer.status != 200:
+                raise Unusable(f"GET /v1/events answered {describe_problem(answer)}")
+            for event in answer.body.get("data", []):
+                if event.get("data", {}).get("object", {}).get("id") == charge_id:
+                    return event["id"]
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.1)
 
     def deliveries(self, event_id):
         answer = self.request("GET", f"/v1/events/{urllib.parse.quote(event_id)}/deliveries")

@@ -1,6 +1,7 @@
 //! The events table's SQL. Events are only ever inserted, by a settle in its
 //! own transaction, together with their webhook deliveries, and read;
-//! nothing updates or deletes one.
+//! nothing updates or deletes one. Each row keeps the id of the transaction
+//! that wrote it (`txid`, the column's default), the list's order.
 
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
@@ -75,13 +76,51 @@ pub async fn find(
     .await
 }
 
-/// Up to `limit` events, newest first, older than the event at `before`
-/// (a `seq`) when given, of the `types` when given.
+/// Where an event stands in the list: the id of the transaction that wrote
+/// it, then its `seq`. A list page is a range of positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Position {
+    pub txid: i64,
+    pub seq: i64,
+}
+
+impl Position {
+    /// After every event: the first page's upper bound.
+    pub const END: Position = Position {
+        txid: i64::MAX,
+        seq: i64::MAX,
+    };
+}
+
+/// The list position of one event, by id; `merchant_id` scopes it.
+pub async fn position(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    id: &str,
+) -> sqlx::Result<Option<Position>> {
+    sqlx::query_as!(
+        Position,
+        "SELECT txid, seq FROM events WHERE merchant_id = $1 AND id = $2",
+        merchant_id,
+        id,
+    )
+    .fetch_optional(db)
+    .await
+}
+
+// The two lists below show an event only once its transaction id is below
+// the xmin of the statement's snapshot: every transaction that began writing
+// before it has ended, so no event can still commit at a position before it,
+// and a client paging forward from any event it was shown misses none.
+// Events written since are held back until then (see docs/decisions.md).
+
+/// Up to `limit` events, newest first, before `before` in the list's order
+/// ([`Position::END`] for the newest), of the `types` when given.
 pub async fn list_older(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
     types: Option<&[&str]>,
-    before: Option<i64>,
+    before: Position,
     limit: i64,
 ) -> sqlx::Result<Vec<Event>> {
     sqlx::query_as!(
@@ -93,26 +132,28 @@ pub async fn list_older(
                       AS "pending_webhooks!"
              FROM events
             WHERE merchant_id = $1
+              AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+              AND (txid, seq) < ($3, $4)
               AND ($2::text[] IS NULL OR type = ANY($2))
-              AND ($3::bigint IS NULL OR seq < $3)
-            ORDER BY seq DESC
-            LIMIT $4"#,
+            ORDER BY txid DESC, seq DESC
+            LIMIT $5"#,
         merchant_id,
         types as Option<&[&str]>,
-        before,
+        before.txid,
+        before.seq,
         limit,
     )
     .fetch_all(db)
     .await
 }
 
-/// Up to `limit` events newer than the event at `after` (a `seq`), the
-/// oldest of them first, of the `types` when given: the page before a cursor.
+/// Up to `limit` events after `after` in the list's order, the oldest of
+/// them first, of the `types` when given: the page before a cursor.
 pub async fn list_newer(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
     types: Option<&[&str]>,
-    after: i64,
+    after: Position,
     limit: i64,
 ) -> sqlx::Result<Vec<Event>> {
     sqlx::query_as!(
@@ -124,13 +165,15 @@ pub async fn list_newer(
                       AS "pending_webhooks!"
              FROM events
             WHERE merchant_id = $1
+              AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+              AND (txid, seq) > ($3, $4)
               AND ($2::text[] IS NULL OR type = ANY($2))
-              AND seq > $3
-            ORDER BY seq
-            LIMIT $4"#,
+            ORDER BY txid, seq
+            LIMIT $5"#,
         merchant_id,
         types as Option<&[&str]>,
-        after,
+        after.txid,
+        after.seq,
         limit,
     )
     .fetch_all(db)

@@ -2,25 +2,22 @@
 //! charges and refunds, written by the settles (see [`crate::events`]).
 
 use axum::Json;
-use axum::extract::{RawQuery, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
-use super::extract::{NoQuery, PathParam};
+use super::extract::{NoQuery, PageParams, PathParam, QueryParams};
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::events::{EventType, store};
-use crate::params::{ParamError, shorten};
-use crate::problem::{Problem, ProblemCode};
+use crate::events::domain::take_type_filter;
+use crate::events::store::{self, Position};
 use crate::webhooks::domain::DeliveryStatus;
 use crate::webhooks::store as webhooks;
 
 const ROUTE: &str = "/v1/events";
-/// The most types one `types[]` filter may name, as Stripe allows.
-const MAX_TYPES: usize = 20;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -48,6 +45,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 async fn retrieve(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
+    _: NoQuery,
     PathParam(id): PathParam,
 ) -> Result<Response, ApiError> {
     match store::find(&state.pool, merchant.id, &id).await? {
@@ -128,7 +126,10 @@ fn no_such_event(id: &str, param: &str) -> ApiError {
     super::problem::no_such("event", id, param)
 }
 
-/// The merchant's events, newest first.
+/// The merchant's events, newest first: in the order their transactions
+/// began writing, each shown once every transaction that began writing
+/// before it has ended, so that paging forward with `ending_before` from an
+/// event the list showed misses none written later.
 #[utoipa::path(
     get,
     path = "/v1/events",
@@ -152,28 +153,15 @@ fn no_such_event(id: &str, param: &str) -> ApiError {
 async fn list(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
-    RawQuery(query): RawQuery,
+    QueryParams(mut params): QueryParams,
 ) -> Result<Response, ApiError> {
-    let query = ListQuery::parse(query.as_deref().unwrap_or(""))?;
-    let types: Option<Vec<&str>> = query
-        .types
-        .as_ref()
-        .map(|types| types.iter().map(|t| t.as_str()).collect());
+    let types = take_type_filter(&mut params)?;
+    let PageParams { limit, cursor } = PageParams::take(params, "event")?;
+    let types: Option<Vec<&str>> = types.map(|types| types.iter().map(|t| t.as_str()).collect());
     let types = types.as_deref();
-    let limit = query.limit;
-    let cursor = |id: &str, param: &'static str| {
-        let pool = state.pool.clone();
-        let id = id.to_owned();
-        async move {
-            match store::find(&pool, merchant.id, &id).await? {
-                Some(event) => Ok::<_, ApiError>(event.seq),
-                None => Err(no_such_event(&id, param)),
-            }
-        }
-    };
-    let (events, has_more) = match &query.page {
-        Page::EndingBefore(id) => {
-            let after = cursor(id, "ending_before").await?;
+    let (events, has_more) = match cursor {
+        Some((name @ "ending_before", id)) => {
+            let after = cursor_position(&state, merchant.id, name, &id).await?;
             let mut events =
                 store::list_newer(&state.pool, merchant.id, types, after, limit + 1).await?;
             let has_more = events.len() as i64 > limit;
@@ -182,10 +170,10 @@ async fn list(
             events.reverse();
             (events, has_more)
         }
-        page => {
-            let before = match page {
-                Page::StartingAfter(id) => Some(cursor(id, "starting_after").await?),
-                _ => None,
+        cursor => {
+            let before = match cursor {
+                Some((name, id)) => cursor_position(&state, merchant.id, name, &id).await?,
+                None => Position::END,
             };
             let mut events =
                 store::list_older(&state.pool, merchant.id, types, before, limit + 1).await?;
@@ -204,162 +192,14 @@ async fn list(
     .into_response())
 }
 
-/// Which page of the list.
-#[derive(Debug, PartialEq, Eq)]
-enum Page {
-    First,
-    StartingAfter(String),
-    EndingBefore(String),
-}
-
-/// The list's query, validated.
-#[derive(Debug)]
-struct ListQuery {
-    limit: i64,
-    page: Page,
-    /// `None`: every type.
-    types: Option<Vec<EventType>>,
-}
-
-impl ListQuery {
-    fn parse(query: &str) -> Result<Self, ApiError> {
-        let mut limit = 10_i64;
-        let mut page = Page::First;
-        let mut one_type = None;
-        let mut types: Option<Vec<EventType>> = None;
-        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
-            match name.as_ref() {
-                "limit" => {
-                    limit = value
-                        .parse()
-                        .ok()
-                        .filter(|l| (1..=100).contains(l))
-                        .ok_or_else(|| {
-                            Problem::new(
-                                ProblemCode::ParameterInvalidInteger,
-                                "limit must be a whole number from 1 to 100",
-                            )
-                            .with_param("limit")
-                        })?;
-                }
-                cursor @ ("starting_after" | "ending_before") => {
-                    // No id contains NUL (and Postgres text cannot hold it).
-                    if value.contains('\0') {
-                        return Err(no_such_event("\\u0000", cursor));
-                    }
-                    let id = value.into_owned();
-                    page = match (&page, cursor) {
-                        (Page::EndingBefore(_), "starting_after")
-                        | (Page::StartingAfter(_), "ending_before") => {
-                            return Err(exclusive("starting_after", "ending_before"));
-                        }
-                        (_, "starting_after") => Page::StartingAfter(id),
-                        _ => Page::EndingBefore(id),
-                    };
-                }
-                "type" => one_type = Some(event_type(&value, "type")?),
-                name if is_types_entry(name) => {
-                    let types = types.get_or_insert_with(Vec::new);
-                    if types.len() == MAX_TYPES {
-                        return Err(Problem::new(
-                            ProblemCode::ParameterTooLong,
-                            format!("types can name at most {MAX_TYPES} event types"),
-                        )
-                        .with_param("types")
-                        .into());
-                    }
-                    types.push(event_type(&value, "types")?);
-                }
-                other => return Err(ParamError::unknown(other).into()),
-            }
-        }
-        let types = match (one_type, types) {
-            (Some(_), Some(_)) => return Err(exclusive("type", "types")),
-            (Some(one), None) => Some(vec![one]),
-            (None, types) => types,
-        };
-        Ok(ListQuery { limit, page, types })
-    }
-}
-
-/// `types[]` or `types[N]`, as the Stripe SDKs send an array.
-fn is_types_entry(name: &str) -> bool {
-    name.strip_prefix("types[")
-        .and_then(|rest| rest.strip_suffix(']'))
-        .is_some_and(|index| index.bytes().all(|b| b.is_ascii_digit()))
-}
-
-fn event_type(value: &str, param: &str) -> Result<EventType, ApiError> {
-    EventType::parse(value).ok_or_else(|| {
-        let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
-        Problem::new(
-            ProblemCode::InvalidEventType,
-            format!(
-                "Invalid event type: {}. Use one of {}",
-                shorten(value),
-                known.join(", ")
-            ),
-        )
-        .with_param(param)
-        .into()
-    })
-}
-
-fn exclusive(one: &str, other: &str) -> ApiError {
-    Problem::new(
-        ProblemCode::ParametersExclusive,
-        format!("Send {one} or {other}, not both."),
-    )
-    .with_param(other)
-    .into()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn code(query: &str) -> String {
-        match ListQuery::parse(query) {
-            Ok(q) => panic!("{query} parsed: {q:?}"),
-            Err(ApiError(crate::error::Error::Problem(p))) => p.code.as_str().to_owned(),
-            Err(e) => panic!("{e:?}"),
-        }
-    }
-
-    #[test]
-    fn a_list_query_reads_every_parameter() {
-        let q = ListQuery::parse("limit=3&starting_after=evt_1&type=charge.failed").unwrap();
-        assert_eq!(q.limit, 3);
-        assert_eq!(q.page, Page::StartingAfter("evt_1".into()));
-        assert_eq!(q.types, Some(vec![EventType::ChargeFailed]));
-        let q =
-            ListQuery::parse("ending_before=evt_2&types[]=refund.failed&types[1]=charge.refunded")
-                .unwrap();
-        assert_eq!((q.limit, q.page), (10, Page::EndingBefore("evt_2".into())));
-        assert_eq!(
-            q.types,
-            Some(vec![EventType::RefundFailed, EventType::ChargeRefunded])
-        );
-        assert!(ListQuery::parse("").unwrap().types.is_none());
-    }
-
-    #[test]
-    fn bad_list_queries_are_refused_with_their_code() {
-        assert_eq!(code("limit=0"), "parameter_invalid_integer");
-        assert_eq!(code("limit=101"), "parameter_invalid_integer");
-        assert_eq!(code("type=charge.*"), "invalid_event_type");
-        assert_eq!(code("types[]=charge"), "invalid_event_type");
-        assert_eq!(
-            code("starting_after=evt_1&ending_before=evt_2"),
-            "parameters_exclusive"
-        );
-        assert_eq!(
-            code("type=charge.failed&types[]=charge.failed"),
-            "parameters_exclusive"
-        );
-        assert_eq!(code("types[x]=charge.failed"), "parameter_unknown");
-        assert_eq!(code("created=5"), "parameter_unknown");
-        let many = vec!["types[]=charge.failed"; 21].join("&");
-        assert_eq!(code(&many), "parameter_too_long");
-    }
+/// Where the cursor event `id`, given as parameter `name`, stands in the list.
+async fn cursor_position(
+    state: &AppState,
+    merchant_id: uuid::Uuid,
+    name: &str,
+    id: &str,
+) -> Result<Position, ApiError> {
+    store::position(&state.pool, merchant_id, id)
+        .await?
+        .ok_or_else(|| no_such_event(id, name))
 }
