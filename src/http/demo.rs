@@ -87,7 +87,8 @@ async fn effects(
     RawQuery(query): RawQuery,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let mut run = None;
-    for (name, value) in form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
+    for pair in crate::params::form_pairs(query.as_deref().unwrap_or("").as_bytes()) {
+        let (name, value) = pair?;
         match name.as_ref() {
             "run" if !value.contains('\0') => run = Some(value.into_owned()),
             other => return Err(ParamError::unknown(other).into()),

@@ -227,7 +227,8 @@ impl ListQuery {
         let mut page = Page::First;
         let mut one_type = None;
         let mut types: Option<Vec<EventType>> = None;
-        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+        for pair in crate::params::form_pairs(query.as_bytes()) {
+            let (name, value) = pair?;
             match name.as_ref() {
                 "limit" => {
                     limit = value
