@@ -530,9 +530,11 @@ pub struct Health {
 
 /// An error (RFC 9457). `code` is stable and machine-readable; `param`
 /// names the parameter at fault; `charge` names the failed charge of a
-/// decline; `request_id` is the request's `X-Request-Id` (absent from a
-/// replayed answer, which is sent exactly as first saved); `error` is the
-/// same problem in Stripe's shape, for the Stripe SDKs.
+/// decline; `request_id` is the request's `X-Request-Id` (a saved decline
+/// names the request that first got it, and its replays, sent exactly as
+/// first saved, name that one too; it is absent when recovery settled the
+/// charge); `error` is the same problem in Stripe's shape, for the Stripe
+/// SDKs.
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct Problem {
