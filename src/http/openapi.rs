@@ -86,9 +86,15 @@ impl Modify for Security {
     get,
     path = "/openapi.json",
     tag = "operations",
-    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json"))
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json"),
+        (status = 400, response = BadRequest)
+    )
 )]
-pub async fn openapi_json(State(state): State<AppState>) -> Json<utoipa::openapi::OpenApi> {
+pub async fn openapi_json(
+    State(state): State<AppState>,
+    _: super::extract::NoQuery,
+) -> Json<utoipa::openapi::OpenApi> {
     Json(super::api(&state.config).split_for_parts().1)
 }
 

@@ -387,3 +387,31 @@ async fn a_request_over_the_timeout_gets_a_problem_and_its_work_still_completes(
     assert!(retry.replayed());
     assert_eq!((app.charges().await, app.payments().await), (1, 1));
 }
+
+#[tokio::test]
+async fn the_operational_routes_refuse_unknown_query_parameters_like_every_other_route() {
+    let app = spawn_app().await;
+    for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
+        let plain = app.client.get(app.url(path)).send().await.unwrap();
+        assert_eq!(plain.status(), 200, "{path}");
+        let unknown = Answer::of(
+            app.client
+                .get(app.url(&format!("{path}?verbose=1")))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        unknown.assert_problem(400, "parameter_unknown");
+        assert_eq!(unknown.json()["param"], "verbose", "{path}");
+        let expand = Answer::of(
+            app.client
+                .get(app.url(&format!("{path}?expand[]=x")))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        expand.assert_problem(400, "property_not_expandable");
+    }
+}
