@@ -27,7 +27,8 @@ Send an `Idempotency-Key` (one per logical operation) with every POST: a retry g
 `Prefer: wait=N`), and a key reused with other parameters gets `422` (`400` with a `Stripe-Version` header, \
 as the Stripe SDKs expect). Every error is `application/problem+json` with a stable `code`, and the same error \
 in Stripe's shape under `error`; see the `Problem` schema for the list. Every response carries `Request-Id` \
-(the same as `X-Request-Id`); errors carry `Stripe-Should-Retry` where a retry can or cannot help.",
+(the same as `X-Request-Id`); every error carries `Stripe-Should-Retry`: `true` on `409` and `5xx`, \
+`false` on every other `4xx`.",
         license(name = "MIT")
     ),
     modifiers(&Security),
