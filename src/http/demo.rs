@@ -180,7 +180,9 @@ async fn naive_charge(
 
 /// What the workshop's scenarios need to know of this server, so that a
 /// script or the lab page can say what to turn on before it starts. Moves
-/// no money and reads no table.
+/// no money and reads no table of its own; like every workshop count it
+/// needs the merchant's key (which reads the merchant, from the cache or
+/// `merchants`).
 #[utoipa::path(
     get,
     path = "/demo/settings",
