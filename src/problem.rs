@@ -41,7 +41,7 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `parameter_duplicate` (400): a form repeats a parameter.
 /// - `parameter_invalid_type` (400): a parameter has the wrong type.
 /// - `parameter_invalid_integer` (400): not a whole number (`amount`, `limit`).
-/// - `parameter_invalid_string` (400): a string contains NUL.
+/// - `parameter_invalid_string` (400): a string contains NUL, or a form's bytes are not UTF-8.
 /// - `parameter_too_long` (400): over a length limit.
 /// - `property_not_expandable` (400): `expand` names a property oncepay cannot expand.
 /// - `parameters_exclusive` (400): two parameters that exclude each other.
@@ -98,7 +98,7 @@ pub enum ProblemCode {
     ParameterInvalidType,
     /// 400: not a whole number (`amount`, `limit`).
     ParameterInvalidInteger,
-    /// 400: a string contains NUL.
+    /// 400: a string contains NUL, or a form's bytes are not UTF-8.
     ParameterInvalidString,
     /// 400: over a length limit.
     ParameterTooLong,
