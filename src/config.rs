@@ -71,7 +71,7 @@ pub struct Settings {
     /// Memory for completed answers kept for replay, in bytes; 0 turns the cache off.
     #[arg(long, help_heading = "Idempotency", env = "REPLAY_CACHE_BYTES", default_value = "67108864", value_parser = cache_bytes, global = true)]
     replay_cache_bytes: u64,
-    /// Delay of every simulated authorization, in milliseconds; below PROCESSING_TIMEOUT.
+    /// Delay of every simulated authorization and refund, in milliseconds; below PROCESSING_TIMEOUT.
     #[arg(long, help_heading = "Processor", env = "PROCESSOR_LATENCY_MS", default_value = "0", value_parser = milliseconds, global = true)]
     processor_latency_ms: Duration,
     /// The longest one webhook attempt may take, connecting and answering included.

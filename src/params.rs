@@ -8,8 +8,12 @@
 //!
 //! Neither encoding resolves a repeated parameter silently: a form that
 //! repeats a name, or a JSON object (at any depth) that repeats a key, is
-//! refused with `parameter_duplicate`.
+//! refused with `parameter_duplicate`. Nor does either decode bytes that are
+//! not UTF-8 into U+FFFD: JSON refuses them as malformed, and a form names
+//! the parameter they are in (`parameter_invalid_string`), so that two
+//! different bodies never decode to one set of parameters.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
 
@@ -102,10 +106,12 @@ impl Params {
     /// Decodes an `application/x-www-form-urlencoded` body, Stripe style:
     /// `metadata[order]=42` sets one metadata entry. A repeated parameter is
     /// refused rather than silently resolved, except `list[]=a&list[]=b`,
-    /// which is how a form sends a list: an array, `["a", "b"]`.
+    /// which is how a form sends a list: an array, `["a", "b"]`. A name or
+    /// value that is not UTF-8 is refused ([`form_pairs`]).
     pub fn from_form(body: &[u8]) -> Result<Self, DecodeError> {
         let mut fields = Map::new();
-        for (name, value) in form_urlencoded::parse(body) {
+        for pair in form_pairs(body) {
+            let (name, value) = pair?;
             let (name, value) = (name.into_owned(), value.into_owned());
             refuse_nul(&name, &Value::String(value.clone()))?;
             let (slot, param) = match name.split_once('[') {
@@ -204,6 +210,66 @@ impl Params {
             None => Ok(()),
         }
     }
+}
+
+/// The name and value pairs of an `application/x-www-form-urlencoded` body
+/// or query string, split and decoded as `form_urlencoded::parse` does
+/// (`&` between pairs, empty ones skipped, `=` after the name, `+` for a
+/// space, `%XX` for a byte), except that the decoded bytes must be UTF-8:
+/// where a lossy decoding would make `%FF`, `%FE` and `%EF%BF%BD` one value
+/// (U+FFFD), and so one fingerprint, a pair that is not UTF-8 is refused
+/// with `parameter_invalid_string`, naming its parameter.
+pub fn form_pairs(
+    body: &[u8],
+) -> impl Iterator<Item = Result<(Cow<'_, str>, Cow<'_, str>), ParamError>> {
+    body.split(|&b| b == b'&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = match pair.iter().position(|&b| b == b'=') {
+                Some(at) => (&pair[..at], &pair[at + 1..]),
+                None => (pair, &pair[pair.len()..]),
+            };
+            let Some(name_text) = decode_form_text(name) else {
+                let lossy = percent_decode_form(name);
+                return Err(not_utf8(&String::from_utf8_lossy(&lossy)));
+            };
+            match decode_form_text(value) {
+                Some(value) => Ok((name_text, value)),
+                None => Err(not_utf8(&name_text)),
+            }
+        })
+}
+
+/// The bytes a form's name or value stands for: `+` a space, `%XX` a byte.
+fn percent_decode_form(raw: &[u8]) -> Cow<'_, [u8]> {
+    if raw.contains(&b'+') {
+        let spaced: Vec<u8> = raw
+            .iter()
+            .map(|&b| if b == b'+' { b' ' } else { b })
+            .collect();
+        Cow::Owned(percent_encoding::percent_decode(&spaced).collect())
+    } else {
+        percent_encoding::percent_decode(raw).into()
+    }
+}
+
+/// A form's name or value as text; `None` when its bytes are not UTF-8.
+fn decode_form_text(raw: &[u8]) -> Option<Cow<'_, str>> {
+    match percent_decode_form(raw) {
+        Cow::Borrowed(bytes) => std::str::from_utf8(bytes).ok().map(Cow::Borrowed),
+        Cow::Owned(bytes) => String::from_utf8(bytes).ok().map(Cow::Owned),
+    }
+}
+
+fn not_utf8(param: &str) -> ParamError {
+    let param = shorten(param);
+    ParamError::new(
+        ProblemCode::ParameterInvalidString,
+        param.as_ref(),
+        format!(
+            "{param} is not UTF-8 text: percent-encode the UTF-8 bytes of each character (é is %C3%A9)"
+        ),
+    )
 }
 
 /// Postgres text cannot hold U+0000, and no parameter needs it: refuse it
@@ -432,6 +498,59 @@ mod tests {
         }
         assert!(Params::from_form(b"description=a%00b").is_err());
         assert!(Params::from_form(b"metadata[k%00]=v").is_err());
+    }
+
+    #[test]
+    fn form_bytes_that_are_not_utf8_are_refused_naming_the_parameter() {
+        let refused = |body: &[u8]| match Params::from_form(body) {
+            Err(DecodeError::Param(e)) => (e.code, e.param),
+            other => panic!("{:?}: {other:?}", String::from_utf8_lossy(body)),
+        };
+        let invalid = ProblemCode::ParameterInvalidString;
+        assert_eq!(
+            refused(b"amount=1&description=%FF"),
+            (invalid, "description".into())
+        );
+        assert_eq!(
+            refused(b"description=a%C3"),
+            (invalid, "description".into())
+        );
+        assert_eq!(refused(b"metadata[k]=%FE"), (invalid, "metadata[k]".into()));
+        assert_eq!(
+            refused(b"metadata[%FF]=v"),
+            (invalid, "metadata[\u{FFFD}]".into())
+        );
+        assert_eq!(refused(b"%C3%28=v"), (invalid, "\u{FFFD}(".into()));
+        assert_eq!(
+            refused(b"description=\xff"),
+            (invalid, "description".into())
+        );
+        // U+FFFD itself is text like any other, and `+` and `%2B` still decode.
+        let mut params =
+            Params::from_form(b"description=%EF%BF%BD+caf%C3%A9%2B&metadata[k]=&empty&&").unwrap();
+        assert_eq!(params.take("description"), Some(json!("\u{FFFD} café+")));
+        assert_eq!(params.take("metadata"), Some(json!({"k": ""})));
+        assert_eq!(params.take("empty"), Some(json!("")));
+        params.reject_unknown().unwrap();
+    }
+
+    #[test]
+    fn form_pairs_split_and_decode_as_form_urlencoded_does_for_utf8() {
+        for body in [
+            &b"a=1&b=2"[..],
+            b"a+b=c+d&%41=%42",
+            b"&&a&=x&b==c&",
+            b"x=%zz&y=%4",
+            "k=caf\u{e9}".as_bytes(),
+        ] {
+            let ours: Vec<(String, String)> = form_pairs(body)
+                .map(|pair| pair.map(|(n, v)| (n.into_owned(), v.into_owned())).unwrap())
+                .collect();
+            let theirs: Vec<(String, String)> = form_urlencoded::parse(body)
+                .map(|(n, v)| (n.into_owned(), v.into_owned()))
+                .collect();
+            assert_eq!(ours, theirs, "{}", String::from_utf8_lossy(body));
+        }
     }
 
     #[track_caller]

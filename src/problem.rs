@@ -41,7 +41,7 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `parameter_duplicate` (400): a form repeats a parameter.
 /// - `parameter_invalid_type` (400): a parameter has the wrong type.
 /// - `parameter_invalid_integer` (400): not a whole number (`amount`, `limit`).
-/// - `parameter_invalid_string` (400): a string contains NUL.
+/// - `parameter_invalid_string` (400): a string contains NUL, or a form's bytes are not UTF-8.
 /// - `parameter_too_long` (400): over a length limit.
 /// - `property_not_expandable` (400): `expand` names a property oncepay cannot expand.
 /// - `parameters_exclusive` (400): two parameters that exclude each other.
@@ -98,7 +98,7 @@ pub enum ProblemCode {
     ParameterInvalidType,
     /// 400: not a whole number (`amount`, `limit`).
     ParameterInvalidInteger,
-    /// 400: a string contains NUL.
+    /// 400: a string contains NUL, or a form's bytes are not UTF-8.
     ParameterInvalidString,
     /// 400: over a length limit.
     ParameterTooLong,
@@ -189,6 +189,61 @@ pub enum ProblemCode {
 }
 
 impl ProblemCode {
+    /// Every code, in the order they are declared; a unit test holds it
+    /// against the enum itself (by way of its OpenAPI schema), and
+    /// `tests/api/docs.rs` against the table of docs/api.md.
+    pub const ALL: [ProblemCode; 49] = [
+        ProblemCode::ParameterMissing,
+        ProblemCode::ParameterUnknown,
+        ProblemCode::ParameterDuplicate,
+        ProblemCode::ParameterInvalidType,
+        ProblemCode::ParameterInvalidInteger,
+        ProblemCode::ParameterInvalidString,
+        ProblemCode::ParameterTooLong,
+        ProblemCode::PropertyNotExpandable,
+        ProblemCode::ParametersExclusive,
+        ProblemCode::AmountTooSmall,
+        ProblemCode::AmountTooLarge,
+        ProblemCode::InvalidCurrency,
+        ProblemCode::MetadataInvalid,
+        ProblemCode::InvalidReason,
+        ProblemCode::InvalidEventType,
+        ProblemCode::UrlInvalid,
+        ProblemCode::WebhookEndpointLimit,
+        ProblemCode::ResourceMissing,
+        ProblemCode::ChargeNotRefundable,
+        ProblemCode::ChargeAlreadyRefunded,
+        ProblemCode::InvalidJson,
+        ProblemCode::InvalidBody,
+        ProblemCode::InvalidPath,
+        ProblemCode::InvalidIdempotencyKey,
+        ProblemCode::IdempotencyKeyMissing,
+        ProblemCode::FaultInjectionDisabled,
+        ProblemCode::InvalidFault,
+        ProblemCode::WebhookSignatureInvalid,
+        ProblemCode::ReceiverInvalid,
+        ProblemCode::AuthenticationRequired,
+        ProblemCode::InvalidApiKey,
+        ProblemCode::CardDeclined,
+        ProblemCode::InsufficientFunds,
+        ProblemCode::ExpiredCard,
+        ProblemCode::ProcessingAbandoned,
+        ProblemCode::RouteNotFound,
+        ProblemCode::MethodNotAllowed,
+        ProblemCode::IdempotencyKeyInUse,
+        ProblemCode::PayloadTooLarge,
+        ProblemCode::UnsupportedMediaType,
+        ProblemCode::IdempotencyKeyReused,
+        ProblemCode::InternalError,
+        ProblemCode::ReceiverFailedOnPurpose,
+        ProblemCode::ProcessingOutcomeUnknown,
+        ProblemCode::ProcessorUnavailable,
+        ProblemCode::ServiceUnavailable,
+        ProblemCode::RequestTimeout,
+        ProblemCode::RedisUnavailable,
+        ProblemCode::HttpError,
+    ];
+
     /// The code as sent, `snake_case`.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -504,6 +559,22 @@ mod tests {
             ProblemCode::CardDeclined.error_type().as_str(),
             "card_error"
         );
+    }
+
+    #[test]
+    fn all_lists_every_code_once_in_the_order_of_the_enum() {
+        // The derived schema lists every variant, so a code missing from
+        // `ALL` (or spelt otherwise by `as_str`) shows here.
+        let schema = serde_json::to_value(<ProblemCode as utoipa::PartialSchema>::schema())
+            .expect("the schema serialises");
+        let variants: Vec<&str> = schema["enum"]
+            .as_array()
+            .expect("an enum schema")
+            .iter()
+            .map(|v| v.as_str().expect("a string"))
+            .collect();
+        let listed: Vec<&str> = ProblemCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(listed, variants);
     }
 
     #[test]

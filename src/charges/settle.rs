@@ -87,7 +87,7 @@ pub async fn settle_or_crash(
         failure_message: failure.map(|(_, message)| message.to_owned()),
         ..pending.clone()
     };
-    let response = response_for(&charge);
+    let response = response_for(&charge, request_id);
     let event = NewEvent::new(kind, &charge.id, &charge.to_object());
     let settle = store::Settle {
         settled: &charge,
@@ -143,8 +143,11 @@ pub async fn recover(
 
 /// The response a settled charge gets, and that its key saves for replay:
 /// `201` with the charge when it succeeded, `402` with a problem naming the
-/// failed charge when it did not.
-pub fn response_for(charge: &Charge) -> SavedResponse {
+/// failed charge when it did not, and the request that settled it
+/// (`request_id`, as every fresh problem does; none when recovery did).
+/// The request id is part of the saved bytes, so a replay names the request
+/// that first got the answer, and stays byte for byte what that one got.
+pub fn response_for(charge: &Charge, request_id: Option<&str>) -> SavedResponse {
     if charge.status == ChargeStatus::Succeeded {
         return SavedResponse {
             status: StatusCode::CREATED.as_u16(),
@@ -165,7 +168,10 @@ pub fn response_for(charge: &Charge) -> SavedResponse {
         .failure_message
         .clone()
         .unwrap_or_else(|| "The payment failed.".into());
-    let problem = Problem::new(code, detail).with_extra("charge", charge.id.clone());
+    let mut problem = Problem::new(code, detail).with_extra("charge", charge.id.clone());
+    if let Some(request_id) = request_id {
+        problem = problem.with_extra("request_id", request_id);
+    }
     SavedResponse {
         status: problem.status.as_u16(),
         content_type: problem::CONTENT_TYPE.into(),

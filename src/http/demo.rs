@@ -87,7 +87,8 @@ async fn effects(
     RawQuery(query): RawQuery,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let mut run = None;
-    for (name, value) in form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
+    for pair in crate::params::form_pairs(query.as_deref().unwrap_or("").as_bytes()) {
+        let (name, value) = pair?;
         match name.as_ref() {
             "run" if !value.contains('\0') => run = Some(value.into_owned()),
             other => return Err(ParamError::unknown(other).into()),
@@ -179,7 +180,9 @@ async fn naive_charge(
 
 /// What the workshop's scenarios need to know of this server, so that a
 /// script or the lab page can say what to turn on before it starts. Moves
-/// no money and reads no table.
+/// no money and reads no table of its own; like every workshop count it
+/// needs the merchant's key (which reads the merchant, from the cache or
+/// `merchants`).
 #[utoipa::path(
     get,
     path = "/demo/settings",

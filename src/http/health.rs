@@ -1,4 +1,5 @@
 //! `GET /healthz` (the process is up) and `GET /readyz` (the database answers).
+//! Neither takes a query parameter; any is refused, as on every route.
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::extract::NoQuery;
 use super::problem::ApiError;
 use crate::app::AppState;
 
@@ -19,8 +21,11 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// The process is up.
 #[utoipa::path(get, path = "/healthz", tag = "operations",
-    responses((status = 200, description = "Up", body = super::openapi::Health)))]
-async fn healthz() -> Json<Value> {
+    responses(
+        (status = 200, description = "Up", body = super::openapi::Health),
+        (status = 400, response = super::openapi::BadRequest)
+    ))]
+async fn healthz(_: NoQuery) -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
@@ -28,10 +33,11 @@ async fn healthz() -> Json<Value> {
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready", body = super::openapi::Health),
+        (status = 400, response = super::openapi::BadRequest),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
     ))]
-async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+async fn readyz(State(state): State<AppState>, _: NoQuery) -> Result<Json<Value>, ApiError> {
     let ping = sqlx::query_scalar!("SELECT 1").fetch_one(&state.pool);
     match tokio::time::timeout(Duration::from_secs(2), ping).await {
         Ok(Ok(_)) => Ok(Json(json!({"status": "ok", "database": "ok"}))),

@@ -194,8 +194,14 @@ fn finish_problem(response: Response, id: Option<&HeaderValue>, stripe_client: b
 
 /// `GET /metrics`: Prometheus text format.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
-pub async fn metrics_endpoint(State(state): State<AppState>) -> Response {
+    responses(
+        (status = 200, description = "Prometheus text format", content_type = "text/plain"),
+        (status = 400, response = super::openapi::BadRequest)
+    ))]
+pub async fn metrics_endpoint(
+    State(state): State<AppState>,
+    _: super::extract::NoQuery,
+) -> Response {
     let body = crate::telemetry::metrics::render(&state.metrics, &state.pool);
     (
         [(

@@ -27,7 +27,8 @@ Send an `Idempotency-Key` (one per logical operation) with every POST: a retry g
 `Prefer: wait=N`), and a key reused with other parameters gets `422` (`400` with a `Stripe-Version` header, \
 as the Stripe SDKs expect). Every error is `application/problem+json` with a stable `code`, and the same error \
 in Stripe's shape under `error`; see the `Problem` schema for the list. Every response carries `Request-Id` \
-(the same as `X-Request-Id`); errors carry `Stripe-Should-Retry` where a retry can or cannot help.",
+(the same as `X-Request-Id`); every error carries `Stripe-Should-Retry`: `true` on `409` and `5xx`, \
+`false` on every other `4xx`.",
         license(name = "MIT")
     ),
     modifiers(&Security),
@@ -86,9 +87,15 @@ impl Modify for Security {
     get,
     path = "/openapi.json",
     tag = "operations",
-    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json"))
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json"),
+        (status = 400, response = BadRequest)
+    )
 )]
-pub async fn openapi_json(State(state): State<AppState>) -> Json<utoipa::openapi::OpenApi> {
+pub async fn openapi_json(
+    State(state): State<AppState>,
+    _: super::extract::NoQuery,
+) -> Json<utoipa::openapi::OpenApi> {
     Json(super::api(&state.config).split_for_parts().1)
 }
 
@@ -530,9 +537,11 @@ pub struct Health {
 
 /// An error (RFC 9457). `code` is stable and machine-readable; `param`
 /// names the parameter at fault; `charge` names the failed charge of a
-/// decline; `request_id` is the request's `X-Request-Id` (absent from a
-/// replayed answer, which is sent exactly as first saved); `error` is the
-/// same problem in Stripe's shape, for the Stripe SDKs.
+/// decline; `request_id` is the request's `X-Request-Id` (a saved decline
+/// names the request that first got it, and its replays, sent exactly as
+/// first saved, name that one too; it is absent when recovery settled the
+/// charge); `error` is the same problem in Stripe's shape, for the Stripe
+/// SDKs.
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct Problem {

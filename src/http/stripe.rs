@@ -16,9 +16,9 @@ pub const SHOULD_RETRY: HeaderName = HeaderName::from_static("stripe-should-retr
 pub const STRIPE_VERSION: HeaderName = HeaderName::from_static("stripe-version");
 
 /// Adds `Request-Id` (the same value as `X-Request-Id`, here `id`) to
-/// every response, and `Stripe-Should-Retry` to the errors
-/// [`should_retry`] has a word for. Saved answers get the headers too: only
-/// their bytes are untouchable. Called by [`super::observe::finish`].
+/// every response, and `Stripe-Should-Retry` to every error
+/// ([`should_retry`]). Saved answers get the headers too: only their bytes
+/// are untouchable. Called by [`super::observe::finish`].
 pub fn add_headers(response: &mut Response, id: Option<HeaderValue>) {
     if let Some(id) = id {
         response.headers_mut().insert(STRIPE_REQUEST_ID, id);
@@ -30,14 +30,18 @@ pub fn add_headers(response: &mut Response, id: Option<HeaderValue>) {
     }
 }
 
-/// `true` where the same request may get another answer later (`409`: the
-/// key is in flight; `503`: every one carries `Retry-After`), `false` where
-/// a retry cannot change the refusal. The SDKs retry `409`s and `5xx`s on
-/// their own, so `false` matters most on a `402` or a `400`.
+/// For an error, as Stripe sets it: `true` where the same request may get
+/// another answer later (`409`: the key is in flight; a `5xx`: the server's
+/// side failed, and a retry with the same key is safe), `false` on every
+/// other client error, which a retry cannot change (`400`, `401`, `402`,
+/// `404`, `405`, `413`, `415`, `422`). `None` below `400`. The SDKs retry
+/// `409`s and `5xx`s on their own, so `false` matters most on a `402` or a
+/// `400`.
 fn should_retry(status: StatusCode) -> Option<&'static str> {
     match status.as_u16() {
-        409 | 503 => Some("true"),
-        400 | 401 | 402 | 404 | 422 => Some("false"),
+        409 => Some("true"),
+        400..=499 => Some("false"),
+        500..=599 => Some("true"),
         _ => None,
     }
 }
@@ -62,13 +66,15 @@ mod tests {
 
     #[test]
     fn retries_are_advised_only_where_they_can_change_the_answer() {
-        assert_eq!(should_retry(StatusCode::CONFLICT), Some("true"));
-        assert_eq!(should_retry(StatusCode::SERVICE_UNAVAILABLE), Some("true"));
-        for status in [400, 401, 402, 404, 422] {
+        for status in [409, 500, 503] {
+            let status = StatusCode::from_u16(status).unwrap();
+            assert_eq!(should_retry(status), Some("true"), "{status}");
+        }
+        for status in [400, 401, 402, 404, 405, 413, 415, 422] {
             let status = StatusCode::from_u16(status).unwrap();
             assert_eq!(should_retry(status), Some("false"), "{status}");
         }
+        assert_eq!(should_retry(StatusCode::OK), None);
         assert_eq!(should_retry(StatusCode::CREATED), None);
-        assert_eq!(should_retry(StatusCode::INTERNAL_SERVER_ERROR), None);
     }
 }

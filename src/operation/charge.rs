@@ -143,11 +143,15 @@ impl Operation for CreateCharge {
         .await
     }
 
-    async fn render(&self, state: &AppState) -> Result<SavedResponse, Error> {
+    async fn render(
+        &self,
+        state: &AppState,
+        request_id: Option<&str>,
+    ) -> Result<SavedResponse, Error> {
         let charge = store::find_any(&state.pool, &self.id)
             .await?
             .ok_or_else(|| Error::internal(format!("settled charge {} vanished", self.id)))?;
-        Ok(settle::response_for(&charge))
+        Ok(settle::response_for(&charge, request_id))
     }
 
     async fn processor_unavailable(&self, state: &AppState) -> Result<Option<Problem>, Error> {

@@ -141,10 +141,14 @@ pub trait Operation: Send + Sync + 'static {
         request_id: Option<&str>,
         fault: Option<Fault>,
     ) -> impl Future<Output = sqlx::Result<Settled>> + Send;
-    /// The answer of the settled record, rendered afresh (for a record made
-    /// without a key that someone else settled).
-    fn render(&self, state: &AppState)
-    -> impl Future<Output = Result<SavedResponse, Error>> + Send;
+    /// The answer of the settled record, rendered afresh for the request
+    /// `request_id` (for a record made without a key that someone else
+    /// settled).
+    fn render(
+        &self,
+        state: &AppState,
+        request_id: Option<&str>,
+    ) -> impl Future<Output = Result<SavedResponse, Error>> + Send;
     /// The processor was unavailable and recorded nothing: the problem to
     /// answer, having given the record back or kept it as the kind
     /// requires; `None` when someone else settled the record meanwhile.
@@ -280,11 +284,11 @@ async fn work_and_settle<O: Operation>(
             // Recovery settled it while the processor was answering: what it
             // saved is the answer, since both came from the one processor
             // record.
-            Settled::Already => settled_elsewhere(state, operation).await,
+            Settled::Already => settled_elsewhere(state, operation, request_id).await,
         },
         Err(ProcessorError::Unavailable) => match operation.processor_unavailable(state).await? {
             Some(problem) => Err(problem.into()),
-            None => settled_elsewhere(state, operation).await,
+            None => settled_elsewhere(state, operation, request_id).await,
         },
         Err(e @ ProcessorError::OutcomeUnknown(_)) => {
             // Money may have moved: keep the claim; recovery (the sweeper, or
@@ -307,11 +311,15 @@ async fn work_and_settle<O: Operation>(
 
 /// The answer for a record someone else settled: its key's saved response,
 /// or, for a record made without a key, the record rendered afresh.
-async fn settled_elsewhere<O: Operation>(state: &AppState, operation: &O) -> Result<Answer, Error> {
+async fn settled_elsewhere<O: Operation>(
+    state: &AppState,
+    operation: &O,
+    request_id: Option<&str>,
+) -> Result<Answer, Error> {
     if let Some(saved) = claim::saved_answer(state, &operation.resource()).await? {
         return Ok(Answer::Fresh(saved));
     }
-    Ok(Answer::Fresh(operation.render(state).await?))
+    Ok(Answer::Fresh(operation.render(state, request_id).await?))
 }
 
 /// `422`: the key was used with other parameters.

@@ -119,7 +119,7 @@ impl Operation for CreateRefund {
         .await
     }
 
-    async fn render(&self, state: &AppState) -> Result<SavedResponse, Error> {
+    async fn render(&self, state: &AppState, _: Option<&str>) -> Result<SavedResponse, Error> {
         let refund = store::find_any(&state.pool, &self.id)
             .await?
             .ok_or_else(|| Error::internal(format!("settled refund {} vanished", self.id)))?;

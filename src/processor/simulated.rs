@@ -23,8 +23,8 @@ pub struct SimulatedProcessor {
 }
 
 impl SimulatedProcessor {
-    /// `latency` delays every authorization before it is recorded, so that
-    /// races and in-flight duplicates can be shown.
+    /// `latency` delays every authorization and every refund before it is
+    /// recorded, so that races and in-flight duplicates can be shown.
     pub fn new(pool: PgPool, latency: Duration) -> Self {
         SimulatedProcessor { pool, latency }
     }

@@ -141,7 +141,7 @@ pub async fn naive_charge(
             let charge = store::find_any(&state.pool, &id)
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("charge {id} vanished"))?;
-            response_for(&charge)
+            response_for(&charge, request_id)
         }
     };
     Ok((id, saved))

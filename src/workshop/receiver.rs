@@ -184,8 +184,12 @@ fn fail_first(value: Value, encoding: Encoding) -> Result<i32, ParamError> {
 }
 
 /// Sets up (or, for the same merchant, sets up anew) the receiver of
-/// `receiver.run` in its mode. A run whose receiver is another merchant's is
-/// refused: the receivers' URLs name only the run.
+/// `receiver.run` in its mode. A run belongs to the merchant that set up its
+/// first receiver, in either mode: another merchant's receiver of it, in
+/// the same mode or the other, is refused, since the receivers' URLs name
+/// only the run. One statement claims the run (or reads and locks whose it
+/// is) and writes the receiver only if the run is this merchant's, so two
+/// merchants setting up one new run at once cannot both have it.
 pub async fn register(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
@@ -194,8 +198,14 @@ pub async fn register(
     let fault =
         (receiver.misbehaviour == Misbehaviour::CrashAfterDelivery).then_some(CRASH_AFTER_DELIVERY);
     let written = sqlx::query_scalar!(
-        r#"INSERT INTO demo_receivers (run, mode, merchant_id, secret, fail_first, fault)
-           VALUES ($1, $2, $3, $4, $5, $6)
+        r#"WITH owner AS (
+               INSERT INTO demo_receiver_runs (run, merchant_id) VALUES ($1, $3)
+               ON CONFLICT (run) DO UPDATE SET run = EXCLUDED.run
+               RETURNING merchant_id
+           )
+           INSERT INTO demo_receivers (run, mode, merchant_id, secret, fail_first, fault)
+           SELECT $1, $2::text, $3, $4::text, $5::int4, $6::text
+             FROM owner WHERE owner.merchant_id = $3
            ON CONFLICT (run, mode) DO UPDATE
               SET secret = EXCLUDED.secret, fail_first = EXCLUDED.fail_first,
                   fault = EXCLUDED.fault

@@ -616,3 +616,52 @@ async fn a_path_that_cannot_be_read_is_400_invalid_path() {
     }
     assert_eq!((app.charges().await, app.keys().await), (1, 0));
 }
+
+/// `POST /v1/charges` with a form body.
+async fn post_form(app: &TestApp, key: &str, form: &str) -> Answer {
+    Answer::of(
+        app.post_raw(
+            Some(key),
+            "application/x-www-form-urlencoded",
+            form.to_owned(),
+        )
+        .await,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn form_bytes_that_are_not_utf8_are_refused_naming_the_parameter_so_two_bodies_never_share_a_fingerprint()
+ {
+    let app = spawn_app().await;
+    let base = "amount=2000&currency=usd&source=tok_visa";
+    // A literal U+FFFD is text like any other: a charge.
+    let first = post_form(&app, "k", &format!("{base}&description=%EF%BF%BD")).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    // %FF and %FE are other bodies, not that one: never its replay.
+    for (form, param) in [
+        (format!("{base}&description=%FF"), "description"),
+        (format!("{base}&description=%FE"), "description"),
+        (format!("{base}&metadata[k]=caf%E9"), "metadata[k]"),
+        (format!("{base}&description%FF=x"), "description\u{FFFD}"),
+    ] {
+        let answer = post_form(&app, "k", &form).await;
+        answer.assert_problem(400, "parameter_invalid_string");
+        assert!(!answer.replayed(), "{form}");
+        assert_eq!(answer.json()["param"], param, "{form}");
+        assert!(answer.json()["request_id"].is_string(), "{form}");
+        // With a fresh key too: refused before anything is written.
+        post_form(&app, "fresh", &form)
+            .await
+            .assert_problem(400, "parameter_invalid_string");
+    }
+    // A query string is read the same way.
+    Answer::of(app.get("/v1/charges?starting_after=ch_%FF").await)
+        .await
+        .assert_problem(400, "parameter_invalid_string");
+    Answer::of(app.get("/v1/events?type=%FF").await)
+        .await
+        .assert_problem(400, "parameter_invalid_string");
+    assert_eq!((app.charges().await, app.keys().await), (1, 1));
+    assert_eq!(app.payments().await, 1);
+}

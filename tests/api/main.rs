@@ -9,6 +9,7 @@ mod bad_input;
 mod cli;
 mod concurrency;
 mod demo;
+mod docs;
 mod event_polling;
 mod events;
 mod faults;

@@ -49,20 +49,50 @@ async fn every_response_carries_a_request_id_and_an_incoming_one_is_honoured() {
     );
 }
 
+/// `POST /v1/charges` with `X-Request-Id: request_id`.
+async fn post_charge_with_id(
+    app: &crate::helpers::TestApp,
+    key: &str,
+    request_id: &str,
+    body: &serde_json::Value,
+) -> Answer {
+    Answer::of(
+        app.client
+            .post(app.url("/v1/charges"))
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", key)
+            .header("X-Request-Id", request_id)
+            .json(body)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
 #[tokio::test]
-async fn a_replayed_problem_stays_byte_for_byte_while_fresh_ones_get_their_request_id() {
+async fn a_fresh_decline_names_its_request_id_and_its_replay_is_the_same_bytes() {
     let app = spawn_app().await;
     let body =
         serde_json::json!({"amount": 100, "currency": "usd", "source": "tok_chargeDeclined"});
-    let first = Answer::of(app.post_charge(Some("d"), &body).await).await;
-    let retry = Answer::of(app.post_charge(Some("d"), &body).await).await;
-    assert_eq!(first.status, 402);
+    let first = post_charge_with_id(&app, "d", "decline-first", &body).await;
+    first.assert_problem(402, "card_declined");
+    assert_eq!(first.json()["request_id"], "decline-first");
+    assert_eq!(first.header("x-request-id"), Some("decline-first"));
+
+    // The replay is the saved answer byte for byte: it names the request
+    // that first got it, while its own id is in its headers.
+    let retry = post_charge_with_id(&app, "d", "decline-retry", &body).await;
     assert!(retry.replayed());
-    assert_eq!(first.body, retry.body);
-    assert!(
-        first.json().get("request_id").is_none(),
-        "saved answers are not rewritten"
-    );
+    assert_eq!(retry.body, first.body);
+    assert_eq!(retry.header("x-request-id"), Some("decline-retry"));
+    let saved: Vec<u8> =
+        sqlx::query_scalar("SELECT response_body FROM idempotency_keys WHERE key = 'd'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(saved, first.body, "what was sent is what was saved");
+    assert_eq!(app.charges().await, 1);
 }
 
 /// `oncepay serve` as a process of its own, on a database of its own. Its
@@ -356,4 +386,32 @@ async fn a_request_over_the_timeout_gets_a_problem_and_its_work_still_completes(
     assert_eq!(retry.status, 201);
     assert!(retry.replayed());
     assert_eq!((app.charges().await, app.payments().await), (1, 1));
+}
+
+#[tokio::test]
+async fn the_operational_routes_refuse_unknown_query_parameters_like_every_other_route() {
+    let app = spawn_app().await;
+    for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
+        let plain = app.client.get(app.url(path)).send().await.unwrap();
+        assert_eq!(plain.status(), 200, "{path}");
+        let unknown = Answer::of(
+            app.client
+                .get(app.url(&format!("{path}?verbose=1")))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        unknown.assert_problem(400, "parameter_unknown");
+        assert_eq!(unknown.json()["param"], "verbose", "{path}");
+        let expand = Answer::of(
+            app.client
+                .get(app.url(&format!("{path}?expand[]=x")))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        expand.assert_problem(400, "property_not_expandable");
+    }
 }

@@ -449,6 +449,57 @@ async fn a_runs_receivers_belong_to_the_merchant_that_set_them_up() {
 }
 
 #[tokio::test]
+async fn a_run_belongs_to_one_merchant_so_another_cannot_take_its_other_mode() {
+    let app = spawn_app_with(workshop()).await;
+    register(&app, "r", "naive", 0).await;
+    let other = app.other_merchant().await;
+    let theirs = json!({"run": "r", "mode": "inbox", "secret": "whsec_theirs"});
+    let taken = register_as(&app, &other, &theirs).await;
+    taken.assert_problem(400, "receiver_invalid");
+    assert_eq!(taken.json()["param"], "run");
+    // The run's merchant sets up its other mode, and a delivery signed with
+    // the other merchant's secret is refused there.
+    register(&app, "r", "inbox", 0).await;
+    let payload = event("evt_receiverTest0000000001", "r");
+    let forged = signed_now("whsec_theirs", &payload);
+    deliver(&app, "/demo/receiver/inbox?run=r", Some(&forged), &payload)
+        .await
+        .assert_problem(400, "webhook_signature_invalid");
+    let mine: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM demo_receivers WHERE run = 'r' AND merchant_id = $1",
+    )
+    .bind(app.merchant_id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(mine, 2, "both modes of r are its merchant's");
+    assert_eq!(rows_written(&app).await, 0);
+
+    // Two merchants setting up the two modes of a new run at once: one of
+    // them has it.
+    for i in 0..10 {
+        let run = format!("race-{i}");
+        let mine = json!({"run": run, "mode": "naive", "secret": SECRET});
+        let theirs = json!({"run": run, "mode": "inbox", "secret": "whsec_theirs"});
+        let (a, b) = tokio::join!(
+            register_as(&app, &app.api_key, &mine),
+            register_as(&app, &other, &theirs),
+        );
+        let mut statuses = [a.status, b.status];
+        statuses.sort();
+        assert_eq!(statuses, [200, 400], "{run}: {:?} {:?}", a.body, b.body);
+        let owners: i64 = sqlx::query_scalar(
+            "SELECT count(DISTINCT merchant_id) FROM demo_receivers WHERE run = $1",
+        )
+        .bind(&run)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        assert_eq!(owners, 1, "{run}");
+    }
+}
+
+#[tokio::test]
 async fn the_receivers_are_not_served_unless_enabled() {
     let app = spawn_app().await;
     let payload = event("evt_receiverTest0000000001", "r");

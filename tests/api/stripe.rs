@@ -166,6 +166,55 @@ async fn an_unavailable_processor_is_an_api_error_worth_retrying() {
 }
 
 #[tokio::test]
+async fn every_error_carries_stripe_should_retry_false_for_the_client_and_true_for_the_server() {
+    let app = spawn_app_with(Settings::new().set("MAX_BODY_BYTES", 1024)).await;
+    let not_allowed = Answer::of(
+        app.client
+            .delete(app.url("/v1/charges"))
+            .bearer_auth(&app.api_key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    not_allowed.assert_problem(405, "method_not_allowed");
+    let mut big = visa(500);
+    big["description"] = json!("d".repeat(2000));
+    let too_large = Answer::of(
+        app.post_raw(Some("big"), "application/json", big.to_string())
+            .await,
+    )
+    .await;
+    too_large.assert_problem(413, "payload_too_large");
+    let unsupported = Answer::of(app.post_raw(Some("text"), "text/plain", "amount=1").await).await;
+    unsupported.assert_problem(415, "unsupported_media_type");
+    for refused in [&not_allowed, &too_large, &unsupported] {
+        assert_eq!(
+            refused.header("stripe-should-retry"),
+            Some("false"),
+            "{}",
+            refused.status
+        );
+    }
+
+    // A 500: every event insert fails while this trigger is there, so the
+    // charge cannot settle.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_events() RETURNS trigger LANGUAGE plpgsql
+             AS $$ BEGIN RAISE EXCEPTION 'events refused'; END $$;
+         CREATE TRIGGER refuse_events BEFORE INSERT ON events
+             FOR EACH ROW EXECUTE FUNCTION refuse_events();",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let failed = Answer::of(app.post_charge(Some("bug"), &visa(500)).await).await;
+    failed.assert_problem(500, "internal_error");
+    assert_eq!(failed.json()["error"]["type"], "api_error");
+    assert_eq!(failed.header("stripe-should-retry"), Some("true"));
+}
+
+#[tokio::test]
 async fn every_response_carries_request_id_equal_to_x_request_id() {
     let app = spawn_app().await;
     let answers = [

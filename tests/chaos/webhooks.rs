@@ -623,6 +623,7 @@ async fn the_webhook_check_finds_every_lost_delivery_every_wrong_shipment_and_ev
                                         (3, 'succeeded', NULL), (4, 'pending', NULL),
                                         (5, 'failed', 'attempts_exhausted'))
                                AS s(n, status, reason) ON e.id = rpad('evt_' || s.n, 28, '0')),
+         run AS (INSERT INTO demo_receiver_runs (run, merchant_id) SELECT 'r', m.id FROM m),
          r AS (INSERT INTO demo_receivers (run, mode, merchant_id, secret)
                SELECT 'r', mode, m.id, 'whsec_a' FROM m, (VALUES ('naive'), ('inbox')) AS r(mode)
                RETURNING run, mode),
