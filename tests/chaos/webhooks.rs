@@ -69,6 +69,11 @@ impl Delivery {
             poll_interval: self.poll_interval,
             acquire_timeout: self.acquire_timeout,
             fault_injection: true,
+            concurrency: 32,
+            bounds: oncepay::webhooks::store::InFlightBounds {
+                per_endpoint: 4,
+                per_merchant: 8,
+            },
         }
         .lease()
     }
