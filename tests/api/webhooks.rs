@@ -847,8 +847,6 @@ enum Raw {
     TruncatedBody,
     /// `200 OK`, chunked, with a chunk size that is no hex number.
     MalformedChunks,
-    /// `200 OK` with an empty body, then closes.
-    Ok,
 }
 
 impl RawReceiver {
@@ -888,15 +886,6 @@ impl RawReceiver {
                         let _ = stream
                             .write_all(
                                 format!("{head}Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n")
-                                    .as_bytes(),
-                            )
-                            .await;
-                        let _ = stream.shutdown().await;
-                    }
-                    Raw::Ok => {
-                        let _ = stream
-                            .write_all(
-                                format!("{head}Content-Length: 0\r\nConnection: close\r\n\r\n")
                                     .as_bytes(),
                             )
                             .await;
