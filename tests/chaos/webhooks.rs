@@ -911,7 +911,7 @@ async fn one_merchants_hanging_endpoints_leave_another_merchants_webhooks_on_tim
         "webhook latency of a quiet merchant, {samples} charges each (ms, event written to \
          delivered; WEBHOOK_TIMEOUT={timeout:?}): alone p50 {a50:.0} p90 {a90:.0} max {amax:.0}; \
          beside 16 hanging endpoints of another merchant ({noisy_charges} charges, {hung_sends} \
-         sends hanging) p50 {b50:.0} p90 {b90:.0} max {bmax:.0}; p50 ratio {ratio:.2} ({verdict} 1.5x)",
+         sends taken in by them, none answered) p50 {b50:.0} p90 {b90:.0} max {bmax:.0}; p50 ratio {ratio:.2} ({verdict} 1.5x)",
         timeout = delivery.timeout,
         verdict = if ratio <= 1.5 { "within" } else { "over" },
     );
