@@ -92,6 +92,15 @@ pub struct Settings {
     /// How often an idle delivery worker looks for due webhooks.
     #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_POLL_INTERVAL", default_value = "1s", value_parser = positive_duration, global = true)]
     webhook_poll_interval: Duration,
+    /// Webhook attempts one process makes at once (1 to 1024).
+    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_CONCURRENCY", default_value = "32", value_parser = concurrency, global = true)]
+    webhook_concurrency: i64,
+    /// Webhook attempts in flight to one endpoint at once, over every instance (1 to 1024).
+    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_ENDPOINT_CONCURRENCY", default_value = "4", value_parser = concurrency, global = true)]
+    webhook_endpoint_concurrency: i64,
+    /// Webhook attempts in flight to one merchant's endpoints at once, over every instance (1 to 1024).
+    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_MERCHANT_CONCURRENCY", default_value = "8", value_parser = concurrency, global = true)]
+    webhook_merchant_concurrency: i64,
     /// If set, a merchant `demo` with this secret key is made sure to exist.
     #[arg(long, help_heading = "Workshop", env = "DEMO_API_KEY", hide_env_values = true, value_parser = demo_api_key, global = true)]
     demo_api_key: Option<String>,
@@ -156,6 +165,12 @@ pub struct Config {
     pub webhook_disable_after: Duration,
     /// How often an idle delivery worker looks for due webhooks.
     pub webhook_poll_interval: Duration,
+    /// Webhook attempts one process makes at once.
+    pub webhook_concurrency: i64,
+    /// Webhook attempts in flight to one endpoint, over every instance.
+    pub webhook_endpoint_concurrency: i64,
+    /// Webhook attempts in flight to one merchant's endpoints, over every instance.
+    pub webhook_merchant_concurrency: i64,
 }
 
 /// Reads just the settings, for [`Config::from_lookup`].
@@ -238,6 +253,9 @@ impl Config {
             webhook_retry_max,
             webhook_disable_after,
             webhook_poll_interval,
+            webhook_concurrency,
+            webhook_endpoint_concurrency,
+            webhook_merchant_concurrency,
         } = settings;
         let database_url = database_url.ok_or_else(|| ConfigError {
             name: "DATABASE_URL".into(),
@@ -271,6 +289,9 @@ impl Config {
             webhook_retry_max,
             webhook_disable_after,
             webhook_poll_interval,
+            webhook_concurrency,
+            webhook_endpoint_concurrency,
+            webhook_merchant_concurrency,
         };
         // A request (and the processor call in it) must be over before its
         // key counts as stale: past PROCESSING_TIMEOUT, a retry or the sweeper
@@ -362,6 +383,15 @@ impl std::fmt::Debug for Config {
             .field("webhook_retry_max", &self.webhook_retry_max)
             .field("webhook_disable_after", &self.webhook_disable_after)
             .field("webhook_poll_interval", &self.webhook_poll_interval)
+            .field("webhook_concurrency", &self.webhook_concurrency)
+            .field(
+                "webhook_endpoint_concurrency",
+                &self.webhook_endpoint_concurrency,
+            )
+            .field(
+                "webhook_merchant_concurrency",
+                &self.webhook_merchant_concurrency,
+            )
             .finish()
     }
 }
@@ -500,6 +530,15 @@ fn max_attempts(value: &str) -> Result<i32, String> {
         .ok_or_else(|| "must be a whole number from 1 to 50".to_owned())
 }
 
+fn concurrency(value: &str) -> Result<i64, String> {
+    value
+        .trim()
+        .parse::<i64>()
+        .ok()
+        .filter(|n| (1..=1024).contains(n))
+        .ok_or_else(|| "must be a whole number from 1 to 1024".to_owned())
+}
+
 fn batch_size(value: &str) -> Result<i64, String> {
     value
         .trim()
@@ -565,6 +604,9 @@ mod tests {
         assert_eq!(c.webhook_retry_max, Duration::from_secs(8 * 3600));
         assert_eq!(c.webhook_disable_after, Duration::from_secs(72 * 3600));
         assert_eq!(c.webhook_poll_interval, Duration::from_secs(1));
+        assert_eq!(c.webhook_concurrency, 32);
+        assert_eq!(c.webhook_endpoint_concurrency, 4);
+        assert_eq!(c.webhook_merchant_concurrency, 8);
     }
 
     /// The rows of the README's configuration table: name and default cell.

@@ -104,7 +104,9 @@ pub struct Event {
     pub request_id: Option<String>,
     pub idempotency_key: Option<String>,
     pub created_at: DateTime<Utc>,
-    /// Its webhook deliveries not yet ended (succeeded or failed for good).
+    /// The webhook deliveries it was given when it was written, one per
+    /// endpoint that enabled its type then: fixed, like the rest of the
+    /// event, so that every copy sent and every read show the same bytes.
     pub pending_webhooks: i32,
 }
 
@@ -118,7 +120,7 @@ pub struct EventObject<'a> {
     pub created: i64,
     pub data: EventData<'a>,
     pub livemode: bool,
-    /// Webhook deliveries not yet ended.
+    /// Webhook deliveries the event was given when it was written.
     pub pending_webhooks: i32,
     pub request: EventRequest<'a>,
     #[serde(rename = "type")]

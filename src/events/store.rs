@@ -66,8 +66,7 @@ pub async fn find(
         r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
                   request_id, idempotency_key, created_at,
                   (SELECT count(*) FROM webhook_deliveries d
-                    WHERE d.event_seq = events.seq AND d.status = 'pending')::int
-                      AS "pending_webhooks!"
+                    WHERE d.event_seq = events.seq)::int AS "pending_webhooks!"
              FROM events WHERE merchant_id = $1 AND id = $2"#,
         merchant_id,
         id,
@@ -128,8 +127,7 @@ pub async fn list_older(
         r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
                   request_id, idempotency_key, created_at,
                   (SELECT count(*) FROM webhook_deliveries d
-                    WHERE d.event_seq = events.seq AND d.status = 'pending')::int
-                      AS "pending_webhooks!"
+                    WHERE d.event_seq = events.seq)::int AS "pending_webhooks!"
              FROM events
             WHERE merchant_id = $1
               AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
@@ -161,8 +159,7 @@ pub async fn list_newer(
         r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
                   request_id, idempotency_key, created_at,
                   (SELECT count(*) FROM webhook_deliveries d
-                    WHERE d.event_seq = events.seq AND d.status = 'pending')::int
-                      AS "pending_webhooks!"
+                    WHERE d.event_seq = events.seq)::int AS "pending_webhooks!"
              FROM events
             WHERE merchant_id = $1
               AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint

@@ -239,7 +239,7 @@ pub struct Event {
     created: i64,
     data: EventData,
     livemode: bool,
-    /// Webhook deliveries of this event not yet ended (see `/v1/events/{id}/deliveries`).
+    /// Webhook deliveries the event was given when it was written, one per endpoint that enabled its type then; fixed, like the rest of the event (where each stands: `/v1/events/{id}/deliveries`).
     pending_webhooks: u32,
     request: EventRequest,
     r#type: EventType,

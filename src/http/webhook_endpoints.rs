@@ -18,7 +18,7 @@ use super::problem::ApiError;
 use crate::app::AppState;
 use crate::operation::webhook_endpoint::CreateEndpoint;
 use crate::operation::write::{self, Write};
-use crate::webhooks::domain::NewEndpoint;
+use crate::webhooks::domain::{DeliveryEnd, NewEndpoint};
 use crate::webhooks::store;
 
 const ROUTE: &str = CreateEndpoint::ROUTE;
@@ -117,11 +117,12 @@ async fn delete(
     PathParam(id): PathParam,
 ) -> Result<Response, ApiError> {
     let mut tx = state.pool.begin().await?;
-    if !store::delete(&mut tx, merchant.id, &id).await? {
+    let Some(ended) = store::delete(&mut tx, merchant.id, &id).await? else {
         tx.rollback().await?;
         return Err(no_such_endpoint(&id, "id"));
-    }
+    };
     tx.commit().await?;
+    DeliveryEnd::EndpointDeleted.count(ended);
     Ok(Json(json!({"id": id, "object": "webhook_endpoint", "deleted": true})).into_response())
 }
 

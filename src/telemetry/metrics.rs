@@ -8,7 +8,7 @@
 //! | `processor_calls_total`, `processor_call_duration_seconds` | `call` (`authorize`, `void`, `refund`), `outcome` |
 //! | `sweeper_runs_total`, `sweeper_settled_total` (`outcome`), `sweeper_keys_deleted_total`, `sweeper_leased_total` | |
 //! | `db_pool_connections` (`state`: `idle`, `in_use`), `db_pool_max_connections`, `db_pool_timeouts_total` | |
-//! | `webhook_attempts_total` (`result`), `webhook_attempt_duration_seconds`, `webhook_deliveries_total` (`outcome`), `webhook_oldest_pending_event_age_seconds`, `webhook_endpoints_disabled_total`, `webhook_leases_lost_total` | see `docs/webhooks.md` |
+//! | `webhook_attempts_total` (`result`), `webhook_attempt_duration_seconds`, `webhook_deliveries_total` (`outcome`, `reason`), `webhook_oldest_pending_event_age_seconds`, `webhook_endpoints_disabled_total`, `webhook_leases_lost_total` | see `docs/webhooks.md` |
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;

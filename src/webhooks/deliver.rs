@@ -2,6 +2,12 @@
 //! due deliveries ([`store::claim_due`], `FOR UPDATE SKIP LOCKED`), sends
 //! each event, signed, to its endpoint, and records every attempt.
 //!
+//! Sends flow: the worker keeps up to `WEBHOOK_CONCURRENCY` of them in
+//! flight and claims more as soon as one ends, so a slow receiver holds one
+//! place, not a batch. The claim passes over the deliveries of an endpoint
+//! or a merchant that already has its bound in flight (counted over every
+//! instance), so one merchant's hanging endpoints cannot hold every place.
+//!
 //! Delivery is at least once. The receiver's `2xx` and the worker's record
 //! of it are two systems' writes, and no transaction spans both: a worker
 //! that dies between them leaves the delivery claimed but unrecorded, and
@@ -10,6 +16,7 @@
 //! is that nothing committed is lost, and that no two workers send one
 //! attempt.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -17,16 +24,19 @@ use reqwest::header::{CONTENT_TYPE, HeaderValue, USER_AGENT};
 use sqlx::PgPool;
 use tokio::task::JoinSet;
 
-use super::domain::EndpointStatus;
+use super::domain::{DeliveryEnd, EndpointStatus};
 use super::signature;
-use super::store::{self, Claimed, Finished, Next};
+use super::store::{self, Claimed, Finished, InFlightBounds, Next};
 use crate::config::Config;
 use crate::faults::{Fault, crash_if};
 
-/// The most deliveries one pass claims; they are sent at once.
-pub const BATCH: i64 = 32;
 /// The most bytes of a receiver's answer read: its status is what counts.
 pub const MAX_RESPONSE_BYTES: usize = 4096;
+/// The longest the worker reads a receiver's answer after its status, within
+/// the attempt's timeout. Reading is a courtesy (it lets the connection be
+/// used again); a body that stalls, ends early or is malformed changes
+/// nothing.
+pub const RESPONSE_BODY_WAIT: Duration = Duration::from_secs(1);
 /// How long a claim holds a delivery beyond the attempt's own timeout and
 /// the wait for a connection to record it, for the recording statement.
 const LEASE_MARGIN: Duration = Duration::from_secs(5);
@@ -51,6 +61,11 @@ pub struct DeliverySettings {
     pub acquire_timeout: Duration,
     /// Honour `Oncepay-Fault` in a receiver's answer (tests and workshops).
     pub fault_injection: bool,
+    /// Attempts this process makes at once (`WEBHOOK_CONCURRENCY`).
+    pub concurrency: usize,
+    /// Attempts in flight at once to one endpoint and to one merchant's
+    /// endpoints, over every instance.
+    pub bounds: InFlightBounds,
 }
 
 impl DeliverySettings {
@@ -64,6 +79,13 @@ impl DeliverySettings {
             poll_interval: config.webhook_poll_interval,
             acquire_timeout: config.database_acquire_timeout,
             fault_injection: config.fault_injection,
+            concurrency: usize::try_from(config.webhook_concurrency)
+                .unwrap_or(1)
+                .max(1),
+            bounds: InFlightBounds {
+                per_endpoint: config.webhook_endpoint_concurrency,
+                per_merchant: config.webhook_merchant_concurrency,
+            },
         }
     }
 
@@ -133,58 +155,116 @@ impl Worker {
         })
     }
 
-    /// Delivers until `stop` resolves: a full batch is followed at once by
-    /// the next, anything less by `poll_interval` of rest.
-    pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
+    /// Delivers until `stop` resolves, then lets the sends in flight end.
+    ///
+    /// Up to `concurrency` sends run at once. Whenever a place is free the
+    /// worker claims due deliveries for the free places; a claim that took
+    /// some is followed at once by another (more may be due), one that took
+    /// none by rest until `poll_interval` passes or a send ends (which may
+    /// bring an endpoint or a merchant back under its bound).
+    pub async fn run(self, stop: impl Future<Output = ()>) {
         tokio::pin!(stop);
+        let mut sends = JoinSet::new();
+        let mut gauged: Option<Instant> = None;
         loop {
-            let claimed = match self.pass().await {
-                Ok(claimed) => claimed,
-                Err(e) => {
-                    tracing::warn!(error = format!("{e:#}"), "webhook delivery pass failed");
-                    0
+            if gauged.is_none_or(|at| at.elapsed() >= self.settings.poll_interval) {
+                self.gauge_oldest_pending().await;
+                gauged = Some(Instant::now());
+            }
+            let free = self.settings.concurrency.saturating_sub(sends.len());
+            let mut took = 0;
+            if free > 0 {
+                match self.claim(free).await {
+                    Ok(claimed) => {
+                        took = claimed.len();
+                        self.spawn_all(&mut sends, claimed);
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            error = format!("{e:#}"),
+                            "claiming webhook deliveries failed"
+                        );
+                    }
                 }
-            };
-            if claimed as i64 == BATCH {
-                // More are due at once; but a stop comes first.
+            }
+            let full = sends.len() >= self.settings.concurrency;
+            if took > 0 && !full {
+                // More may be due at once; but a stop comes first.
                 tokio::select! {
                     biased;
-                    () = &mut stop => return,
+                    () = &mut stop => break,
                     () = std::future::ready(()) => continue,
                 }
             }
             tokio::select! {
-                () = &mut stop => return,
-                () = tokio::time::sleep(self.settings.poll_interval) => {}
+                () = &mut stop => break,
+                Some(done) = sends.join_next(), if !sends.is_empty() => report(done),
+                () = tokio::time::sleep(self.settings.poll_interval), if !full => {}
             }
+        }
+        // An attempt cut short would be sent again after its lease; let the
+        // ones in flight end (startup bounds this by SHUTDOWN_GRACE).
+        while let Some(done) = sends.join_next().await {
+            report(done);
         }
     }
 
-    /// One pass: claims a batch, sends it all at once, records each attempt.
-    /// Returns how many deliveries it claimed.
+    /// One pass: claims what is due, up to `concurrency`, sends it all,
+    /// records each attempt, and returns how many deliveries it claimed.
     pub async fn pass(&self) -> anyhow::Result<usize> {
-        let age = store::oldest_pending_age(&self.pool).await?;
-        metrics::gauge!("webhook_oldest_pending_event_age_seconds").set(age.unwrap_or(0.0));
-        let claimed = store::claim_due(&self.pool, BATCH, self.settings.lease()).await?;
+        self.gauge_oldest_pending().await;
+        let claimed = self.claim(self.settings.concurrency).await?;
         let count = claimed.len();
         let mut sends = JoinSet::new();
+        self.spawn_all(&mut sends, claimed);
+        while let Some(done) = sends.join_next().await {
+            report(done);
+        }
+        Ok(count)
+    }
+
+    async fn claim(&self, places: usize) -> anyhow::Result<Vec<Claimed>> {
+        let limit = i64::try_from(places).unwrap_or(i64::MAX);
+        Ok(store::claim_due(
+            &self.pool,
+            limit,
+            self.settings.lease(),
+            self.settings.bounds,
+        )
+        .await?)
+    }
+
+    fn spawn_all(&self, sends: &mut JoinSet<anyhow::Result<()>>, claimed: Vec<Claimed>) {
         for delivery in claimed {
             let pool = self.pool.clone();
             let client = self.client.clone();
             let settings = self.settings;
             sends.spawn(async move { deliver(&pool, &client, &settings, delivery).await });
         }
-        while let Some(done) = sends.join_next().await {
-            match done {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(
-                    error = format!("{e:#}"),
-                    "recording a webhook attempt failed; the delivery is due again after its lease"
-                ),
-                Err(e) => tracing::error!(error = %e, "a webhook delivery task failed"),
+    }
+
+    async fn gauge_oldest_pending(&self) {
+        match store::oldest_pending_age(&self.pool).await {
+            Ok(age) => {
+                metrics::gauge!("webhook_oldest_pending_event_age_seconds").set(age.unwrap_or(0.0));
             }
+            Err(e) => tracing::warn!(
+                error = format!("{e:#}"),
+                "reading the oldest pending webhook failed"
+            ),
         }
-        Ok(count)
+    }
+}
+
+/// Logs what went wrong with one send, if anything.
+fn report(done: Result<anyhow::Result<()>, tokio::task::JoinError>) {
+    match done {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(
+            error = format!("{e:#}"),
+            "recording a webhook attempt failed; the delivery is due again after its lease"
+        ),
+        Err(e) => tracing::error!(error = %e, "a webhook delivery task failed"),
     }
 }
 
@@ -199,16 +279,17 @@ async fn deliver(
     // was written, nor past the last attempt (attempts cut short by crashes
     // count, so a receiver that crashes every sender cannot loop forever).
     let unsent = match claimed.endpoint_status {
-        EndpointStatus::Deleted => Some("endpoint_deleted"),
-        EndpointStatus::Disabled => Some("endpoint_disabled"),
+        EndpointStatus::Deleted => Some(DeliveryEnd::EndpointDeleted),
+        EndpointStatus::Disabled => Some(DeliveryEnd::EndpointDisabled),
         EndpointStatus::Enabled if claimed.attempt > settings.max_attempts => {
-            Some("attempts_exhausted")
+            Some(DeliveryEnd::AttemptsExhausted)
         }
         EndpointStatus::Enabled => None,
     };
-    if let Some(reason) = unsent {
+    if let Some(end) = unsent {
+        let reason = end.reason();
         if store::end_unsent(pool, claimed.delivery_id, claimed.attempt, reason).await? {
-            metrics::counter!("webhook_deliveries_total", "outcome" => "failed").increment(1);
+            end.count(1);
             tracing::info!(
                 event = %claimed.event.id,
                 endpoint = %claimed.endpoint_id,
@@ -274,7 +355,7 @@ async fn deliver(
     }
     match next {
         Next::Delivered => {
-            metrics::counter!("webhook_deliveries_total", "outcome" => "succeeded").increment(1);
+            DeliveryEnd::Delivered.count(1);
             tracing::info!(status = sent.status, ?duration, "webhook delivered");
         }
         Next::RetryAfter(after) => tracing::info!(
@@ -284,7 +365,7 @@ async fn deliver(
             "webhook attempt failed; will retry"
         ),
         Next::GiveUp => {
-            metrics::counter!("webhook_deliveries_total", "outcome" => "failed").increment(1);
+            DeliveryEnd::AttemptsExhausted.count(1);
             tracing::warn!(
                 status = sent.status,
                 error = sent.error,
@@ -295,7 +376,7 @@ async fn deliver(
     if let Some(endpoint) = recorded.disabled_endpoint {
         let ended = store::end_deliveries_of_disabled(pool, &endpoint).await?;
         metrics::counter!("webhook_endpoints_disabled_total").increment(1);
-        metrics::counter!("webhook_deliveries_total", "outcome" => "failed").increment(ended);
+        DeliveryEnd::EndpointDisabled.count(ended);
         tracing::warn!(
             ended,
             "webhook endpoint disabled: it failed every delivery for WEBHOOK_DISABLE_AFTER"
@@ -305,7 +386,10 @@ async fn deliver(
 }
 
 /// One attempt: the event as the API renders it, signed now, posted within
-/// the timeout; at most [`MAX_RESPONSE_BYTES`] of the answer are read.
+/// the timeout. The status decides: once it has come, at most
+/// [`MAX_RESPONSE_BYTES`] of the body are read, for at most
+/// [`RESPONSE_BODY_WAIT`] and never past the timeout, and whatever the
+/// body does (stall, end early, break its framing) the status stands.
 async fn send(client: &reqwest::Client, settings: &DeliverySettings, claimed: &Claimed) -> Sent {
     let payload = serde_json::to_vec(&claimed.event.to_object()).expect("an event serialises");
     let signed = signature::sign(&claimed.secret, Utc::now().timestamp(), &payload);
@@ -315,39 +399,51 @@ async fn send(client: &reqwest::Client, settings: &DeliverySettings, claimed: &C
         .header(USER_AGENT, concat!("oncepay/", env!("CARGO_PKG_VERSION")))
         .header(signature::HEADER, signed)
         .body(payload);
-    let attempt = async {
-        let mut response = request.send().await?;
-        let status = response.status().as_u16();
-        let fault = response
-            .headers()
-            .get(crate::faults::HEADER)
-            .is_some_and(|v| v == HeaderValue::from_static("crash-after-delivery"))
-            .then_some(Fault::CrashAfterDelivery);
+    let deadline = tokio::time::Instant::now() + settings.timeout;
+    let mut response = match tokio::time::timeout_at(deadline, request.send()).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => {
+            return Sent {
+                status: None,
+                error: Some(describe(&e)),
+                fault: None,
+            };
+        }
+        Err(_) => {
+            return Sent {
+                status: None,
+                error: Some("timeout".to_owned()),
+                fault: None,
+            };
+        }
+    };
+    let status = response.status().as_u16();
+    let fault = response
+        .headers()
+        .get(crate::faults::HEADER)
+        .is_some_and(|v| v == HeaderValue::from_static("crash-after-delivery"))
+        .then_some(Fault::CrashAfterDelivery);
+    let read = async {
         let mut read = 0;
         while read < MAX_RESPONSE_BYTES {
-            match response.chunk().await? {
-                Some(chunk) => read += chunk.len(),
-                None => break,
+            match response.chunk().await {
+                Ok(Some(chunk)) => read += chunk.len(),
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(error = describe(&e), "the answer's body broke off");
+                    break;
+                }
             }
         }
-        Ok::<_, reqwest::Error>((status, fault))
     };
-    match tokio::time::timeout(settings.timeout, attempt).await {
-        Ok(Ok((status, fault))) => Sent {
-            status: Some(status),
-            error: (!(200..300).contains(&status)).then(|| format!("HTTP {status}")),
-            fault,
-        },
-        Ok(Err(e)) => Sent {
-            status: None,
-            error: Some(describe(&e)),
-            fault: None,
-        },
-        Err(_) => Sent {
-            status: None,
-            error: Some("timeout".to_owned()),
-            fault: None,
-        },
+    let body_deadline = deadline.min(tokio::time::Instant::now() + RESPONSE_BODY_WAIT);
+    if tokio::time::timeout_at(body_deadline, read).await.is_err() {
+        tracing::debug!("the answer's body stalled; its status stands");
+    }
+    Sent {
+        status: Some(status),
+        error: (!(200..300).contains(&status)).then(|| format!("HTTP {status}")),
+        fault,
     }
 }
 
@@ -391,6 +487,11 @@ mod tests {
             poll_interval: Duration::from_secs(1),
             acquire_timeout: Duration::from_secs(5),
             fault_injection: false,
+            concurrency: 32,
+            bounds: InFlightBounds {
+                per_endpoint: 4,
+                per_merchant: 8,
+            },
         }
     }
 

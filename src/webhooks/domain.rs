@@ -296,6 +296,50 @@ impl DeliveryStatus {
     }
 }
 
+/// How a delivery ended: the `outcome` and `reason` labels of
+/// `webhook_deliveries_total`, a closed set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeliveryEnd {
+    /// An attempt was answered `2xx`.
+    Delivered,
+    /// The last attempt allowed failed.
+    AttemptsExhausted,
+    /// The endpoint was disabled for failing.
+    EndpointDisabled,
+    /// The merchant deleted the endpoint.
+    EndpointDeleted,
+}
+
+impl DeliveryEnd {
+    /// `succeeded` or `failed`, as the delivery's status.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            DeliveryEnd::Delivered => "succeeded",
+            _ => "failed",
+        }
+    }
+
+    /// Why: `delivered`, or the delivery's `failure_reason`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            DeliveryEnd::Delivered => "delivered",
+            DeliveryEnd::AttemptsExhausted => "attempts_exhausted",
+            DeliveryEnd::EndpointDisabled => "endpoint_disabled",
+            DeliveryEnd::EndpointDeleted => "endpoint_deleted",
+        }
+    }
+
+    /// Counts `n` deliveries ended this way in `webhook_deliveries_total`.
+    pub fn count(self, n: u64) {
+        metrics::counter!(
+            "webhook_deliveries_total",
+            "outcome" => self.outcome(),
+            "reason" => self.reason()
+        )
+        .increment(n);
+    }
+}
+
 /// One event's delivery to one endpoint, with its attempts.
 #[derive(Clone, Debug)]
 pub struct Delivery {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::{PgConnection, PgExecutor, PgPool};
 use uuid::Uuid;
 
 use super::domain::{
@@ -95,18 +95,23 @@ pub async fn list(db: impl PgExecutor<'_>, merchant_id: Uuid) -> sqlx::Result<Ve
 }
 
 /// Deletes an endpoint: it is marked deleted (its deliveries keep naming
-/// it) and its pending deliveries end `failed`. `false` when there was no
-/// such endpoint, or it was deleted already.
+/// it) and its pending deliveries end `failed`. How many deliveries it
+/// ended; `None` when there was no such endpoint, or it was deleted already.
 ///
 /// The deliveries are ended first, then the endpoint, in one transaction:
 /// the order in which recording an attempt locks them (delivery, then
 /// endpoint), so the two never deadlock. A delivery a settle writes
 /// meanwhile, having seen the endpoint still enabled, is ended by the
 /// worker when it claims it ([`claim_due`] reports the endpoint's status).
-pub async fn delete(tx: &mut PgConnection, merchant_id: Uuid, id: &str) -> sqlx::Result<bool> {
-    sqlx::query!(
+pub async fn delete(
+    tx: &mut PgConnection,
+    merchant_id: Uuid,
+    id: &str,
+) -> sqlx::Result<Option<u64>> {
+    let ended = sqlx::query!(
         "UPDATE webhook_deliveries
-            SET status = 'failed', failure_reason = 'endpoint_deleted', finished_at = now()
+            SET status = 'failed', failure_reason = 'endpoint_deleted', finished_at = now(),
+                leased_until = NULL
           WHERE endpoint_id = (SELECT id FROM webhook_endpoints
                                 WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted')
             AND status = 'pending'",
@@ -123,7 +128,7 @@ pub async fn delete(tx: &mut PgConnection, merchant_id: Uuid, id: &str) -> sqlx:
     )
     .execute(&mut *tx)
     .await?;
-    Ok(deleted.rows_affected() == 1)
+    Ok((deleted.rows_affected() == 1).then_some(ended.rows_affected()))
 }
 
 /// A delivery a worker has claimed: the attempt it may make, and what to send.
@@ -153,38 +158,106 @@ impl std::fmt::Debug for Claimed {
     }
 }
 
-/// Claims up to `limit` due deliveries for one attempt each: `FOR UPDATE
-/// SKIP LOCKED`, so that workers in several processes never take the same
-/// row, and in the same statement the attempt count goes up and the next
-/// attempt moves `lease` ahead. A worker that dies mid-attempt leaves the
-/// delivery due again after the lease: redelivered, never lost.
+/// How many deliveries may be in flight at once, counted over every
+/// instance from the leases not yet ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InFlightBounds {
+    /// To one endpoint (`WEBHOOK_ENDPOINT_CONCURRENCY`).
+    pub per_endpoint: i64,
+    /// To all the endpoints of one merchant (`WEBHOOK_MERCHANT_CONCURRENCY`).
+    pub per_merchant: i64,
+}
+
+/// The advisory lock that makes claims take turns, across instances, so
+/// that each counts the leases of the one before it.
+const CLAIM_LOCK: i64 = 0x6f6e_6365_7061_7901;
+
+/// How many due deliveries, past those of endpoints and merchants already
+/// at their bound, one claim looks at for each it may take.
+const SCAN_PER_CLAIM: i64 = 4;
+
+/// Claims up to `limit` due deliveries for one attempt each, the earliest
+/// due first, within `bounds`: the deliveries of an endpoint or a merchant
+/// already at its bound are passed over, and no more are taken for one
+/// than its bound leaves room for. Each claimed delivery's attempt count
+/// goes up and its next attempt and its lease move `lease` ahead, in the
+/// same statement. A worker that dies mid-attempt leaves the delivery due
+/// again after the lease: redelivered, never lost.
+///
+/// The rows are taken `FOR UPDATE SKIP LOCKED`, so that workers in several
+/// processes never take the same one, and the claims take turns (an
+/// advisory lock held to the commit, a few milliseconds), so that each
+/// counts the leases the one before it committed and the bounds hold
+/// across instances.
 pub async fn claim_due(
-    db: impl PgExecutor<'_>,
+    pool: &PgPool,
     limit: i64,
     lease: Duration,
+    bounds: InFlightBounds,
 ) -> sqlx::Result<Vec<Claimed>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!(
+        r#"SELECT true AS "locked!" FROM pg_advisory_xact_lock($1)"#,
+        CLAIM_LOCK
+    )
+    .fetch_one(&mut *tx)
+    .await?;
     let rows = sqlx::query!(
-        r#"UPDATE webhook_deliveries d
+        r#"WITH leased AS (
+               SELECT d.endpoint_id, w.merchant_id
+                 FROM webhook_deliveries d JOIN webhook_endpoints w ON w.id = d.endpoint_id
+                WHERE d.leased_until IS NOT NULL AND d.leased_until > now()
+                  AND d.status = 'pending'),
+           endpoint_load AS (SELECT endpoint_id, count(*) AS n FROM leased GROUP BY endpoint_id),
+           merchant_load AS (SELECT merchant_id, count(*) AS n FROM leased GROUP BY merchant_id),
+           due AS (
+               SELECT d.id, d.endpoint_id, w.merchant_id, d.next_attempt_at
+                 FROM webhook_deliveries d JOIN webhook_endpoints w ON w.id = d.endpoint_id
+                WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+                  AND d.endpoint_id NOT IN (SELECT endpoint_id FROM endpoint_load WHERE n >= $3)
+                  AND w.merchant_id NOT IN (SELECT merchant_id FROM merchant_load WHERE n >= $4)
+                ORDER BY d.next_attempt_at
+                LIMIT $5),
+           ranked AS (
+               SELECT due.id, due.next_attempt_at,
+                      coalesce(el.n, 0) + row_number() OVER (
+                          PARTITION BY due.endpoint_id ORDER BY due.next_attempt_at, due.id)
+                          AS endpoint_slot,
+                      coalesce(ml.n, 0) + row_number() OVER (
+                          PARTITION BY due.merchant_id ORDER BY due.next_attempt_at, due.id)
+                          AS merchant_slot
+                 FROM due
+                 LEFT JOIN endpoint_load el ON el.endpoint_id = due.endpoint_id
+                 LEFT JOIN merchant_load ml ON ml.merchant_id = due.merchant_id),
+           chosen AS (
+               SELECT d.id FROM webhook_deliveries d
+                WHERE d.id IN (SELECT id FROM ranked
+                                WHERE endpoint_slot <= $3 AND merchant_slot <= $4
+                                ORDER BY next_attempt_at, id
+                                LIMIT $1)
+                  AND d.status = 'pending' AND d.next_attempt_at <= now()
+                  FOR UPDATE SKIP LOCKED)
+           UPDATE webhook_deliveries d
               SET attempts = d.attempts + 1,
-                  next_attempt_at = now() + $2::float8 * interval '1 millisecond'
-             FROM (SELECT id FROM webhook_deliveries
-                    WHERE status = 'pending' AND next_attempt_at <= now()
-                    ORDER BY next_attempt_at
-                    LIMIT $1
-                      FOR UPDATE SKIP LOCKED) due,
-                  webhook_endpoints w, events e
-            WHERE d.id = due.id AND w.id = d.endpoint_id AND e.seq = d.event_seq
+                  next_attempt_at = now() + $2::float8 * interval '1 millisecond',
+                  leased_until = now() + $2::float8 * interval '1 millisecond'
+             FROM chosen, webhook_endpoints w, events e
+            WHERE d.id = chosen.id AND w.id = d.endpoint_id AND e.seq = d.event_seq
         RETURNING d.id, d.attempts, w.id AS endpoint_id,
                   w.status AS "endpoint_status: EndpointStatus", w.url, w.secret,
                   e.seq, e.id AS event_id, e.type AS "kind: EventType", e.data AS "data: sqlx::types::Json<serde_json::Value>",
                   e.request_id, e.idempotency_key, e.created_at,
-                  (SELECT count(*) FROM webhook_deliveries p
-                    WHERE p.event_seq = e.seq AND p.status = 'pending')::int AS "pending_webhooks!""#,
+                  (SELECT count(*) FROM webhook_deliveries p WHERE p.event_seq = e.seq)::int
+                      AS "pending_webhooks!""#,
         limit,
         millis(lease),
+        bounds.per_endpoint,
+        bounds.per_merchant,
+        limit.saturating_mul(SCAN_PER_CLAIM),
     )
-    .fetch_all(db)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(rows
         .into_iter()
         .map(|row| Claimed {
@@ -276,7 +349,8 @@ pub async fn record(
                                              ELSE now() + $8::float8 * interval '1 millisecond' END,
                       finished_at = CASE WHEN $7 OR $8::float8 IS NULL THEN now() END,
                       failure_reason = CASE WHEN NOT $7 AND $8::float8 IS NULL
-                                            THEN 'attempts_exhausted' END
+                                            THEN 'attempts_exhausted' END,
+                      leased_until = NULL
                 WHERE id = $1 AND status = 'pending' AND attempts = $2
                RETURNING endpoint_id),
            run AS (
@@ -338,7 +412,7 @@ pub async fn end_unsent(
     let ended = sqlx::query!(
         "UPDATE webhook_deliveries
             SET status = 'failed', failure_reason = $3, finished_at = now(),
-                attempts = attempts - 1
+                attempts = attempts - 1, leased_until = NULL
           WHERE id = $1 AND status = 'pending' AND attempts = $2",
         delivery_id,
         attempt,
@@ -357,7 +431,8 @@ pub async fn end_deliveries_of_disabled(
 ) -> sqlx::Result<u64> {
     let ended = sqlx::query!(
         "UPDATE webhook_deliveries
-            SET status = 'failed', failure_reason = 'endpoint_disabled', finished_at = now()
+            SET status = 'failed', failure_reason = 'endpoint_disabled', finished_at = now(),
+                leased_until = NULL
           WHERE endpoint_id = $1 AND status = 'pending'",
         endpoint_id,
     )

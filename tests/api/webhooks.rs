@@ -404,7 +404,7 @@ async fn each_event_is_delivered_signed_to_each_endpoint_that_enabled_its_type()
         .json();
     assert_eq!(delivered["id"], stored["id"]);
     assert_eq!(delivered["data"], stored["data"]);
-    assert_eq!(stored["pending_webhooks"], 0, "delivered");
+    assert_eq!(stored["pending_webhooks"], 1, "one delivery, as written");
 
     let got = &refunds.got()[0];
     signature::verify(Some(&got.signature), &got.body, &refund_secret, now, 300).unwrap();
@@ -483,7 +483,7 @@ async fn a_delivery_that_never_succeeds_ends_failed_after_the_last_attempt() {
     let stored = Answer::of(app.get(&format!("/v1/events/{event}")).await)
         .await
         .json();
-    assert_eq!(stored["pending_webhooks"], 0);
+    assert_eq!(stored["pending_webhooks"], 1, "as written, ended or not");
 }
 
 #[tokio::test]
@@ -825,4 +825,393 @@ async fn an_endpoint_quiet_for_days_is_not_disabled_by_its_next_single_failure()
         .await
         .unwrap();
     assert_eq!(status, "enabled");
+}
+
+/// A raw HTTP receiver on a free port, for answers no well-behaved server
+/// gives: it reads each request whole, then does what `answer` says with
+/// the connection. It counts the requests it took in.
+struct RawReceiver {
+    address: std::net::SocketAddr,
+    requests: Arc<AtomicUsize>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+/// What a [`RawReceiver`] does after reading a request.
+#[derive(Clone, Copy, Debug)]
+enum Raw {
+    /// Never answers, and holds the connection open.
+    Hang,
+    /// `200 OK` with `Content-Length: 100`, then nothing, the connection held.
+    StalledBody,
+    /// `200 OK` with `Content-Length: 100`, ten bytes, then closes.
+    TruncatedBody,
+    /// `200 OK`, chunked, with a chunk size that is no hex number.
+    MalformedChunks,
+}
+
+impl RawReceiver {
+    async fn start(answer: Raw) -> Self {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = requests.clone();
+        let server = tokio::spawn(async move {
+            // Connections held open live as long as the receiver.
+            let mut held = Vec::new();
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                if !read_request(&mut stream).await {
+                    continue;
+                }
+                counted.fetch_add(1, Ordering::SeqCst);
+                let head = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n";
+                match answer {
+                    Raw::Hang => held.push(stream),
+                    Raw::StalledBody => {
+                        let _ = stream
+                            .write_all(format!("{head}Content-Length: 100\r\n\r\n").as_bytes())
+                            .await;
+                        held.push(stream);
+                    }
+                    Raw::TruncatedBody => {
+                        let _ = stream
+                            .write_all(
+                                format!("{head}Content-Length: 100\r\n\r\n0123456789").as_bytes(),
+                            )
+                            .await;
+                        let _ = stream.shutdown().await;
+                    }
+                    Raw::MalformedChunks => {
+                        let _ = stream
+                            .write_all(
+                                format!("{head}Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n")
+                                    .as_bytes(),
+                            )
+                            .await;
+                        let _ = stream.shutdown().await;
+                    }
+                }
+            }
+        });
+        RawReceiver {
+            address,
+            requests,
+            server,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.address)
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for RawReceiver {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Reads one request, headers and `Content-Length` body; `false` if the
+/// connection ended first.
+async fn read_request(stream: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + length {
+                return true;
+            }
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+impl TestApp {
+    /// A new endpoint for every event type at `url`, as the merchant whose
+    /// key is `api_key`.
+    async fn endpoint_as(&self, api_key: &str, url: &str) {
+        let created = Answer::of(
+            self.client
+                .post(self.url("/v1/webhook_endpoints"))
+                .bearer_auth(api_key)
+                .json(&json!({"url": url, "enabled_events": ["*"]}))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(created.status, 201, "{:?}", created.body);
+    }
+
+    /// Attempts recorded (ended) of the deliveries to endpoints whose URL
+    /// starts with `prefix`.
+    async fn attempts_ended_to(&self, prefix: &str) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM webhook_attempts a
+               JOIN webhook_deliveries d ON d.id = a.delivery_id
+               JOIN webhook_endpoints w ON w.id = d.endpoint_id
+              WHERE starts_with(w.url, $1)",
+        )
+        .bind(prefix)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+}
+
+/// The hanging sends last `WEBHOOK_TIMEOUT` (10 s here); another merchant's
+/// webhook must arrive while every one of them is still hanging, and the
+/// merchant whose endpoints hang holds no more than its bound of senders.
+#[tokio::test]
+async fn one_merchants_hanging_endpoints_leave_room_for_another_merchants_webhooks() {
+    let app = spawn_app_with(fast().set("WEBHOOK_TIMEOUT", "10s")).await;
+    let hanging = RawReceiver::start(Raw::Hang).await;
+    for n in 0..16 {
+        app.endpoint(&hanging.url(&format!("/hooks/{n}")), &["*"])
+            .await;
+    }
+    for n in 0..6 {
+        app.paid_charge(100 + n).await;
+    }
+    until(
+        Duration::from_secs(8),
+        "the hanging endpoints took in as many sends as their merchant's bound",
+        || async { hanging.requests() >= 8 },
+    )
+    .await;
+
+    let other = app.other_merchant().await;
+    let receiver = Receiver::start(&[Reply::Status(200)]).await;
+    app.endpoint_as(&other, &receiver.url).await;
+    let charge = Answer::of(app.post_charge_as(&other, None, &visa(700)).await).await;
+    assert_eq!(charge.status, 201);
+    receiver.until_got(1, Duration::from_secs(8)).await;
+    assert_eq!(
+        app.attempts_ended_to(&hanging.url("/")).await,
+        0,
+        "delivered while every hanging send was still hanging"
+    );
+    assert_eq!(
+        hanging.requests(),
+        8,
+        "the merchant held WEBHOOK_MERCHANT_CONCURRENCY senders, no more"
+    );
+}
+
+#[tokio::test]
+async fn a_hanging_endpoint_holds_at_most_its_bound_and_its_merchants_other_endpoint_still_receives()
+ {
+    let app = spawn_app_with(
+        fast()
+            .set("WEBHOOK_TIMEOUT", "10s")
+            .set("WEBHOOK_ENDPOINT_CONCURRENCY", "2"),
+    )
+    .await;
+    let hanging = RawReceiver::start(Raw::Hang).await;
+    let receiver = Receiver::start(&[Reply::Status(200)]).await;
+    app.endpoint(&hanging.url("/hooks"), &["*"]).await;
+    app.endpoint(&receiver.url, &["*"]).await;
+    for n in 0..5 {
+        app.paid_charge(100 + n).await;
+    }
+    receiver.until_got(5, Duration::from_secs(8)).await;
+    assert_eq!(app.attempts_ended_to(&hanging.url("/")).await, 0);
+    assert_eq!(
+        hanging.requests(),
+        2,
+        "WEBHOOK_ENDPOINT_CONCURRENCY sends to the hanging endpoint, no more"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_bounds_hold_over_several_instances_sharing_one_database() {
+    let settings = || {
+        fast()
+            .set("WEBHOOK_POLL_INTERVAL", "20ms")
+            .set("WEBHOOK_TIMEOUT", "10s")
+            .set("WEBHOOK_MERCHANT_CONCURRENCY", "3")
+    };
+    let app = spawn_app_with(settings()).await;
+    let _second = app.another_instance(settings()).await;
+    let _third = app.another_instance(settings()).await;
+    let hanging = RawReceiver::start(Raw::Hang).await;
+    for n in 0..4 {
+        app.endpoint(&hanging.url(&format!("/hooks/{n}")), &["*"])
+            .await;
+    }
+    for n in 0..4 {
+        app.paid_charge(100 + n).await;
+    }
+    until(Duration::from_secs(8), "three sends hang", || async {
+        hanging.requests() >= 3
+    })
+    .await;
+    // Three workers polling every 20 ms: fifty polls each, and sixteen
+    // deliveries due.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(app.attempts_ended_to(&hanging.url("/")).await, 0);
+    assert_eq!(
+        hanging.requests(),
+        3,
+        "three instances together held WEBHOOK_MERCHANT_CONCURRENCY sends"
+    );
+}
+
+#[tokio::test]
+async fn a_2xx_whose_body_stalls_ends_short_or_breaks_its_chunks_is_delivered_at_the_first_attempt()
+{
+    let app = spawn_app_with(
+        fast()
+            .set("WEBHOOK_TIMEOUT", "5s")
+            .set("WEBHOOK_MAX_ATTEMPTS", "2"),
+    )
+    .await;
+    let stalled = RawReceiver::start(Raw::StalledBody).await;
+    let truncated = RawReceiver::start(Raw::TruncatedBody).await;
+    let malformed = RawReceiver::start(Raw::MalformedChunks).await;
+    for receiver in [&stalled, &truncated, &malformed] {
+        app.endpoint(&receiver.url("/hooks"), &["charge.succeeded"])
+            .await;
+    }
+    let charge = app.paid_charge(500).await;
+    let event = app.event_of(&charge, "charge.succeeded").await;
+    until(
+        Duration::from_secs(15),
+        "the three deliveries end",
+        || async {
+            app.count("SELECT count(*) FROM webhook_deliveries WHERE status <> 'pending'")
+                .await
+                == 3
+        },
+    )
+    .await;
+    let deliveries = app.deliveries_of(&event).await;
+    for delivery in deliveries["data"].as_array().unwrap() {
+        assert_eq!(delivery["status"], "succeeded", "{delivery}");
+        assert_eq!(delivery["attempt_count"], 1, "{delivery}");
+        let attempt = &delivery["attempts"][0];
+        assert_eq!(attempt["response_status"], 200, "{delivery}");
+        assert_eq!(attempt["error"], Value::Null, "{delivery}");
+        // The stalled body is waited for briefly, never for the timeout.
+        assert!(
+            attempt["duration_ms"].as_i64().unwrap() < 4_000,
+            "{delivery}"
+        );
+    }
+    for receiver in [&stalled, &truncated, &malformed] {
+        assert_eq!(receiver.requests(), 1, "sent once");
+    }
+}
+
+/// One series of `/metrics`, summed over the lines whose labels include
+/// every one of `labels`.
+async fn metric(app: &TestApp, name: &str, labels: &[&str]) -> f64 {
+    let text = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The recorder is shared by the tests of this binary, so the count is
+/// read as a rise of at least this test's own deliveries.
+#[tokio::test]
+async fn deleting_an_endpoint_counts_the_deliveries_it_ends_in_the_metrics() {
+    let app = spawn_app_with(
+        fast()
+            .set("WEBHOOK_RETRY_BASE", "1h")
+            .set("WEBHOOK_RETRY_MAX", "1h"),
+    )
+    .await;
+    let receiver = Receiver::start(&[Reply::Status(500)]).await;
+    let (id, _) = app.endpoint(&receiver.url, &["charge.succeeded"]).await;
+    for n in 0..5 {
+        app.paid_charge(100 + n).await;
+    }
+    receiver.until_got(5, Duration::from_secs(10)).await;
+    until(Duration::from_secs(5), "five attempts recorded", || async {
+        app.count("SELECT count(*) FROM webhook_attempts").await == 5
+    })
+    .await;
+    let series = ["outcome=\"failed\"", "reason=\"endpoint_deleted\""];
+    let before = metric(&app, "webhook_deliveries_total", &series).await;
+    let deleted = app
+        .client
+        .delete(app.url(&format!("/v1/webhook_endpoints/{id}")))
+        .bearer_auth(&app.api_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    assert_eq!(app.delivery_statuses().await, ["failed"; 5]);
+    let after = metric(&app, "webhook_deliveries_total", &series).await;
+    assert!(
+        after - before >= 5.0,
+        "five deliveries ended by the delete: {before} then {after}"
+    );
+}
+
+#[tokio::test]
+async fn every_copy_of_an_event_sent_is_byte_for_byte_what_get_shows() {
+    let app = spawn_app_with(fast()).await;
+    let flaky = Receiver::start(&[Reply::Status(500), Reply::Status(200)]).await;
+    let steady = Receiver::start(&[Reply::Status(200)]).await;
+    app.endpoint(&flaky.url, &["charge.succeeded"]).await;
+    app.endpoint(&steady.url, &["charge.succeeded"]).await;
+    let charge = app.paid_charge(500).await;
+    flaky.until_got(2, Duration::from_secs(10)).await;
+    steady.until_got(1, Duration::from_secs(10)).await;
+    until(Duration::from_secs(10), "both delivered", || async {
+        app.delivery_statuses().await == ["succeeded", "succeeded"]
+    })
+    .await;
+    let event = app.event_of(&charge, "charge.succeeded").await;
+    let shown = Answer::of(app.get(&format!("/v1/events/{event}")).await).await;
+    assert_eq!(shown.status, 200);
+    let copies: Vec<Bytes> = flaky
+        .got()
+        .into_iter()
+        .chain(steady.got())
+        .map(|g| g.body)
+        .collect();
+    assert_eq!(copies.len(), 3);
+    for copy in &copies {
+        assert_eq!(
+            copy,
+            &shown.body,
+            "a copy sent, then what GET shows:\n{}\n{}",
+            String::from_utf8_lossy(copy),
+            String::from_utf8_lossy(&shown.body)
+        );
+    }
+    assert_eq!(shown.json()["pending_webhooks"], 2);
+    let listed = Answer::of(app.get("/v1/events?limit=1").await).await.json();
+    assert_eq!(
+        listed["data"][0],
+        shown.json(),
+        "and the list shows it so too"
+    );
 }

@@ -2,7 +2,8 @@
 //! merchant's order system (an inbox that ships once per event id, and a
 //! naive one that ships for every delivery): a worker killed between the
 //! receiver's `2xx` and its record of it, a receiver that is down for a
-//! while, and three instances delivering from one database. Each scenario
+//! while, three instances delivering from one database, and one merchant's
+//! endpoints hanging while another's webhooks are timed. Each scenario
 //! waits until every delivery has ended and checks that every event was
 //! delivered, that nothing was lost, and that the inbox shipped exactly one
 //! order per event ([`webhook_violations`](crate::harness::webhook_violations),
@@ -21,7 +22,7 @@ use crate::harness::{
     scale, wait_until_delivered, webhook_violations,
 };
 
-/// The most deliveries one pass of a worker claims (the worker's `BATCH`).
+/// The most sends a worker has in flight (`WEBHOOK_CONCURRENCY`'s default).
 const BATCH: usize = 32;
 
 /// The `WEBHOOK_*` settings of a scenario, short so that its retries and
@@ -69,6 +70,11 @@ impl Delivery {
             poll_interval: self.poll_interval,
             acquire_timeout: self.acquire_timeout,
             fault_injection: true,
+            concurrency: 32,
+            bounds: oncepay::webhooks::store::InFlightBounds {
+                per_endpoint: 4,
+                per_merchant: 8,
+            },
         }
         .lease()
     }
@@ -250,7 +256,8 @@ async fn a_worker_killed_between_the_receivers_2xx_and_its_record_sends_again_an
  {
     let db = Database::create_empty().await;
     let run = "killed";
-    // One delivery per event and receiver; all of them fit one claim.
+    // One delivery per event and receiver; all of them fit the worker's
+    // places (a claim takes them in turns of WEBHOOK_MERCHANT_CONCURRENCY).
     let events = (3 * scale()).min(BATCH / 2);
     // The process under test: its worker delivers to its own receivers,
     // which answer the first delivery of each event `200` with
@@ -676,4 +683,263 @@ async fn the_webhook_check_finds_every_lost_delivery_every_wrong_shipment_and_ev
         6,
         "and nothing else (the naive receiver ships as it likes): {violations:#?}"
     );
+}
+
+/// A receiver in this process that, while `hang` is set, takes each request
+/// in and never answers (holding the connection), and otherwise answers
+/// `200` at once. Setting it to answer drops the held connections.
+struct Switchable {
+    url: String,
+    hang: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    held: std::sync::Arc<std::sync::Mutex<Vec<tokio::net::TcpStream>>>,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Switchable {
+    async fn start(hang: bool) -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::{Arc, Mutex};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let hang = Arc::new(AtomicBool::new(hang));
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let (h, k, r) = (hang.clone(), held.clone(), requests.clone());
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (h, k, r) = (h.clone(), k.clone(), r.clone());
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    // The request, headers and body, read whole.
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                            let length: usize = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .and_then(|v| v.trim().parse().ok())
+                                .unwrap_or(0);
+                            if buf.len() >= end + 4 + length {
+                                break;
+                            }
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    r.fetch_add(1, Ordering::SeqCst);
+                    if h.load(Ordering::SeqCst) {
+                        k.lock().unwrap().push(stream);
+                        return;
+                    }
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        )
+                        .await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Switchable {
+            url,
+            hang,
+            held,
+            requests,
+            server,
+        }
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Answers from now on, and lets go of the connections it held.
+    fn answer(&self) {
+        self.hang.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.held.lock().unwrap().clear();
+    }
+}
+
+impl Drop for Switchable {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Latencies in milliseconds: the median, the 90th percentile, the most.
+fn summary(latencies: &[f64]) -> (f64, f64, f64) {
+    let mut sorted = latencies.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.9), at(1.0))
+}
+
+/// Charges the quiet merchant `count` times, one after the other, each
+/// once the webhook of the one before has been delivered; returns each
+/// operation and how long from its event's writing to the end of the
+/// attempt that delivered it, in milliseconds, as recorded.
+async fn timed_charges(
+    http: &reqwest::Client,
+    url: &str,
+    pool: &PgPool,
+    phase: &str,
+    count: usize,
+    within: Duration,
+) -> (Vec<OpOutcome>, Vec<f64>) {
+    let mut outcomes = Vec::new();
+    let mut latencies = Vec::new();
+    for n in 0..count {
+        let op = format!("quiet-{phase}-{n}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let outcome = drive(
+            http,
+            &[url.to_owned()],
+            &op,
+            &crate::harness::charge_body(&op, 500, "tok_visa"),
+            &[],
+            deadline,
+        )
+        .await;
+        let charge = outcome.answers[0].id.clone().expect("a charge id");
+        outcomes.push(outcome);
+        let latency: f64 = eventually(
+            Instant::now() + within,
+            &format!("the quiet merchant's webhook of {charge} delivered"),
+            || async {
+                sqlx::query_scalar::<_, f64>(
+                    "SELECT (extract(epoch FROM a.started_at - e.created_at) * 1000
+                             + a.duration_ms)::float8
+                       FROM webhook_attempts a
+                       JOIN webhook_deliveries d ON d.id = a.delivery_id
+                       JOIN events e ON e.seq = d.event_seq
+                      WHERE e.object_id = $1 AND a.response_status BETWEEN 200 AND 299",
+                )
+                .bind(&charge)
+                .fetch_optional(pool)
+                .await
+                .unwrap()
+            },
+        )
+        .await;
+        latencies.push(latency);
+    }
+    (outcomes, latencies)
+}
+
+/// One merchant has sixteen endpoints that never answer and six charges
+/// (96 deliveries, each held for `WEBHOOK_TIMEOUT`); another merchant's
+/// webhooks are timed, alone and then beside them, in one run. The figures
+/// are printed (and appended to `CHAOS_FIGURES` for `scripts/chaos`); the
+/// assertion is only that the quiet merchant's webhooks, beside the
+/// hanging ones, arrive well within the time a hanging send takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_merchants_hanging_endpoints_leave_another_merchants_webhooks_on_time() {
+    let db = Database::create_empty().await;
+    let delivery = Delivery {
+        poll_interval: Duration::from_millis(20),
+        ..DELIVERY
+    };
+    let server = Server::start(&db.url, &delivery.env()).await;
+    let pool = db.pool().await;
+    let http = client(Duration::from_secs(15));
+    let samples = 10 * scale();
+
+    // The quiet merchant (the servers' demo merchant) and its receiver.
+    let quiet = Switchable::start(false).await;
+    endpoint(&http, &server.url(), &format!("{}/hooks", quiet.url)).await;
+    // The noisy merchant, with sixteen endpoints that hang.
+    let (_, noisy_key) = oncepay::merchants::create(&pool, "noisy").await.unwrap();
+    let noisy_key = noisy_key.expose().to_owned();
+    let hanging = Switchable::start(true).await;
+    for n in 0..16 {
+        let created = http
+            .post(format!("{}/v1/webhook_endpoints", server.url()))
+            .bearer_auth(&noisy_key)
+            .json(&json!({"url": format!("{}/hooks/{n}", hanging.url),
+                          "enabled_events": ["charge.succeeded"]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.status(), 201);
+    }
+
+    let within = delivery.attempted_within();
+    let (mut outcomes, alone) =
+        timed_charges(&http, &server.url(), &pool, "alone", samples, within).await;
+
+    let noisy_charges = 6;
+    for n in 0..noisy_charges {
+        let op = format!("noisy-{n}");
+        let answer = http
+            .post(format!("{}/v1/charges", server.url()))
+            .bearer_auth(&noisy_key)
+            .header("Idempotency-Key", &op)
+            .json(&crate::harness::charge_body(&op, 700, "tok_visa"))
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status().as_u16();
+        let body: Value = answer.json().await.unwrap();
+        assert_eq!(status, 201, "{body}");
+        let mut outcome = OpOutcome::new(&op, &op);
+        outcome.requests = 1;
+        outcome.answered(status, &body);
+        outcomes.push(outcome);
+    }
+    eventually(
+        Instant::now() + within,
+        "the hanging endpoints hold the noisy merchant's senders",
+        || async { (hanging.requests() >= 8).then_some(()) },
+    )
+    .await;
+    let (quiet_beside, beside) =
+        timed_charges(&http, &server.url(), &pool, "beside", samples, within).await;
+    outcomes.extend(quiet_beside);
+    let hung_sends = hanging.requests();
+
+    let (a50, a90, amax) = summary(&alone);
+    let (b50, b90, bmax) = summary(&beside);
+    let ratio = b50 / a50.max(1.0);
+    let figures = format!(
+        "webhook latency of a quiet merchant, {samples} charges each (ms, event written to \
+         delivered; WEBHOOK_TIMEOUT={timeout:?}): alone p50 {a50:.0} p90 {a90:.0} max {amax:.0}; \
+         beside 16 hanging endpoints of another merchant ({noisy_charges} charges, {hung_sends} \
+         sends taken in by them, none answered) p50 {b50:.0} p90 {b90:.0} max {bmax:.0}; p50 ratio {ratio:.2} ({verdict} 1.5x)",
+        timeout = delivery.timeout,
+        verdict = if ratio <= 1.5 { "within" } else { "over" },
+    );
+    eprintln!("{figures}");
+    if let Ok(path) = std::env::var("CHAOS_FIGURES") {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        writeln!(file, "{figures}").unwrap();
+    }
+    assert!(
+        b50 < delivery.timeout.as_secs_f64() * 1000.0 / 2.0,
+        "the quiet merchant's webhooks waited for the hanging sends: {figures}"
+    );
+
+    // The noisy merchant's endpoints come back; everything is delivered.
+    hanging.answer();
+    wait_until_delivered(
+        &pool,
+        Instant::now() + delivery.retry_max + delivery.attempted_within() * 4,
+    )
+    .await;
+    let report = Report::measure("webhook: one merchant's endpoints hang", &pool, &outcomes).await;
+    report.publish();
+    report.assert_exactly_once();
+    assert_eq!(report.succeeded, (2 * samples + noisy_charges) as i64);
 }
