@@ -13,6 +13,7 @@
 //!
 //! `scripts/chaos` runs these with `CHAOS_SCALE=3` and prints the table.
 
+mod connections;
 #[path = "../common/database.rs"]
 mod database;
 mod harness;
