@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::config::{Config, ConfigError, Settings};
@@ -61,7 +60,8 @@ enum Command {
 enum MerchantsCommand {
     /// Create a merchant; prints its secret API key, and only it, on stdout.
     Create {
-        #[arg(long)]
+        /// The merchant's name, 1 to 200 characters.
+        #[arg(long, value_parser = merchant_name)]
         name: String,
     },
 }
@@ -86,6 +86,7 @@ impl Cli {
     pub async fn run(self) -> anyhow::Result<()> {
         let config = Config::from_settings(self.settings)?;
         let pool = db::pool(&config)?;
+        db::wait_until_reachable(&pool, &config).await?;
         match self.command.unwrap_or(Command::Serve) {
             Command::Serve => {
                 let app = Application::build(config, pool).await?;
@@ -100,9 +101,14 @@ impl Cli {
             Command::Merchants {
                 command: MerchantsCommand::Create { name },
             } => {
-                let (merchant, key) = merchants::create(&pool, &name).await.context(
-                    "creating the merchant (have the migrations run? try `oncepay migrate`)",
-                )?;
+                let (merchant, key) = merchants::create(&pool, &name).await.map_err(|e| {
+                    let context = if db::undefined_table(&e) {
+                        "creating the merchant: its table is missing (run `oncepay migrate` first)"
+                    } else {
+                        "creating the merchant"
+                    };
+                    anyhow::Error::new(e).context(context)
+                })?;
                 tracing::info!(merchant = %merchant.id, name = %merchant.name, "merchant created");
                 println!("{}", key.expose());
                 Ok(())
@@ -131,4 +137,14 @@ impl Cli {
             }
         }
     }
+}
+
+/// A merchant's name as the `merchants` table takes it: 1 to 200
+/// characters, not only spaces.
+fn merchant_name(value: &str) -> Result<String, String> {
+    let name = value.trim();
+    if name.is_empty() || name.chars().count() > 200 {
+        return Err("a merchant's name must be 1 to 200 characters, not blank".into());
+    }
+    Ok(name.to_owned())
 }

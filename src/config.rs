@@ -38,12 +38,22 @@ pub struct Settings {
     /// How long shutdown waits for requests in flight to finish.
     #[arg(long, help_heading = "Server", env = "SHUTDOWN_GRACE", default_value = "10s", value_parser = positive_duration, global = true)]
     shutdown_grace: Duration,
+    /// How long a client has to send a whole request head, counted from when the server waits for it.
+    #[arg(long, help_heading = "Server", env = "HTTP_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = positive_duration, global = true)]
+    http_header_read_timeout: Duration,
+    /// How long a connection may stay silent with no request in flight; at most HTTP_HEADER_READ_TIMEOUT.
+    #[arg(long, help_heading = "Server", env = "HTTP_KEEP_ALIVE_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
+    http_keep_alive_timeout: Duration,
+    /// The most client connections open at once (lowered to fit the open-file limit).
+    #[arg(long, help_heading = "Server", env = "HTTP_MAX_CONNECTIONS", default_value = "1024", value_parser = positive_usize, global = true)]
+    http_max_connections: usize,
     /// Postgres URL (required).
     #[arg(
         long,
         help_heading = "Database",
         env = "DATABASE_URL",
         hide_env_values = true,
+        value_parser = postgres_url,
         global = true
     )]
     database_url: Option<String>,
@@ -153,6 +163,16 @@ pub struct Config {
     pub request_timeout: Duration,
     /// How long shutdown waits for requests in flight to finish.
     pub shutdown_grace: Duration,
+    /// How long a client has to send a whole request head, counted from when
+    /// the server starts waiting for it (the connection's opening, or the
+    /// previous answer).
+    pub http_header_read_timeout: Duration,
+    /// How long a connection with no request in flight may send nothing
+    /// before it is closed; at most `http_header_read_timeout`.
+    pub http_keep_alive_timeout: Duration,
+    /// The most client connections open at once, before the open-file limit
+    /// lowers it (see `crate::http::server`).
+    pub http_max_connections: usize,
     /// The longest one webhook attempt may take.
     pub webhook_timeout: Duration,
     /// Attempts per webhook delivery, the first included.
@@ -247,6 +267,9 @@ impl Config {
             redis_url,
             request_timeout,
             shutdown_grace,
+            http_header_read_timeout,
+            http_keep_alive_timeout,
+            http_max_connections,
             webhook_timeout,
             webhook_max_attempts,
             webhook_retry_base,
@@ -283,6 +306,9 @@ impl Config {
             request_timeout: request_timeout
                 .unwrap_or((processing_timeout / 2).min(Duration::from_secs(30))),
             shutdown_grace,
+            http_header_read_timeout,
+            http_keep_alive_timeout,
+            http_max_connections,
             webhook_timeout,
             webhook_max_attempts,
             webhook_retry_base,
@@ -320,6 +346,32 @@ impl Config {
                     ),
                 });
             }
+        }
+        // Every charge waits PROCESSOR_LATENCY_MS at the processor: at or
+        // above REQUEST_TIMEOUT, every one would be answered 503.
+        if config.processor_latency >= config.request_timeout {
+            return Err(ConfigError {
+                name: "PROCESSOR_LATENCY_MS".into(),
+                value: config.processor_latency.as_millis().to_string(),
+                reason: format!(
+                    "must be below REQUEST_TIMEOUT ({}): every charge would wait that long at \
+                     the processor and be answered 503 request_timeout",
+                    humantime::format_duration(config.request_timeout)
+                ),
+            });
+        }
+        // hyper's header timer also runs while a connection waits for its
+        // next request, so a longer keep-alive would never be reached.
+        if config.http_keep_alive_timeout > config.http_header_read_timeout {
+            return Err(ConfigError {
+                name: "HTTP_KEEP_ALIVE_TIMEOUT".into(),
+                value: humantime::format_duration(config.http_keep_alive_timeout).to_string(),
+                reason: format!(
+                    "must be at most HTTP_HEADER_READ_TIMEOUT ({}), which also bounds how long \
+                     a connection may wait for its next request",
+                    humantime::format_duration(config.http_header_read_timeout)
+                ),
+            });
         }
         // A key must outlive any request holding it, or a retry could take
         // over a key whose first request is still at work.
@@ -377,6 +429,9 @@ impl std::fmt::Debug for Config {
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
             .field("request_timeout", &self.request_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("http_header_read_timeout", &self.http_header_read_timeout)
+            .field("http_keep_alive_timeout", &self.http_keep_alive_timeout)
+            .field("http_max_connections", &self.http_max_connections)
             .field("webhook_timeout", &self.webhook_timeout)
             .field("webhook_max_attempts", &self.webhook_max_attempts)
             .field("webhook_retry_base", &self.webhook_retry_base)
@@ -500,6 +555,22 @@ fn port(value: &str) -> Result<u16, String> {
     value.trim().parse().map_err(|e| format!("{e}"))
 }
 
+/// A URL sqlx can connect to Postgres with: `postgres://` or `postgresql://`.
+fn postgres_url(value: &str) -> Result<String, String> {
+    use std::str::FromStr;
+    let value = value.trim();
+    let example = "write it like postgres://user:password@host:5432/database";
+    let scheme = value.split_once("://").map(|(scheme, _)| scheme);
+    if !scheme
+        .is_some_and(|s| s.eq_ignore_ascii_case("postgres") || s.eq_ignore_ascii_case("postgresql"))
+    {
+        return Err(format!("must be a postgres:// URL ({example})"));
+    }
+    sqlx::postgres::PgConnectOptions::from_str(value)
+        .map(|_| value.to_owned())
+        .map_err(|e| format!("{e} ({example})"))
+}
+
 fn demo_api_key(value: &str) -> Result<String, String> {
     let value = value.trim();
     match crate::merchants::ApiKey::parse(value) {
@@ -598,6 +669,9 @@ mod tests {
         assert!(!c.demo_unsafe_endpoints);
         assert_eq!(c.request_timeout, Duration::from_secs(15));
         assert_eq!(c.shutdown_grace, Duration::from_secs(10));
+        assert_eq!(c.http_header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.http_keep_alive_timeout, Duration::from_secs(5));
+        assert_eq!(c.http_max_connections, 1024);
         assert_eq!(c.webhook_timeout, Duration::from_secs(10));
         assert_eq!(c.webhook_max_attempts, 16);
         assert_eq!(c.webhook_retry_base, Duration::from_secs(60));
@@ -751,7 +825,7 @@ mod tests {
         assert!(
             config(&[
                 ("PROCESSING_TIMEOUT", "2s"),
-                ("PROCESSOR_LATENCY_MS", "1999"),
+                ("PROCESSOR_LATENCY_MS", "1998"),
                 ("REQUEST_TIMEOUT", "1999ms"),
             ])
             .is_ok()
@@ -761,6 +835,69 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("REQUEST_TIMEOUT"), "{err}");
+    }
+
+    #[test]
+    fn a_latency_at_or_above_the_request_timeout_is_refused_naming_both() {
+        for (latency, timeout) in [("1000", "1s"), ("1500", "1s"), ("20000", "")] {
+            let mut vars = vec![("PROCESSOR_LATENCY_MS", latency)];
+            if !timeout.is_empty() {
+                vars.push(("REQUEST_TIMEOUT", timeout));
+            }
+            let err = config(&vars).unwrap_err().to_string();
+            assert!(
+                err.contains("PROCESSOR_LATENCY_MS") && err.contains("REQUEST_TIMEOUT"),
+                "{err} should name PROCESSOR_LATENCY_MS and REQUEST_TIMEOUT"
+            );
+        }
+        assert!(config(&[("PROCESSOR_LATENCY_MS", "999"), ("REQUEST_TIMEOUT", "1s")]).is_ok());
+    }
+
+    #[test]
+    fn a_database_url_that_is_not_postgres_is_refused_naming_the_variable() {
+        for url in ["mysql://x", "x", "http://db/x", "postgres://db:port/x"] {
+            let err = config(&[("DATABASE_URL", url)]).unwrap_err().to_string();
+            assert!(err.contains("DATABASE_URL"), "{err}");
+            assert!(
+                err.contains("postgres://"),
+                "{err} should say what is expected"
+            );
+        }
+        let err = config(&[("DATABASE_URL", "mysql://app:hunter2@db/x")])
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        for url in [
+            "postgres://db/x",
+            "postgresql://app:pw@db:5433/x?sslmode=disable",
+        ] {
+            assert_eq!(config(&[("DATABASE_URL", url)]).unwrap().database_url, url);
+        }
+    }
+
+    #[test]
+    fn a_keep_alive_longer_than_the_header_read_timeout_is_refused() {
+        let err = config(&[
+            ("HTTP_HEADER_READ_TIMEOUT", "2s"),
+            ("HTTP_KEEP_ALIVE_TIMEOUT", "3s"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("HTTP_KEEP_ALIVE_TIMEOUT") && err.contains("HTTP_HEADER_READ_TIMEOUT"),
+            "{err}"
+        );
+        let c = config(&[
+            ("HTTP_HEADER_READ_TIMEOUT", "2s"),
+            ("HTTP_KEEP_ALIVE_TIMEOUT", "2s"),
+            ("HTTP_MAX_CONNECTIONS", "64"),
+        ])
+        .unwrap();
+        assert_eq!(c.http_max_connections, 64);
+        let err = config(&[("HTTP_MAX_CONNECTIONS", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("HTTP_MAX_CONNECTIONS"), "{err}");
     }
 
     #[test]

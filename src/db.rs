@@ -32,3 +32,27 @@ pub fn pool(config: &Config) -> anyhow::Result<PgPool> {
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
     MIGRATOR.run(pool).await.context("applying migrations")
 }
+
+/// Waits, at most `DATABASE_ACQUIRE_TIMEOUT`, until the database takes a
+/// connection, saying so in the log: a process that cannot reach its
+/// database stops with a message naming `DATABASE_URL` (its password
+/// redacted) rather than waiting in silence.
+pub async fn wait_until_reachable(pool: &PgPool, config: &Config) -> anyhow::Result<()> {
+    let url = config.redacted_database_url();
+    tracing::info!(database = %url, "waiting for the database");
+    match pool.acquire().await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(anyhow::Error::new(e).context(format!(
+            "cannot reach the database at DATABASE_URL={url} within DATABASE_ACQUIRE_TIMEOUT ({})",
+            humantime::format_duration(config.database_acquire_timeout)
+        ))),
+    }
+}
+
+/// Whether `error` says a table does not exist (the migrations have not run).
+pub fn undefined_table(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "42P01")
+}

@@ -64,9 +64,15 @@ impl From<sqlx::Error> for Error {
 
 impl From<anyhow::Error> for Error {
     fn from(e: anyhow::Error) -> Self {
-        match e.downcast_ref::<sqlx::Error>() {
-            Some(sqlx_error) if is_unavailable(sqlx_error) => Error::Unavailable(e),
-            _ => Error::Internal(e),
+        // Anywhere in the chain: a store's own error may wrap sqlx's.
+        let unavailable = e
+            .chain()
+            .filter_map(|cause| cause.downcast_ref::<sqlx::Error>())
+            .any(is_unavailable);
+        if unavailable {
+            Error::Unavailable(e)
+        } else {
+            Error::Internal(e)
         }
     }
 }
@@ -128,15 +134,72 @@ pub fn service_unavailable(retry_after: u64) -> Problem {
     .with_retry_after(retry_after)
 }
 
-/// Errors that mean "the database is not there right now", not "a bug".
+/// Errors that mean "the database cannot serve now", not "a bug": it is
+/// unreachable, it refuses new connections, or it ended the session. A
+/// retry may succeed once it is back, so these are a `503` with
+/// `Retry-After`, never a `500`.
 pub fn is_unavailable(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
-        // 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now,
-        // and class 08, connection exceptions.
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            // FATAL and PANIC end the session: every refusal at connect time
+            // (a database not accepting connections, too many connections,
+            // failed authentication, a database that is gone) and every
+            // session the server cut.
+            let session_ended = db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some_and(|pg| {
+                    matches!(
+                        pg.severity(),
+                        sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
+                    )
+                });
+            session_ended || db.code().is_some_and(|code| unavailable_code(&code))
+        }
         _ => false,
+    }
+}
+
+/// SQLSTATEs of a database that cannot serve now: class 08 (connection
+/// exceptions), class 53 (insufficient resources: 53300
+/// too_many_connections, disk full, out of memory), 57P (57P01
+/// admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now, 57P04
+/// database_dropped), and 25006 read_only_sql_transaction (a standby, as
+/// after a failover).
+fn unavailable_code(code: &str) -> bool {
+    code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") || code == "25006"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_codes_of_a_database_that_cannot_serve_now_are_unavailable_and_others_are_not() {
+        for code in [
+            "08006", "08001", "53300", "53100", "57P01", "57P03", "57P04", "25006",
+        ] {
+            assert!(unavailable_code(code), "{code}");
+        }
+        for code in ["23505", "40001", "42P01", "22P02", "55000"] {
+            assert!(!unavailable_code(code), "{code}");
+        }
+        assert!(is_unavailable(&sqlx::Error::PoolTimedOut));
+        assert!(!is_unavailable(&sqlx::Error::RowNotFound));
+    }
+
+    #[test]
+    fn a_sqlx_error_deep_in_an_anyhow_chain_still_counts() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("the store failed")]
+        struct Store(#[source] sqlx::Error);
+        let wrapped = anyhow::Error::new(Store(sqlx::Error::PoolTimedOut)).context("settling");
+        assert!(matches!(Error::from(wrapped), Error::Unavailable(_)));
+        let bug = anyhow::Error::new(Store(sqlx::Error::RowNotFound));
+        assert!(matches!(Error::from(bug), Error::Internal(_)));
     }
 }

@@ -22,6 +22,7 @@ use crate::webhooks::deliver::{DeliverySettings, Worker};
 pub struct Application {
     listener: TcpListener,
     state: AppState,
+    limits: http::server::Limits,
 }
 
 impl Application {
@@ -43,6 +44,18 @@ impl Application {
         pool: PgPool,
         processor: Arc<dyn Processor>,
     ) -> anyhow::Result<Self> {
+        // Every connection is a descriptor: raise the limit where the system
+        // allows, and keep the connection cap within what it is then.
+        let open_files = http::server::raise_open_file_limit();
+        let limits = http::server::Limits::new(&config, open_files);
+        if limits.max_connections < config.http_max_connections {
+            tracing::warn!(
+                configured = config.http_max_connections,
+                lowered_to = limits.max_connections,
+                open_files,
+                "HTTP_MAX_CONNECTIONS lowered to fit the open-file limit"
+            );
+        }
         let listener = TcpListener::bind((config.bind_addr, config.port))
             .await
             .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;
@@ -65,7 +78,11 @@ impl Application {
             waits,
             redis,
         });
-        Ok(Application { listener, state })
+        Ok(Application {
+            listener,
+            state,
+            limits,
+        })
     }
 
     /// Applies migrations and makes sure the demo merchant exists.
@@ -130,8 +147,17 @@ impl Application {
             let _ = upkeep_stop.wait_for(|stop| *stop).await;
         }));
         tracing::info!(addr = %self.listener.local_addr()?, "oncepay listening");
+        tracing::info!(
+            max_connections = self.limits.max_connections,
+            header_read_timeout = ?self.limits.header_read_timeout,
+            keep_alive_timeout = ?self.limits.keep_alive_timeout,
+            "connection cap and timeouts"
+        );
         let mut stopping = stop_rx.clone();
-        let server = axum::serve(self.listener, http::router(self.state)).with_graceful_shutdown(
+        let server = http::server::serve(
+            self.listener,
+            http::router(self.state),
+            self.limits,
             async move {
                 shutdown.await;
                 tracing::info!("shutting down: no new connections; finishing requests in flight");
@@ -152,7 +178,7 @@ impl Application {
             tokio::time::sleep_until(deadline).await;
         };
         tokio::select! {
-            served = server => served.context("serving")?,
+            () = server => {}
             _ = grace => tracing::warn!("shutdown grace over; dropping open connections"),
         }
         let deadline = deadline_rx

@@ -16,6 +16,7 @@ pub mod openapi;
 pub mod problem;
 pub mod receiver;
 pub mod refunds;
+pub mod server;
 pub mod stripe;
 pub mod webhook_endpoints;
 

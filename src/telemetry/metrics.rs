@@ -2,7 +2,8 @@
 //!
 //! | metric | labels |
 //! | --- | --- |
-//! | `http_requests_total`, `http_request_duration_seconds` | `method`, `route`, `status` |
+//! | `http_requests_total`, `http_request_duration_seconds` | `method` (a standard method or `other`), `route` (a template or `unmatched`), `status` |
+//! | `http_connections_open`, `http_connections_shed_total` (`reason`: `evicted`, `refused`) | see `crate::http::server` |
 //! | `idempotency_outcomes_total` | `outcome`: `executed`, `replayed`, `in_use`, `reused`, `expired_taken_over`, `stale_recovered` |
 //! | `idempotency_waiters` (requests waiting on a key in flight), `idempotency_wait_polls_total` (reads their shared waits ran) | |
 //! | `processor_calls_total`, `processor_call_duration_seconds` | `call` (`authorize`, `void`, `refund`), `outcome` |

@@ -149,3 +149,78 @@ fn a_flag_wins_over_its_variable_and_a_bad_flag_is_named_by_its_variable() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_unreachable_database_is_announced_and_named_by_its_variable_without_the_password() {
+    // Nothing listens on port 1: every connection is refused.
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_oncepay"))
+        .arg("serve")
+        .env_clear()
+        .current_dir(std::env::temp_dir())
+        .env("DATABASE_URL", "postgres://app:hunter2@127.0.0.1:1/oncepay")
+        .env("DATABASE_ACQUIRE_TIMEOUT", "1s")
+        .env("PORT", "0")
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "it gave up after DATABASE_ACQUIRE_TIMEOUT: {stderr}"
+    );
+    assert!(stderr.contains("waiting for the database"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "cannot reach the database at DATABASE_URL=postgres://app:***@127.0.0.1:1/oncepay"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("DATABASE_ACQUIRE_TIMEOUT"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+#[test]
+fn a_database_url_that_is_not_postgres_is_refused_naming_the_variable() {
+    for url in ["mysql://x", "not a url"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_oncepay"))
+            .arg("migrate")
+            .env_clear()
+            .current_dir(std::env::temp_dir())
+            .env("DATABASE_URL", url)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("DATABASE_URL"), "{url}: {stderr}");
+        assert!(
+            stderr.contains("postgres://"),
+            "{url}: says what is expected: {stderr}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn merchants_create_with_a_blank_name_says_so_and_creates_nothing() {
+    let db = TestDb::create().await;
+    for name in ["", "   ", &"x".repeat(201)] {
+        let out = oncepay(&db, &["merchants", "create", "--name", name]);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--name"), "{stderr}");
+        assert!(stderr.contains("1 to 200 characters"), "{stderr}");
+        assert!(
+            !stderr.contains("migrat"),
+            "not blamed on the migrations: {stderr}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+    let pool = db.pool().await;
+    let merchants: i64 = sqlx::query_scalar("SELECT count(*) FROM merchants")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(merchants, 0);
+    pool.close().await;
+}

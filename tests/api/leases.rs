@@ -13,7 +13,7 @@ use oncepay::processor::{
 };
 use oncepay::sweeper::{SweepSettings, Sweeper};
 
-use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, visa};
+use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, spawn_app_with_processor, visa};
 
 /// The simulated processor, with refunds that take `delay` and are counted
 /// per refund processor key.
@@ -138,9 +138,13 @@ async fn a_record_whose_lease_lapsed_mid_batch_is_recovered_by_one_sweeper_only(
 async fn a_wait_longer_than_the_request_timeout_ends_in_409_not_a_timeout() {
     let settings = Settings::new()
         .set("PROCESSING_TIMEOUT", "4s")
-        .set("REQUEST_TIMEOUT", "1500ms")
-        .set("PROCESSOR_LATENCY_MS", 3000);
-    let app = spawn_app_with(settings).await;
+        .set("REQUEST_TIMEOUT", "1500ms");
+    // A processor slower than REQUEST_TIMEOUT, which PROCESSOR_LATENCY_MS
+    // may not be.
+    let app = spawn_app_with_processor(settings, |pool| {
+        Arc::new(SimulatedProcessor::new(pool, Duration::from_secs(3)))
+    })
+    .await;
     let body = visa(2000);
     let holder = app.post_charge(Some("slow"), &body);
     let waiter = async {

@@ -8,6 +8,7 @@ mod auth;
 mod bad_input;
 mod cli;
 mod concurrency;
+mod connections;
 mod demo;
 mod docs;
 mod event_polling;

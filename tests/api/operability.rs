@@ -8,7 +8,13 @@ use oncepay::merchants;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::helpers::{Answer, Settings, TestDb, spawn_app, spawn_app_with, until, visa};
+use std::sync::Arc;
+
+use oncepay::processor::SimulatedProcessor;
+
+use crate::helpers::{
+    Answer, Settings, TestDb, spawn_app, spawn_app_with, spawn_app_with_processor, until, visa,
+};
 use crate::sweeper::stale_claim_in;
 
 #[tokio::test]
@@ -361,10 +367,12 @@ async fn a_request_that_finds_the_pool_exhausted_gets_503_and_is_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_over_the_timeout_gets_a_problem_and_its_work_still_completes() {
-    let app = spawn_app_with(
-        Settings::new()
-            .set("REQUEST_TIMEOUT", "300ms")
-            .set("PROCESSOR_LATENCY_MS", 1000),
+    // A processor slower than REQUEST_TIMEOUT, which PROCESSOR_LATENCY_MS
+    // may not be.
+    let latency = Duration::from_secs(1);
+    let app = spawn_app_with_processor(
+        Settings::new().set("REQUEST_TIMEOUT", "300ms"),
+        move |pool| Arc::new(SimulatedProcessor::new(pool, latency)),
     )
     .await;
     let slow = Answer::of(app.post_charge(Some("slow"), &visa(100)).await).await;
@@ -374,7 +382,7 @@ async fn a_request_over_the_timeout_gets_a_problem_and_its_work_still_completes(
     // The work went on in its own task; a retry gets its result once it is
     // done (409 until then: each retry must itself stay under the timeout).
     // It is done once the processor has answered.
-    let deadline = Instant::now() + app.config.processor_latency + app.config.request_timeout;
+    let deadline = Instant::now() + latency + app.config.request_timeout;
     let retry = loop {
         let retry = Answer::of(app.post_charge(Some("slow"), &visa(100)).await).await;
         if retry.status != 409 || Instant::now() > deadline {
@@ -414,4 +422,97 @@ async fn the_operational_routes_refuse_unknown_query_parameters_like_every_other
         .await;
         expand.assert_problem(400, "property_not_expandable");
     }
+}
+
+#[tokio::test]
+async fn made_up_methods_neither_grow_the_metrics_nor_reach_a_label_or_the_log() {
+    let served = Served::start(&[("RUST_LOG", "info,sqlx=warn")]).await;
+    let client = reqwest::Client::new();
+    let junk = |i: usize| {
+        let name = format!("JUNK{i}{}", "X".repeat(2_000));
+        reqwest::Method::from_bytes(name.as_bytes()).unwrap()
+    };
+    let send = |i: usize| {
+        let (client, url) = (&client, &served.url);
+        async move {
+            for path in ["/v1/charges".to_owned(), format!("/no/such/route/{i}")] {
+                let response = client
+                    .request(junk(i), format!("{url}{path}"))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(response.status().is_client_error(), "{path}");
+            }
+        }
+    };
+    // The first of each kind adds its series; a scrape adds its own.
+    send(0).await;
+    served.metrics().await;
+    let before = served.metrics().await;
+    for i in 1..=50 {
+        send(i).await;
+    }
+    let after = served.metrics().await;
+    assert!(
+        after.len() < before.len() + 1_024,
+        "the scrape grew from {} to {} bytes",
+        before.len(),
+        after.len()
+    );
+    assert!(!after.contains("JUNK"), "a method became a label");
+    assert!(
+        after
+            .contains(r#"http_requests_total{method="other",route="/v1/charges",status="405"} 51"#),
+        "{after}"
+    );
+    assert!(
+        after.contains(r#"http_requests_total{method="other",route="unmatched",status="404"} 51"#),
+        "{after}"
+    );
+    assert!(!served.log().contains("JUNK"), "a method reached the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_refusing_new_connections_is_answered_503_with_retry_after_never_500() {
+    use sqlx::Connection;
+    let app = spawn_app_with(Settings::new().set("DATABASE_ACQUIRE_TIMEOUT", "2s")).await;
+    let name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let admin_url = std::env::var("DATABASE_URL").unwrap();
+    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+    let allow = |allowed: bool| format!("ALTER DATABASE {name} ALLOW_CONNECTIONS {allowed}");
+    // No new connection is let in, and every open one is cut: the server's
+    // next request must open one, and Postgres refuses it (55000, FATAL).
+    sqlx::query(&allow(false))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+        .bind(&name)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+
+    let charge = Answer::of(app.post_charge(Some("refused"), &visa(100)).await).await;
+    let list = Answer::of(app.get("/v1/charges").await).await;
+    let ready = Answer::of(app.client.get(app.url("/readyz")).send().await.unwrap()).await;
+    sqlx::query(&allow(true)).execute(&mut admin).await.unwrap();
+    for (what, answer) in [
+        ("a charge", &charge),
+        ("a list", &list),
+        ("/readyz", &ready),
+    ] {
+        assert_eq!(answer.status, 503, "{what}: {:?}", answer.body);
+        answer.assert_problem(503, "service_unavailable");
+        assert_eq!(answer.header("retry-after"), Some("1"), "{what}");
+        assert_eq!(answer.header("stripe-should-retry"), Some("true"), "{what}");
+    }
+
+    // Nothing was written, and the same key charges once the database is back.
+    let retry = Answer::of(app.post_charge(Some("refused"), &visa(100)).await).await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert_eq!((app.charges().await, app.payments().await), (1, 1));
+    admin.close().await.unwrap();
 }

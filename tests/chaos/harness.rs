@@ -204,11 +204,33 @@ pub struct Server {
     pub port: u16,
     env: Vec<(String, String)>,
     pub log: PathBuf,
+    /// The open-file limit the process starts with (soft and hard), when
+    /// the test sets one.
+    open_files: Option<u64>,
 }
 
 impl Server {
     /// Starts the real binary and waits until it answers `/healthz`.
     pub async fn start(database_url: &str, env: &[(&str, impl AsRef<str>)]) -> Self {
+        Self::start_limited(database_url, env, None).await
+    }
+
+    /// [`Server::start`] with the process's open-file limit, soft and hard,
+    /// set to `open_files` (through the shell's `ulimit -n`, so that the
+    /// process cannot raise it).
+    pub async fn start_with_open_files(
+        database_url: &str,
+        env: &[(&str, impl AsRef<str>)],
+        open_files: u64,
+    ) -> Self {
+        Self::start_limited(database_url, env, Some(open_files)).await
+    }
+
+    async fn start_limited(
+        database_url: &str,
+        env: &[(&str, impl AsRef<str>)],
+        open_files: Option<u64>,
+    ) -> Self {
         let mut vars: Vec<(String, String)> = vec![
             ("DATABASE_URL".into(), database_url.into()),
             ("DEMO_API_KEY".into(), API_KEY.into()),
@@ -225,6 +247,7 @@ impl Server {
             port: free_port(),
             env: vars,
             log,
+            open_files,
         };
         server.spawn().await;
         server
@@ -244,8 +267,24 @@ impl Server {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_oncepay"))
-            .arg("serve")
+        let binary = env!("CARGO_BIN_EXE_oncepay");
+        let mut command = match self.open_files {
+            Some(limit) => {
+                let mut sh = Command::new("sh");
+                sh.args([
+                    "-c",
+                    &format!("ulimit -n {limit} && exec \"$0\" serve"),
+                    binary,
+                ]);
+                sh
+            }
+            None => {
+                let mut command = Command::new(binary);
+                command.arg("serve");
+                command
+            }
+        };
+        let child = command
             .env_clear()
             .envs(self.env.iter().cloned())
             .env("PORT", self.port.to_string())

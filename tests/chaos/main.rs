@@ -3,7 +3,8 @@
 //! under load, three instances on one database, refunds under the same
 //! faults, charges and refunds killed at each point of their settle, and
 //! the webhook boundary (a worker killed after the receiver answered, a
-//! receiver down for a while, three instances delivering).
+//! receiver down for a while, three instances delivering), and hundreds of
+//! connections that never finish their request head.
 //! Each scenario measures its row of the reliability report in the database
 //! and asserts the invariant: one logical operation, one effect, nothing
 //! acknowledged lost, one answer per operation and true to the database,
@@ -13,6 +14,7 @@
 //!
 //! `scripts/chaos` runs these with `CHAOS_SCALE=3` and prints the table.
 
+mod connections;
 #[path = "../common/database.rs"]
 mod database;
 mod harness;
