@@ -71,8 +71,9 @@ impl Request {
     }
 
     /// A pooled connection for a claim, waited for only until the request's
-    /// deadline; an error once the request was answered (see
-    /// [`Request::still_answered`]).
+    /// deadline (a cancelled wait for a connection is safe: sqlx closes a
+    /// connection it had half handed over); an error once the request was
+    /// answered (see [`Request::still_answered`]).
     pub async fn connection(&self, state: &AppState) -> Result<PoolConnection<Postgres>, Error> {
         let db = tokio::time::timeout_at(self.deadline(state), state.pool.acquire())
             .await
@@ -81,11 +82,15 @@ impl Request {
         Ok(db)
     }
 
-    /// A transaction for a claim, as [`Request::connection`].
+    /// A transaction for a claim; an error once the request was answered,
+    /// as for [`Request::connection`]. Unlike the wait for a connection,
+    /// `BEGIN` is never cut short by the deadline: sqlx cannot cancel a
+    /// `BEGIN` in flight safely (the connection would go back to the pool
+    /// inside a transaction nobody ends, and every statement run on it
+    /// afterwards would be lost), so the check comes after it, and a late
+    /// request rolls its empty transaction back.
     async fn transaction(&self, state: &AppState) -> Result<Transaction<'static, Postgres>, Error> {
-        let tx = tokio::time::timeout_at(self.deadline(state), state.pool.begin())
-            .await
-            .map_err(|_| self.still_answered(state).err().unwrap_or_else(too_late))??;
+        let tx = state.pool.begin().await?;
         self.still_answered(state)?;
         Ok(tx)
     }

@@ -8,6 +8,7 @@ use std::future::Future;
 
 use sqlx::PgConnection;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::claim::{self, Begun};
 use super::{Answer, Guard};
@@ -32,7 +33,16 @@ pub trait Write: Send + Sync {
 
 /// Runs `write` for a request guarded by `guard`: claims the key or answers
 /// from it; writes, saves the answer on the key, and commits, all at once.
-pub async fn run<W: Write>(state: &AppState, guard: Guard, write: W) -> Result<Answer, Error> {
+///
+/// The work runs in a task of [`AppState::tasks`], as a guarded operation's
+/// does: a request dropped by `REQUEST_TIMEOUT` or a client hanging up must
+/// not cancel a transaction half-way (sqlx cannot cancel a `BEGIN` in flight
+/// safely); a wait for the key in flight still stops when the client goes.
+pub async fn run<W: Write + 'static>(
+    state: &AppState,
+    guard: Guard,
+    write: W,
+) -> Result<Answer, Error> {
     let fingerprint = Fingerprint::of("POST", W::ROUTE, &write.canonical());
     let client_gone = CancellationToken::new();
     let _hang_up = client_gone.clone().drop_guard();
@@ -45,6 +55,20 @@ pub async fn run<W: Write>(state: &AppState, guard: Guard, write: W) -> Result<A
         client_gone,
         arrived: guard.arrived,
     };
+    state
+        .tasks
+        .clone()
+        .spawn(claim_and_write(state.clone(), request, write).instrument(tracing::Span::current()))
+        .await
+        .map_err(|e| Error::Internal(anyhow::Error::new(e).context("write task failed")))?
+}
+
+async fn claim_and_write<W: Write>(
+    state: AppState,
+    request: claim::Request,
+    write: W,
+) -> Result<Answer, Error> {
+    let state = &state;
     let mut tx = match claim::begin(state, &request, W::ROUTE, None).await? {
         Begun::Claimed(tx) => tx,
         Begun::Replay { saved, waited } => return Ok(Answer::Replayed { saved, waited }),
