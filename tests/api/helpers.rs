@@ -28,6 +28,8 @@ pub use crate::database::TestDb;
 pub struct Settings {
     pub vars: Vec<(&'static str, String)>,
     pub processor_vars: Vec<(&'static str, String)>,
+    /// Headers the server's processor client sends with every call.
+    pub processor_headers: Vec<(&'static str, String)>,
 }
 
 impl Settings {
@@ -35,7 +37,15 @@ impl Settings {
         Settings {
             vars: Vec::new(),
             processor_vars: Vec::new(),
+            processor_headers: Vec::new(),
         }
+    }
+
+    /// A header the server's processor client sends with every call, such
+    /// as `Processor-Fault` (the test gateway honours it).
+    pub fn processor_header(mut self, name: &'static str, value: impl ToString) -> Self {
+        self.processor_headers.push((name, value.to_string()));
+        self
     }
 
     pub fn set(mut self, name: &'static str, value: impl ToString) -> Self {
@@ -211,7 +221,7 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
         // dry sets its own.
         ("DATABASE_ACQUIRE_TIMEOUT", "10s".to_owned()),
     ];
-    vars.extend(settings.vars);
+    vars.extend(settings.vars.iter().cloned());
     let config = Config::from_lookup(|name| {
         vars.iter()
             .rev()
@@ -238,6 +248,17 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
                 Application::build_with_processor(config.clone(), pool.clone(), processor.clone())
                     .await;
             (app, processor)
+        }
+        None if !settings.processor_headers.is_empty() => {
+            let mut headers = reqwest::header::HeaderMap::new();
+            for (name, value) in &settings.processor_headers {
+                headers.insert(*name, value.parse().expect("a header value"));
+            }
+            let server = http_processor(&config, &processor_url, headers);
+            (
+                Application::build_with_processor(config.clone(), pool.clone(), server).await,
+                http_processor(&config, &own_url, Default::default()),
+            )
         }
         None => (
             Application::build(config.clone(), pool.clone()).await,
@@ -512,16 +533,6 @@ impl TestApp {
     pub async fn processor_operations(&self) -> i64 {
         self.processor_count("SELECT count(*) FROM operations")
             .await
-    }
-
-    /// An HTTP processor for the server's gateway sending `headers` with
-    /// every call (`Processor-Fault`, say), with the server's settings.
-    pub fn processor_with_headers(&self, headers: &[(&'static str, &str)]) -> Arc<dyn Processor> {
-        let mut map = reqwest::header::HeaderMap::new();
-        for (name, value) in headers {
-            map.insert(*name, value.parse().unwrap());
-        }
-        http_processor(&self.config, &self.processor_url, map)
     }
 
     pub async fn keys(&self) -> i64 {
