@@ -93,8 +93,7 @@ impl Cli {
             let matches = command
                 .try_get_matches_from(&args[1..])
                 .map_err(CliError::Usage)?;
-            let cli =
-                gateway::config::Cli::from_arg_matches(&matches).map_err(CliError::Usage)?;
+            let cli = gateway::config::Cli::from_arg_matches(&matches).map_err(CliError::Usage)?;
             return Ok(Cli {
                 command: Some(Command::Processor),
                 settings: Settings::parse_defaults(),

@@ -462,7 +462,10 @@ impl std::fmt::Debug for Config {
             .field("processing_timeout", &self.processing_timeout)
             .field("sweep_interval", &self.sweep_interval)
             .field("sweep_batch_size", &self.sweep_batch_size)
-            .field("processor_url", &self.processor_url.as_deref().map(redact_url))
+            .field(
+                "processor_url",
+                &self.processor_url.as_deref().map(redact_url),
+            )
             .field("processor_connect_timeout", &self.processor_connect_timeout)
             .field("processor_timeout", &self.processor_timeout)
             .field("processor_retries", &self.processor_retries)
@@ -640,9 +643,12 @@ fn redis_url(value: &str) -> Result<String, String> {
 /// The processor's base URL: `http://` or `https://`, a host, no query.
 fn http_url(value: &str) -> Result<String, String> {
     let value = value.trim();
-    let url = url::Url::parse(value).map_err(|e| format!("{e} (write it like http://127.0.0.1:8090)"))?;
+    let url =
+        url::Url::parse(value).map_err(|e| format!("{e} (write it like http://127.0.0.1:8090)"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-        return Err("must be an http:// or https:// URL with a host, like http://127.0.0.1:8090".into());
+        return Err(
+            "must be an http:// or https:// URL with a host, like http://127.0.0.1:8090".into(),
+        );
     }
     if url.query().is_some() || url.fragment().is_some() {
         return Err("must have no query or fragment".into());
@@ -860,7 +866,12 @@ mod tests {
     fn a_processor_url_must_be_http_with_a_host() {
         let c = config(&[("PROCESSOR_URL", "http://127.0.0.1:8090/")]).unwrap();
         assert_eq!(c.processor_url.as_deref(), Some("http://127.0.0.1:8090"));
-        for bad in ["127.0.0.1:8090", "ftp://x", "http://x/?a=1", "postgres://db/x"] {
+        for bad in [
+            "127.0.0.1:8090",
+            "ftp://x",
+            "http://x/?a=1",
+            "postgres://db/x",
+        ] {
             let err = config(&[("PROCESSOR_URL", bad)]).unwrap_err().to_string();
             assert!(err.contains("PROCESSOR_URL"), "{err}");
         }

@@ -226,6 +226,7 @@ pub fn http_processor(config: &Config) -> anyhow::Result<HttpProcessor> {
         timeout: config.processor_timeout,
         retries: config.processor_retries,
         budget: config.processing_timeout,
+        retry_window: config.request_timeout,
     })
 }
 

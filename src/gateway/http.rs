@@ -147,13 +147,15 @@ impl From<GatewayError> for ApiError {
                 "idempotency_key_reused",
                 Some("Idempotency-Key"),
             ),
-            GatewayError::NotFound { what: "payment", .. } => {
-                (StatusCode::NOT_FOUND, "payment_not_found", Some("payment"))
-            }
+            GatewayError::NotFound {
+                what: "payment", ..
+            } => (StatusCode::NOT_FOUND, "payment_not_found", Some("payment")),
             GatewayError::NotFound { .. } => (StatusCode::NOT_FOUND, "operation_not_found", None),
-            GatewayError::NotRefundable(_) => {
-                (StatusCode::CONFLICT, "payment_not_refundable", Some("payment"))
-            }
+            GatewayError::NotRefundable(_) => (
+                StatusCode::CONFLICT,
+                "payment_not_refundable",
+                Some("payment"),
+            ),
             GatewayError::AmountTooLarge { .. } => {
                 (StatusCode::BAD_REQUEST, "amount_too_large", Some("amount"))
             }

@@ -48,8 +48,8 @@ impl Gateway {
                     config.redacted_database_url()
                 )
             })?;
-        let options = PgConnectOptions::from_str(&config.database_url)?
-            .application_name("oncepay-processor");
+        let options =
+            PgConnectOptions::from_str(&config.database_url)?.application_name("oncepay-processor");
         let pool = PgPoolOptions::new()
             .max_connections(config.database_max_connections)
             .connect_with(options)

@@ -103,16 +103,18 @@ async fn effects(
     })?;
     let counts = workshop::effects(&state.pool, state.processor.as_ref(), merchant.id, &run)
         .await
-        .map_err(|e| match e.downcast_ref::<crate::processor::ProcessorError>() {
-            Some(_) => Error::from(
-                Problem::new(
-                    ProblemCode::ProcessorUnavailable,
-                    "The card processor did not answer; its payments cannot be counted now.",
-                )
-                .with_retry_after(retry_after::SOON),
-            ),
-            None => Error::from(e),
-        })?;
+        .map_err(
+            |e| match e.downcast_ref::<crate::processor::ProcessorError>() {
+                Some(_) => Error::from(
+                    Problem::new(
+                        ProblemCode::ProcessorUnavailable,
+                        "The card processor did not answer; its payments cannot be counted now.",
+                    )
+                    .with_retry_after(retry_after::SOON),
+                ),
+                None => Error::from(e),
+            },
+        )?;
     Ok(Json(json!({
         "object": "demo_effects",
         "run": run,

@@ -53,8 +53,7 @@ async fn readyz(State(state): State<AppState>, _: NoQuery) -> Result<Json<Value>
     }
     // An unreachable processor makes the instance not ready, never a crash:
     // charges would only get 503 processor_unavailable.
-    let error = match tokio::time::timeout(Duration::from_secs(3), state.processor.ready()).await
-    {
+    let error = match tokio::time::timeout(Duration::from_secs(3), state.processor.ready()).await {
         Ok(Ok(())) => {
             return Ok(Json(
                 json!({"status": "ok", "database": "ok", "processor": "ok"}),

@@ -12,10 +12,11 @@
 //! | `4xx` (a refusal: unknown payment, a key reused) | outcome unknown, not repeated: a bug to look at |
 //!
 //! Transient failures are repeated under the same idempotency key, at most
-//! `PROCESSOR_RETRIES` times with a short backoff, and never past the
-//! call's budget (`PROCESSING_TIMEOUT`, the time a request's key is its
-//! own): the gateway records at most one outcome per key, so a repeat can
-//! only find the first outcome, never add one. If any attempt may have
+//! `PROCESSOR_RETRIES` times with a short backoff, none begun later than
+//! `REQUEST_TIMEOUT` after the call began (so the outcome can still reach
+//! the client) and none running past `PROCESSING_TIMEOUT` (the time a
+//! request's key is its own): the gateway records at most one outcome per
+//! key, so a repeat can only find the first outcome, never add one. If any attempt may have
 //! reached the gateway, the call's outcome is unknown, whatever came after.
 
 use std::time::{Duration, Instant};
@@ -42,8 +43,12 @@ pub struct HttpSettings {
     pub timeout: Duration,
     /// Repeats of a call that failed transiently (`PROCESSOR_RETRIES`).
     pub retries: u32,
-    /// The longest a whole call may take, repeats included.
+    /// The longest a whole call may take, repeats included
+    /// (`PROCESSING_TIMEOUT`: the time a request's key is its own).
     pub budget: Duration,
+    /// No repeat begins later than this after the call began
+    /// (`REQUEST_TIMEOUT`), so that its outcome can still reach the client.
+    pub retry_window: Duration,
 }
 
 /// The first wait between two attempts; it doubles after each.
@@ -95,7 +100,8 @@ impl HttpProcessor {
         not_found_is_none: bool,
         build: impl Fn() -> RequestBuilder,
     ) -> Result<Option<WireOperation>, ProcessorError> {
-        let deadline = Instant::now() + self.settings.budget;
+        let started = Instant::now();
+        let deadline = started + self.settings.budget;
         // The first failure that may have reached the gateway, if any.
         let mut unknown: Option<anyhow::Error> = None;
         let mut unavailable: Option<anyhow::Error> = None;
@@ -106,7 +112,10 @@ impl HttpProcessor {
                 break;
             }
             let timeout = self.settings.timeout.min(remaining);
-            match self.attempt(build().timeout(timeout), not_found_is_none).await {
+            match self
+                .attempt(build().timeout(timeout), not_found_is_none)
+                .await
+            {
                 Attempt::Answer(answer) => return Ok(answer),
                 Attempt::Refused(e) => {
                     return Err(ProcessorError::OutcomeUnknown(
@@ -127,7 +136,7 @@ impl HttpProcessor {
             }
             let backoff = (BACKOFF * 2u32.saturating_pow(attempt)).min(Duration::from_secs(1));
             let remaining = deadline.saturating_duration_since(Instant::now());
-            if backoff >= remaining {
+            if backoff >= remaining || started.elapsed() + backoff >= self.settings.retry_window {
                 break;
             }
             tokio::time::sleep(backoff).await;
@@ -166,7 +175,9 @@ impl HttpProcessor {
                 Err(e) => Attempt::MaybeRecorded(anyhow!("{status} with an unreadable body: {e}")),
             };
         }
-        let error = serde_json::from_slice::<WireError>(&body).ok().map(|e| e.error);
+        let error = serde_json::from_slice::<WireError>(&body)
+            .ok()
+            .map(|e| e.error);
         let code = error.as_ref().map_or("", |e| e.code.as_str());
         let described = anyhow!(
             "{status} {code}: {}",
@@ -293,10 +304,11 @@ impl Processor for HttpProcessor {
     }
 
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
-        let url = self.url(&format!("/v1/authorizations/{}/void", segment(processor_key)));
-        let operation = self
-            .call("void", false, || self.client.post(&url))
-            .await?;
+        let url = self.url(&format!(
+            "/v1/authorizations/{}/void",
+            segment(processor_key)
+        ));
+        let operation = self.call("void", false, || self.client.post(&url)).await?;
         answered(operation)?.payment_outcome()
     }
 
@@ -322,10 +334,7 @@ impl Processor for HttpProcessor {
 
     async fn payment(&self, processor_key: &str) -> Result<Option<Payment>, ProcessorError> {
         let url = self.url(&format!("/v1/operations/{}", segment(processor_key)));
-        let Some(operation) = self
-            .call("lookup", true, || self.client.get(&url))
-            .await?
-        else {
+        let Some(operation) = self.call("lookup", true, || self.client.get(&url)).await? else {
             return Ok(None);
         };
         Ok(Some(Payment {

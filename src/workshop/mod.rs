@@ -72,7 +72,9 @@ pub async fn effects(
     merchant_id: Uuid,
     run: &str,
 ) -> anyhow::Result<Effects> {
-    let charges = run_charges_statement(merchant_id, run).fetch_all(db).await?;
+    let charges = run_charges_statement(merchant_id, run)
+        .fetch_all(db)
+        .await?;
     let mut effects = Effects::default();
     for (id, status) in charges {
         effects.charges += 1;

@@ -148,6 +148,7 @@ pub fn http_processor(
                 timeout: config.processor_timeout,
                 retries: config.processor_retries,
                 budget: config.processing_timeout,
+                retry_window: config.request_timeout,
             },
             headers,
         )
@@ -164,9 +165,12 @@ pub struct TestApp {
     pub merchant_id: Uuid,
     pub config: Config,
     /// The tests' own processor (for `sweep_once` and direct calls): the
-    /// same ledger as the server's, through a second gateway on it that
-    /// answers at once whatever `PROCESSOR_LATENCY_MS` says.
+    /// server's when a test gave one, else the same ledger as the server's
+    /// through a second gateway on it that answers at once whatever
+    /// `PROCESSOR_LATENCY_MS` says.
     pub processor: Arc<dyn Processor>,
+    /// That second gateway, over HTTP, never wrapped: a processor that works.
+    pub working_processor: Arc<dyn Processor>,
     /// The gateway's database: its ledger, `operations`.
     pub processor_pool: PgPool,
     /// The server's gateway, `http://127.0.0.1:port`.
@@ -240,6 +244,7 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
     // By default the server's gateway honours PROCESSOR_LATENCY_MS, and
     // the tests' own (for `sweep_once` and direct calls) answers at once.
     let own = (stop_own, own);
+    let working_processor = http_processor(&config, &own_url, Default::default());
     let (app, processor) = match make_processor {
         Some(make) => {
             let http = http_processor(&config, &processor_url, Default::default());
@@ -284,6 +289,7 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
         merchant_id: merchant.id,
         config,
         processor,
+        working_processor,
         processor_pool,
         processor_url,
         shutdown: Some(shutdown),
@@ -315,6 +321,7 @@ impl TestApp {
                 .map(|(_, v)| v.clone())
                 .or_else(|| match name {
                     "DATABASE_URL" => Some(base.database_url.clone()),
+                    "PROCESSOR_URL" => base.processor_url.clone(),
                     "PORT" => Some("0".to_owned()),
                     "SWEEP_INTERVAL" => Some("1h".to_owned()),
                     _ => None,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use oncepay::processor::{
-    Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome, Payment,
+    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
 };
 use oncepay::sweeper::{SweepSettings, Sweeper};
 
@@ -92,7 +92,7 @@ async fn a_record_whose_lease_lapsed_mid_batch_is_recovered_by_one_sweeper_only(
     let charge = app.paid_charge(3000).await;
     stale_refunds(&app, &charge, 4).await;
     let processor = Arc::new(SlowRefunds {
-        inner: app.processor.clone(),
+        inner: app.working_processor.clone(),
         delay: Duration::from_millis(700),
         calls: Mutex::default(),
     });

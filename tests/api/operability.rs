@@ -8,11 +8,7 @@ use oncepay::merchants;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-
-
-use crate::helpers::{
-    Answer, Settings, TestDb, spawn_app, spawn_app_with, until, visa,
-};
+use crate::helpers::{Answer, Settings, TestDb, spawn_app, spawn_app_with, until, visa};
 use crate::sweeper::stale_claim_in;
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use oncepay::charges::settle::Settled;
 use oncepay::idempotency::Fingerprint;
 use oncepay::params::Params;
 use oncepay::processor::{
-    self, Authorization, Outcome, Processor, ProcessorError, RefundOutcome, Payment,
+    self, Authorization, Outcome, Payment, Processor, ProcessorError, RefundOutcome,
 };
 use oncepay::refunds::{NewRefund, settle};
 use serde_json::{Value, json};
@@ -353,10 +353,7 @@ async fn a_refused_refund_leaves_its_key_free_for_the_corrected_request() {
 async fn bad_refund_input_gets_4xx_problems_and_writes_nothing() {
     let app = spawn_app().await;
     let charge = app.paid_charge(2000).await;
-    let (keys, processor_rows) = (
-        app.keys().await,
-        app.processor_operations().await,
-    );
+    let (keys, processor_rows) = (app.keys().await, app.processor_operations().await);
     let cases = [
         (json!({}), "parameter_missing", "charge"),
         (json!({"charge": 42}), "parameter_invalid_type", "charge"),
@@ -452,10 +449,7 @@ async fn bad_refund_input_gets_4xx_problems_and_writes_nothing() {
 
     assert_eq!(app.refunds().await, 0);
     assert_eq!(app.keys().await, keys);
-    assert_eq!(
-        app.processor_operations().await,
-        processor_rows
-    );
+    assert_eq!(app.processor_operations().await, processor_rows);
     assert_eq!(app.amount_refunded(&charge).await, 0);
     Answer::of(app.get("/v1/refunds/re_doesnotexist000000000001").await)
         .await
@@ -760,10 +754,7 @@ async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_roll
     let timing = Settings::new()
         .set("PROCESSING_TIMEOUT", "20s")
         .set("SWEEP_INTERVAL", "90500ms");
-    let app = spawn_app_with_processor(timing, |_, http| {
-        Arc::new(RefundsUnavailable(http))
-    })
-    .await;
+    let app = spawn_app_with_processor(timing, |_, http| Arc::new(RefundsUnavailable(http))).await;
     let charge = app.paid_charge(2000).await;
     let answer = Answer::of(
         app.post_refund(Some("later"), &refund(&charge, Some(500)))
@@ -792,8 +783,7 @@ async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_roll
         .execute(&app.pool)
         .await
         .unwrap();
-    let working: Arc<dyn oncepay::processor::Processor> =
-        app.processor.clone();
+    let working: Arc<dyn oncepay::processor::Processor> = app.working_processor.clone();
     let settings = oncepay::sweeper::SweepSettings {
         processing_timeout: Duration::from_secs(60),
         ..oncepay::sweeper::SweepSettings::from_config(&app.config)
@@ -888,8 +878,7 @@ async fn a_refund_refused_while_its_request_was_lost_is_failed_by_recovery() {
         .execute(&app.pool)
         .await
         .unwrap();
-    let working: Arc<dyn oncepay::processor::Processor> =
-        app.processor.clone();
+    let working: Arc<dyn oncepay::processor::Processor> = app.working_processor.clone();
     let settings = oncepay::sweeper::SweepSettings {
         processing_timeout: Duration::from_secs(60),
         ..oncepay::sweeper::SweepSettings::from_config(&app.config)

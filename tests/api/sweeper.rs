@@ -176,10 +176,7 @@ async fn the_sweeper_leaves_rows_younger_than_the_timeout_alone() {
         charge_state(&app, "ch_stillworkingonthisone00001").await.0,
         "pending"
     );
-    assert_eq!(
-        app.processor_operations().await,
-        0
-    );
+    assert_eq!(app.processor_operations().await, 0);
 }
 
 #[tokio::test]
@@ -301,7 +298,7 @@ fn two_sweepers(
     let by_key = FencesByKey::default();
     let processor = || {
         Arc::new(CountingProcessor {
-            inner: app.processor.clone(),
+            inner: app.working_processor.clone(),
             voids: AtomicUsize::new(0),
             by_key: by_key.clone(),
             // Slow enough that one sweeper is still fencing its batch when
@@ -470,10 +467,7 @@ async fn two_sweepers_at_once_settle_each_keyless_stale_charge_once() {
         (ROWS, ROWS),
         "each charge failed, with one void at the processor"
     );
-    assert_eq!(
-        app.processor_operations().await as u64,
-        ROWS
-    );
+    assert_eq!(app.processor_operations().await as u64, ROWS);
 }
 
 #[tokio::test]

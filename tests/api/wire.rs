@@ -43,15 +43,18 @@ async fn gateway_requests(url: &str, status: &str) -> u64 {
 #[tokio::test]
 async fn a_processor_refusing_connections_records_nothing_and_gives_the_key_back() {
     let port = closed_port().await;
-    let app = spawn_app_with(
-        Settings::new().set("PROCESSOR_URL", format!("http://127.0.0.1:{port}")),
-    )
-    .await;
+    let app =
+        spawn_app_with(Settings::new().set("PROCESSOR_URL", format!("http://127.0.0.1:{port}")))
+            .await;
     let answer = Answer::of(app.post_charge(Some("refused"), &visa(2000)).await).await;
     answer.assert_problem(503, "processor_unavailable");
     assert_eq!(answer.header("retry-after"), Some("1"));
     assert_eq!(
-        (app.charges().await, app.keys().await, app.processor_operations().await),
+        (
+            app.charges().await,
+            app.keys().await,
+            app.processor_operations().await
+        ),
         (0, 0, 0),
         "nothing written on either side; the key is free"
     );
@@ -75,15 +78,22 @@ async fn an_instance_whose_processor_answers_is_ready() {
 
 #[tokio::test]
 async fn an_answer_dropped_after_recording_is_repeated_under_the_same_key_and_charges_once() {
-    let app = spawn_app_with(
-        Settings::new().processor_header("Processor-Fault", "drop-after-record"),
-    )
-    .await;
+    let app =
+        spawn_app_with(Settings::new().processor_header("Processor-Fault", "drop-after-record"))
+            .await;
     let answer = Answer::of(app.post_charge(Some("dropped"), &visa(2000)).await).await;
     assert_eq!(answer.status, 201, "{:?}", answer.body);
     assert!(!answer.replayed());
-    assert_eq!(gateway_requests(&app.processor_url, "dropped").await, 1, "the first answer was lost");
-    assert_eq!(gateway_requests(&app.processor_url, "200").await, 1, "the repeat replayed it");
+    assert_eq!(
+        gateway_requests(&app.processor_url, "dropped").await,
+        1,
+        "the first answer was lost"
+    );
+    assert_eq!(
+        gateway_requests(&app.processor_url, "200").await,
+        1,
+        "the repeat replayed it"
+    );
     assert_eq!((app.charges().await, app.payments().await), (1, 1));
 }
 
@@ -99,15 +109,26 @@ async fn an_answer_lost_on_every_attempt_is_unknown_until_recovery_finds_the_one
     answer.assert_problem(503, "processing_outcome_unknown");
     assert_eq!(app.payments().await, 1, "the money moved");
     assert_eq!(
-        app.count("SELECT count(*) FROM charges WHERE status = 'pending'").await,
+        app.count("SELECT count(*) FROM charges WHERE status = 'pending'")
+            .await,
         1
     );
     // Recovery asks the gateway what stands under the key: the payment.
-    let report = app.sweep_once_with_timeout(Duration::ZERO).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let report = app
+        .sweep_once_with_timeout(Duration::from_millis(250))
+        .await;
     assert_eq!(report.settled_succeeded, 1, "{report:?}");
     let retry = Answer::of(app.post_charge(Some("lost"), &visa(2000)).await).await;
     assert_eq!((retry.status, retry.replayed()), (201, true));
-    assert_eq!((app.charges().await, app.payments().await, app.processor_operations().await), (1, 1, 1));
+    assert_eq!(
+        (
+            app.charges().await,
+            app.payments().await,
+            app.processor_operations().await
+        ),
+        (1, 1, 1)
+    );
 }
 
 #[tokio::test]
@@ -127,15 +148,21 @@ async fn a_gateway_slower_than_the_timeout_is_repeated_under_the_same_key_and_ch
         "the repeat did not wait for the slow answer: {:?}",
         sent.elapsed()
     );
-    assert_eq!((app.charges().await, app.payments().await, app.processor_operations().await), (1, 1, 1));
+    assert_eq!(
+        (
+            app.charges().await,
+            app.payments().await,
+            app.processor_operations().await
+        ),
+        (1, 1, 1)
+    );
 }
 
 #[tokio::test]
 async fn a_gateway_failing_before_it_records_is_unavailable_and_the_key_is_given_back() {
-    let app = spawn_app_with(
-        Settings::new().processor_header("Processor-Fault", "fail-before-record"),
-    )
-    .await;
+    let app =
+        spawn_app_with(Settings::new().processor_header("Processor-Fault", "fail-before-record"))
+            .await;
     let answer = Answer::of(app.post_charge(Some("failing"), &visa(2000)).await).await;
     answer.assert_problem(503, "processor_unavailable");
     assert_eq!(
@@ -144,16 +171,19 @@ async fn a_gateway_failing_before_it_records_is_unavailable_and_the_key_is_given
         "repeated, under the same key, as many times as allowed"
     );
     assert_eq!(
-        (app.charges().await, app.keys().await, app.processor_operations().await),
+        (
+            app.charges().await,
+            app.keys().await,
+            app.processor_operations().await
+        ),
         (0, 0, 0)
     );
 }
 
 /// A stand-in gateway that answers every request with `status` and `body`.
 async fn answering(status: StatusCode, body: &'static str) -> String {
-    let router = axum::Router::new().fallback(move || async move {
-        (status, [("content-type", "application/json")], body)
-    });
+    let router = axum::Router::new()
+        .fallback(move || async move { (status, [("content-type", "application/json")], body) });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, router).await });
@@ -167,11 +197,14 @@ fn client(url: String) -> HttpProcessor {
         timeout: Duration::from_secs(2),
         retries: 1,
         budget: Duration::from_secs(5),
+        retry_window: Duration::from_secs(5),
     })
     .unwrap()
 }
 
-async fn authorize(processor: &HttpProcessor) -> Result<oncepay::processor::Outcome, ProcessorError> {
+async fn authorize(
+    processor: &HttpProcessor,
+) -> Result<oncepay::processor::Outcome, ProcessorError> {
     processor
         .authorize(Authorization {
             processor_key: "auth:ch_classified",
@@ -189,20 +222,38 @@ async fn server_errors_are_unknown_unless_they_say_nothing_was_recorded() {
         r#"{"error":{"code":"processor_unavailable","message":"down"}}"#,
     )
     .await;
-    assert!(matches!(authorize(&client(unavailable)).await, Err(ProcessorError::Unavailable)));
+    assert!(matches!(
+        authorize(&client(unavailable)).await,
+        Err(ProcessorError::Unavailable)
+    ));
     for (status, body) in [
-        (StatusCode::INTERNAL_SERVER_ERROR, r#"{"error":{"code":"outcome_unknown","message":"x"}}"#),
-        (StatusCode::SERVICE_UNAVAILABLE, "<html>a proxy's page</html>"),
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            r#"{"error":{"code":"outcome_unknown","message":"x"}}"#,
+        ),
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "<html>a proxy's page</html>",
+        ),
         (StatusCode::BAD_GATEWAY, ""),
         (StatusCode::OK, "not json"),
-        (StatusCode::UNPROCESSABLE_ENTITY, r#"{"error":{"code":"idempotency_key_reused","message":"x"}}"#),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            r#"{"error":{"code":"idempotency_key_reused","message":"x"}}"#,
+        ),
     ] {
         let url = answering(status, body).await;
         assert!(
-            matches!(authorize(&client(url)).await, Err(ProcessorError::OutcomeUnknown(_))),
+            matches!(
+                authorize(&client(url)).await,
+                Err(ProcessorError::OutcomeUnknown(_))
+            ),
             "{status} {body}"
         );
     }
     let refused = client(format!("http://127.0.0.1:{}", closed_port().await));
-    assert!(matches!(authorize(&refused).await, Err(ProcessorError::Unavailable)));
+    assert!(matches!(
+        authorize(&refused).await,
+        Err(ProcessorError::Unavailable)
+    ));
 }
