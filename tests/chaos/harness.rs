@@ -212,7 +212,8 @@ pub fn processor_database_url(database_url: &str) -> String {
     }
 }
 
-/// A pool on the card gateway's ledger beside `pool`'s database.
+/// A pool on the card gateway's ledger beside `pool`'s database, created
+/// and migrated if no gateway has yet (an empty ledger).
 pub async fn processor_pool(pool: &PgPool) -> PgPool {
     let options = pool.connect_options();
     let name = format!(
@@ -220,11 +221,20 @@ pub async fn processor_pool(pool: &PgPool) -> PgPool {
         options.get_database().expect("the pool names its database")
     );
     let options = (*options).clone().database(&name);
-    sqlx::postgres::PgPoolOptions::new()
+    let url = sqlx::ConnectOptions::to_url_lossy(&options).to_string();
+    oncepay::gateway::create_database_if_missing(&url)
+        .await
+        .expect("create the processor's ledger");
+    let ledger = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .connect_with(options)
         .await
-        .expect("connect to the processor's ledger")
+        .expect("connect to the processor's ledger");
+    oncepay::gateway::MIGRATOR
+        .run(&ledger)
+        .await
+        .expect("migrate the processor's ledger");
+    ledger
 }
 
 /// One `oncepay processor` process: the card gateway, fault injection on.
