@@ -1,15 +1,24 @@
 //! The `oncepay` command line: `serve` (the default), `migrate`,
-//! `merchants create`, `sweep`. Settings come from the environment or
-//! `.env`, or from the flag of the same name (see [`crate::config`]);
-//! `--help` lists them all with their defaults.
+//! `merchants create`, `sweep`, and `processor`, the card gateway, a system
+//! of its own with its own settings ([`crate::gateway::config`]). Settings
+//! come from the environment or `.env`, or from the flag of the same name
+//! (see [`crate::config`]); `--help` lists them all with their defaults.
+//!
+//! This is the one place that sees both systems: it starts the gateway for
+//! `oncepay processor`, or, when `PROCESSOR_URL` is unset, embeds one on a
+//! loopback port for `serve` and `sweep`, which then reach it over HTTP
+//! like any other.
 
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
+use anyhow::Context;
+use tokio::sync::oneshot;
+
 use crate::config::{Config, ConfigError, Settings};
-use crate::processor::SimulatedProcessor;
-use crate::startup::{Application, shutdown_signal};
+use crate::gateway::{self, Gateway};
+use crate::startup::{Application, http_processor, shutdown_signal};
 use crate::sweeper::{SweepSettings, Sweeper};
 use crate::{db, merchants};
 
@@ -26,6 +35,9 @@ pub struct Cli {
     command: Option<Command>,
     #[command(flatten)]
     settings: Settings,
+    /// `oncepay processor`'s own settings, parsed by its own parser.
+    #[arg(skip)]
+    processor: Option<gateway::config::Settings>,
 }
 
 /// Why the command line was not parsed.
@@ -48,6 +60,9 @@ enum Command {
         #[command(subcommand)]
         command: MerchantsCommand,
     },
+    /// Run the card gateway simulator, with its own PROCESSOR_* settings
+    /// (see `oncepay processor --help`).
+    Processor,
     /// Run the background sweeper.
     Sweep {
         /// Run one pass and exit (for cron and tests).
@@ -71,6 +86,20 @@ impl Cli {
     /// `.env`). A bad setting is told by its variable name.
     pub fn parse_env() -> Result<Self, CliError> {
         use clap::{CommandFactory, FromArgMatches};
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if args.get(1).is_some_and(|a| a == "processor") {
+            // A system of its own: none of oncepay's settings apply.
+            let command = Settings::blank_is_unset(gateway::config::Cli::command());
+            let matches = command
+                .try_get_matches_from(&args[1..])
+                .map_err(CliError::Usage)?;
+            let cli = gateway::config::Cli::from_arg_matches(&matches).map_err(CliError::Usage)?;
+            return Ok(Cli {
+                command: Some(Command::Processor),
+                settings: Settings::parse_defaults(),
+                processor: Some(cli.settings),
+            });
+        }
         let command = Settings::blank_is_unset(Self::command());
         let names = Self::command();
         let bad_value = |e: clap::Error| match e.kind() {
@@ -84,14 +113,26 @@ impl Cli {
     }
 
     pub async fn run(self) -> anyhow::Result<()> {
+        if let Some(settings) = self.processor {
+            let config = gateway::Config::from_settings(settings)?;
+            let gateway = Gateway::build(config).await?;
+            gateway.run_until_stopped(shutdown_signal()).await;
+            return Ok(());
+        }
         let config = Config::from_settings(self.settings)?;
         let pool = db::pool(&config)?;
         db::wait_until_reachable(&pool, &config).await?;
         match self.command.unwrap_or(Command::Serve) {
+            Command::Processor => unreachable!("parsed and run by the gateway's own parser"),
             Command::Serve => {
+                let (config, embedded) = with_processor(config).await?;
                 let app = Application::build(config, pool).await?;
                 app.prepare_database().await?;
-                app.run_until_stopped(shutdown_signal()).await
+                let served = app.run_until_stopped(shutdown_signal()).await;
+                if let Some(embedded) = embedded {
+                    embedded.stop().await;
+                }
+                served
             }
             Command::Migrate => {
                 db::migrate(&pool).await?;
@@ -114,11 +155,10 @@ impl Cli {
                 Ok(())
             }
             Command::Sweep { once } => {
-                let processor = Arc::new(SimulatedProcessor::new(
-                    pool.clone(),
-                    config.processor_latency,
-                ));
+                let (config, embedded) = with_processor(config).await?;
+                let processor = Arc::new(http_processor(&config)?);
                 let sweeper = Sweeper::new(pool, processor, SweepSettings::from_config(&config));
+                let _embedded = embedded;
                 if once {
                     let report = sweeper.sweep_once().await?;
                     println!(
@@ -137,6 +177,68 @@ impl Cli {
             }
         }
     }
+}
+
+/// A card gateway running in this process, on a loopback port.
+pub struct EmbeddedProcessor {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EmbeddedProcessor {
+    /// Stops it once its requests in flight are answered.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
+/// `config` with a processor to call: `PROCESSOR_URL` when set; otherwise
+/// a gateway started here on `127.0.0.1` and a free port, every call still
+/// crossing HTTP, with its ledger in `PROCESSOR_DATABASE_URL` or, unset, in
+/// the database `<oncepay's database>_processor` on the same server
+/// (created if missing).
+pub async fn with_processor(
+    mut config: Config,
+) -> anyhow::Result<(Config, Option<EmbeddedProcessor>)> {
+    if config.processor_url.is_some() {
+        return Ok((config, None));
+    }
+    let derived = processor_database_url(&config.database_url)?;
+    let latency = config.processor_latency.as_millis().to_string();
+    let gateway_config = gateway::Config::from_lookup(|name| match name {
+        "PROCESSOR_BIND_ADDR" => Some("127.0.0.1".to_owned()),
+        "PROCESSOR_PORT" => Some("0".to_owned()),
+        "PROCESSOR_LATENCY_MS" => Some(latency.clone()),
+        "PROCESSOR_DATABASE_URL" => Some(
+            std::env::var(name)
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .unwrap_or_else(|| derived.clone()),
+        ),
+        other => std::env::var(other).ok(),
+    })?;
+    let gateway = Gateway::build(gateway_config)
+        .await
+        .context("starting the embedded processor (set PROCESSOR_URL to use one of your own)")?;
+    let url = gateway.url();
+    tracing::info!(processor = %url, "no PROCESSOR_URL: started an embedded processor");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(gateway.run_until_stopped(async {
+        let _ = stopped.await;
+    }));
+    config.processor_url = Some(url);
+    Ok((config, Some(EmbeddedProcessor { stop, task })))
+}
+
+/// `database_url` with its database name suffixed `_processor`.
+pub fn processor_database_url(database_url: &str) -> anyhow::Result<String> {
+    let mut url = url::Url::parse(database_url).context("DATABASE_URL")?;
+    let name = url.path().trim_start_matches('/');
+    let name = if name.is_empty() { "oncepay" } else { name };
+    let processor = format!("/{name}_processor");
+    url.set_path(&processor);
+    Ok(url.to_string())
 }
 
 /// A merchant's name as the `merchants` table takes it: 1 to 200

@@ -81,7 +81,19 @@ pub struct Settings {
     /// Memory for completed answers kept for replay, in bytes; 0 turns the cache off.
     #[arg(long, help_heading = "Idempotency", env = "REPLAY_CACHE_BYTES", default_value = "67108864", value_parser = cache_bytes, global = true)]
     replay_cache_bytes: u64,
-    /// Delay of every simulated authorization and refund, in milliseconds; below PROCESSING_TIMEOUT.
+    /// The card gateway's base URL (unset: `serve` starts one of its own on a loopback port).
+    #[arg(long, help_heading = "Processor", env = "PROCESSOR_URL", value_parser = http_url, global = true)]
+    processor_url: Option<String>,
+    /// The longest a connection to the processor may take to open.
+    #[arg(long, help_heading = "Processor", env = "PROCESSOR_CONNECT_TIMEOUT", default_value = "1s", value_parser = positive_duration, global = true)]
+    processor_connect_timeout: Duration,
+    /// The longest one processor call may take, answer included.
+    #[arg(long, help_heading = "Processor", env = "PROCESSOR_TIMEOUT", default_value = "10s", value_parser = positive_duration, global = true)]
+    processor_timeout: Duration,
+    /// Repeats of a processor call that failed transiently, under the same key (0 to 10).
+    #[arg(long, help_heading = "Processor", env = "PROCESSOR_RETRIES", default_value = "2", value_parser = retries, global = true)]
+    processor_retries: u32,
+    /// Delay of every authorization and refund at the embedded processor, in milliseconds; below REQUEST_TIMEOUT.
     #[arg(long, help_heading = "Processor", env = "PROCESSOR_LATENCY_MS", default_value = "0", value_parser = milliseconds, global = true)]
     processor_latency_ms: Duration,
     /// The longest one webhook attempt may take, connecting and answering included.
@@ -144,6 +156,15 @@ pub struct Config {
     pub sweep_interval: Duration,
     /// How many rows one sweeper statement leases or deletes.
     pub sweep_batch_size: i64,
+    /// The card gateway's base URL; `None` until `serve` starts its own.
+    pub processor_url: Option<String>,
+    /// The longest a connection to the processor may take to open.
+    pub processor_connect_timeout: Duration,
+    /// The longest one processor call may take.
+    pub processor_timeout: Duration,
+    /// Repeats of a processor call that failed transiently.
+    pub processor_retries: u32,
+    /// Delay of every authorization and refund at the embedded processor.
     pub processor_latency: Duration,
     pub max_body_bytes: usize,
     /// The most bytes of completed answers held in memory for replay (0: no
@@ -202,6 +223,18 @@ struct SettingsOnly {
 }
 
 impl Settings {
+    /// Every setting at its default, the environment unread (for commands
+    /// that do not use oncepay's settings, such as `oncepay processor`).
+    pub fn parse_defaults() -> Self {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = SettingsOnly::command()
+            .mut_args(|arg| arg.env(None))
+            .get_matches_from(Vec::<String>::new());
+        SettingsOnly::from_arg_matches(&matches)
+            .expect("the defaults parse")
+            .settings
+    }
+
     /// `command` with every setting whose variable is set but blank treated
     /// as unset, as if the variable were absent (clap would parse "").
     pub fn blank_is_unset(command: clap::Command) -> clap::Command {
@@ -259,6 +292,10 @@ impl Config {
             processing_timeout,
             sweep_interval,
             sweep_batch_size,
+            processor_url,
+            processor_connect_timeout,
+            processor_timeout,
+            processor_retries,
             processor_latency_ms,
             max_body_bytes,
             replay_cache_bytes,
@@ -297,6 +334,10 @@ impl Config {
             processing_timeout,
             sweep_interval,
             sweep_batch_size,
+            processor_url,
+            processor_connect_timeout,
+            processor_timeout,
+            processor_retries,
             processor_latency: processor_latency_ms,
             max_body_bytes,
             replay_cache_bytes,
@@ -421,6 +462,13 @@ impl std::fmt::Debug for Config {
             .field("processing_timeout", &self.processing_timeout)
             .field("sweep_interval", &self.sweep_interval)
             .field("sweep_batch_size", &self.sweep_batch_size)
+            .field(
+                "processor_url",
+                &self.processor_url.as_deref().map(redact_url),
+            )
+            .field("processor_connect_timeout", &self.processor_connect_timeout)
+            .field("processor_timeout", &self.processor_timeout)
+            .field("processor_retries", &self.processor_retries)
             .field("processor_latency", &self.processor_latency)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("replay_cache_bytes", &self.replay_cache_bytes)
@@ -592,6 +640,31 @@ fn redis_url(value: &str) -> Result<String, String> {
         .map_err(|e| format!("{e} (write it like redis://127.0.0.1:6379)"))
 }
 
+/// The processor's base URL: `http://` or `https://`, a host, no query.
+fn http_url(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    let url =
+        url::Url::parse(value).map_err(|e| format!("{e} (write it like http://127.0.0.1:8090)"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(
+            "must be an http:// or https:// URL with a host, like http://127.0.0.1:8090".into(),
+        );
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("must have no query or fragment".into());
+    }
+    Ok(value.trim_end_matches('/').to_owned())
+}
+
+fn retries(value: &str) -> Result<u32, String> {
+    value
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| *n <= 10)
+        .ok_or_else(|| "must be a whole number from 0 to 10".to_owned())
+}
+
 fn max_attempts(value: &str) -> Result<i32, String> {
     value
         .trim()
@@ -663,6 +736,10 @@ mod tests {
         assert_eq!(c.sweep_interval, Duration::from_secs(5));
         assert_eq!(c.sweep_batch_size, 500);
         assert_eq!(c.processor_latency, Duration::ZERO);
+        assert_eq!(c.processor_url, None);
+        assert_eq!(c.processor_connect_timeout, Duration::from_secs(1));
+        assert_eq!(c.processor_timeout, Duration::from_secs(10));
+        assert_eq!(c.processor_retries, 2);
         assert_eq!(c.max_body_bytes, 65_536);
         assert_eq!(c.replay_cache_bytes, 67_108_864);
         assert!(!c.fault_injection);
@@ -738,6 +815,10 @@ mod tests {
                     assert_eq!(*cell, "unset");
                     assert!(config(&[]).unwrap().redis_url.is_none());
                 }
+                "PROCESSOR_URL" => {
+                    assert!(cell.starts_with("unset"), "{cell}");
+                    assert!(config(&[]).unwrap().processor_url.is_none());
+                }
                 _ => {
                     // The last value in backquotes: `REQUEST_TIMEOUT`'s cell
                     // gives its rule, then the value it comes to.
@@ -779,6 +860,25 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_processor_url_must_be_http_with_a_host() {
+        let c = config(&[("PROCESSOR_URL", "http://127.0.0.1:8090/")]).unwrap();
+        assert_eq!(c.processor_url.as_deref(), Some("http://127.0.0.1:8090"));
+        for bad in [
+            "127.0.0.1:8090",
+            "ftp://x",
+            "http://x/?a=1",
+            "postgres://db/x",
+        ] {
+            let err = config(&[("PROCESSOR_URL", bad)]).unwrap_err().to_string();
+            assert!(err.contains("PROCESSOR_URL"), "{err}");
+        }
+        let err = config(&[("PROCESSOR_RETRIES", "11")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("PROCESSOR_RETRIES"), "{err}");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::http;
 use crate::idempotency::wait::Waits;
 use crate::merchants::{self, ApiKey};
-use crate::processor::{Processor, SimulatedProcessor};
+use crate::processor::{HttpProcessor, HttpSettings, Processor};
 use crate::sweeper::{SweepSettings, Sweeper};
 use crate::telemetry::metrics;
 use crate::webhooks::deliver::{DeliverySettings, Worker};
@@ -29,11 +29,9 @@ impl Application {
     /// Binds `BIND_ADDR:PORT` (port 0 picks a free one) and prepares the
     /// state. Migrations and the demo merchant are the caller's choice (see
     /// [`Application::prepare_database`]).
+    /// The processor is the card gateway at `PROCESSOR_URL`, over HTTP.
     pub async fn build(config: Config, pool: PgPool) -> anyhow::Result<Self> {
-        let processor: Arc<dyn Processor> = Arc::new(SimulatedProcessor::new(
-            pool.clone(),
-            config.processor_latency,
-        ));
+        let processor: Arc<dyn Processor> = Arc::new(http_processor(&config)?);
         Self::build_with_processor(config, pool, processor).await
     }
 
@@ -213,6 +211,23 @@ impl Application {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// The card gateway at `PROCESSOR_URL`, over HTTP, each call within
+/// `PROCESSING_TIMEOUT` (the time a request's key is its own).
+pub fn http_processor(config: &Config) -> anyhow::Result<HttpProcessor> {
+    let url = config.processor_url.clone().context(
+        "PROCESSOR_URL is unset: set it to the card gateway's URL (oncepay processor), \
+         or let oncepay serve start its own",
+    )?;
+    HttpProcessor::new(HttpSettings {
+        url,
+        connect_timeout: config.processor_connect_timeout,
+        timeout: config.processor_timeout,
+        retries: config.processor_retries,
+        budget: config.processing_timeout,
+        retry_window: config.request_timeout,
+    })
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

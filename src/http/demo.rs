@@ -101,7 +101,20 @@ async fn effects(
             "Missing required param: run (the metadata[demo_run] tag of the charges to count)",
         )
     })?;
-    let counts = workshop::effects(&state.pool, merchant.id, &run).await?;
+    let counts = workshop::effects(&state.pool, state.processor.as_ref(), merchant.id, &run)
+        .await
+        .map_err(
+            |e| match e.downcast_ref::<crate::processor::ProcessorError>() {
+                Some(_) => Error::from(
+                    Problem::new(
+                        ProblemCode::ProcessorUnavailable,
+                        "The card processor did not answer; its payments cannot be counted now.",
+                    )
+                    .with_retry_after(retry_after::SOON),
+                ),
+                None => Error::from(e),
+            },
+        )?;
     Ok(Json(json!({
         "object": "demo_effects",
         "run": run,

@@ -1,4 +1,5 @@
-//! `GET /healthz` (the process is up) and `GET /readyz` (the database answers).
+//! `GET /healthz` (the process is up) and `GET /readyz` (the database and
+//! the card processor answer).
 //! Neither takes a query parameter; any is refused, as on every route.
 
 use std::time::Duration;
@@ -12,6 +13,8 @@ use utoipa_axum::routes;
 use super::extract::NoQuery;
 use super::problem::ApiError;
 use crate::app::AppState;
+use crate::problem::{Problem, ProblemCode};
+use crate::retry_after;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -29,7 +32,7 @@ async fn healthz(_: NoQuery) -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// The database answers.
+/// The database and the card processor answer.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready", body = super::openapi::Health),
@@ -40,10 +43,30 @@ async fn healthz(_: NoQuery) -> Json<Value> {
 async fn readyz(State(state): State<AppState>, _: NoQuery) -> Result<Json<Value>, ApiError> {
     let ping = sqlx::query_scalar!("SELECT 1").fetch_one(&state.pool);
     match tokio::time::timeout(Duration::from_secs(2), ping).await {
-        Ok(Ok(_)) => Ok(Json(json!({"status": "ok", "database": "ok"}))),
-        Ok(Err(e)) => Err(ApiError::unavailable(e.into())),
-        Err(_) => Err(ApiError::unavailable(anyhow::anyhow!(
-            "database ping timed out"
-        ))),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(ApiError::unavailable(e.into())),
+        Err(_) => {
+            return Err(ApiError::unavailable(anyhow::anyhow!(
+                "database ping timed out"
+            )));
+        }
     }
+    // An unreachable processor makes the instance not ready, never a crash:
+    // charges would only get 503 processor_unavailable.
+    let error = match tokio::time::timeout(Duration::from_secs(3), state.processor.ready()).await {
+        Ok(Ok(())) => {
+            return Ok(Json(
+                json!({"status": "ok", "database": "ok", "processor": "ok"}),
+            ));
+        }
+        Ok(Err(e)) => e,
+        Err(_) => anyhow::anyhow!("the processor's readiness check timed out"),
+    };
+    tracing::warn!(error = format!("{error:#}"), "not ready: the processor");
+    Err(Problem::new(
+        ProblemCode::ProcessorUnavailable,
+        "The card processor does not answer: this instance is not ready.",
+    )
+    .with_retry_after(retry_after::SOON)
+    .into())
 }

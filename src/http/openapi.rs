@@ -533,6 +533,7 @@ pub struct Health {
     #[schema(example = "ok")]
     status: String,
     database: Option<String>,
+    processor: Option<String>,
 }
 
 /// An error (RFC 9457). `code` is stable and machine-readable; `param`

@@ -1,18 +1,18 @@
-//! The card processor, behind a trait so a real gateway could replace the
-//! simulated one.
+//! The card processor, behind a trait: [`HttpProcessor`] speaks to the card
+//! gateway over HTTP (`oncepay processor`, or the one `oncepay serve`
+//! embeds), and tests wrap it to fail on purpose.
 //!
 //! Like a real gateway, a processor is idempotent on the *processor key* that
 //! the service derives from its own charge id (never the client's key): a
 //! repeated authorization with the same key returns the first outcome and
 //! moves no more money.
 
-mod simulated;
-mod tokens;
+mod http;
 
 use async_trait::async_trait;
 
-pub use simulated::SimulatedProcessor;
-pub use tokens::TestToken;
+pub use crate::test_cards::TestToken;
+pub use http::{HttpProcessor, HttpSettings};
 
 /// The processor key for authorizing a charge.
 pub fn authorization_key(charge_id: &str) -> String {
@@ -66,6 +66,18 @@ pub enum RefundOutcome {
     Failed { reason: String },
 }
 
+/// What the processor holds for a payment's key (its status, for a sync).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Payment {
+    /// The authorization's outcome, or `Voided` when a void came first.
+    pub outcome: Outcome,
+    /// What the payment took, in minor units (0 for a void).
+    pub amount: i64,
+    /// How many refunds of it went through, and what they gave back.
+    pub refunds: i64,
+    pub amount_refunded: i64,
+}
+
 /// A call that did not return an outcome.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessorError {
@@ -94,4 +106,13 @@ pub trait Processor: Send + Sync + 'static {
     /// `processor_key`: a repeat returns the recorded outcome and moves no
     /// more money. `Ok` means the outcome is recorded, refunded or failed.
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError>;
+
+    /// Looks up what is recorded under a payment's key, moving nothing:
+    /// `None` when nothing is.
+    async fn payment(&self, processor_key: &str) -> Result<Option<Payment>, ProcessorError>;
+
+    /// Whether the processor can be reached now (for `/readyz`).
+    async fn ready(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
 }

@@ -6,7 +6,7 @@
 //! | `http_connections_open`, `http_connections_shed_total` (`reason`: `evicted`, `refused`) | see `crate::http::server` |
 //! | `idempotency_outcomes_total` | `outcome`: `executed`, `replayed`, `in_use`, `reused`, `expired_taken_over`, `stale_recovered` |
 //! | `idempotency_waiters` (requests waiting on a key in flight), `idempotency_wait_polls_total` (reads their shared waits ran) | |
-//! | `processor_calls_total`, `processor_call_duration_seconds` | `call` (`authorize`, `void`, `refund`), `outcome` |
+//! | `processor_calls_total`, `processor_call_duration_seconds` | `call` (`authorize`, `void`, `refund`, `lookup`), `outcome` |
 //! | `sweeper_runs_total`, `sweeper_settled_total` (`outcome`), `sweeper_keys_deleted_total`, `sweeper_leased_total` | |
 //! | `db_pool_connections` (`state`: `idle`, `in_use`), `db_pool_max_connections`, `db_pool_timeouts_total` | |
 //! | `webhook_attempts_total` (`result`), `webhook_attempt_duration_seconds`, `webhook_deliveries_total` (`outcome`, `reason`), `webhook_oldest_pending_event_age_seconds`, `webhook_endpoints_disabled_total`, `webhook_leases_lost_total` | see `docs/webhooks.md` |
@@ -18,7 +18,9 @@ use async_trait::async_trait;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use sqlx::PgPool;
 
-use crate::processor::{Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome};
+use crate::processor::{
+    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
+};
 
 /// The process-wide recorder (one per process, however many apps it runs).
 /// The handle that renders the metrics, kept in [`crate::app::AppState`].
@@ -149,5 +151,21 @@ impl Processor for MeteredProcessor {
         };
         record("refund", started, &result, ok);
         result
+    }
+
+    async fn payment(&self, processor_key: &str) -> Result<Option<Payment>, ProcessorError> {
+        let started = Instant::now();
+        let result = self.inner.payment(processor_key).await;
+        let ok = match &result {
+            Ok(Some(payment)) => outcome_label(&payment.outcome),
+            Ok(None) => "none",
+            Err(_) => "error",
+        };
+        record("lookup", started, &result, ok);
+        result
+    }
+
+    async fn ready(&self) -> anyhow::Result<()> {
+        self.inner.ready().await
     }
 }

@@ -14,7 +14,7 @@ async fn counts(app: &TestApp) -> (i64, i64, i64) {
     (
         app.charges().await,
         app.keys().await,
-        app.count("SELECT count(*) FROM processor_operations").await,
+        app.processor_operations().await,
     )
 }
 

@@ -224,3 +224,74 @@ async fn merchants_create_with_a_blank_name_says_so_and_creates_nothing() {
     assert_eq!(merchants, 0);
     pool.close().await;
 }
+
+#[tokio::test]
+async fn without_a_processor_url_sweep_fences_at_an_embedded_gateway_with_its_own_ledger() {
+    let db = TestDb::create().await;
+    let pool = db.pool().await;
+    let (merchant, _) = merchants::create(&pool, "embedded").await.unwrap();
+    stale_claim_in(
+        &pool,
+        merchant.id,
+        "crashed",
+        "ch_crashedbeforeembeddedsweep",
+        "1 minute",
+    )
+    .await;
+    let out = oncepay(&db, &["sweep", "--once"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The gateway it started kept its ledger in a database of its own.
+    let ledger = sqlx::PgPool::connect(&format!("{}_processor", db.url))
+        .await
+        .expect("the embedded gateway's database");
+    let voided: String = sqlx::query_scalar(
+        "SELECT outcome FROM operations WHERE key = 'auth:ch_crashedbeforeembeddedsweep'",
+    )
+    .fetch_one(&ledger)
+    .await
+    .unwrap();
+    assert_eq!(voided, "voided");
+    ledger.close().await;
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_tables WHERE tablename IN ('processor_operations', 'operations')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(tables, 0, "oncepay's database holds no ledger");
+}
+
+#[test]
+fn the_processor_command_has_settings_of_its_own_and_needs_its_database() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_oncepay"))
+            .args(args)
+            .env_clear()
+            .current_dir(std::env::temp_dir())
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            // oncepay's own settings do not apply to it.
+            .env("DATABASE_URL", "postgres://127.0.0.1:1/oncepay")
+            .output()
+            .expect("run oncepay processor")
+    };
+    let help = run(&["processor", "--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    for name in [
+        "PROCESSOR_DATABASE_URL",
+        "PROCESSOR_PORT",
+        "PROCESSOR_FAULT_INJECTION",
+    ] {
+        assert!(text.contains(name), "{name}: {text}");
+    }
+    assert!(!text.contains("IDEMPOTENCY_KEY_TTL"), "{text}");
+    let missing = run(&["processor"]);
+    assert!(!missing.status.success());
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(stderr.contains("PROCESSOR_DATABASE_URL"), "{stderr}");
+    let listed = run(&["--help"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("processor"));
+}

@@ -1,13 +1,16 @@
 //! Test helpers: a fresh, migrated database per test and the real server on
-//! a free port, with request and database helpers.
+//! a free port, with request and database helpers; beside it, the card
+//! gateway on a free port of its own, with its own fresh database, which
+//! the server reaches over HTTP.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oncepay::config::Config;
+use oncepay::gateway::{self, Gateway};
 use oncepay::merchants;
-use oncepay::processor::{Processor, SimulatedProcessor};
+use oncepay::processor::{HttpProcessor, HttpSettings, Processor};
 use oncepay::startup::Application;
 use oncepay::sweeper::{SweepReport, SweepSettings, Sweeper};
 use reqwest::Response;
@@ -19,21 +22,138 @@ use uuid::Uuid;
 
 pub use crate::database::TestDb;
 
-/// Settings for a test server, on top of the defaults.
+/// Settings for a test server, on top of the defaults. The gateway reads
+/// its own (`PROCESSOR_*`) among them, and [`Settings::processor`]'s on top.
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub vars: Vec<(&'static str, String)>,
+    pub processor_vars: Vec<(&'static str, String)>,
+    /// Headers the server's processor client sends with every call.
+    pub processor_headers: Vec<(&'static str, String)>,
 }
 
 impl Settings {
     pub fn new() -> Self {
-        Settings { vars: Vec::new() }
+        Settings {
+            vars: Vec::new(),
+            processor_vars: Vec::new(),
+            processor_headers: Vec::new(),
+        }
+    }
+
+    /// A header the server's processor client sends with every call, such
+    /// as `Processor-Fault` (the test gateway honours it).
+    pub fn processor_header(mut self, name: &'static str, value: impl ToString) -> Self {
+        self.processor_headers.push((name, value.to_string()));
+        self
     }
 
     pub fn set(mut self, name: &'static str, value: impl ToString) -> Self {
         self.vars.push((name, value.to_string()));
         self
     }
+
+    /// A setting of the gateway's only (such as a `PROCESSOR_LATENCY_MS`
+    /// above `REQUEST_TIMEOUT`, which oncepay's own checks refuse).
+    pub fn processor(mut self, name: &'static str, value: impl ToString) -> Self {
+        self.processor_vars.push((name, value.to_string()));
+        self
+    }
+}
+
+/// A card gateway on a free port with a fresh database of its own.
+pub struct TestGateway {
+    pub url: String,
+    pub pool: PgPool,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<()>,
+    _db: TestDb,
+}
+
+impl TestGateway {
+    /// Starts a gateway; `vars` are looked up for its settings.
+    pub async fn start(vars: &[(&'static str, String)]) -> Self {
+        let db = TestDb::create_empty().await;
+        let (url, pool, shutdown, server) = start_gateway(&db.url, vars).await;
+        TestGateway {
+            url,
+            pool,
+            shutdown: Some(shutdown),
+            server,
+            _db: db,
+        }
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        self.server.abort();
+    }
+}
+
+/// Starts a gateway on the database `url` (migrating it) and a free port,
+/// fault injection on; `vars` win over those defaults.
+async fn start_gateway(
+    url: &str,
+    vars: &[(&'static str, String)],
+) -> (
+    String,
+    PgPool,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let mut all: Vec<(&str, String)> = vec![
+        ("PROCESSOR_DATABASE_URL", url.to_owned()),
+        ("PROCESSOR_PORT", "0".to_owned()),
+        ("PROCESSOR_FAULT_INJECTION", "true".to_owned()),
+    ];
+    all.extend(vars.iter().cloned());
+    let config = gateway::Config::from_lookup(|name| {
+        all.iter()
+            .rev()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    })
+    .expect("a valid gateway configuration");
+    let pool = PgPoolOptions::new()
+        .max_connections(10)
+        .connect(url)
+        .await
+        .expect("connect to the gateway's test database");
+    let gateway = Gateway::build_with_pool(config, pool.clone())
+        .await
+        .expect("build the gateway");
+    let address = gateway.url();
+    let (shutdown, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(gateway.run_until_stopped(async {
+        let _ = stopped.await;
+    }));
+    (address, pool, shutdown, server)
+}
+
+/// An HTTP processor for `url` as `config` sets it, sending `headers`.
+pub fn http_processor(
+    config: &Config,
+    url: &str,
+    headers: reqwest::header::HeaderMap,
+) -> Arc<dyn Processor> {
+    Arc::new(
+        HttpProcessor::with_headers(
+            HttpSettings {
+                url: url.to_owned(),
+                connect_timeout: config.processor_connect_timeout,
+                timeout: config.processor_timeout,
+                retries: config.processor_retries,
+                budget: config.processing_timeout,
+                retry_window: config.request_timeout,
+            },
+            headers,
+        )
+        .expect("an HTTP processor"),
+    )
 }
 
 /// The real server on a free port, its database, and one merchant.
@@ -44,11 +164,23 @@ pub struct TestApp {
     pub api_key: String,
     pub merchant_id: Uuid,
     pub config: Config,
+    /// The tests' own processor (for `sweep_once` and direct calls): the
+    /// server's when a test gave one, else the same ledger as the server's
+    /// through a second gateway on it that answers at once whatever
+    /// `PROCESSOR_LATENCY_MS` says.
     pub processor: Arc<dyn Processor>,
+    /// That second gateway, over HTTP, never wrapped: a processor that works.
+    pub working_processor: Arc<dyn Processor>,
+    /// The gateway's database: its ledger, `operations`.
+    pub processor_pool: PgPool,
+    /// The server's gateway, `http://127.0.0.1:port`.
+    pub processor_url: String,
     shutdown: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<()>,
-    // Last, so the server and pool go before the database is dropped.
+    gateways: Vec<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
+    // Last, so the server and pool go before the databases are dropped.
     _db: TestDb,
+    _processor_db: TestDb,
 }
 
 pub async fn spawn_app() -> TestApp {
@@ -61,21 +193,31 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
     spawn(settings, None).await
 }
 
-/// Starts the server with `settings` and the processor `processor` makes
-/// from the test database's pool, used by the server and by `sweep_once`.
+/// Starts the server with the processor `processor` makes from the test
+/// database's pool and the HTTP processor of the test's gateway (to wrap,
+/// failing on purpose), used by the server and by `sweep_once`.
 pub async fn spawn_app_with_processor(
     settings: Settings,
-    processor: impl FnOnce(PgPool) -> Arc<dyn Processor> + 'static,
+    processor: impl FnOnce(PgPool, Arc<dyn Processor>) -> Arc<dyn Processor> + 'static,
 ) -> TestApp {
     spawn(settings, Some(Box::new(processor))).await
 }
 
-type MakeProcessor = Box<dyn FnOnce(PgPool) -> Arc<dyn Processor>>;
+type MakeProcessor = Box<dyn FnOnce(PgPool, Arc<dyn Processor>) -> Arc<dyn Processor>>;
 
 async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> TestApp {
     let db = TestDb::create().await;
+    let processor_db = TestDb::create_empty().await;
+    let mut gateway_vars = settings.vars.clone();
+    gateway_vars.extend(settings.processor_vars.iter().cloned());
+    let (processor_url, processor_pool, stop_gateway, gateway) =
+        start_gateway(&processor_db.url, &gateway_vars).await;
+    // The tests' own gateway on the same ledger, without the latency.
+    gateway_vars.push(("PROCESSOR_LATENCY_MS", "0".to_owned()));
+    let (own_url, _, stop_own, own) = start_gateway(&processor_db.url, &gateway_vars).await;
     let mut vars = vec![
         ("DATABASE_URL", db.url.clone()),
+        ("PROCESSOR_URL", processor_url.clone()),
         ("PORT", "0".to_owned()),
         ("SWEEP_INTERVAL", "1h".to_owned()),
         ("DATABASE_MAX_CONNECTIONS", "20".to_owned()),
@@ -83,7 +225,7 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
         // dry sets its own.
         ("DATABASE_ACQUIRE_TIMEOUT", "10s".to_owned()),
     ];
-    vars.extend(settings.vars);
+    vars.extend(settings.vars.iter().cloned());
     let config = Config::from_lookup(|name| {
         vars.iter()
             .rev()
@@ -99,24 +241,34 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
         .await
         .expect("connect to the test database");
     let (merchant, key) = merchants::create(&pool, "test merchant").await.unwrap();
-    // By default the server's processor honours PROCESSOR_LATENCY_MS, and
+    // By default the server's gateway honours PROCESSOR_LATENCY_MS, and
     // the tests' own (for `sweep_once` and direct calls) answers at once.
+    let own = (stop_own, own);
+    let working_processor = http_processor(&config, &own_url, Default::default());
     let (app, processor) = match make_processor {
         Some(make) => {
-            let processor = make(pool.clone());
+            let http = http_processor(&config, &processor_url, Default::default());
+            let processor = make(pool.clone(), http);
             let app =
                 Application::build_with_processor(config.clone(), pool.clone(), processor.clone())
                     .await;
             (app, processor)
         }
-        None => {
-            let processor: Arc<dyn Processor> =
-                Arc::new(SimulatedProcessor::new(pool.clone(), Duration::ZERO));
+        None if !settings.processor_headers.is_empty() => {
+            let mut headers = reqwest::header::HeaderMap::new();
+            for (name, value) in &settings.processor_headers {
+                headers.insert(*name, value.parse().expect("a header value"));
+            }
+            let server = http_processor(&config, &processor_url, headers);
             (
-                Application::build(config.clone(), pool.clone()).await,
-                processor,
+                Application::build_with_processor(config.clone(), pool.clone(), server).await,
+                http_processor(&config, &own_url, Default::default()),
             )
         }
+        None => (
+            Application::build(config.clone(), pool.clone()).await,
+            http_processor(&config, &own_url, Default::default()),
+        ),
     };
     let app = app.expect("build the app");
     app.prepare_database().await.expect("prepare the database");
@@ -137,9 +289,14 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
         merchant_id: merchant.id,
         config,
         processor,
+        working_processor,
+        processor_pool,
+        processor_url,
         shutdown: Some(shutdown),
         server,
+        gateways: vec![(stop_gateway, gateway), own],
         _db: db,
+        _processor_db: processor_db,
     }
 }
 
@@ -164,6 +321,7 @@ impl TestApp {
                 .map(|(_, v)| v.clone())
                 .or_else(|| match name {
                     "DATABASE_URL" => Some(base.database_url.clone()),
+                    "PROCESSOR_URL" => base.processor_url.clone(),
                     "PORT" => Some("0".to_owned()),
                     "SWEEP_INTERVAL" => Some("1h".to_owned()),
                     _ => None,
@@ -208,6 +366,10 @@ impl Drop for TestApp {
             let _ = shutdown.send(());
         }
         self.server.abort();
+        for (stop, gateway) in self.gateways.drain(..) {
+            let _ = stop.send(());
+            gateway.abort();
+        }
     }
 }
 
@@ -360,9 +522,23 @@ impl TestApp {
         self.count("SELECT count(*) FROM charges").await
     }
 
+    /// A count in the gateway's database.
+    pub async fn processor_count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.processor_pool)
+            .await
+            .expect(sql)
+    }
+
     /// Money moved: successful authorizations at the processor.
     pub async fn payments(&self) -> i64 {
-        self.count("SELECT count(*) FROM processor_operations WHERE outcome = 'succeeded'")
+        self.processor_count("SELECT count(*) FROM operations WHERE outcome = 'succeeded'")
+            .await
+    }
+
+    /// Every row of the processor's ledger.
+    pub async fn processor_operations(&self) -> i64 {
+        self.processor_count("SELECT count(*) FROM operations")
             .await
     }
 
@@ -376,7 +552,7 @@ impl TestApp {
 
     /// Money given back: refunds recorded at the processor.
     pub async fn processor_refunds(&self) -> i64 {
-        self.count("SELECT count(*) FROM processor_operations WHERE outcome = 'refunded'")
+        self.processor_count("SELECT count(*) FROM operations WHERE outcome = 'refunded'")
             .await
     }
 

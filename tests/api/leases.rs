@@ -9,16 +9,16 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use oncepay::processor::{
-    Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome, SimulatedProcessor,
+    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
 };
 use oncepay::sweeper::{SweepSettings, Sweeper};
 
-use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, spawn_app_with_processor, visa};
+use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, visa};
 
 /// The simulated processor, with refunds that take `delay` and are counted
 /// per refund processor key.
 struct SlowRefunds {
-    inner: SimulatedProcessor,
+    inner: Arc<dyn Processor>,
     delay: Duration,
     calls: Mutex<HashMap<String, usize>>,
 }
@@ -42,6 +42,10 @@ impl Processor for SlowRefunds {
             .or_default() += 1;
         tokio::time::sleep(self.delay).await;
         self.inner.refund(request).await
+    }
+
+    async fn payment(&self, processor_key: &str) -> Result<Option<Payment>, ProcessorError> {
+        self.inner.payment(processor_key).await
     }
 }
 
@@ -88,7 +92,7 @@ async fn a_record_whose_lease_lapsed_mid_batch_is_recovered_by_one_sweeper_only(
     let charge = app.paid_charge(3000).await;
     stale_refunds(&app, &charge, 4).await;
     let processor = Arc::new(SlowRefunds {
-        inner: SimulatedProcessor::new(app.pool.clone(), Duration::ZERO),
+        inner: app.working_processor.clone(),
         delay: Duration::from_millis(700),
         calls: Mutex::default(),
     });
@@ -139,12 +143,9 @@ async fn a_wait_longer_than_the_request_timeout_ends_in_409_not_a_timeout() {
     let settings = Settings::new()
         .set("PROCESSING_TIMEOUT", "4s")
         .set("REQUEST_TIMEOUT", "1500ms");
-    // A processor slower than REQUEST_TIMEOUT, which PROCESSOR_LATENCY_MS
-    // may not be.
-    let app = spawn_app_with_processor(settings, |pool| {
-        Arc::new(SimulatedProcessor::new(pool, Duration::from_secs(3)))
-    })
-    .await;
+    // A processor slower than REQUEST_TIMEOUT, which oncepay's own
+    // PROCESSOR_LATENCY_MS may not be: the gateway's alone.
+    let app = spawn_app_with(settings.processor("PROCESSOR_LATENCY_MS", 3000)).await;
     let body = visa(2000);
     let holder = app.post_charge(Some("slow"), &body);
     let waiter = async {

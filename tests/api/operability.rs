@@ -8,13 +8,7 @@ use oncepay::merchants;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use std::sync::Arc;
-
-use oncepay::processor::SimulatedProcessor;
-
-use crate::helpers::{
-    Answer, Settings, TestDb, spawn_app, spawn_app_with, spawn_app_with_processor, until, visa,
-};
+use crate::helpers::{Answer, Settings, TestDb, spawn_app, spawn_app_with, until, visa};
 use crate::sweeper::stale_claim_in;
 
 #[tokio::test]
@@ -370,9 +364,10 @@ async fn a_request_over_the_timeout_gets_a_problem_and_its_work_still_completes(
     // A processor slower than REQUEST_TIMEOUT, which PROCESSOR_LATENCY_MS
     // may not be.
     let latency = Duration::from_secs(1);
-    let app = spawn_app_with_processor(
-        Settings::new().set("REQUEST_TIMEOUT", "300ms"),
-        move |pool| Arc::new(SimulatedProcessor::new(pool, latency)),
+    let app = spawn_app_with(
+        Settings::new()
+            .set("REQUEST_TIMEOUT", "300ms")
+            .processor("PROCESSOR_LATENCY_MS", latency.as_millis()),
     )
     .await;
     let slow = Answer::of(app.post_charge(Some("slow"), &visa(100)).await).await;

@@ -34,11 +34,11 @@ async fn post(app: &TestApp, path: &str, key: &str, body: &Value) -> Answer {
 /// Money the processor gave back from the charge's payment.
 async fn refunded_at_the_processor(app: &TestApp, charge: &str) -> i64 {
     sqlx::query_scalar(
-        "SELECT coalesce(sum(amount), 0)::bigint FROM processor_operations
+        "SELECT coalesce(sum(amount), 0)::bigint FROM operations
           WHERE payment_key = 'auth:' || $1 AND outcome = 'refunded'",
     )
     .bind(charge)
-    .fetch_one(&app.pool)
+    .fetch_one(&app.processor_pool)
     .await
     .unwrap()
 }

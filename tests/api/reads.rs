@@ -188,6 +188,7 @@ async fn without_a_database_readiness_and_requests_are_503_problems() {
             "PORT" => "0",
             "DATABASE_ACQUIRE_TIMEOUT" => "300ms",
             "SWEEP_INTERVAL" => "1h",
+            "PROCESSOR_URL" => "http://127.0.0.1:1",
             _ => return None,
         };
         Some(value.to_owned())

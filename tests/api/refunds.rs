@@ -10,7 +10,7 @@ use oncepay::charges::settle::Settled;
 use oncepay::idempotency::Fingerprint;
 use oncepay::params::Params;
 use oncepay::processor::{
-    self, Authorization, Outcome, Processor, ProcessorError, RefundOutcome, SimulatedProcessor,
+    self, Authorization, Outcome, Payment, Processor, ProcessorError, RefundOutcome,
 };
 use oncepay::refunds::{NewRefund, settle};
 use serde_json::{Value, json};
@@ -353,10 +353,7 @@ async fn a_refused_refund_leaves_its_key_free_for_the_corrected_request() {
 async fn bad_refund_input_gets_4xx_problems_and_writes_nothing() {
     let app = spawn_app().await;
     let charge = app.paid_charge(2000).await;
-    let (keys, processor_rows) = (
-        app.keys().await,
-        app.count("SELECT count(*) FROM processor_operations").await,
-    );
+    let (keys, processor_rows) = (app.keys().await, app.processor_operations().await);
     let cases = [
         (json!({}), "parameter_missing", "charge"),
         (json!({"charge": 42}), "parameter_invalid_type", "charge"),
@@ -452,10 +449,7 @@ async fn bad_refund_input_gets_4xx_problems_and_writes_nothing() {
 
     assert_eq!(app.refunds().await, 0);
     assert_eq!(app.keys().await, keys);
-    assert_eq!(
-        app.count("SELECT count(*) FROM processor_operations").await,
-        processor_rows
-    );
+    assert_eq!(app.processor_operations().await, processor_rows);
     assert_eq!(app.amount_refunded(&charge).await, 0);
     Answer::of(app.get("/v1/refunds/re_doesnotexist000000000001").await)
         .await
@@ -652,11 +646,11 @@ async fn a_retry_finding_its_refund_key_stale_rolls_the_refund_forward_once() {
     // The crashed request had reached the processor already: the roll-forward
     // repeats that refund under the same processor key, adding none.
     sqlx::query(
-        "INSERT INTO processor_operations (processor_key, kind, outcome, amount, currency, payment_key)
+        "INSERT INTO operations (key, kind, outcome, amount, currency, payment_key)
          VALUES ('refund:re_stuckrefund0000000000001', 'refund', 'refunded', 700, 'usd', 'auth:' || $1)",
     )
     .bind(&charge)
-    .execute(&app.pool)
+    .execute(&app.processor_pool)
     .await
     .unwrap();
 
@@ -734,7 +728,7 @@ async fn the_balance_shows_charged_minus_refunded_per_currency() {
 
 /// The simulated processor, except that every refund call finds the
 /// processor unavailable (nothing recorded).
-struct RefundsUnavailable(SimulatedProcessor);
+struct RefundsUnavailable(Arc<dyn Processor>);
 
 #[async_trait]
 impl Processor for RefundsUnavailable {
@@ -749,6 +743,10 @@ impl Processor for RefundsUnavailable {
     async fn refund(&self, _: processor::Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
         Err(ProcessorError::Unavailable)
     }
+
+    async fn payment(&self, processor_key: &str) -> Result<Option<Payment>, ProcessorError> {
+        self.0.payment(processor_key).await
+    }
 }
 
 #[tokio::test]
@@ -756,13 +754,7 @@ async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_roll
     let timing = Settings::new()
         .set("PROCESSING_TIMEOUT", "20s")
         .set("SWEEP_INTERVAL", "90500ms");
-    let app = spawn_app_with_processor(timing, |pool| {
-        Arc::new(RefundsUnavailable(SimulatedProcessor::new(
-            pool,
-            Duration::ZERO,
-        )))
-    })
-    .await;
+    let app = spawn_app_with_processor(timing, |_, http| Arc::new(RefundsUnavailable(http))).await;
     let charge = app.paid_charge(2000).await;
     let answer = Answer::of(
         app.post_refund(Some("later"), &refund(&charge, Some(500)))
@@ -791,8 +783,7 @@ async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_roll
         .execute(&app.pool)
         .await
         .unwrap();
-    let working: Arc<dyn oncepay::processor::Processor> =
-        Arc::new(SimulatedProcessor::new(app.pool.clone(), Duration::ZERO));
+    let working: Arc<dyn oncepay::processor::Processor> = app.working_processor.clone();
     let settings = oncepay::sweeper::SweepSettings {
         processing_timeout: Duration::from_secs(60),
         ..oncepay::sweeper::SweepSettings::from_config(&app.config)
@@ -867,11 +858,8 @@ async fn a_refused_refund_ends_failed_gives_its_reservation_back_and_its_retry_r
 
 #[tokio::test]
 async fn a_refund_refused_while_its_request_was_lost_is_failed_by_recovery() {
-    let app = spawn_app_with_processor(Settings::new(), |pool| {
-        Arc::new(RefundsUnavailable(SimulatedProcessor::new(
-            pool,
-            Duration::ZERO,
-        )))
+    let app = spawn_app_with_processor(Settings::new(), |_, http| {
+        Arc::new(RefundsUnavailable(http))
     })
     .await;
     let charge = charge_whose_first_refund_fails(&app, 2000).await;
@@ -890,8 +878,7 @@ async fn a_refund_refused_while_its_request_was_lost_is_failed_by_recovery() {
         .execute(&app.pool)
         .await
         .unwrap();
-    let working: Arc<dyn oncepay::processor::Processor> =
-        Arc::new(SimulatedProcessor::new(app.pool.clone(), Duration::ZERO));
+    let working: Arc<dyn oncepay::processor::Processor> = app.working_processor.clone();
     let settings = oncepay::sweeper::SweepSettings {
         processing_timeout: Duration::from_secs(60),
         ..oncepay::sweeper::SweepSettings::from_config(&app.config)

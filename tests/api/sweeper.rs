@@ -15,7 +15,7 @@ use oncepay::charges::settle::{self, Settled};
 use oncepay::idempotency::{Fingerprint, store};
 use oncepay::params::Params;
 use oncepay::processor::{
-    Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
+    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
     authorization_key,
 };
 use oncepay::sweeper::{SweepReport, SweepSettings, Sweeper};
@@ -176,10 +176,7 @@ async fn the_sweeper_leaves_rows_younger_than_the_timeout_alone() {
         charge_state(&app, "ch_stillworkingonthisone00001").await.0,
         "pending"
     );
-    assert_eq!(
-        app.count("SELECT count(*) FROM processor_operations").await,
-        0
-    );
+    assert_eq!(app.processor_operations().await, 0);
 }
 
 #[tokio::test]
@@ -301,7 +298,7 @@ fn two_sweepers(
     let by_key = FencesByKey::default();
     let processor = || {
         Arc::new(CountingProcessor {
-            inner: app.processor.clone(),
+            inner: app.working_processor.clone(),
             voids: AtomicUsize::new(0),
             by_key: by_key.clone(),
             // Slow enough that one sweeper is still fencing its batch when
@@ -413,7 +410,7 @@ async fn two_sweepers_at_once_settle_each_stale_row_once() {
         ROWS
     );
     assert_eq!(
-        app.count("SELECT count(*) FROM processor_operations WHERE outcome = 'voided'")
+        app.processor_count("SELECT count(*) FROM operations WHERE outcome = 'voided'")
             .await as u64,
         ROWS
     );
@@ -451,21 +448,26 @@ async fn two_sweepers_at_once_settle_each_keyless_stale_charge_once() {
     assert_eq!(a.settled + b.settled, ROWS, "{a:?} {b:?}");
     let by_key = by_key.lock().unwrap().clone();
     assert_eq!(by_key.len() as u64, ROWS, "every charge was fenced");
+    let abandoned: Vec<String> = sqlx::query_scalar(
+        "SELECT 'auth:' || id FROM charges
+          WHERE status = 'failed' AND failure_code = 'processing_abandoned'",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let voided: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM operations WHERE key = ANY($1) AND outcome = 'voided'",
+    )
+    .bind(&abandoned)
+    .fetch_one(&app.processor_pool)
+    .await
+    .unwrap();
     assert_eq!(
-        app.count(
-            "SELECT count(*) FROM charges c JOIN processor_operations p
-                 ON p.processor_key = 'auth:' || c.id
-              WHERE c.status = 'failed' AND c.failure_code = 'processing_abandoned'
-                AND p.outcome = 'voided'"
-        )
-        .await as u64,
-        ROWS,
+        (abandoned.len() as u64, voided as u64),
+        (ROWS, ROWS),
         "each charge failed, with one void at the processor"
     );
-    assert_eq!(
-        app.count("SELECT count(*) FROM processor_operations").await as u64,
-        ROWS
-    );
+    assert_eq!(app.processor_operations().await as u64, ROWS);
 }
 
 #[tokio::test]
@@ -640,6 +642,10 @@ impl Processor for CountingProcessor {
 
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
         self.inner.refund(request).await
+    }
+
+    async fn payment(&self, processor_key: &str) -> Result<Option<Payment>, ProcessorError> {
+        self.inner.payment(processor_key).await
     }
 }
 

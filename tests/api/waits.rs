@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::join_all;
 use oncepay::processor::{
-    Authorization, Outcome, Processor, ProcessorError, Refund, RefundOutcome, SimulatedProcessor,
+    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
 };
 use tokio::sync::watch;
 
@@ -34,9 +34,9 @@ async fn twenty_waiters_on_a_key_that_goes_stale_settle_it_once_and_all_get_its_
     let voids = Arc::new(AtomicUsize::new(0));
     let processor = {
         let voids = voids.clone();
-        move |pool| -> Arc<dyn Processor> {
+        move |_, http| -> Arc<dyn Processor> {
             Arc::new(Counting {
-                inner: Arc::new(SimulatedProcessor::new(pool, Duration::ZERO)),
+                inner: http,
                 voids,
                 unavailable_first: None,
                 authorizations: AtomicUsize::new(0),
@@ -81,9 +81,9 @@ async fn twenty_waiters_on_a_key_that_goes_stale_settle_it_once_and_all_get_its_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_claims_a_key_given_back_after_the_processor_was_unavailable() {
-    let processor = |pool| -> Arc<dyn Processor> {
+    let processor = |_, http| -> Arc<dyn Processor> {
         Arc::new(Counting {
-            inner: Arc::new(SimulatedProcessor::new(pool, Duration::ZERO)),
+            inner: http,
             voids: Arc::default(),
             unavailable_first: Some(Duration::from_millis(600)),
             authorizations: AtomicUsize::new(0),
@@ -108,9 +108,9 @@ async fn a_waiter_claims_a_key_given_back_after_the_processor_was_unavailable() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_asked_for_longer_than_ten_seconds_ends_after_ten() {
     let (release, released) = watch::channel(false);
-    let processor = move |pool| -> Arc<dyn Processor> {
+    let processor = move |_, http| -> Arc<dyn Processor> {
         Arc::new(Held {
-            inner: SimulatedProcessor::new(pool, Duration::ZERO),
+            inner: http,
             released,
         })
     };
@@ -154,7 +154,7 @@ async fn a_wait_asked_for_longer_than_ten_seconds_ends_after_ten() {
 
 /// The simulated processor, except that authorizing waits until `released`.
 struct Held {
-    inner: SimulatedProcessor,
+    inner: Arc<dyn Processor>,
     released: watch::Receiver<bool>,
 }
 
@@ -172,6 +172,10 @@ impl Processor for Held {
 
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
         self.inner.refund(request).await
+    }
+
+    async fn payment(&self, processor_key: &str) -> Result<Option<Payment>, ProcessorError> {
+        self.inner.payment(processor_key).await
     }
 }
 
@@ -203,5 +207,9 @@ impl Processor for Counting {
 
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
         self.inner.refund(request).await
+    }
+
+    async fn payment(&self, processor_key: &str) -> Result<Option<Payment>, ProcessorError> {
+        self.inner.payment(processor_key).await
     }
 }

@@ -1,6 +1,8 @@
-//! The chaos harness: real `oncepay serve` processes, a database of their
-//! own (or a private Postgres cluster the test may restart), a retrying
-//! client, and the report every scenario prints and asserts.
+//! The chaos harness: real `oncepay serve` processes, each beside an
+//! `oncepay processor` process (the card gateway, with its ledger in the
+//! database `<the test's database>_processor`), a database of their own
+//! (or a private Postgres cluster the test may restart), a retrying client,
+//! and the report every scenario prints and asserts.
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -198,7 +200,159 @@ impl Drop for PrivateCluster {
     }
 }
 
-/// One `oncepay serve` process.
+/// The database of the card gateway's ledger beside `database_url`'s:
+/// the same server, the name suffixed `_processor`.
+pub fn processor_database_url(database_url: &str) -> String {
+    let (base, query) = database_url
+        .split_once('?')
+        .map_or((database_url, None), |(b, q)| (b, Some(q)));
+    match query {
+        Some(q) => format!("{base}_processor?{q}"),
+        None => format!("{base}_processor"),
+    }
+}
+
+/// A pool on the card gateway's ledger beside `pool`'s database, created
+/// and migrated if no gateway has yet (an empty ledger).
+pub async fn processor_pool(pool: &PgPool) -> PgPool {
+    let options = pool.connect_options();
+    let name = format!(
+        "{}_processor",
+        options.get_database().expect("the pool names its database")
+    );
+    let options = (*options).clone().database(&name);
+    let url = sqlx::ConnectOptions::to_url_lossy(&options).to_string();
+    oncepay::gateway::create_database_if_missing(&url)
+        .await
+        .expect("create the processor's ledger");
+    let ledger = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .expect("connect to the processor's ledger");
+    oncepay::gateway::MIGRATOR
+        .run(&ledger)
+        .await
+        .expect("migrate the processor's ledger");
+    ledger
+}
+
+/// One `oncepay processor` process: the card gateway, fault injection on.
+pub struct ProcessorProcess {
+    child: Option<Child>,
+    pub port: u16,
+    env: Vec<(String, String)>,
+    pub log: PathBuf,
+}
+
+impl ProcessorProcess {
+    /// Starts the gateway with its ledger in `<database_url's>_processor`
+    /// (created if missing) and waits until it answers `/healthz`; `env`
+    /// adds its own settings (`PROCESSOR_LATENCY_MS`, ...).
+    pub async fn start(database_url: &str, env: &[(&str, impl AsRef<str>)]) -> Self {
+        let mut vars: Vec<(String, String)> = vec![
+            (
+                "PROCESSOR_DATABASE_URL".into(),
+                processor_database_url(database_url),
+            ),
+            ("PROCESSOR_FAULT_INJECTION".into(), "true".into()),
+            ("RUST_LOG".into(), "info,sqlx=warn".into()),
+        ];
+        vars.extend(
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.as_ref().to_owned())),
+        );
+        let mut processor = ProcessorProcess {
+            child: None,
+            port: free_port(),
+            env: vars,
+            log: scratch_dir("log").join("processor.log"),
+        };
+        processor.spawn().await;
+        processor
+    }
+
+    async fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_oncepay"))
+            .arg("processor")
+            .env_clear()
+            .envs(self.env.iter().cloned())
+            .env("PROCESSOR_PORT", self.port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start oncepay processor");
+        self.child = Some(child);
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = client.get(format!("{}/healthz", self.url())).send().await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                panic!(
+                    "oncepay processor exited at start ({status}): {}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "oncepay processor did not start: {}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether the process is still running (a `crash-after-record` fault
+    /// aborts it).
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+
+    /// Kills the process (`SIGKILL`) and waits for it: connections to its
+    /// port are refused until [`ProcessorProcess::restart`].
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the process again on the same port, with the same settings.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+}
+
+impl Drop for ProcessorProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One `oncepay serve` process, with its own `oncepay processor` process
+/// unless the test gives it a `PROCESSOR_URL`.
 pub struct Server {
     child: Option<Child>,
     pub port: u16,
@@ -207,6 +361,8 @@ pub struct Server {
     /// The open-file limit the process starts with (soft and hard), when
     /// the test sets one.
     open_files: Option<u64>,
+    /// The card gateway it calls, a process of its own, when it started one.
+    pub processor: Option<ProcessorProcess>,
 }
 
 impl Server {
@@ -241,6 +397,20 @@ impl Server {
             env.iter()
                 .map(|(k, v)| (k.to_string(), v.as_ref().to_owned())),
         );
+        // The gateway runs as a process of its own, with the latency the
+        // test asks of the processor.
+        let processor = if vars.iter().any(|(k, _)| k == "PROCESSOR_URL") {
+            None
+        } else {
+            let latency: Vec<(&str, String)> = vars
+                .iter()
+                .filter(|(k, _)| k == "PROCESSOR_LATENCY_MS")
+                .map(|(_, v)| ("PROCESSOR_LATENCY_MS", v.clone()))
+                .collect();
+            let processor = ProcessorProcess::start(database_url, &latency).await;
+            vars.push(("PROCESSOR_URL".into(), processor.url()));
+            Some(processor)
+        };
         let log = scratch_dir("log").join("server.log");
         let mut server = Server {
             child: None,
@@ -248,6 +418,7 @@ impl Server {
             env: vars,
             log,
             open_files,
+            processor,
         };
         server.spawn().await;
         server
@@ -780,11 +951,17 @@ impl Report {
                 .await
                 .unwrap_or_else(|e| panic!("{sql}: {e}"))
         };
-        let effects = count(format!(
-            "SELECT count(*) FROM processor_operations p WHERE {}",
+        // The money moved, from the gateway's ledger, by processor key.
+        let ledger_pool = processor_pool(pool).await;
+        let moved: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT p.key FROM operations p WHERE {}",
             ledger.effects()
         ))
-        .await;
+        .fetch_all(&ledger_pool)
+        .await
+        .expect("read the processor's ledger");
+        ledger_pool.close().await;
+        let effects = moved.len() as i64;
         let succeeded = count(format!(
             "SELECT count(*) FROM {table} WHERE status = 'succeeded'"
         ))
@@ -795,14 +972,16 @@ impl Report {
                   GROUP BY metadata->>'op' HAVING count(*) > 1) d"
         ))
         .await;
-        let orphan_effects = count(format!(
-            "SELECT count(*) FROM processor_operations p
-              WHERE {} AND NOT EXISTS (SELECT 1 FROM {table} r
-                                        WHERE {} = p.processor_key AND r.status = 'succeeded')",
-            ledger.effects(),
+        let orphan_effects: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM unnest($1::text[]) AS p(key)
+              WHERE NOT EXISTS (SELECT 1 FROM {table} r
+                                 WHERE {} = p.key AND r.status = 'succeeded')",
             ledger.processor_key()
         ))
-        .await;
+        .bind(&moved)
+        .fetch_one(pool)
+        .await
+        .expect("match the ledger to the records");
 
         // Each acknowledgement must name a record of its own operation, in
         // the state it says: a succeeded charge; a refund as its body says,

@@ -14,7 +14,9 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::database::TestDb as Database;
-use crate::harness::{Server, charge_body, client, eventually, post, refund_body, send, setting};
+use crate::harness::{
+    Server, charge_body, client, eventually, post, processor_pool, refund_body, send, setting,
+};
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -205,21 +207,21 @@ async fn a_charge_answered_503_never_claims_its_key_after_the_retry_s_answer_exp
             .await
             .unwrap();
     assert_eq!(charges, [first["id"].as_str().unwrap()], "one charge only");
+    let ledger = processor_pool(&pair.pool).await;
     let payments: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM processor_operations
-          WHERE kind = 'authorization' AND processor_key = 'auth:' || $1",
+        "SELECT count(*) FROM operations
+          WHERE kind = 'authorization' AND key = 'auth:' || $1",
     )
     .bind(&charges[0])
-    .fetch_one(&pair.pool)
+    .fetch_one(&ledger)
     .await
     .unwrap();
     assert_eq!(payments, 1, "one payment at the processor");
-    let all_payments: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM processor_operations WHERE kind = 'authorization'",
-    )
-    .fetch_one(&pair.pool)
-    .await
-    .unwrap();
+    let all_payments: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM operations WHERE kind = 'authorization'")
+            .fetch_one(&ledger)
+            .await
+            .unwrap();
     assert_eq!(
         all_payments, 2,
         "the locked charge's and this one's, no more"
@@ -272,11 +274,11 @@ async fn a_refund_answered_503_never_claims_its_key_after_the_retry_s_answer_exp
             .unwrap();
     assert_eq!(refunded_amount, 1000, "refunded once");
     let processor_refunds: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM processor_operations
+        "SELECT count(*) FROM operations
           WHERE kind = 'refund' AND payment_key = 'auth:' || $1",
     )
     .bind(&refunded)
-    .fetch_one(&pair.pool)
+    .fetch_one(&processor_pool(&pair.pool).await)
     .await
     .unwrap();
     assert_eq!(processor_refunds, 1, "one refund at the processor");

@@ -17,6 +17,7 @@
 mod connections;
 #[path = "../common/database.rs"]
 mod database;
+mod gateway;
 mod harness;
 mod late_claims;
 mod pairing;
@@ -31,8 +32,8 @@ use futures::future::join_all;
 use database::TestDb as Database;
 use harness::{
     Answer, OpOutcome, PrivateCluster, Report, SLACK, Server, Timing, assert_events_paired,
-    charge_body, client, crash_each, drive, eventually, merge, metric, scale, send, setting,
-    wait_until_settled,
+    charge_body, client, crash_each, drive, eventually, merge, metric, processor_pool, scale, send,
+    setting, wait_until_settled,
 };
 
 const FAULTS_ON: (&str, &str) = ("FAULT_INJECTION", "true");
@@ -597,15 +598,19 @@ async fn three_instances_on_one_database_charge_each_key_once_and_sweep_each_row
     );
 
     // Each stale row was voided and settled, once, with its key.
-    let (abandoned, voids): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM charges c JOIN idempotency_keys k ON k.charge_id = c.id
-                  WHERE c.id LIKE 'ch\\_stale%' AND c.status = 'failed'
-                    AND c.failure_code = 'processing_abandoned'
-                    AND k.status = 'completed' AND k.response_status = 402),
-                (SELECT count(*) FROM processor_operations
-                  WHERE processor_key LIKE 'auth:ch\\_stale%' AND kind = 'void')",
+    let abandoned: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM charges c JOIN idempotency_keys k ON k.charge_id = c.id
+          WHERE c.id LIKE 'ch\\_stale%' AND c.status = 'failed'
+            AND c.failure_code = 'processing_abandoned'
+            AND k.status = 'completed' AND k.response_status = 402",
     )
     .fetch_one(&pool)
+    .await
+    .unwrap();
+    let voids: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM operations WHERE key LIKE 'auth:ch\\_stale%' AND kind = 'void'",
+    )
+    .fetch_one(&processor_pool(&pool).await)
     .await
     .unwrap();
     assert_eq!((abandoned, voids), (stale, stale));

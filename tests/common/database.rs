@@ -64,7 +64,10 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("test failed; its database {} is kept for a look", self.name);
+            eprintln!(
+                "test failed; its database {} (and {0}_processor, if any) is kept for a look",
+                self.name
+            );
             return;
         }
         let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
@@ -76,8 +79,12 @@ impl Drop for TestDb {
                 .unwrap();
             runtime.block_on(async {
                 if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
-                    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                    let _ = sqlx::query(&drop).execute(&mut admin).await;
+                    // With the card gateway's ledger a process test's
+                    // processor made beside it, if any.
+                    for name in [name.clone(), format!("{name}_processor")] {
+                        let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                        let _ = sqlx::query(&drop).execute(&mut admin).await;
+                    }
                 }
             });
         })

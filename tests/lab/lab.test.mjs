@@ -46,27 +46,39 @@ const pageErrors = [];
 
 // ---- helpers ----------------------------------------------------------------
 
+/** The payment keys of the charges tagged with run TAG, as an SQL list, from
+ * oncepay's database (URL); the card gateway's ledger is beside it, in
+ * `<database>_processor` (the server embeds the gateway). */
+function paymentKeys(tag, url) {
+  assert.match(tag, /^lab-[0-9a-f]+$/, `unexpected run tag ${tag}`);
+  return psql(
+    url,
+    `SELECT coalesce(string_agg(quote_literal('auth:' || id), ','), 'NULL')
+       FROM charges WHERE metadata->>'demo_run' = '${tag}'`,
+  );
+}
+
+const ledgerOf = (url) => {
+  const u = new URL(url);
+  u.pathname = u.pathname + "_processor";
+  return u.toString();
+};
+
 /** Processor payments (money moved) for the charges tagged with run TAG. */
 function paymentsInDb(tag, url = dbUrl) {
-  assert.match(tag, /^lab-[0-9a-f]+$/, `unexpected run tag ${tag}`);
+  const keys = paymentKeys(tag, url);
   return Number(
-    psql(
-      url,
-      `SELECT count(*) FROM processor_operations p JOIN charges c ON p.processor_key = 'auth:' || c.id
-        WHERE p.outcome = 'succeeded' AND c.metadata->>'demo_run' = '${tag}'`,
-    ),
+    psql(ledgerOf(url), `SELECT count(*) FROM operations WHERE outcome = 'succeeded' AND key IN (${keys})`),
   );
 }
 
 /** Money the processor refunded from the payments of the charges tagged TAG. */
 function refundedInDb(tag) {
-  assert.match(tag, /^lab-[0-9a-f]+$/, `unexpected run tag ${tag}`);
+  const keys = paymentKeys(tag, dbUrl);
   return Number(
     psql(
-      dbUrl,
-      `SELECT coalesce(sum(r.amount), 0) FROM processor_operations r JOIN charges c
-           ON r.payment_key = 'auth:' || c.id
-        WHERE r.outcome = 'refunded' AND c.metadata->>'demo_run' = '${tag}'`,
+      ledgerOf(dbUrl),
+      `SELECT coalesce(sum(amount), 0) FROM operations WHERE outcome = 'refunded' AND payment_key IN (${keys})`,
     ),
   );
 }

@@ -31,14 +31,19 @@ export function withDatabase(url, name) {
   return u.toString();
 }
 
-/** A database of its own on SERVER_URL: `{ url, drop() }`. */
+/** A database of its own on SERVER_URL: `{ url, processorUrl, drop() }`. */
 export function createDatabase(prefix) {
   const name = `${prefix}_${randomBytes(6).toString("hex")}`;
   psql(SERVER_URL, `CREATE DATABASE "${name}"`);
   return {
     name,
     url: withDatabase(SERVER_URL, name),
-    drop: () => psql(SERVER_URL, `DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`),
+    // The card gateway a server embeds keeps its ledger beside it.
+    processorUrl: withDatabase(SERVER_URL, `${name}_processor`),
+    drop: () => {
+      psql(SERVER_URL, `DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`);
+      psql(SERVER_URL, `DROP DATABASE IF EXISTS "${name}_processor" WITH (FORCE)`);
+    },
   };
 }
 

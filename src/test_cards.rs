@@ -1,4 +1,10 @@
-//! The test card tokens, with Stripe's names.
+//! The test card tokens, with Stripe's names, and what each card does.
+//!
+//! The one module both systems read: oncepay accepts these names as a
+//! charge's `source` (and refuses any other, as it always has), and the card
+//! gateway (`crate::gateway`) decides each authorization's and refund's
+//! outcome from them. Like a real gateway's published test cards, the table
+//! is a contract both sides know, not code of either; it imports nothing.
 
 /// A test card token accepted as a charge `source`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,150 @@
+//! The card gateway: a system of its own, reached only over HTTP.
+//!
+//! `oncepay processor` runs it (or `oncepay serve` embeds it on a loopback
+//! port when no `PROCESSOR_URL` is set): its own configuration
+//! ([`config`], `PROCESSOR_*`), its own database and migrations
+//! (`src/gateway/migrations/`), its own HTTP API ([`http`]). It authorizes
+//! payments, voids attempts whose answer was lost, refunds, and lists its
+//! ledger, each idempotent on the caller's `Idempotency-Key`, deciding
+//! outcomes from the test card tokens ([`crate::test_cards`], the one module
+//! it shares with oncepay). It imports nothing else of oncepay's, and
+//! oncepay imports nothing of it: oncepay's `HttpProcessor` speaks its API.
+
+pub mod config;
+pub mod domain;
+pub mod http;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+use anyhow::Context;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+use tokio::net::TcpListener;
+
+pub use config::Config;
+use domain::Ledger;
+use http::GatewayState;
+
+/// The gateway's migrations, under `src/gateway/migrations/`.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./src/gateway/migrations");
+
+/// A bound gateway, its database migrated.
+pub struct Gateway {
+    listener: TcpListener,
+    state: GatewayState,
+}
+
+impl Gateway {
+    /// Creates the gateway's database if it is missing, migrates it, and
+    /// binds `PROCESSOR_BIND_ADDR:PROCESSOR_PORT`.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        create_database_if_missing(&config.database_url)
+            .await
+            .with_context(|| {
+                format!(
+                    "creating the processor's database at PROCESSOR_DATABASE_URL={}",
+                    config.redacted_database_url()
+                )
+            })?;
+        let options =
+            PgConnectOptions::from_str(&config.database_url)?.application_name("oncepay-processor");
+        let pool = PgPoolOptions::new()
+            .max_connections(config.database_max_connections)
+            .connect_with(options)
+            .await
+            .with_context(|| {
+                format!(
+                    "connecting to the processor's database at PROCESSOR_DATABASE_URL={}",
+                    config.redacted_database_url()
+                )
+            })?;
+        Self::build_with_pool(config, pool).await
+    }
+
+    /// [`Gateway::build`] on a pool of the caller's.
+    pub async fn build_with_pool(config: Config, pool: PgPool) -> anyhow::Result<Self> {
+        MIGRATOR
+            .run(&pool)
+            .await
+            .context("applying the processor's migrations")?;
+        if config.fault_injection {
+            tracing::warn!(
+                "PROCESSOR_FAULT_INJECTION=true: requests may drop, stall or crash the processor on purpose"
+            );
+        }
+        let listener = TcpListener::bind((config.bind_addr, config.port))
+            .await
+            .with_context(|| {
+                format!(
+                    "binding the processor to {}:{}",
+                    config.bind_addr, config.port
+                )
+            })?;
+        let ledger = Ledger {
+            pool,
+            latency: config.latency,
+        };
+        Ok(Gateway {
+            listener,
+            state: GatewayState::new(ledger, config.fault_injection, config.fault_delay),
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// The base URL callers use, `http://ip:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.local_addr())
+    }
+
+    /// The ledger's pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.state.ledger.pool
+    }
+
+    /// Serves until `shutdown` resolves, then finishes requests in flight.
+    pub async fn run_until_stopped(self, shutdown: impl std::future::Future<Output = ()>) {
+        tracing::info!(addr = %self.local_addr(), "processor listening");
+        let pool = self.state.ledger.pool.clone();
+        http::serve(self.listener, http::router(self.state), shutdown).await;
+        pool.close().await;
+        tracing::info!("processor stopped");
+    }
+}
+
+/// Creates the database `url` names, unless it exists (several processes
+/// may race: a duplicate creation is fine).
+pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
+    let options = PgConnectOptions::from_str(url)?;
+    let name = options
+        .get_database()
+        .context("the URL names no database")?
+        .to_owned();
+    let mut admin = options.database("postgres").connect().await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&name)
+            .fetch_one(&mut admin)
+            .await?;
+    if !exists {
+        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        match sqlx::query(&format!("CREATE DATABASE {quoted}"))
+            .execute(&mut admin)
+            .await
+        {
+            Ok(_) => tracing::info!(database = %name, "created the processor's database"),
+            // 42P04: created meanwhile by another process.
+            Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42P04") => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    admin.close().await?;
+    Ok(())
+}

@@ -1,0 +1,169 @@
+//! The gateway's SQL, on its own database: the `operations` ledger. One
+//! row per idempotency key, inserted once (`ON CONFLICT DO NOTHING`): the
+//! first writer under a key wins, and everyone after reads its row.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor};
+
+/// A row of the ledger, with what its refunds gave back when it is a payment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operation {
+    pub key: String,
+    /// `authorization`, `void` or `refund`.
+    pub kind: String,
+    /// `succeeded` or `declined` (an authorization), `voided`, `refunded`
+    /// or `refund_failed` (a refund).
+    pub outcome: String,
+    pub amount: Option<i64>,
+    pub currency: Option<String>,
+    pub source: Option<String>,
+    pub decline_code: Option<String>,
+    /// The payment a refund is from.
+    pub payment_key: Option<String>,
+    pub created: DateTime<Utc>,
+    /// For a payment: how many refunds of it went through, and their sum.
+    pub refunds: i64,
+    pub amount_refunded: i64,
+}
+
+/// What an authorization records.
+#[derive(Debug)]
+pub struct NewAuthorization<'a> {
+    pub key: &'a str,
+    pub outcome: &'a str,
+    pub amount: i64,
+    pub currency: &'a str,
+    pub source: &'a str,
+    pub decline_code: Option<&'a str>,
+}
+
+/// Records an authorization unless the key holds something; whether it did.
+pub async fn insert_authorization(
+    db: impl PgExecutor<'_>,
+    new: &NewAuthorization<'_>,
+) -> sqlx::Result<bool> {
+    let done = sqlx::query!(
+        "INSERT INTO operations (key, kind, outcome, amount, currency, source, decline_code)
+         VALUES ($1, 'authorization', $2, $3, $4, $5, $6)
+         ON CONFLICT (key) DO NOTHING",
+        new.key,
+        new.outcome,
+        new.amount,
+        new.currency,
+        new.source,
+        new.decline_code,
+    )
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Records a void unless the key holds something; whether it did.
+pub async fn insert_void(db: impl PgExecutor<'_>, key: &str) -> sqlx::Result<bool> {
+    let done = sqlx::query!(
+        "INSERT INTO operations (key, kind, outcome) VALUES ($1, 'void', 'voided')
+         ON CONFLICT (key) DO NOTHING",
+        key,
+    )
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The operation recorded under `key`.
+pub async fn find(db: impl PgExecutor<'_>, key: &str) -> sqlx::Result<Option<Operation>> {
+    sqlx::query_as!(
+        Operation,
+        r#"SELECT o.key, o.kind, o.outcome, o.amount, o.currency, o.source, o.decline_code,
+                  o.payment_key, o.created, r.refunds AS "refunds!", r.refunded AS "amount_refunded!"
+             FROM operations o
+             CROSS JOIN LATERAL (
+                   SELECT count(*) AS refunds, coalesce(sum(x.amount), 0)::bigint AS refunded
+                     FROM operations x
+                    WHERE x.payment_key = o.key AND x.outcome = 'refunded') r
+            WHERE o.key = $1"#,
+        key,
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// A page of the ledger in `[from, until)`, oldest first (by `created`,
+/// then key), after the operation `after` when given: at most `limit` rows.
+pub async fn list(
+    db: impl PgExecutor<'_>,
+    from: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+    after: Option<&Operation>,
+    limit: i64,
+) -> sqlx::Result<Vec<Operation>> {
+    let (after_created, after_key) = after.map(|o| (o.created, o.key.as_str())).unzip();
+    sqlx::query_as!(
+        Operation,
+        r#"SELECT o.key, o.kind, o.outcome, o.amount, o.currency, o.source, o.decline_code,
+                  o.payment_key, o.created, r.refunds AS "refunds!", r.refunded AS "amount_refunded!"
+             FROM operations o
+             CROSS JOIN LATERAL (
+                   SELECT count(*) AS refunds, coalesce(sum(x.amount), 0)::bigint AS refunded
+                     FROM operations x
+                    WHERE x.payment_key = o.key AND x.outcome = 'refunded') r
+            WHERE o.created >= coalesce($1, '-infinity'::timestamptz)
+              AND o.created < coalesce($2, 'infinity'::timestamptz)
+              AND ($3::timestamptz IS NULL OR (o.created, o.key) > ($3, $4::text))
+            ORDER BY o.created, o.key
+            LIMIT $5"#,
+        from,
+        until,
+        after_created,
+        after_key,
+        limit,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The payment `key`, locked until the transaction ends, so refunds of it
+/// are checked one after the other.
+pub async fn lock_payment(tx: &mut PgConnection, key: &str) -> sqlx::Result<Option<Operation>> {
+    sqlx::query!("SELECT key FROM operations WHERE key = $1 FOR UPDATE", key)
+        .fetch_optional(&mut *tx)
+        .await?;
+    find(&mut *tx, key).await
+}
+
+/// How many refunds of `payment_key` were recorded, failed ones included.
+pub async fn refund_attempts(tx: &mut PgConnection, payment_key: &str) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM operations WHERE payment_key = $1"#,
+        payment_key,
+    )
+    .fetch_one(tx)
+    .await
+}
+
+/// What a refund records.
+#[derive(Debug)]
+pub struct NewRefund<'a> {
+    pub key: &'a str,
+    pub payment_key: &'a str,
+    pub outcome: &'a str,
+    pub amount: i64,
+    pub currency: &'a str,
+}
+
+/// Records a refund unless the key holds something; whether it did.
+pub async fn insert_refund(tx: &mut PgConnection, new: &NewRefund<'_>) -> sqlx::Result<bool> {
+    let done = sqlx::query!(
+        "INSERT INTO operations (key, kind, outcome, amount, currency, payment_key)
+         VALUES ($1, 'refund', $2, $3, $4, $5)
+         ON CONFLICT (key) DO NOTHING",
+        new.key,
+        new.outcome,
+        new.amount,
+        new.currency,
+        new.payment_key,
+    )
+    .execute(tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
