@@ -15,6 +15,17 @@
     report.py table RAW_JSONL OUT_DIR
         Prints the table, writes OUT_DIR/results.json, OUT_DIR/chart.dat and
         OUT_DIR/table.md, and draws OUT_DIR/throughput.png with gnuplot.
+    report.py soak CSV WARMUP TOLERANCE_PCT MARGIN_MIB OUT_MD
+        The soak's verdicts, from the samples in CSV (one row per sample:
+        run, cache_bytes, seconds, rss_kib, charges, refunds, deliveries; the
+        sample at 0 s taken before the load starts). A run without replay
+        cache passes if no sample after WARMUP seconds exceeds the one at
+        WARMUP by more than TOLERANCE_PCT %; a run with the cache, if no
+        sample exceeds the one at 0 s plus the cache's budget plus
+        MARGIN_MIB, and from half the run on (by when the cache is full)
+        stays within TOLERANCE_PCT % of its value then. Prints the verdicts and a table of the resident memory
+        every minute, also written to OUT_MD; exits 1 if a run whose name
+        does not start with "baseline" failed.
 """
 
 import datetime
@@ -373,6 +384,78 @@ def table(raw_path, out_dir):
         print(f"\nno chart: gnuplot failed ({e})", file=sys.stderr)
 
 
+def soak(csv_path, warmup, tolerance_pct, margin_mib, out_md):
+    warmup, tolerance, margin = int(warmup), float(tolerance_pct) / 100, int(margin_mib) << 10
+    runs = {}
+    with open(csv_path) as f:
+        header = f.readline().strip().split(",")
+        for line in f:
+            row = dict(zip(header, line.strip().split(",")))
+            run = runs.setdefault(row["run"], {"cache_bytes": int(row["cache_bytes"]), "samples": []})
+            run["samples"].append({k: int(row[k]) for k in header if k != "run"})
+    failed = False
+    lines = []
+    for name, run in runs.items():
+        samples = run["samples"]
+        idle = samples[0]["rss_kib"]
+        after = [s for s in samples if s["seconds"] >= warmup]
+        if len(after) < 2:
+            lines.append(f"{name}: too short for a verdict (warm-up {warmup} s)")
+            failed |= not name.startswith("baseline")
+            continue
+        ref, last = after[0], after[-1]
+        worst = max(s["rss_kib"] for s in after)
+        # The least-squares slope over the run's second half (a filling cache
+        # is full by then), and what it comes to per new charge made in it.
+        half = [s for s in samples if s["seconds"] >= last["seconds"] / 2]
+        n = len(half)
+        mt = sum(s["seconds"] for s in half) / n
+        mr = sum(s["rss_kib"] for s in half) / n
+        var = sum((s["seconds"] - mt) ** 2 for s in half)
+        slope = sum((s["seconds"] - mt) * (s["rss_kib"] - mr) for s in half) / var if var else 0.0
+        made = half[-1]["charges"] - half[0]["charges"]
+        per_charge = slope * (half[-1]["seconds"] - half[0]["seconds"]) * 1024 / made if made else 0.0
+        trend = (f"after {warmup} s: {ref['rss_kib'] / 1024:.1f} MiB, at most {worst / 1024:.1f} MiB "
+                 f"({(worst / ref['rss_kib'] - 1) * 100:+.1f} %); from {half[0]['seconds']} s on, "
+                 f"{slope * 60:+.0f} KiB/min ({per_charge:+.0f} bytes per new charge)")
+        if run["cache_bytes"] == 0:
+            ok = worst <= ref["rss_kib"] * (1 + tolerance)
+            rule = f"within {tolerance_pct} % of the value at {warmup} s"
+        else:
+            limit = idle + (run["cache_bytes"] >> 10) + margin
+            highest = max(s["rss_kib"] for s in samples)
+            # The cache is full by half the run (at the soak's defaults), so
+            # from then on the memory must level off as without it.
+            mid = half[0]
+            settled = max(s["rss_kib"] for s in half)
+            ok = highest <= limit and settled <= mid["rss_kib"] * (1 + tolerance)
+            rule = (f"at most {limit / 1024:.1f} MiB, {idle / 1024:.1f} at start + the budget "
+                    f"{run['cache_bytes'] / 2**20:.0f} MiB + {margin_mib} MiB: {highest / 1024:.1f}; "
+                    f"from {mid['seconds']} s on within {tolerance_pct} % of "
+                    f"{mid['rss_kib'] / 1024:.1f} MiB: {(settled / mid['rss_kib'] - 1) * 100:+.1f} %")
+        failed |= not ok and not name.startswith("baseline")
+        lines.append(f"{name}: {'PASS' if ok else 'FAIL'} ({rule}); {trend}; "
+                     f"{last['charges']} charges, {last['refunds']} refunds, "
+                     f"{last['deliveries']} deliveries")
+    for line in lines:
+        print(line)
+    # Resident memory every minute, one column per run.
+    names = list(runs)
+    times = sorted({s["seconds"] for r in runs.values() for s in r["samples"] if s["seconds"] % 60 == 0})
+    table = ["| s | " + " | ".join(f"{n} MiB" for n in names) + " |",
+             "| ---: | " + " | ".join("---:" for _ in names) + " |"]
+    for t in times:
+        cells = []
+        for n in names:
+            s = next((s for s in runs[n]["samples"] if s["seconds"] == t), None)
+            cells.append(f"{s['rss_kib'] / 1024:.1f}" if s else "")
+        table.append(f"| {t} | " + " | ".join(cells) + " |")
+    print("\nresident memory (VmRSS) every minute:\n" + "\n".join(table))
+    with open(out_md, "w") as f:
+        f.write("\n".join(lines) + "\n\n" + "\n".join(table) + "\n")
+    sys.exit(1 if failed else 0)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "pgbench":
         pgbench(*sys.argv[2:])
@@ -380,5 +463,7 @@ if __name__ == "__main__":
         statements(*sys.argv[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "table":
         table(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 7 and sys.argv[1] == "soak":
+        soak(*sys.argv[2:])
     else:
         sys.exit(__doc__)
