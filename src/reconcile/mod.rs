@@ -434,19 +434,22 @@ impl Reconciler {
                 fix: None,
             };
             match (charge, payment) {
-                (Some(c), Some(p)) if c.status == "succeeded" => {
-                    if p.amount != Some(c.amount) || p.currency.as_deref() != Some(&c.currency) {
-                        differences.push(difference(
-                            Kind::PaymentMismatch,
-                            format!(
-                                "the charge is {} {}, the payment {}",
-                                c.amount,
-                                c.currency,
-                                Side::describe(processor.as_ref())
-                            ),
-                        ));
-                    }
+                (Some(c), Some(p))
+                    if c.status == "succeeded"
+                        && (p.amount != Some(c.amount)
+                            || p.currency.as_deref() != Some(&c.currency)) =>
+                {
+                    differences.push(difference(
+                        Kind::PaymentMismatch,
+                        format!(
+                            "the charge is {} {}, the payment {}",
+                            c.amount,
+                            c.currency,
+                            Side::describe(processor.as_ref())
+                        ),
+                    ));
                 }
+                (Some(c), Some(_)) if c.status == "succeeded" => {}
                 (Some(c), None) if c.status == "succeeded" => {
                     differences.push(difference(
                         Kind::MissingPayment,
