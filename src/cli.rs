@@ -1,5 +1,5 @@
 //! The `oncepay` command line: `serve` (the default), `migrate`,
-//! `merchants create`, `sweep`, and `processor`, the card gateway, a system
+//! `merchants create`, `sweep`, `reconcile`, and `processor`, the card gateway, a system
 //! of its own with its own settings ([`crate::gateway::config`]). Settings
 //! come from the environment or `.env`, or from the flag of the same name
 //! (see [`crate::config`]); `--help` lists them all with their defaults.
@@ -9,8 +9,11 @@
 //! loopback port for `serve` and `sweep`, which then reach it over HTTP
 //! like any other.
 
+use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand};
 
 use anyhow::Context;
@@ -18,7 +21,8 @@ use tokio::sync::oneshot;
 
 use crate::config::{Config, ConfigError, Settings};
 use crate::gateway::{self, Gateway};
-use crate::startup::{Application, http_processor, shutdown_signal};
+use crate::reconcile::Window;
+use crate::startup::{Application, http_processor, reconciler, shutdown_signal};
 use crate::sweeper::{SweepSettings, Sweeper};
 use crate::{db, merchants};
 
@@ -69,7 +73,30 @@ enum Command {
         #[arg(long)]
         once: bool,
     },
+    /// Compare charges and refunds with the processor's ledger over a window
+    /// and report each difference; exits 3 while a difference remains.
+    Reconcile {
+        /// The window's start: RFC 3339 (2026-12-07T10:00:00Z) or Unix seconds.
+        #[arg(long, value_parser = instant, conflicts_with = "window")]
+        since: Option<DateTime<Utc>>,
+        /// The window's end, excluded [default: now].
+        #[arg(long, value_parser = instant)]
+        until: Option<DateTime<Utc>>,
+        /// How far back from --until to look, like 24h [default: RECONCILE_WINDOW].
+        #[arg(long, value_parser = window)]
+        window: Option<Duration>,
+        /// Refund each orphan payment at the processor, once, under
+        /// reconcile-refund:<payment key>.
+        #[arg(long)]
+        fix: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
+
+/// The exit status of `oncepay reconcile` when a difference remains.
+pub const DIFFERENCES_REMAIN: u8 = 3;
 
 #[derive(Debug, Subcommand)]
 enum MerchantsCommand {
@@ -112,12 +139,13 @@ impl Cli {
         Self::from_arg_matches(&matches).map_err(bad_value)
     }
 
-    pub async fn run(self) -> anyhow::Result<()> {
+    /// Runs the command; its exit status (a failure is an `Err`).
+    pub async fn run(self) -> anyhow::Result<ExitCode> {
         if let Some(settings) = self.processor {
             let config = gateway::Config::from_settings(settings)?;
             let gateway = Gateway::build(config).await?;
             gateway.run_until_stopped(shutdown_signal()).await;
-            return Ok(());
+            return Ok(ExitCode::SUCCESS);
         }
         let config = Config::from_settings(self.settings)?;
         let pool = db::pool(&config)?;
@@ -132,12 +160,12 @@ impl Cli {
                 if let Some(embedded) = embedded {
                     embedded.stop().await;
                 }
-                served
+                served.map(|()| ExitCode::SUCCESS)
             }
             Command::Migrate => {
                 db::migrate(&pool).await?;
                 tracing::info!("migrations applied");
-                Ok(())
+                Ok(ExitCode::SUCCESS)
             }
             Command::Merchants {
                 command: MerchantsCommand::Create { name },
@@ -152,7 +180,7 @@ impl Cli {
                 })?;
                 tracing::info!(merchant = %merchant.id, name = %merchant.name, "merchant created");
                 println!("{}", key.expose());
-                Ok(())
+                Ok(ExitCode::SUCCESS)
             }
             Command::Sweep { once } => {
                 let (config, embedded) = with_processor(config).await?;
@@ -169,11 +197,47 @@ impl Cli {
                         report.refunds_failed,
                         report.keys_deleted
                     );
-                    Ok(())
+                    Ok(ExitCode::SUCCESS)
                 } else {
                     sweeper.run(config.sweep_interval, shutdown_signal()).await;
-                    Ok(())
+                    Ok(ExitCode::SUCCESS)
                 }
+            }
+            Command::Reconcile {
+                since,
+                until,
+                window,
+                fix,
+                json,
+            } => {
+                let until = until.unwrap_or_else(Utc::now);
+                let window = match since {
+                    Some(since) => Window::new(since, until)?,
+                    None => {
+                        let length = window.unwrap_or(config.reconcile_window);
+                        let length =
+                            chrono::Duration::from_std(length).context("--window is too long")?;
+                        Window::new(until - length, until)?
+                    }
+                };
+                let (config, embedded) = with_processor(config).await?;
+                let processor = Arc::new(http_processor(&config)?);
+                let reconciliation = reconciler(&config, pool, processor)?
+                    .run(window, fix)
+                    .await?;
+                if let Some(embedded) = embedded {
+                    embedded.stop().await;
+                }
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&reconciliation)?);
+                } else {
+                    print!("{}", reconciliation.table());
+                }
+                Ok(if reconciliation.remaining > 0 {
+                    ExitCode::from(DIFFERENCES_REMAIN)
+                } else {
+                    ExitCode::SUCCESS
+                })
             }
         }
     }
@@ -239,6 +303,26 @@ pub fn processor_database_url(database_url: &str) -> anyhow::Result<String> {
     let processor = format!("/{name}_processor");
     url.set_path(&processor);
     Ok(url.to_string())
+}
+
+/// An instant on the command line: RFC 3339, or whole Unix seconds.
+fn instant(value: &str) -> Result<DateTime<Utc>, String> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<i64>() {
+        return DateTime::from_timestamp(seconds, 0).ok_or_else(|| "out of range".to_owned());
+    }
+    DateTime::parse_from_rfc3339(value)
+        .map(|at| at.with_timezone(&Utc))
+        .map_err(|e| format!("{e} (write it like 2026-12-07T10:00:00Z, or Unix seconds)"))
+}
+
+/// A window's length, like `24h`.
+fn window(value: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(value.trim()) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be greater than zero".into()),
+        Err(e) => Err(format!("{e} (write it like 30m or 24h)")),
+    }
 }
 
 /// A merchant's name as the `merchants` table takes it: 1 to 200

@@ -78,6 +78,15 @@ pub struct Settings {
     /// How many rows one sweeper statement leases or deletes (1 to 10000).
     #[arg(long, help_heading = "Idempotency", env = "SWEEP_BATCH_SIZE", default_value = "500", value_parser = batch_size, global = true)]
     sweep_batch_size: i64,
+    /// Run the periodic reconciliation with the processor's ledger (one instance at a time).
+    #[arg(long, help_heading = "Reconciliation", env = "RECONCILE_ENABLED", default_value = "true", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    reconcile_enabled: bool,
+    /// How often the fleet reconciles (each instance tries; one runs).
+    #[arg(long, help_heading = "Reconciliation", env = "RECONCILE_INTERVAL", default_value = "1h", value_parser = positive_duration, global = true)]
+    reconcile_interval: Duration,
+    /// How far back each reconciliation looks; longer than RECONCILE_INTERVAL plus PROCESSING_TIMEOUT.
+    #[arg(long, help_heading = "Reconciliation", env = "RECONCILE_WINDOW", default_value = "24h", value_parser = positive_duration, global = true)]
+    reconcile_window: Duration,
     /// Memory for completed answers kept for replay, in bytes; 0 turns the cache off.
     #[arg(long, help_heading = "Idempotency", env = "REPLAY_CACHE_BYTES", default_value = "67108864", value_parser = cache_bytes, global = true)]
     replay_cache_bytes: u64,
@@ -156,6 +165,13 @@ pub struct Config {
     pub sweep_interval: Duration,
     /// How many rows one sweeper statement leases or deletes.
     pub sweep_batch_size: i64,
+    /// Whether `serve` runs the periodic reconciliation.
+    pub reconcile_enabled: bool,
+    /// How often the fleet reconciles.
+    pub reconcile_interval: Duration,
+    /// How far back each periodic reconciliation looks (and `oncepay
+    /// reconcile` without `--since`).
+    pub reconcile_window: Duration,
     /// The card gateway's base URL; `None` until `serve` starts its own.
     pub processor_url: Option<String>,
     /// The longest a connection to the processor may take to open.
@@ -292,6 +308,9 @@ impl Config {
             processing_timeout,
             sweep_interval,
             sweep_batch_size,
+            reconcile_enabled,
+            reconcile_interval,
+            reconcile_window,
             processor_url,
             processor_connect_timeout,
             processor_timeout,
@@ -334,6 +353,9 @@ impl Config {
             processing_timeout,
             sweep_interval,
             sweep_batch_size,
+            reconcile_enabled,
+            reconcile_interval,
+            reconcile_window,
             processor_url,
             processor_connect_timeout,
             processor_timeout,
@@ -426,6 +448,20 @@ impl Config {
                 ),
             });
         }
+        // Each run must overlap the one before by more than the in-flight
+        // age, or what was in flight at one run's end is never looked at.
+        if config.reconcile_window <= config.reconcile_interval + config.processing_timeout {
+            return Err(ConfigError {
+                name: "RECONCILE_WINDOW".into(),
+                value: humantime::format_duration(config.reconcile_window).to_string(),
+                reason: format!(
+                    "must be longer than RECONCILE_INTERVAL ({}) plus PROCESSING_TIMEOUT ({}), \
+                     so that each run overlaps the one before by more than what is in flight",
+                    humantime::format_duration(config.reconcile_interval),
+                    humantime::format_duration(config.processing_timeout)
+                ),
+            });
+        }
         if config.webhook_retry_max < config.webhook_retry_base {
             return Err(ConfigError {
                 name: "WEBHOOK_RETRY_MAX".into(),
@@ -462,6 +498,9 @@ impl std::fmt::Debug for Config {
             .field("processing_timeout", &self.processing_timeout)
             .field("sweep_interval", &self.sweep_interval)
             .field("sweep_batch_size", &self.sweep_batch_size)
+            .field("reconcile_enabled", &self.reconcile_enabled)
+            .field("reconcile_interval", &self.reconcile_interval)
+            .field("reconcile_window", &self.reconcile_window)
             .field(
                 "processor_url",
                 &self.processor_url.as_deref().map(redact_url),
@@ -1026,6 +1065,21 @@ mod tests {
             let err = config(&[(name, value)]).unwrap_err().to_string();
             assert!(err.contains(name), "{err} should name {name}");
         }
+    }
+
+    #[test]
+    fn reconciliation_runs_hourly_over_a_day_and_its_window_overlaps_its_interval() {
+        let c = config(&[]).unwrap();
+        assert!(c.reconcile_enabled);
+        assert_eq!(c.reconcile_interval, Duration::from_secs(3600));
+        assert_eq!(c.reconcile_window, Duration::from_secs(86400));
+        let c = config(&[("RECONCILE_ENABLED", "false")]).unwrap();
+        assert!(!c.reconcile_enabled);
+        let err = config(&[("RECONCILE_INTERVAL", "1h"), ("RECONCILE_WINDOW", "1h")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("RECONCILE_WINDOW"), "{err}");
+        assert!(config(&[("RECONCILE_INTERVAL", "1h"), ("RECONCILE_WINDOW", "2h")]).is_ok());
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod operation;
 pub mod params;
 pub mod problem;
 pub mod processor;
+pub mod reconcile;
 pub mod recovery;
 pub mod refunds;
 pub mod retry_after;

@@ -30,7 +30,7 @@ async fn main() -> std::process::ExitCode {
         return std::process::ExitCode::FAILURE;
     }
     match cli.run().await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(status) => status,
         Err(e) => {
             eprintln!("oncepay: {e:#}");
             std::process::ExitCode::FAILURE

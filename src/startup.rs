@@ -1,5 +1,6 @@
 //! Building and running the server: bind, make the demo merchant, start the
-//! sweeper and the webhook delivery worker, serve until a shutdown signal.
+//! sweeper, the webhook delivery worker and the periodic reconciliation,
+//! serve until a shutdown signal.
 
 use std::sync::Arc;
 
@@ -13,7 +14,9 @@ use crate::config::Config;
 use crate::http;
 use crate::idempotency::wait::Waits;
 use crate::merchants::{self, ApiKey};
-use crate::processor::{HttpProcessor, HttpSettings, Processor};
+use crate::processor::{HttpProcessor, HttpSettings, LedgerClient, Processor};
+use crate::reconcile::Reconciler;
+use crate::reconcile::job::{self, ReconcileJob};
 use crate::sweeper::{SweepSettings, Sweeper};
 use crate::telemetry::metrics;
 use crate::webhooks::deliver::{DeliverySettings, Worker};
@@ -140,6 +143,32 @@ impl Application {
         let worker = tokio::spawn(worker.run(async move {
             let _ = worker_stop.wait_for(|stop| *stop).await;
         }));
+        // The periodic reconciliation, on one instance at a time.
+        let reconciling = match (config.reconcile_enabled, config.processor_url.is_some()) {
+            (true, true) => {
+                job::describe_metrics();
+                let reconciler = reconciler(
+                    &config,
+                    self.state.pool.clone(),
+                    self.state.processor.clone(),
+                )?;
+                let job = ReconcileJob::new(
+                    self.state.pool.clone(),
+                    reconciler,
+                    config.reconcile_interval,
+                    config.reconcile_window,
+                );
+                let mut job_stop = stop_rx.clone();
+                Some(tokio::spawn(job.run(async move {
+                    let _ = job_stop.wait_for(|stop| *stop).await;
+                })))
+            }
+            (true, false) => {
+                tracing::warn!("no PROCESSOR_URL: the periodic reconciliation does not run");
+                None
+            }
+            (false, _) => None,
+        };
         let mut upkeep_stop = stop_rx.clone();
         tokio::spawn(metrics::upkeep(self.state.metrics.clone(), async move {
             let _ = upkeep_stop.wait_for(|stop| *stop).await;
@@ -207,6 +236,17 @@ impl Application {
             worker_abort.abort();
             tracing::warn!("shutdown grace over during webhook deliveries; stopped them");
         }
+        // A reconciliation cut short records nothing and moved nothing.
+        if let Some(reconciling) = reconciling {
+            let abort = reconciling.abort_handle();
+            if tokio::time::timeout_at(deadline, reconciling)
+                .await
+                .is_err()
+            {
+                abort.abort();
+                tracing::warn!("shutdown grace over during a reconciliation; stopped it");
+            }
+        }
         let _ = tokio::time::timeout_at(deadline, pool.close()).await;
         tracing::info!("stopped");
         Ok(())
@@ -216,11 +256,16 @@ impl Application {
 /// The card gateway at `PROCESSOR_URL`, over HTTP, each call within
 /// `PROCESSING_TIMEOUT` (the time a request's key is its own).
 pub fn http_processor(config: &Config) -> anyhow::Result<HttpProcessor> {
+    HttpProcessor::new(processor_settings(config)?)
+}
+
+/// The settings of the calls to the card gateway at `PROCESSOR_URL`.
+pub fn processor_settings(config: &Config) -> anyhow::Result<HttpSettings> {
     let url = config.processor_url.clone().context(
         "PROCESSOR_URL is unset: set it to the card gateway's URL (oncepay processor), \
          or let oncepay serve start its own",
     )?;
-    HttpProcessor::new(HttpSettings {
+    Ok(HttpSettings {
         url,
         connect_timeout: config.processor_connect_timeout,
         timeout: config.processor_timeout,
@@ -228,6 +273,22 @@ pub fn http_processor(config: &Config) -> anyhow::Result<HttpProcessor> {
         budget: config.processing_timeout,
         retry_window: config.request_timeout,
     })
+}
+
+/// A reconciler of `pool`'s records with the ledger of the gateway at
+/// `PROCESSOR_URL`, refunding (with `--fix`) through `processor`.
+pub fn reconciler(
+    config: &Config,
+    pool: PgPool,
+    processor: Arc<dyn Processor>,
+) -> anyhow::Result<Reconciler> {
+    let ledger = LedgerClient::new(&processor_settings(config)?)?;
+    Ok(Reconciler::new(
+        pool,
+        ledger,
+        processor,
+        config.processing_timeout,
+    ))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -8,11 +8,13 @@
 //! moves no more money.
 
 mod http;
+pub mod ledger;
 
 use async_trait::async_trait;
 
 pub use crate::test_cards::TestToken;
 pub use http::{HttpProcessor, HttpSettings};
+pub use ledger::{LedgerClient, LedgerOperation};
 
 /// The processor key for authorizing a charge.
 pub fn authorization_key(charge_id: &str) -> String {
@@ -23,6 +25,13 @@ pub fn authorization_key(charge_id: &str) -> String {
 /// roll-forward after a crash repeats the same refund instead of adding one.
 pub fn refund_key(refund_id: &str) -> String {
     format!("refund:{refund_id}")
+}
+
+/// The processor key of the refund that reconciliation makes to give back
+/// an orphan payment: derived from the payment's key, so running the fix
+/// again finds that refund instead of making another.
+pub fn reconcile_refund_key(payment_key: &str) -> String {
+    format!("reconcile-refund:{payment_key}")
 }
 
 /// A request to move money.

@@ -8,6 +8,7 @@
 //! | `idempotency_waiters` (requests waiting on a key in flight), `idempotency_wait_polls_total` (reads their shared waits ran) | |
 //! | `processor_calls_total`, `processor_call_duration_seconds` | `call` (`authorize`, `void`, `refund`, `lookup`), `outcome` |
 //! | `sweeper_runs_total`, `sweeper_settled_total` (`outcome`), `sweeper_keys_deleted_total`, `sweeper_leased_total` | |
+//! | `reconcile_runs_total` (`result`), `reconcile_differences` (`kind`), `reconcile_last_run_timestamp_seconds` | see `crate::reconcile::job` |
 //! | `db_pool_connections` (`state`: `idle`, `in_use`), `db_pool_max_connections`, `db_pool_timeouts_total` | |
 //! | `webhook_attempts_total` (`result`), `webhook_attempt_duration_seconds`, `webhook_deliveries_total` (`outcome`, `reason`), `webhook_oldest_pending_event_age_seconds`, `webhook_endpoints_disabled_total`, `webhook_leases_lost_total` | see `docs/webhooks.md` |
 

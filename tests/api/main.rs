@@ -23,6 +23,7 @@ mod pitfalls;
 mod processor;
 mod reads;
 mod receivers;
+mod reconcile;
 mod refunds;
 mod stripe;
 mod sweeper;

@@ -886,6 +886,9 @@ pub struct Report {
     pub five_xx: u64,
     pub hung: u64,
     pub undecided: usize,
+    /// What reconciling the database with the gateway's ledger found
+    /// ([`reconciliation_differences`]), described.
+    pub reconciliation: Vec<String>,
 }
 
 /// What crossed the webhook boundary in a scenario, read in one statement.
@@ -1063,6 +1066,7 @@ impl Report {
             five_xx: outcomes.iter().map(|o| o.five_xx).sum(),
             hung: outcomes.iter().map(|o| o.hung).sum(),
             undecided: outcomes.iter().filter(|o| o.answers.is_empty()).count(),
+            reconciliation: reconciliation_differences(pool).await,
         }
     }
 
@@ -1135,7 +1139,69 @@ impl Report {
             self.undecided, 0,
             "every operation got a definite answer: {self:?}"
         );
+        assert_eq!(
+            self.reconciliation,
+            Vec::<String>::new(),
+            "reconciliation finds no difference: {self:?}"
+        );
     }
+}
+
+/// Reconciles the scenario's database with its gateway's ledger, all of
+/// time, through the library's reconciler and the ledger's HTTP API (a
+/// gateway started here on the ledger, on a free port, whatever became of
+/// the scenario's): each difference found, described. The scenario is over,
+/// so nothing counts as in flight by age; pending records still do.
+pub async fn reconciliation_differences(pool: &PgPool) -> Vec<String> {
+    use oncepay::processor::{HttpProcessor, HttpSettings, LedgerClient};
+    use oncepay::reconcile::{Reconciler, Window};
+
+    let ledger = processor_pool(pool).await;
+    let config = oncepay::gateway::Config::from_lookup(|name| match name {
+        "PROCESSOR_DATABASE_URL" => {
+            Some(sqlx::ConnectOptions::to_url_lossy(&*ledger.connect_options()).to_string())
+        }
+        "PROCESSOR_BIND_ADDR" => Some("127.0.0.1".into()),
+        "PROCESSOR_PORT" => Some("0".into()),
+        _ => None,
+    })
+    .expect("a gateway configuration");
+    let gateway = oncepay::gateway::Gateway::build_with_pool(config, ledger)
+        .await
+        .expect("a gateway on the scenario's ledger");
+    let settings = HttpSettings {
+        url: gateway.url(),
+        connect_timeout: Duration::from_secs(1),
+        timeout: Duration::from_secs(10),
+        retries: 2,
+        budget: Duration::from_secs(30),
+        retry_window: Duration::from_secs(15),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(gateway.run_until_stopped(async {
+        let _ = stopped.await;
+    }));
+    let reconciler = Reconciler::new(
+        pool.clone(),
+        LedgerClient::new(&settings).expect("a ledger client"),
+        std::sync::Arc::new(HttpProcessor::new(settings).expect("a processor client")),
+        Duration::ZERO,
+    );
+    let now = chrono::Utc::now();
+    let window = Window::new(
+        chrono::DateTime::UNIX_EPOCH,
+        now + chrono::Duration::seconds(2),
+    )
+    .expect("a window");
+    let reconciliation = reconciler.run(window, false).await;
+    let _ = stop.send(());
+    let _ = serving.await;
+    reconciliation
+        .expect("reconcile the scenario's databases")
+        .differences
+        .iter()
+        .map(|d| format!("{} {}: {}", d.kind.as_str(), d.key, d.detail))
+        .collect()
 }
 
 /// Folds the outcomes of several clients of the same operation into one

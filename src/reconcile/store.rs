@@ -1,0 +1,153 @@
+//! Reconciliation's SQL on oncepay's database: the charges and refunds of a
+//! window (and by id, for the ones whose processor operation fell in it),
+//! the lock that lets one instance at a time run the periodic job, and the
+//! record of its runs.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor};
+
+/// A charge as reconciliation compares it.
+#[derive(Clone, Debug)]
+pub struct ChargeRow {
+    pub id: String,
+    pub amount: i64,
+    pub currency: String,
+    /// `pending`, `succeeded` or `failed`.
+    pub status: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A refund as reconciliation compares it.
+#[derive(Clone, Debug)]
+pub struct RefundRow {
+    pub id: String,
+    pub charge_id: String,
+    pub amount: i64,
+    pub currency: String,
+    /// `pending`, `succeeded` or `failed`.
+    pub status: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Every charge created in `[from, until)`.
+pub async fn charges_in(
+    db: impl PgExecutor<'_>,
+    from: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> sqlx::Result<Vec<ChargeRow>> {
+    sqlx::query_as!(
+        ChargeRow,
+        "SELECT id, amount, currency, status, created_at FROM charges
+          WHERE created_at >= $1 AND created_at < $2",
+        from,
+        until,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The charges among `ids`.
+pub async fn charges_by_id(
+    db: impl PgExecutor<'_>,
+    ids: &[String],
+) -> sqlx::Result<Vec<ChargeRow>> {
+    sqlx::query_as!(
+        ChargeRow,
+        "SELECT id, amount, currency, status, created_at FROM charges WHERE id = ANY($1)",
+        ids,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Every refund created in `[from, until)`.
+pub async fn refunds_in(
+    db: impl PgExecutor<'_>,
+    from: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> sqlx::Result<Vec<RefundRow>> {
+    sqlx::query_as!(
+        RefundRow,
+        "SELECT id, charge_id, amount, currency, status, created_at FROM refunds
+          WHERE created_at >= $1 AND created_at < $2",
+        from,
+        until,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The refunds among `ids`.
+pub async fn refunds_by_id(
+    db: impl PgExecutor<'_>,
+    ids: &[String],
+) -> sqlx::Result<Vec<RefundRow>> {
+    sqlx::query_as!(
+        RefundRow,
+        "SELECT id, charge_id, amount, currency, status, created_at FROM refunds
+          WHERE id = ANY($1)",
+        ids,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The advisory lock the periodic job holds while it runs ("reconcil" in
+/// ASCII): whoever holds it is the one instance reconciling.
+pub const LOCK: i64 = 0x7265_636f_6e63_696c;
+
+/// Takes the job's lock for this session, unless another holds it; whether
+/// it did. A session that ends (a crash, a closed connection) lets it go.
+pub async fn try_lock(conn: &mut PgConnection) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(r#"SELECT pg_try_advisory_lock($1) AS "locked!""#, LOCK)
+        .fetch_one(conn)
+        .await
+}
+
+/// Lets the job's lock go.
+pub async fn unlock(conn: &mut PgConnection) -> sqlx::Result<()> {
+    sqlx::query_scalar!(r#"SELECT pg_advisory_unlock($1) AS "unlocked!""#, LOCK)
+        .fetch_one(conn)
+        .await?;
+    Ok(())
+}
+
+/// Whether no run began within `within` of now.
+pub async fn due(db: impl PgExecutor<'_>, within: Duration) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT NOT EXISTS (
+               SELECT 1 FROM reconcile_runs
+                WHERE started_at > now() - $1::float8 * interval '1 millisecond') AS "due!""#,
+        within.as_millis() as f64,
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// A finished run, as recorded.
+#[derive(Debug)]
+pub struct Run<'a> {
+    pub started_at: DateTime<Utc>,
+    pub window_from: DateTime<Utc>,
+    pub window_until: DateTime<Utc>,
+    pub differences: i32,
+    pub by_kind: &'a serde_json::Value,
+}
+
+/// Records a finished run.
+pub async fn record_run(db: impl PgExecutor<'_>, run: &Run<'_>) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO reconcile_runs (started_at, window_from, window_until, differences, by_kind)
+         VALUES ($1, $2, $3, $4, $5::text::jsonb)",
+        run.started_at,
+        run.window_from,
+        run.window_until,
+        run.differences,
+        run.by_kind.to_string(),
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
