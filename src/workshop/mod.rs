@@ -140,6 +140,7 @@ pub async fn naive_charge(
             amount: charge.amount.minor_units(),
             currency: charge.currency.as_str(),
             source: charge.source,
+            fault: None,
         })
         .await?;
     let ttl = state.config.idempotency_key_ttl;
