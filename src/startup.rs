@@ -216,11 +216,17 @@ impl Application {
 /// The card gateway at `PROCESSOR_URL`, over HTTP, each call within
 /// `PROCESSING_TIMEOUT` (the time a request's key is its own).
 pub fn http_processor(config: &Config) -> anyhow::Result<HttpProcessor> {
+    HttpProcessor::new(http_settings(config)?)
+}
+
+/// How [`http_processor`] reaches the gateway, from `PROCESSOR_*` and the
+/// request deadlines.
+pub fn http_settings(config: &Config) -> anyhow::Result<HttpSettings> {
     let url = config.processor_url.clone().context(
         "PROCESSOR_URL is unset: set it to the card gateway's URL (oncepay processor), \
          or let oncepay serve start its own",
     )?;
-    HttpProcessor::new(HttpSettings {
+    Ok(HttpSettings {
         url,
         connect_timeout: config.processor_connect_timeout,
         timeout: config.processor_timeout,
