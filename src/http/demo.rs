@@ -522,7 +522,7 @@ async fn processor_payment(
     }
     let attempts = processor_keys::pay(&state.config, keys, &run, amount)
         .await
-        .map_err(|e| ApiError::internal(e))?;
+        .map_err(ApiError::internal)?;
     Ok(Json(json!({
         "object": "demo_processor_payment",
         "run": run,
