@@ -274,6 +274,12 @@ pub async fn with_processor(
         "PROCESSOR_BIND_ADDR" => Some("127.0.0.1".to_owned()),
         "PROCESSOR_PORT" => Some("0".to_owned()),
         "PROCESSOR_LATENCY_MS" => Some(latency.clone()),
+        // oncepay's FAULT_INJECTION turns on its own gateway's too, so that
+        // `Oncepay-Fault: processor-...` reaches a gateway that honours it.
+        "PROCESSOR_FAULT_INJECTION" => std::env::var(name)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .or_else(|| config.fault_injection.then(|| "true".to_owned())),
         "PROCESSOR_DATABASE_URL" => Some(
             std::env::var(name)
                 .ok()

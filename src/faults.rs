@@ -1,6 +1,10 @@
 //! Fault injection points, for the failure tests and the workshop: with
 //! `FAULT_INJECTION=true`, a request can ask (`Oncepay-Fault`) to fail on
-//! purpose at a chosen point of its workflow. Off by default.
+//! purpose at a chosen point of its workflow, or ask the card gateway for a
+//! wire fault on its processor call (`processor-drop-after-record`, ...,
+//! sent on as `Processor-Fault`). Off by default.
+
+use crate::processor::WireFault;
 
 /// The header that asks for a fault: on a request, and on a receiver's
 /// answer to a webhook.
@@ -28,6 +32,11 @@ pub enum Fault {
     /// business transaction (`POST /demo/redis/charges`) only, which reads
     /// it from its request itself; the real endpoints refuse it.
     CrashAfterCommit,
+    /// Ask the card gateway for a wire fault on this request's processor
+    /// call (`Oncepay-Fault: processor-<fault>`, sent on as
+    /// `Processor-Fault: <fault>`): the gateway must run with
+    /// `PROCESSOR_FAULT_INJECTION=true`.
+    Processor(WireFault),
 }
 
 /// The `Oncepay-Fault` value of [`Fault::CrashAfterCommit`].
@@ -41,6 +50,17 @@ impl Fault {
             "crash-after-claim" => Some(Fault::CrashAfterClaim),
             "crash-after-processor" => Some(Fault::CrashAfterProcessor),
             "crash-before-settle-commit" => Some(Fault::CrashBeforeSettleCommit),
+            other => other
+                .strip_prefix("processor-")
+                .and_then(WireFault::parse)
+                .map(Fault::Processor),
+        }
+    }
+
+    /// The wire fault to ask of the gateway, if this is one.
+    pub fn at_processor(fault: Option<Fault>) -> Option<WireFault> {
+        match fault {
+            Some(Fault::Processor(wire)) => Some(wire),
             _ => None,
         }
     }

@@ -259,7 +259,8 @@ pub fn http_processor(config: &Config) -> anyhow::Result<HttpProcessor> {
     HttpProcessor::new(processor_settings(config)?)
 }
 
-/// The settings of the calls to the card gateway at `PROCESSOR_URL`.
+/// How [`http_processor`] reaches the gateway at `PROCESSOR_URL`, from
+/// `PROCESSOR_*` and the request deadlines.
 pub fn processor_settings(config: &Config) -> anyhow::Result<HttpSettings> {
     let url = config.processor_url.clone().context(
         "PROCESSOR_URL is unset: set it to the card gateway's URL (oncepay processor), \

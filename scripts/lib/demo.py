@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The workshop demo: nine scenarios against a running oncepay server.
+"""The workshop demo: ten scenarios against a running oncepay server.
 
 Run by scripts/demo (which starts two servers first, or uses ONCEPAY_URL); it
 can also be run on its own:
@@ -13,7 +13,8 @@ TTL, Redis, and something that restarts it when scenario 8 crashes it.
 Every effect count printed is read from the server's GET /demo/effects (the
 processor's payments and refunds in the database) after the scenario, never
 counted here; scenario 6's shipments and deliveries from GET /demo/receivers
-(the workshop's webhook receivers' tables). Each scenario tags its charges with a fresh run tag
+(the workshop's webhook receivers' tables); scenario 10's payments from GET
+/demo/processor/payments (the card gateway's own ledger, over its API). Each scenario tags its charges with a fresh run tag
 (metadata demo_run) and uses fresh idempotency keys, so every run gives the
 same numbers.
 
@@ -485,6 +486,37 @@ class Demo:
             b.row("the charge's amount_refunded", f"{recorded}{note}")
         return b
 
+    def the_same_key_to_the_provider(self, fault_injection, naive_endpoint):
+        b = Block(10, "The same key to the provider")
+        if not (fault_injection and naive_endpoint):
+            b.skipped = "this scenario needs FAULT_INJECTION=true and DEMO_UNSAFE_ENDPOINTS=true on the server"
+            return b
+        b.row("each payment", "oncepay asks the card gateway for 500; the gateway takes it, then its answer is lost")
+        parts = [
+            ("same_key", "the same processor key on every attempt", "same", 1),
+            ("new_key_per_attempt", "a new processor key per attempt", "new_per_attempt", 2),
+        ]
+        for name, heading, keys, expected in parts:
+            b.part(heading)
+            run = self.run_tag(f"10-{name.replace('_', '-')}")
+            b.runs.append(run)
+            answer = self.server.request("POST", "/demo/processor/payments", {"run": run, "keys": keys})
+            if answer.status != 200:
+                b.skipped = f"POST /demo/processor/payments answered {describe_problem(answer)}"
+                return b
+            attempts = answer.body.get("attempts", [])
+            b.row("attempts sent", len(attempts))
+            b.row("processor keys", " | ".join(a.get("processor_key", "?") for a in attempts))
+            b.row("what oncepay got", " | ".join(a.get("answer", "?") for a in attempts))
+            counted = self.server.request("GET", "/demo/processor/payments?run=" + urllib.parse.quote(run))
+            if counted.status != 200 or "payments" not in counted.body:
+                raise Unusable(f"GET /demo/processor/payments answered {describe_problem(counted)}")
+            payments = b.count(name, int(counted.body["payments"]), expected)
+            b.row("payments in the processor's ledger", f"{payments} ({counted.body.get('charged')} charged)")
+        b.part(None)
+        b.row("the rule", "the key the provider gets is derived from the operation, never from the attempt")
+        return b
+
     def at(self, started):
         return f"{time.monotonic() - started:4.1f} s"
 
@@ -823,7 +855,7 @@ def main():
                 log(f"the server at {pitfalls.url}: {missing}")
         demo = Demo(server, pitfalls)
         where = server.url + (f" and {pitfalls.url}" if pitfalls else "")
-        log(f"running the nine scenarios against {where} (run tags {demo.prefix}-*)")
+        log(f"running the ten scenarios against {where} (run tags {demo.prefix}-*)")
         blocks = [
             demo.retry_without_a_key(),
             demo.retries_with_a_key(),
@@ -834,6 +866,7 @@ def main():
             demo.refunds_at_once(naive_endpoint),
             demo.key_outside_the_transaction(settings),
             demo.a_ttl_shorter_than_the_retry_horizon(settings),
+            demo.the_same_key_to_the_provider(fault_injection, naive_endpoint),
         ]
     except Unusable as e:
         log(f"error: {e}")

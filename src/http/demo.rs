@@ -2,8 +2,10 @@
 //! workshop needs to know of the server (`GET /demo/settings`), the lab page
 //! (`GET /lab`), and, only with `DEMO_UNSAFE_ENDPOINTS=true`, the
 //! deliberately broken `POST /demo/naive/charges`, `POST /demo/naive/refunds`
-//! and `POST /demo/redis/charges`, and the webhook receivers (see
-//! [`super::receiver`]). The broken ones share no code path with the real
+//! and `POST /demo/redis/charges`, the webhook receivers (see
+//! [`super::receiver`]), and `POST`/`GET /demo/processor/payments`, which
+//! ask the card gateway for a payment with a new processor key per attempt
+//! or the same one (block 10). The broken ones share no code path with the real
 //! endpoints: each has its own handler and its own key store.
 
 use axum::Json;
@@ -15,19 +17,21 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
-use super::extract::{NoQuery, RawBody, decode};
+use super::extract::{NoQuery, QueryParams, RawBody, decode};
 use super::idempotent::{self, REPLAYED};
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::charges::NewCharge;
+use crate::charges::domain::{required, string};
 use crate::error::Error;
 use crate::faults::{self, CRASH_AFTER_COMMIT, Fault};
 use crate::idempotency::SavedResponse;
-use crate::params::ParamError;
+use crate::params::{ParamError, Params};
 use crate::problem::{Problem, ProblemCode};
 use crate::refunds::NewRefund;
 use crate::retry_after;
 use crate::workshop;
+use crate::workshop::processor_keys::{self, KeyPer};
 use crate::workshop::{naive_refund, redis_keys};
 
 /// The lab page: one self-contained file, no build step, nothing from the internet.
@@ -49,6 +53,7 @@ pub fn router(unsafe_endpoints: bool) -> OpenApiRouter<AppState> {
             .routes(routes!(naive_charge))
             .routes(routes!(naive_refund))
             .routes(routes!(redis_charge))
+            .routes(routes!(processor_payment, processor_payments))
             .merge(super::receiver::router())
     } else {
         router
@@ -438,4 +443,138 @@ async fn redis_charge(
         .await
         .map_err(redis_failed)?;
     Ok(idempotent::send(saved))
+}
+
+/// The run tag of block 10's routes: part of the processor keys.
+fn processor_run(params: &mut Params) -> Result<String, ApiError> {
+    let run = string(required(params, "run")?, "run")?;
+    if !processor_keys::valid_run(&run) {
+        return Err(ParamError::new(
+            ProblemCode::ParameterInvalidString,
+            "run",
+            "run must be 1 to 100 letters, digits, - or _ (it is part of the processor keys).",
+        )
+        .into());
+    }
+    Ok(run)
+}
+
+/// A NEW PROCESSOR KEY PER ATTEMPT, ON PURPOSE (with `keys=new_per_attempt`).
+/// Asks the card gateway for one payment of `amount` (default 500), its
+/// first answer dropped after the money moved (`Processor-Fault:
+/// drop-after-record`), then again until answered, at most three attempts:
+/// with `keys=same` every attempt carries the key `demo:{run}` and the
+/// gateway finds its payment; with `keys=new_per_attempt` each carries
+/// `demo:{run}:attempt-{n}` and the gateway takes the money again. Only with
+/// `DEMO_UNSAFE_ENDPOINTS=true` and `FAULT_INJECTION=true` (and a gateway
+/// that honours `Processor-Fault`).
+#[utoipa::path(
+    post,
+    path = "/demo/processor/payments",
+    tag = "workshop",
+    security(("bearer" = []), ("basic" = [])),
+    responses(
+        (status = 200, description = "The attempts and what each got", body = super::openapi::DemoProcessorPayment),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn processor_payment(
+    State(state): State<AppState>,
+    _merchant: Authenticated,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let mut params = decode(&headers, &body)?;
+    let run = processor_run(&mut params)?;
+    let keys = string(required(&mut params, "keys")?, "keys")?;
+    let keys = KeyPer::parse(&keys).ok_or_else(|| {
+        ParamError::new(
+            ProblemCode::ParameterInvalidString,
+            "keys",
+            "keys must be same or new_per_attempt.",
+        )
+    })?;
+    let amount = match params.take("amount") {
+        None => 500,
+        Some(value) => value
+            .as_i64()
+            .or_else(|| value.as_str().and_then(|s| s.parse().ok()))
+            .filter(|a| (1..=99_999_999).contains(a))
+            .ok_or_else(|| {
+                ParamError::new(
+                    ProblemCode::ParameterInvalidInteger,
+                    "amount",
+                    "amount must be a whole number of minor units, 1 to 99999999.",
+                )
+            })?,
+    };
+    params.reject_unknown()?;
+    if !state.config.fault_injection {
+        return Err(Problem::new(
+            ProblemCode::FaultInjectionDisabled,
+            "This scenario loses the gateway's answer on purpose: run the server with FAULT_INJECTION=true.",
+        )
+        .into());
+    }
+    let attempts = processor_keys::pay(&state.config, keys, &run, amount)
+        .await
+        .map_err(ApiError::internal)?;
+    Ok(Json(json!({
+        "object": "demo_processor_payment",
+        "run": run,
+        "keys": keys.as_str(),
+        "amount": amount,
+        "attempts": attempts.iter().map(|a| json!({
+            "processor_key": a.processor_key,
+            "answer_dropped": a.dropped,
+            "answer": a.answer.to_string(),
+        })).collect::<Vec<_>>(),
+    })))
+}
+
+/// The payments the card gateway's ledger holds for a block-10 run, looked
+/// up over its API under every key the run can have used.
+#[utoipa::path(
+    get,
+    path = "/demo/processor/payments",
+    tag = "workshop",
+    security(("bearer" = []), ("basic" = [])),
+    params(("run" = String, Query, description = "The run tag of the payments")),
+    responses(
+        (status = 200, description = "The counts", body = super::openapi::DemoProcessorPayments),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 500, response = super::openapi::InternalError),
+        (status = 503, response = super::openapi::Unavailable)
+    )
+)]
+async fn processor_payments(
+    State(state): State<AppState>,
+    _merchant: Authenticated,
+    QueryParams(mut params): QueryParams,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let run = processor_run(&mut params)?;
+    params.reject_unknown()?;
+    let found = processor_keys::payments(state.processor.as_ref(), &run)
+        .await
+        .map_err(|_| {
+            Error::from(
+                Problem::new(
+                    ProblemCode::ProcessorUnavailable,
+                    "The card processor did not answer; its payments cannot be counted now.",
+                )
+                .with_retry_after(retry_after::SOON),
+            )
+        })?;
+    Ok(Json(json!({
+        "object": "demo_processor_payments",
+        "run": run,
+        "payments": found.payments,
+        "charged": found.charged,
+        "keys": found.keys,
+    })))
 }

@@ -31,7 +31,7 @@ pub fn from_headers(state: &AppState, headers: &HeaderMap) -> Result<Option<Faul
         Some(fault) => Ok(Some(fault)),
         None => Err(Problem::new(
             ProblemCode::InvalidFault,
-            "Oncepay-Fault must be drop-response, crash-after-claim, crash-after-processor or crash-before-settle-commit.",
+            "Oncepay-Fault must be drop-response, crash-after-claim, crash-after-processor, crash-before-settle-commit, or processor- and a Processor-Fault of the gateway (processor-fail-before-record, processor-drop-after-record, processor-slow, processor-crash-after-record).",
         )
         .into()),
     }

@@ -502,6 +502,46 @@ pub struct Effects {
     pending: i64,
 }
 
+/// One payment asked of the card gateway, attempt after attempt (block 10).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct DemoProcessorPayment {
+    #[schema(example = "demo_processor_payment")]
+    object: String,
+    run: String,
+    /// `same` (one processor key for every attempt) or `new_per_attempt`.
+    keys: String,
+    amount: i64,
+    attempts: Vec<DemoProcessorAttempt>,
+}
+
+/// One attempt of a block-10 payment.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct DemoProcessorAttempt {
+    /// The `Idempotency-Key` the gateway got.
+    processor_key: String,
+    /// Whether the gateway was asked to drop its answer after recording.
+    answer_dropped: bool,
+    /// `succeeded`, `no answer`, `unavailable`, `declined (code)` or `voided`.
+    answer: String,
+}
+
+/// The payments the card gateway's ledger holds for a block-10 run.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct DemoProcessorPayments {
+    #[schema(example = "demo_processor_payments")]
+    object: String,
+    run: String,
+    /// Payments that went through: money moved.
+    payments: i64,
+    /// What they took, in minor units.
+    charged: i64,
+    /// The processor keys that hold them.
+    keys: Vec<String>,
+}
+
 /// What the workshop's scenarios need to know of the server.
 #[derive(ToSchema)]
 #[allow(dead_code)]

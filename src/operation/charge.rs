@@ -16,7 +16,7 @@ use crate::idempotency::store::{FirstClaim, PendingCharge};
 use crate::idempotency::{Claim, Resource, SavedResponse, store as keys};
 use crate::operation::{Operation, Written, claim};
 use crate::problem::{Problem, ProblemCode};
-use crate::processor::{self, Authorization, Outcome, Processor, ProcessorError};
+use crate::processor::{self, Authorization, Outcome, Processor, ProcessorError, WireFault};
 use crate::retry_after;
 
 /// A charge to make for a merchant.
@@ -102,7 +102,11 @@ impl Operation for CreateCharge {
         Ok(Written::Pending)
     }
 
-    async fn call_processor(&self, processor: &dyn Processor) -> Result<Outcome, ProcessorError> {
+    async fn call_processor(
+        &self,
+        processor: &dyn Processor,
+        fault: Option<WireFault>,
+    ) -> Result<Outcome, ProcessorError> {
         let processor_key = processor::authorization_key(&self.id);
         processor
             .authorize(Authorization {
@@ -110,6 +114,7 @@ impl Operation for CreateCharge {
                 amount: self.charge.amount.minor_units(),
                 currency: self.charge.currency.as_str(),
                 source: self.charge.source,
+                fault,
             })
             .await
     }

@@ -38,7 +38,7 @@ use crate::faults::{Fault, crash_if};
 use crate::idempotency::store::FirstClaim;
 use crate::idempotency::{Claim, Fingerprint, IdempotencyKey, Resource, SavedResponse};
 use crate::problem::{Problem, ProblemCode};
-use crate::processor::{Processor, ProcessorError};
+use crate::processor::{Processor, ProcessorError, WireFault};
 use crate::retry_after;
 use crate::telemetry::metrics;
 
@@ -125,10 +125,12 @@ pub trait Operation: Send + Sync + 'static {
         let _ = state;
         async { Error::internal(format!("{} refused without a reason", Self::NOUN)) }
     }
-    /// Step 3: the processor call, idempotent on the record's processor key.
+    /// Step 3: the processor call, idempotent on the record's processor
+    /// key, asking the gateway for `fault` if any ([`Fault::Processor`]).
     fn call_processor(
         &self,
         processor: &dyn Processor,
+        fault: Option<WireFault>,
     ) -> impl Future<Output = Result<Self::Outcome, ProcessorError>> + Send;
     /// Step 4: settles the record with `outcome` if still pending, saves
     /// its answer on its key and writes its events (naming `request_id`),
@@ -275,7 +277,9 @@ async fn work_and_settle<O: Operation>(
     request_id: Option<&str>,
     fault: Option<Fault>,
 ) -> Result<Answer, Error> {
-    let outcome = operation.call_processor(state.processor.as_ref()).await;
+    let outcome = operation
+        .call_processor(state.processor.as_ref(), Fault::at_processor(fault))
+        .await;
     crash_if(fault, Fault::CrashAfterProcessor);
     match outcome {
         // Recorded and final, whatever it was: settling saves it on the key.

@@ -17,7 +17,7 @@ use crate::idempotency::{Resource, SavedResponse};
 use crate::operation::{Operation, Written};
 use crate::params::shorten;
 use crate::problem::{Problem, ProblemCode};
-use crate::processor::{Processor, ProcessorError, RefundOutcome};
+use crate::processor::{Processor, ProcessorError, RefundOutcome, WireFault};
 use crate::refunds::NewRefund;
 use crate::refunds::domain::new_refund_id;
 use crate::refunds::settle::{self, Pending};
@@ -97,8 +97,9 @@ impl Operation for CreateRefund {
     async fn call_processor(
         &self,
         processor: &dyn Processor,
+        fault: Option<WireFault>,
     ) -> Result<RefundOutcome, ProcessorError> {
-        settle::refund_at_processor(processor, &self.pending()).await
+        settle::refund_at_processor(processor, &self.pending(), fault).await
     }
 
     async fn settle(

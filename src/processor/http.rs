@@ -30,6 +30,7 @@ use serde_json::json;
 
 use super::{
     Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
+    WireFault,
 };
 
 /// How to reach the gateway.
@@ -276,6 +277,14 @@ fn answered(operation: Option<WireOperation>) -> Result<WireOperation, Processor
     operation.ok_or_else(|| ProcessorError::OutcomeUnknown(anyhow!("the processor answered 404")))
 }
 
+/// `request`, asking the gateway for `fault` (`Processor-Fault`) if any.
+fn with_fault(request: RequestBuilder, fault: Option<WireFault>) -> RequestBuilder {
+    match fault {
+        Some(fault) => request.header(WireFault::HEADER, fault.as_str()),
+        None => request,
+    }
+}
+
 /// A key as one path segment.
 fn segment(key: &str) -> String {
     percent_encoding::utf8_percent_encode(key, percent_encoding::NON_ALPHANUMERIC).to_string()
@@ -293,11 +302,14 @@ impl Processor for HttpProcessor {
         let url = self.url("/v1/authorizations");
         let operation = self
             .call("authorization", false, || {
-                self.client
-                    .post(&url)
-                    .header("Idempotency-Key", request.processor_key)
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(body.clone())
+                with_fault(
+                    self.client
+                        .post(&url)
+                        .header("Idempotency-Key", request.processor_key)
+                        .header(CONTENT_TYPE, "application/json")
+                        .body(body.clone()),
+                    request.fault,
+                )
             })
             .await?;
         answered(operation)?.payment_outcome()
@@ -322,11 +334,14 @@ impl Processor for HttpProcessor {
         let url = self.url("/v1/refunds");
         let operation = self
             .call("refund", false, || {
-                self.client
-                    .post(&url)
-                    .header("Idempotency-Key", request.processor_key)
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(body.clone())
+                with_fault(
+                    self.client
+                        .post(&url)
+                        .header("Idempotency-Key", request.processor_key)
+                        .header(CONTENT_TYPE, "application/json")
+                        .body(body.clone()),
+                    request.fault,
+                )
             })
             .await?;
         answered(operation)?.refund_outcome()

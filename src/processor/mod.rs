@@ -41,6 +41,8 @@ pub struct Authorization<'a> {
     pub amount: i64,
     pub currency: &'a str,
     pub source: TestToken,
+    /// A wire fault to ask of the gateway on this call (fault injection only).
+    pub fault: Option<WireFault>,
 }
 
 /// A request to give money back from a payment.
@@ -51,6 +53,53 @@ pub struct Refund<'a> {
     pub payment_key: &'a str,
     pub amount: i64,
     pub currency: &'a str,
+    /// A wire fault to ask of the gateway on this call (fault injection only).
+    pub fault: Option<WireFault>,
+}
+
+/// A failure the gateway makes on purpose when asked with its
+/// `Processor-Fault` request header (and run with
+/// `PROCESSOR_FAULT_INJECTION=true`): what a real network and a real
+/// provider do now and then, on demand. Each attempt of a call carries it;
+/// the gateway applies it only to the attempt that records the operation,
+/// so a repeat under the same key finds the outcome and is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireFault {
+    /// `503`, nothing recorded.
+    FailBeforeRecord,
+    /// Records, then closes the connection unanswered: the money moved and
+    /// the answer is lost.
+    DropAfterRecord,
+    /// Records, then answers only after `PROCESSOR_FAULT_DELAY`.
+    Slow,
+    /// Records, then the gateway process aborts.
+    CrashAfterRecord,
+}
+
+impl WireFault {
+    /// The `Processor-Fault` header.
+    pub const HEADER: &'static str = "processor-fault";
+
+    /// The fault a `Processor-Fault` value names.
+    pub fn parse(value: &str) -> Option<WireFault> {
+        match value {
+            "fail-before-record" => Some(WireFault::FailBeforeRecord),
+            "drop-after-record" => Some(WireFault::DropAfterRecord),
+            "slow" => Some(WireFault::Slow),
+            "crash-after-record" => Some(WireFault::CrashAfterRecord),
+            _ => None,
+        }
+    }
+
+    /// Its `Processor-Fault` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WireFault::FailBeforeRecord => "fail-before-record",
+            WireFault::DropAfterRecord => "drop-after-record",
+            WireFault::Slow => "slow",
+            WireFault::CrashAfterRecord => "crash-after-record",
+        }
+    }
 }
 
 /// What the processor recorded for a processor key.

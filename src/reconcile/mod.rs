@@ -671,6 +671,7 @@ impl Reconciler {
                 payment_key: &orphan.key,
                 amount: orphan.amount,
                 currency: &orphan.currency,
+                fault: None,
             })
             .await;
         match outcome {

@@ -115,10 +115,12 @@ impl From<Refund> for Pending {
 }
 
 /// The processor call of a refund: idempotent on `refund:{id}`, against the
-/// payment recorded under the charge's authorization key.
+/// payment recorded under the charge's authorization key, asking the
+/// gateway for `fault` if any.
 pub async fn refund_at_processor(
     processor: &dyn Processor,
     refund: &Pending,
+    fault: Option<processor::WireFault>,
 ) -> Result<RefundOutcome, processor::ProcessorError> {
     let processor_key = processor::refund_key(&refund.id);
     let payment_key = processor::authorization_key(&refund.charge_id);
@@ -128,6 +130,7 @@ pub async fn refund_at_processor(
             payment_key: &payment_key,
             amount: refund.amount,
             currency: &refund.currency,
+            fault,
         })
         .await
 }
@@ -150,7 +153,7 @@ pub async fn recover(
     if refund.status != super::RefundStatus::Pending {
         return Ok(None);
     }
-    let outcome = refund_at_processor(processor, &Pending::from(refund)).await?;
+    let outcome = refund_at_processor(processor, &Pending::from(refund), None).await?;
     match settle(pool, refund_id, &outcome, key_ttl, request_id).await? {
         Settled::Now(_) => {
             tracing::info!(refund = %refund_id, ?outcome, "rolled a stale refund forward");

@@ -2,10 +2,13 @@
 //! through its API), and the naive endpoint's key table;
 //! in [`receiver`], the webhook receivers; in [`naive_refund`], a refund
 //! that checks and writes in two statements; in [`redis_keys`], keys kept
-//! in Redis, outside the business transaction. Nothing here is used by the
+//! in Redis, outside the business transaction; in [`processor_keys`], a
+//! payment asked of the gateway with a new key per attempt or the same
+//! one. Nothing here is used by the
 //! real charge or refund path.
 
 pub mod naive_refund;
+pub mod processor_keys;
 pub mod receiver;
 pub mod redis_keys;
 
@@ -140,6 +143,7 @@ pub async fn naive_charge(
             amount: charge.amount.minor_units(),
             currency: charge.currency.as_str(),
             source: charge.source,
+            fault: None,
         })
         .await?;
     let ttl = state.config.idempotency_key_ttl;

@@ -151,6 +151,7 @@ pub async fn refund(
             payment_key: &processor::authorization_key(&refund.charge),
             amount,
             currency: &charge.currency,
+            fault: None,
         })
         .await
         .map_err(|e| Error::from_recovery(e.into(), &state.config))?;

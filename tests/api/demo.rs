@@ -169,3 +169,84 @@ async fn the_lab_page_is_served_without_authentication() {
         "nothing from the internet"
     );
 }
+
+async fn processor_payment(app: &TestApp, run: &str, keys: &str) -> Answer {
+    let response = app
+        .client
+        .post(app.url("/demo/processor/payments"))
+        .bearer_auth(&app.api_key)
+        .json(&json!({"run": run, "keys": keys, "amount": 700}))
+        .send()
+        .await
+        .unwrap();
+    Answer::of(response).await
+}
+
+#[tokio::test]
+async fn a_new_processor_key_per_attempt_pays_twice_when_the_answer_is_lost_and_the_same_key_once()
+{
+    let app = spawn_app_with(
+        Settings::new()
+            .set("DEMO_UNSAFE_ENDPOINTS", "true")
+            .set("FAULT_INJECTION", "true"),
+    )
+    .await;
+
+    let same = processor_payment(&app, "same", "same").await;
+    assert_eq!(same.status, 200, "{:?}", same.json());
+    let attempts = same.json()["attempts"].clone();
+    assert_eq!(
+        attempts,
+        json!([
+            {"processor_key": "demo:same", "answer_dropped": true, "answer": "no answer"},
+            {"processor_key": "demo:same", "answer_dropped": false, "answer": "succeeded"},
+        ])
+    );
+    assert_eq!(app.payments().await, 1, "the repeat found the payment");
+
+    let new = processor_payment(&app, "new", "new_per_attempt").await;
+    assert_eq!(new.status, 200, "{:?}", new.json());
+    assert_eq!(
+        new.json()["attempts"],
+        json!([
+            {"processor_key": "demo:new:attempt-1", "answer_dropped": true, "answer": "no answer"},
+            {"processor_key": "demo:new:attempt-2", "answer_dropped": false, "answer": "succeeded"},
+        ])
+    );
+    assert_eq!(app.payments().await, 3, "the bug: a second payment");
+
+    // The counts, from the gateway's ledger, per run.
+    let counted = Answer::of(app.get("/demo/processor/payments?run=same").await).await;
+    assert_eq!(
+        (
+            counted.json()["payments"].clone(),
+            counted.json()["charged"].clone()
+        ),
+        (json!(1), json!(700))
+    );
+    let counted = Answer::of(app.get("/demo/processor/payments?run=new").await).await;
+    assert_eq!(
+        counted.json()["keys"],
+        json!(["demo:new:attempt-1", "demo:new:attempt-2"])
+    );
+    assert_eq!(counted.json()["payments"], 2);
+}
+
+#[tokio::test]
+async fn the_processor_key_scenario_needs_fault_injection_and_a_plain_run() {
+    let app = spawn_app_with(Settings::new().set("DEMO_UNSAFE_ENDPOINTS", "true")).await;
+    processor_payment(&app, "r", "same")
+        .await
+        .assert_problem(400, "fault_injection_disabled");
+    processor_payment(&app, "a:b", "same")
+        .await
+        .assert_problem(400, "parameter_invalid_string");
+    processor_payment(&app, "r", "sometimes")
+        .await
+        .assert_problem(400, "parameter_invalid_string");
+    assert_eq!(app.processor_operations().await, 0);
+    let off = spawn_app().await;
+    processor_payment(&off, "r", "same")
+        .await
+        .assert_problem(404, "route_not_found");
+}

@@ -37,6 +37,8 @@ const SERVED: &[(&str, &str)] = &[
     ("get", "/demo/receivers"),
     ("post", "/demo/receiver/naive"),
     ("post", "/demo/receiver/inbox"),
+    ("post", "/demo/processor/payments"),
+    ("get", "/demo/processor/payments"),
 ];
 
 #[tokio::test]

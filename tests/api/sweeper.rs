@@ -103,6 +103,7 @@ async fn the_sweeper_settles_a_stale_row_as_succeeded_when_the_payment_was_recor
             amount: 2000,
             currency: "usd",
             source: TestToken::Visa,
+            fault: None,
         })
         .await
         .unwrap();
@@ -160,6 +161,7 @@ async fn the_sweeper_fails_a_stale_row_and_voids_it_when_no_payment_was_recorded
             amount: 2000,
             currency: "usd",
             source: TestToken::Visa,
+            fault: None,
         })
         .await
         .unwrap();

@@ -211,6 +211,7 @@ async fn authorize(
             amount: 100,
             currency: "usd",
             source: TestToken::Visa,
+            fault: None,
         })
         .await
 }

@@ -397,17 +397,21 @@ impl Server {
             env.iter()
                 .map(|(k, v)| (k.to_string(), v.as_ref().to_owned())),
         );
-        // The gateway runs as a process of its own, with the latency the
-        // test asks of the processor.
+        // The gateway runs as a process of its own, with the latency (and
+        // the delay of its `slow` fault) the test asks of the processor.
         let processor = if vars.iter().any(|(k, _)| k == "PROCESSOR_URL") {
             None
         } else {
-            let latency: Vec<(&str, String)> = vars
+            let gateway_env: Vec<(&str, String)> = vars
                 .iter()
-                .filter(|(k, _)| k == "PROCESSOR_LATENCY_MS")
-                .map(|(_, v)| ("PROCESSOR_LATENCY_MS", v.clone()))
+                .filter_map(|(k, v)| {
+                    ["PROCESSOR_LATENCY_MS", "PROCESSOR_FAULT_DELAY"]
+                        .into_iter()
+                        .find(|name| k == name)
+                        .map(|name| (name, v.clone()))
+                })
                 .collect();
-            let processor = ProcessorProcess::start(database_url, &latency).await;
+            let processor = ProcessorProcess::start(database_url, &gateway_env).await;
             vars.push(("PROCESSOR_URL".into(), processor.url()));
             Some(processor)
         };

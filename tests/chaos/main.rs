@@ -4,7 +4,10 @@
 //! faults, charges and refunds killed at each point of their settle, and
 //! the webhook boundary (a worker killed after the receiver answered, a
 //! receiver down for a while, three instances delivering), and hundreds of
-//! connections that never finish their request head.
+//! connections that never finish their request head, and the wire between
+//! oncepay and the card gateway (answers dropped after the money moved, a
+//! gateway slower than the call's timeout, killed mid-call, down for longer
+//! than `PROCESSING_TIMEOUT`).
 //! Each scenario measures its row of the reliability report in the database
 //! and asserts the invariant: one logical operation, one effect, nothing
 //! acknowledged lost, one answer per operation and true to the database,
@@ -24,6 +27,7 @@ mod pairing;
 mod refunds;
 mod waits;
 mod webhooks;
+mod wire;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,8 @@
 // database, the page in headless Chromium (Debian's /usr/bin/chromium driven
 // by playwright-core), every scenario clicked, and every effect count the
 // page shows (payments, scenario 6's orders shipped by the webhook receivers,
-// scenario 7's money refunded) checked against the database with psql.
+// scenario 7's money refunded, scenario 10's payments in the card gateway's
+// ledger) checked against the database with psql.
 // Scenarios 8 and 9 run on a second server with a short key TTL and Redis
 // (REDIS_URL, default redis://127.0.0.1:6379), which this test restarts on
 // its port whenever it exits, since scenario 8 crashes it on purpose. After every test, the
@@ -366,6 +367,32 @@ test("7: two refunds at once with their own keys: 600 of 1000 refunded on the re
   assert.match(await text("s7-naive-verdict"), /refunded more than was charged/);
 });
 
+/** Payments the card gateway's ledger holds under the processor keys of
+ * scenario 10's run TAG (`demo:TAG`, `demo:TAG:attempt-N`). */
+function ledgerPaymentsInDb(tag, url = dbUrl) {
+  assert.match(tag, /^lab-[0-9a-f]+$/, `unexpected run tag ${tag}`);
+  return Number(
+    psql(
+      ledgerOf(url),
+      `SELECT count(*) FROM operations
+        WHERE outcome = 'succeeded' AND (key = 'demo:${tag}' OR key LIKE 'demo:${tag}:attempt-%')`,
+    ),
+  );
+}
+
+test("10: a lost answer asked again with a new processor key pays twice, with the same key once", async () => {
+  await run("10");
+  for (const [part, payments] of [["s10-new", 2], ["s10-same", 1]]) {
+    const tag = await text(part + "-tag");
+    assert.equal(await number(part + "-effects-before"), 0, `${part}: a fresh run starts at 0`);
+    assert.equal(await number(part + "-effects-after"), ledgerPaymentsInDb(tag), `${part}: the page shows the ledger`);
+    assert.equal(ledgerPaymentsInDb(tag), payments, part);
+    assert.deepEqual(await answers(part), ["no answer", "succeeded"], part);
+  }
+  assert.match(await text("s10-new-verdict"), /paid 2 times/);
+  assert.match(await text("s10-same-verdict"), /exactly once/);
+});
+
 test("N at once with one key is one effect", async () => {
   await byId("n-input").fill("8");
   await run("n");
@@ -387,7 +414,7 @@ test("N at once with Prefer: wait replays the first answer to the others", async
 test("the screenshots are saved", async () => {
   await page.evaluate(() => window.scrollTo(0, 0));
   await page.screenshot({ path: join(OUT, "lab.png"), fullPage: true });
-  for (const id of ["1", "2", "3", "4", "5", "6", "7", "n"]) {
+  for (const id of ["1", "2", "3", "4", "5", "6", "7", "10", "n"]) {
     await byId("scenario-" + id).screenshot({ path: join(OUT, `scenario-${id}.png`) });
   }
   console.log(`# screenshot: ${join(OUT, "lab.png")}`);
@@ -440,7 +467,7 @@ test("9: with a TTL of 2 s, a retry after 1 s is replayed and a retry after 3 s 
   await byId("scenario-9").screenshot({ path: join(OUT, "scenario-9.png") });
 });
 
-test("without the workshop switches, scenarios 3, 4, 6, 7, 8 and 9 say what to turn on", async () => {
+test("without the workshop switches, scenarios 3, 4, 6, 7, 8, 9 and 10 say what to turn on", async () => {
   const plain = await serve("server-plain.log", {});
   await page.goto(`${plain.base}/lab?key=${API_KEY}`);
   await run("3");
@@ -470,6 +497,11 @@ test("without the workshop switches, scenarios 3, 4, 6, 7, 8 and 9 say what to t
   await run("9");
   assert.equal(await effectsAfter("s9-within"), 1, "a retry within the TTL needs no switch");
   assert.match(await text("s9-after-note"), /IDEMPOTENCY_KEY_TTL=2s/);
+  await run("10");
+  for (const part of ["s10-new", "s10-same"]) {
+    assert.match(await text(part + "-note"), /FAULT_INJECTION=true DEMO_UNSAFE_ENDPOINTS=true/);
+    assert.equal(ledgerPaymentsInDb(await text(part + "-tag")), 0);
+  }
   await page.screenshot({ path: join(OUT, "lab-without-switches.png"), fullPage: true });
   await stop(plain.proc);
 });
