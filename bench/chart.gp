@@ -20,8 +20,8 @@ set style data linespoints
 
 set title "new charges"
 plot data index 0 using 1:2 title "oncepay" lw 2 pt 7, \
-     data index 1 using 1:2 title "anchor: pgbench minimum.sql (3 statements)" lw 2 pt 5 dt 2, \
-     data index 2 using 1:2 title "pgbench new\\_charge.sql (the service's SQL)" lw 1 pt 4 dt 3
+     data index 1 using 1:2 title "anchor: minimum.sql + gateway.sql + HTTP hop" lw 2 pt 5 dt 2, \
+     data index 2 using 1:2 title "new\\_charge.sql + gateway.sql + HTTP hop (the service's SQL)" lw 1 pt 4 dt 3
 
 set title "replays from the replay cache"
 plot data index 3 using 1:2 title "oncepay" lw 2 pt 7, \

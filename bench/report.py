@@ -38,22 +38,42 @@ import subprocess
 import sys
 
 # Each scenario of the service, its anchor (side, scenario, label) and, where
-# there is one, pgbench on the very SQL the service runs for it.
+# there is one, pgbench on the very SQL the service runs for it. A new
+# charge crosses two systems: its anchor is a sum of parts (COMBINED).
 SCENARIOS = [
     {"key": "new", "label": "new charges",
-     "anchor": ("pgbench", "minimum", "minimum.sql"), "same": ("pgbench", "new", "new_charge.sql")},
+     "anchor": ("combined", "minimum", "minimum.sql + gateway.sql + HTTP hop"),
+     "same": ("combined", "new", "new_charge.sql + gateway.sql + HTTP hop")},
     {"key": "replay", "label": "replays, cache hits",
      "anchor": ("ceiling", "ceiling", "HTTP ceiling"), "same": None},
     {"key": "replay_miss", "label": "replays, cache misses",
      "anchor": ("pgbench", "pk", "pk_lookup.sql"), "same": ("pgbench", "replay", "replay.sql")},
     {"key": "storm", "label": "retry storm",
      "anchor": ("pgbench", "storm", "storm mix, same SQL"), "same": None},
-    # BENCH_BASELINE_BIN's replays from the cache, measured right after the
-    # service's: the same anchor, so the two ratios compare the binaries.
+    # BENCH_BASELINE_BIN's new charges and replays from the cache, each
+    # measured right after the service's: the same anchors, so the two
+    # ratios compare the binaries.
+    {"key": "new", "side": "baseline", "label": "new charges, BENCH_BASELINE_BIN",
+     "anchor": ("combined", "minimum", "minimum.sql + gateway.sql + HTTP hop"),
+     "same": ("combined", "new", "new_charge.sql + gateway.sql + HTTP hop")},
     {"key": "replay", "side": "baseline", "label": "replays, cache hits, BENCH_BASELINE_BIN",
      "anchor": ("ceiling", "ceiling", "HTTP ceiling"), "same": None},
 ]
+# The new-charge anchors, each the sum of three parts measured one after the
+# other at the same client count: oncepay's SQL on its database (pgbench),
+# the gateway's statement on its own (pgbench, gateway.sql) and the bare
+# HTTP hop (wrk against the ceiling serving a saved authorization). A client
+# that did the three in turn would spend the sum of their latencies per
+# charge, so at N clients its rate is N / (l1 + l2 + l3) = 1 / (1/r1 + 1/r2
+# + 1/r3) (Little's law on each part); when each part saturates the
+# machine, the same sum adds up what each charge costs it. The latencies
+# add: p50 and p99 are the sums of the parts' (the p99's an upper bound).
+COMBINED = {
+    "minimum": [("pgbench", "minimum"), ("pgbench", "gateway"), ("hop", "hop")],
+    "new": [("pgbench", "new"), ("pgbench", "gateway"), ("hop", "hop")],
+}
 LABELS = {s["key"]: s["label"] for s in SCENARIOS if "side" not in s}
+LABELS["gateway"] = "new charges, the gateway's part"
 # The client counts the targets are set at.
 TARGET_CLIENTS = (8, 32, 128)
 TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|END|START\s+TRANSACTION)\b", re.I)
@@ -157,6 +177,17 @@ def table(raw_path, out_dir):
                      and r["clients"] == clients), None)
 
     clients_list = sorted({r["clients"] for r in runs})
+    for name, parts in COMBINED.items():
+        for c in clients_list:
+            found = [find(side, scenario, c) for side, scenario in parts]
+            if all(r and r["rps"] > 0 for r in found):
+                runs.append({
+                    "kind": "run", "side": "combined", "scenario": name, "clients": c,
+                    "rps": round(1 / sum(1 / r["rps"] for r in found), 1),
+                    "p50_ms": round(sum(r["p50_ms"] for r in found), 3),
+                    "p99_ms": round(sum(r["p99_ms"] for r in found), 3),
+                    "parts": {f"{side} {scenario}": r["rps"] for (side, scenario), r in zip(parts, found)},
+                })
     results = []
     lines = ["| scenario | clients | oncepay req/s | p50 ms | p99 ms | non-2xx | anchor | anchor /s "
              "| p50 ms | p99 ms | ratio | p99 ratio | same SQL | same SQL tx/s | ratio |",
@@ -191,6 +222,17 @@ def table(raw_path, out_dir):
                 f"| {fmt(a.get('p99_ms'), 2)} | {fmt(entry['ratio'], 2)} | {fmt(entry['p99_ratio'], 2)} "
                 f"| {entry.get('same_sql', '')} | {fmt(entry.get('same_sql_rps'))} "
                 f"| {fmt(entry.get('ratio_to_same_sql'), 2)} |")
+    parts = [(c, find("pgbench", "minimum", c), find("pgbench", "new", c), find("pgbench", "gateway", c),
+              find("hop", "hop", c)) for c in clients_list]
+    parts = [p for p in parts if any(p[1:])]
+    if parts:
+        lines += ["", "the new-charge anchors' parts, measured one after the other: transactions "
+                  "(or requests) per second, p99 ms; each anchor is 1 / the sum of 1 / its parts' rates",
+                  "| clients | minimum.sql (oncepay's DB) | new_charge.sql (oncepay's DB) "
+                  "| gateway.sql (the gateway's DB) | bare HTTP hop |",
+                  "| ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {c} | " + " | ".join(f"{r['rps']:.0f}, {r['p99_ms']:.2f}" if r else ""
+                                           for r in rs) + " |" for c, *rs in parts]
     ceiling = [{"clients": c, "rps": r["rps"], "p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"],
                 "non_2xx": r.get("non_2xx", 0)}
                for c in clients_list for r in [find("ceiling", "ceiling", c)] if r]
@@ -201,9 +243,11 @@ def table(raw_path, out_dir):
                      and (script is None or r["script"] == script)), None)
 
     round_trips = {}
-    for key, scenario in [("round_trips_per_new_charge", "new"), ("round_trips_per_replay", "replay"),
-                          ("round_trips_per_replay_miss", "replay_miss")]:
-        r = count(scenario, "oncepay")
+    for key, scenario, side in [("round_trips_per_new_charge", "new", "oncepay"),
+                                ("round_trips_per_new_charge_at_the_gateway", "new", "gateway"),
+                                ("round_trips_per_replay", "replay", "oncepay"),
+                                ("round_trips_per_replay_miss", "replay_miss", "oncepay")]:
+        r = count(scenario, side)
         round_trips[key] = r["round_trips_per_request"] if r else None
     rt_lines = []
     warnings = []
@@ -215,15 +259,17 @@ def table(raw_path, out_dir):
                      "| scenario | ran | requests | statements | BEGIN/COMMIT | round trips | FK checks |",
                      "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
         for r in counts:
-            ran = "oncepay" if r["side"] == "oncepay" else f"pgbench {r['script']}"
+            ran = {"oncepay": "oncepay", "gateway": "oncepay processor (its database)"}.get(
+                r["side"], f"pgbench {r['script']}")
             rt_lines.append(f"| {LABELS.get(r['scenario'], r['scenario'])} | {ran} | {r['requests']} "
                             f"| {fmt(r['statements_per_request'], 2)} | {fmt(r['begin_commit_per_request'], 2)} "
                             f"| {fmt(r['round_trips_per_request'], 2)} "
                             f"| {fmt(r['foreign_key_checks_per_request'], 2)} |")
         for r in counts:
-            if r["side"] != "oncepay":
+            if r["side"] not in ("oncepay", "gateway"):
                 continue
-            rt_lines += ["", f"per statement, oncepay, {LABELS.get(r['scenario'], r['scenario'])} "
+            who = "oncepay" if r["side"] == "oncepay" else "the gateway"
+            rt_lines += ["", f"per statement, {who}, {LABELS.get(r['scenario'], r['scenario'])} "
                          f"({r['requests']} requests): calls per request, statement"]
             shown = [st for st in r["statements"] if st["per_request"] and st["per_request"] >= 0.001]
             rt_lines += [f"  {st['per_request']:7.3f}  "
@@ -242,6 +288,14 @@ def table(raw_path, out_dir):
                         f"warning: new_charge.sql no longer mirrors the service: {what} per request "
                         f"{service[field]:.2f} in oncepay, {mirror[field]:.2f} in new_charge.sql; "
                         "update bench/pgbench/new_charge.sql from src/")
+        gateway, mirror = count("new", "gateway"), count("gateway", "pgbench", "gateway.sql")
+        if gateway and mirror and gateway["statements_per_request"] is not None \
+                and mirror["statements_per_request"] is not None \
+                and abs(gateway["statements_per_request"] - mirror["statements_per_request"]) > 0.25:
+            warnings.append(
+                f"warning: gateway.sql no longer mirrors the gateway: statements per new charge "
+                f"{gateway['statements_per_request']:.2f} at the gateway, "
+                f"{mirror['statements_per_request']:.2f} in gateway.sql; update bench/pgbench/gateway.sql")
 
     # The performance targets, where the figures exist.
     targets = []
@@ -259,15 +313,28 @@ def table(raw_path, out_dir):
         return shown, goal, all(good(v) for v in values.values())
 
     for name, scenario, field, goal, good in [
-        ("new charges / minimum.sql", "new", "ratio", ">= 0.85", lambda v: v >= 0.85),
-        ("new-charge p99 / minimum.sql's p99", "new", "p99_ratio", "<= 1.5", lambda v: v <= 1.5),
+        ("new charges / minimum.sql + gateway.sql + HTTP hop", "new", "ratio", ">= 0.85",
+         lambda v: v >= 0.85),
+        ("new-charge p99 / the anchor's p99", "new", "p99_ratio", "<= 1.5", lambda v: v <= 1.5),
         ("replays from the cache / the HTTP ceiling", "replay", "ratio", ">= 0.7", lambda v: v >= 0.7),
         ("replays missing the cache / pk_lookup.sql", "replay_miss", "ratio", ">= 1.0", lambda v: v >= 1.0),
     ]:
         t = at_clients(scenario, field, goal, good)
         if t:
             target(f"{name} (by clients)", t[0], t[1], t[2])
-    for key, what in [("round_trips_per_new_charge", "new charge"), ("round_trips_per_replay", "replay"),
+    # The service against BENCH_BASELINE_BIN, at each client count of one run.
+    versus = {}
+    for c in TARGET_CLIENTS:
+        mine, theirs = find("oncepay", "new", c), find("baseline", "new", c)
+        if mine and theirs and theirs["rps"]:
+            versus[c] = ratio(mine["rps"], theirs["rps"])
+    if versus:
+        target("new charges / BENCH_BASELINE_BIN's new charges (by clients)",
+               ", ".join(f"{c}: {v:.2f}" for c, v in versus.items()), ">= 0.8",
+               all(v >= 0.8 for v in versus.values()))
+    for key, what in [("round_trips_per_new_charge", "new charge"),
+                      ("round_trips_per_new_charge_at_the_gateway", "new charge at the gateway"),
+                      ("round_trips_per_replay", "replay"),
                       ("round_trips_per_replay_miss", "replay missing the cache")]:
         if round_trips[key] is not None:
             target(f"round trips per {what} (pg_stat_statements)", round_trips[key], "reported", True)
@@ -362,7 +429,7 @@ def table(raw_path, out_dir):
 
     # Chart data: one block per series, for gnuplot's `index` (bench/chart.gp
     # names them in this order).
-    series = [("oncepay", "new"), ("pgbench", "minimum"), ("pgbench", "new"),
+    series = [("oncepay", "new"), ("combined", "minimum"), ("combined", "new"),
               ("oncepay", "replay"), ("ceiling", "ceiling"),
               ("oncepay", "replay_miss"), ("pgbench", "pk"), ("pgbench", "replay"),
               ("oncepay", "storm"), ("pgbench", "storm")]
@@ -373,6 +440,10 @@ def table(raw_path, out_dir):
                 r = find(side, scenario, c)
                 f.write(f"{c} {r['rps'] if r else 'NaN'}\n")
             f.write("\n\n")
+    if clients_list and any(not find("oncepay", scenario, clients_list[0])
+                            for scenario in ("new", "replay", "replay_miss", "storm")):
+        print("\nno chart: it needs every scenario (BENCH_SCENARIOS)", file=sys.stderr)
+        return
     chart = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chart.gp")
     png = os.path.join(out_dir, "throughput.png")
     try:

@@ -1,11 +1,13 @@
 //! The HTTP ceiling of `scripts/bench`: the most a server built like oncepay
 //! (the same axum, tokio and release profile) can answer on loopback, with
 //! no database, no authentication, no idempotency and no middleware. It
-//! serves one saved answer, byte for byte, on `POST /v1/charges` and nothing
-//! else, so a replay's rate can be set against it.
+//! serves one saved answer, byte for byte, on `POST /v1/charges` (or the
+//! path given) and nothing else, so a replay's rate can be set against it.
+//! Started on a gateway's saved answer at `/v1/authorizations`, it is the
+//! bare HTTP hop of a new charge's anchor.
 //!
 //! ```text
-//! ceiling PORT RESPONSE_FILE
+//! ceiling PORT RESPONSE_FILE [PATH]
 //! ```
 //!
 //! `RESPONSE_FILE` is a response as `curl -i` writes it (status line,
@@ -83,15 +85,15 @@ async fn answer(State(saved): State<Arc<Saved>>, _body: Bytes) -> Response {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, port, file] = &args[..] else {
-        bail!("usage: ceiling PORT RESPONSE_FILE");
+    let (port, file, path) = match &args[..] {
+        [_, port, file] => (port, file, "/v1/charges"),
+        [_, port, file, path] if path.starts_with('/') => (port, file, path.as_str()),
+        _ => bail!("usage: ceiling PORT RESPONSE_FILE [PATH]"),
     };
     let port: u16 = port.parse().context("PORT")?;
     let raw = std::fs::read(file).with_context(|| format!("reading {file}"))?;
     let saved = Arc::new(parse(&raw).with_context(|| format!("parsing {file}"))?);
-    let app = Router::new()
-        .route("/v1/charges", post(answer))
-        .with_state(saved);
+    let app = Router::new().route(path, post(answer)).with_state(saved);
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .with_context(|| format!("binding 127.0.0.1:{port}"))?;

@@ -1,16 +1,18 @@
--- The least SQL any design of a new charge needs that claims its key, has
--- the processor record the payment and settles the charge: three
--- statements, each its own implicit transaction (no BEGIN or COMMIT), so
--- three round trips and three commits. The anchor of the new-charge rows.
--- Variables come from scripts/bench (-D).
+-- The least SQL any design of a new charge needs on oncepay's database that
+-- claims its key and settles the charge: two statements, each its own
+-- implicit transaction (no BEGIN or COMMIT), so two round trips and two
+-- commits. The processor's record is another system's (the gateway's, on
+-- its own database): gateway.sql, measured apart and added to this one with
+-- the bare HTTP hop to make the anchor of the new-charge rows (see
+-- docs/performance.md). Variables come from scripts/bench (-D).
 --   (a) claim the key and write the pending charge, one statement;
---   (b) the processor's record, as in new_charge.sql (its own system);
 --   (c) settle the charge, complete its key with the saved answer and write
 --       its event with the webhook deliveries, one statement.
--- The client knows the answer before (c): the charge's fields are its own,
--- so the saved body and the event's data are sent with the statement (here
--- the probe charge's body, as in new_charge.sql). The fast-path read of
--- new_charge.sql is not needed: the claim finds a taken key itself.
+-- (b), between them, is the gateway's record of the payment, reached over
+-- HTTP. The client knows the answer before (c): the charge's fields are its
+-- own, so the saved body and the event's data are sent with the statement
+-- (here the probe charge's body, as in new_charge.sql). The fast-path read
+-- of new_charge.sql is not needed: the claim finds a taken key itself.
 \set r random(1, 999999999999999)
 -- (a) The claim takes a fresh key, or an expired completed one; the charge
 -- is written only when it did (a data-modifying CTE always runs to the end).
@@ -45,12 +47,6 @@ charge AS (
        FROM claimed
      RETURNING created_at)
 SELECT claimed.took_over, charge.created_at FROM claimed, charge;
--- (b) The processor's record, in its own system.
-INSERT INTO processor_operations
-    (processor_key, kind, outcome, amount, currency, source, decline_code)
-VALUES ('auth:' || 'ch_pgm' || :client_id::int || 'x' || :r::bigint, 'authorization', 'succeeded', 2000, 'usd', 'tok_visa', NULL)
-ON CONFLICT (processor_key) DO NOTHING
-RETURNING outcome, decline_code;
 -- (c) Only the statement that moves the charge out of pending completes
 -- the key and writes the event, with a delivery to every endpoint that
 -- wants it (the benchmark's merchant has none).

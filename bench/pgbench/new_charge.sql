@@ -1,8 +1,9 @@
--- A new charge with a fresh Idempotency-Key: the statements oncepay runs for
--- POST /v1/charges (src/idempotency/store.rs::claim_with_charge,
--- src/processor/simulated.rs::authorize, src/charges/store.rs::settle_and_complete),
--- each its own implicit transaction. It is minimum.sql with the one thing
--- the service adds: the claim's statement also reads the key (the
+-- A new charge with a fresh Idempotency-Key: the statements oncepay runs on
+-- its own database for POST /v1/charges (src/idempotency/store.rs::claim_with_charge,
+-- src/charges/store.rs::settle_and_complete), each its own implicit
+-- transaction. Between the two, the gateway records the payment on its own
+-- database (gateway.sql), reached over HTTP. It is minimum.sql with the one
+-- thing the service adds: the claim's statement also reads the key (the
 -- `existing` CTE), which is how a replay that misses the cache is answered
 -- with no second statement. Authentication comes from the in-process cache
 -- (src/cache.rs): no statement. Variables come from scripts/bench (-D).
@@ -52,12 +53,6 @@ SELECT (SELECT took_over FROM claimed) AS took_over,
        (SELECT created_at FROM charge) AS charge_created_at,
        e.*
   FROM (SELECT 1) AS one LEFT JOIN existing e ON true;
--- (b) The processor's record, in its own system.
-INSERT INTO processor_operations
-    (processor_key, kind, outcome, amount, currency, source, decline_code)
-VALUES ('auth:' || 'ch_pgb' || :client_id::int || 'x' || :r::bigint, 'authorization', 'succeeded', 2000, 'usd', 'tok_visa', NULL)
-ON CONFLICT (processor_key) DO NOTHING
-RETURNING outcome, decline_code;
 -- (c) Only the statement that moves the charge out of pending completes
 -- the key and writes the event, with a delivery to every endpoint that
 -- wants it (the benchmark's merchant has none).

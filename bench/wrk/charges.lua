@@ -4,7 +4,10 @@
 --                    key seed-1 .. seed-BENCH_SEED_KEYS), replay_all (each thread
 --                    replays every seeded key in turn, from its own offset: fills
 --                    the replay cache), storm (9 in 10 requests retry one of
---                    BENCH_HOT_KEYS hot keys, 1 in 10 is new)
+--                    BENCH_HOT_KEYS hot keys, 1 in 10 is new), hop (the
+--                    gateway's call: POST /v1/authorizations, a JSON body and
+--                    a new key each, to examples/ceiling.rs serving a saved
+--                    authorization: the bare HTTP hop)
 --   BENCH_API_KEY    the merchant's secret key
 --   BENCH_RUN        a tag unique to this run, so that new keys never repeat
 --   BENCH_OUT        where done() appends its result as one JSON line
@@ -25,6 +28,11 @@ local hot_keys = tonumber(os.getenv("BENCH_HOT_KEYS") or "100")
 local out = os.getenv("BENCH_OUT")
 local clients = tonumber(os.getenv("BENCH_CLIENTS") or "0")
 local body = "amount=2000&currency=usd&source=tok_visa"
+local path = "/v1/charges"
+if mode == "hop" then
+   body = '{"amount":2000,"currency":"usd","source":"tok_visa"}'
+   path = "/v1/authorizations"
+end
 
 -- Runs in the main Lua state, once per thread: give each thread an id.
 local next_id = 1
@@ -37,10 +45,14 @@ end
 function init(args)
    counter = 0
    math.randomseed(tid * 7919 + os.time())
-   headers = {
-      ["Authorization"] = "Bearer " .. api_key,
-      ["Content-Type"] = "application/x-www-form-urlencoded",
-   }
+   if mode == "hop" then
+      headers = { ["Content-Type"] = "application/json" }
+   else
+      headers = {
+         ["Authorization"] = "Bearer " .. api_key,
+         ["Content-Type"] = "application/x-www-form-urlencoded",
+      }
+   end
 end
 
 local function fresh_key()
@@ -50,7 +62,7 @@ end
 
 function request()
    local key
-   if mode == "new" then
+   if mode == "new" or mode == "hop" then
       key = fresh_key()
    elseif mode == "replay" then
       key = "seed-" .. math.random(seed_keys)
@@ -63,7 +75,7 @@ function request()
       key = "hot-" .. run .. "-" .. math.random(hot_keys)
    end
    headers["Idempotency-Key"] = key
-   return wrk.format("POST", "/v1/charges", headers, body)
+   return wrk.format("POST", path, headers, body)
 end
 
 -- No response() callback: with one, wrk hands every response to Lua, which

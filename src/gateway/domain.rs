@@ -102,7 +102,7 @@ impl Ledger {
             None => ("succeeded", None),
             Some((code, _)) => ("declined", Some(code)),
         };
-        let fresh = store::insert_authorization(
+        let inserted = store::insert_authorization(
             &self.pool,
             &NewAuthorization {
                 key: &request.key,
@@ -114,7 +114,12 @@ impl Ledger {
             },
         )
         .await?;
-        let operation = self.recorded(&request.key).await?;
+        // A new key costs one statement; a repeat reads what stands.
+        let fresh = inserted.is_some();
+        let operation = match inserted {
+            Some(operation) => operation,
+            None => self.recorded(&request.key).await?,
+        };
         let same = operation.kind == "void"
             || (operation.kind == "authorization"
                 && operation.amount == Some(request.amount)

@@ -52,6 +52,12 @@ impl Gateway {
             PgConnectOptions::from_str(&config.database_url)?.application_name("oncepay-processor");
         let pool = PgPoolOptions::new()
             .max_connections(config.database_max_connections)
+            // No ping before every checkout, as in oncepay's pool: one round
+            // trip per call saved (measured by scripts/bench). A connection
+            // the database dropped fails its statement instead and is
+            // discarded; the call answers 500 (outcome unknown) and the
+            // caller repeats it under the same key.
+            .test_before_acquire(false)
             .connect_with(options)
             .await
             .with_context(|| {

@@ -37,15 +37,20 @@ pub struct NewAuthorization<'a> {
     pub decline_code: Option<&'a str>,
 }
 
-/// Records an authorization unless the key holds something; whether it did.
+/// Records an authorization unless the key holds something: the row
+/// written, or `None` when the key held one already (read it with [`find`]).
+/// One statement: a fresh authorization has no refunds yet.
 pub async fn insert_authorization(
     db: impl PgExecutor<'_>,
     new: &NewAuthorization<'_>,
-) -> sqlx::Result<bool> {
-    let done = sqlx::query!(
-        "INSERT INTO operations (key, kind, outcome, amount, currency, source, decline_code)
-         VALUES ($1, 'authorization', $2, $3, $4, $5, $6)
-         ON CONFLICT (key) DO NOTHING",
+) -> sqlx::Result<Option<Operation>> {
+    sqlx::query_as!(
+        Operation,
+        r#"INSERT INTO operations (key, kind, outcome, amount, currency, source, decline_code)
+           VALUES ($1, 'authorization', $2, $3, $4, $5, $6)
+           ON CONFLICT (key) DO NOTHING
+           RETURNING key, kind, outcome, amount, currency, source, decline_code, payment_key,
+                     created, 0::bigint AS "refunds!", 0::bigint AS "amount_refunded!""#,
         new.key,
         new.outcome,
         new.amount,
@@ -53,9 +58,8 @@ pub async fn insert_authorization(
         new.source,
         new.decline_code,
     )
-    .execute(db)
-    .await?;
-    Ok(done.rows_affected() == 1)
+    .fetch_optional(db)
+    .await
 }
 
 /// Records a void unless the key holds something; whether it did.
