@@ -58,7 +58,7 @@ impl Request {
     /// the key expired or deleted meanwhile, it would do it a second time.
     /// So whatever claims or writes checks this first, on a connection
     /// already in hand, with nothing left to wait for before it is sent.
-    fn still_answered(&self, state: &AppState) -> Result<(), Error> {
+    fn still_awaited(&self, state: &AppState) -> Result<(), Error> {
         if self.client_gone.is_cancelled() || Instant::now() >= self.deadline(state) {
             tracing::info!(
                 waited_ms = self.arrived.elapsed().as_millis() as u64,
@@ -73,13 +73,12 @@ impl Request {
     /// A pooled connection for a claim, waited for only until the request's
     /// deadline (a cancelled wait for a connection is safe: sqlx closes a
     /// connection it had half handed over); an error once the request was
-    /// answered (see [`Request::still_answered`]).
+    /// answered (see [`Request::still_awaited`]).
     pub async fn connection(&self, state: &AppState) -> Result<PoolConnection<Postgres>, Error> {
-        let db = tokio::time::timeout_at(self.deadline(state), state.pool.acquire())
-            .await
-            .map_err(|_| self.still_answered(state).err().unwrap_or_else(too_late))??;
-        self.still_answered(state)?;
-        Ok(db)
+        let acquired = tokio::time::timeout_at(self.deadline(state), state.pool.acquire()).await;
+        // A wait cut at the deadline fails the check below, which says so.
+        self.still_awaited(state)?;
+        Ok(acquired.map_err(|_| too_late())??)
     }
 
     /// A transaction for a claim; an error once the request was answered,
@@ -91,7 +90,7 @@ impl Request {
     /// request rolls its empty transaction back.
     async fn transaction(&self, state: &AppState) -> Result<Transaction<'static, Postgres>, Error> {
         let tx = state.pool.begin().await?;
-        self.still_answered(state)?;
+        self.still_awaited(state)?;
         Ok(tx)
     }
 }
@@ -265,7 +264,7 @@ pub async fn after_read(
                 Step::Lease
             }
             Step::Lease => {
-                request.still_answered(state)?;
+                request.still_awaited(state)?;
                 let stale = keys::lease_one(
                     &state.pool,
                     request.merchant_id,
