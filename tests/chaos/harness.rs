@@ -324,18 +324,13 @@ impl ProcessorProcess {
     /// Whether the process is still running (a `crash-after-record` fault
     /// aborts it).
     pub fn alive(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().unwrap().is_none())
+        running(&mut self.child)
     }
 
     /// Kills the process (`SIGKILL`) and waits for it: connections to its
     /// port are refused until [`ProcessorProcess::restart`].
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill(&mut self.child);
     }
 
     /// Starts the process again on the same port, with the same settings.
@@ -524,18 +519,13 @@ impl Server {
 
     /// Whether the process is still running.
     pub fn alive(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().unwrap().is_none())
+        running(&mut self.child)
     }
 
     /// Kills the process (`SIGKILL`) and waits for it: nothing listens on
     /// its port until [`Server::restart`].
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill(&mut self.child);
     }
 
     /// Starts the process again on the same port, with the same settings.
@@ -555,11 +545,23 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill(&mut self.child);
     }
+}
+
+/// Kills a child process (`SIGKILL`), if there is one, and waits for it.
+fn kill(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Whether a child process is there and still running.
+fn running(child: &mut Option<Child>) -> bool {
+    child
+        .as_mut()
+        .is_some_and(|c| c.try_wait().unwrap().is_none())
 }
 
 /// Slack on every deadline derived from the settings: what a loaded machine
