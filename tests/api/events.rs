@@ -12,33 +12,12 @@ use crate::sweeper::stale_claim;
 
 /// Every event of the app's merchant, newest first, as the API lists them.
 async fn all_events(app: &TestApp) -> Vec<Value> {
-    until_listed(app).await;
+    app.until_listed().await;
     let list = Answer::of(app.get("/v1/events?limit=100").await).await;
     assert_eq!(list.status, 200, "{:?}", list.body);
     let list = list.json();
     assert_eq!(list["has_more"], false, "fewer than 100 events in a test");
     list["data"].as_array().unwrap().clone()
-}
-
-/// Waits until the list shows every event of the app's merchant: it holds
-/// an event back while a transaction that began writing before it is still
-/// at work, in any database of the server, and other tests share it.
-async fn until_listed(app: &TestApp) {
-    let stored = app
-        .count(&format!(
-            "SELECT count(*) FROM events WHERE merchant_id = '{}'",
-            app.merchant_id
-        ))
-        .await;
-    until(
-        Duration::from_secs(20),
-        "the list shows every event",
-        || async {
-            let list = Answer::of(app.get("/v1/events?limit=100").await).await;
-            list.json()["data"].as_array().map_or(0, Vec::len) as i64 == stored
-        },
-    )
-    .await;
 }
 
 /// The events about `object_id`, oldest first.
@@ -570,7 +549,7 @@ async fn the_list_filters_by_type() {
     )
     .await;
     assert_eq!(refund.status, 201);
-    until_listed(&app).await;
+    app.until_listed().await;
 
     let types = |query: &'static str| {
         let app = &app;

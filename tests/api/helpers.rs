@@ -511,6 +511,28 @@ impl TestApp {
         .await;
     }
 
+    /// Waits until the events list shows every event of the app's
+    /// merchant: it holds an event back while a transaction that began
+    /// writing before it is still at work, in any database of the server,
+    /// and other tests share the server.
+    pub async fn until_listed(&self) {
+        let stored = self
+            .count(&format!(
+                "SELECT count(*) FROM events WHERE merchant_id = '{}'",
+                self.merchant_id
+            ))
+            .await;
+        until(
+            Duration::from_secs(20),
+            "the list shows every event",
+            || async {
+                let list = Answer::of(self.get("/v1/events?limit=100").await).await;
+                list.json()["data"].as_array().map_or(0, Vec::len) as i64 == stored
+            },
+        )
+        .await;
+    }
+
     pub async fn count(&self, sql: &str) -> i64 {
         sqlx::query_scalar(sql)
             .fetch_one(&self.pool)

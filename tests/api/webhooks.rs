@@ -1208,6 +1208,7 @@ async fn every_copy_of_an_event_sent_is_byte_for_byte_what_get_shows() {
         );
     }
     assert_eq!(shown.json()["pending_webhooks"], 2);
+    app.until_listed().await;
     let listed = Answer::of(app.get("/v1/events?limit=1").await).await.json();
     assert_eq!(
         listed["data"][0],
