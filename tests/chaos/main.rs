@@ -20,6 +20,7 @@
 mod connections;
 #[path = "../common/database.rs"]
 mod database;
+mod failover;
 mod gateway;
 mod harness;
 mod late_claims;
