@@ -228,7 +228,7 @@ async fn connect_and_check(
 /// Whether the server behind `conn` serves `target`: for read-write, what
 /// libpq asks, `SHOW transaction_read_only` (`on` on a standby, and on a
 /// primary made read-only); for any, that it answers.
-pub(super) async fn serves(conn: &mut PgConnection, target: Target) -> Result<bool, sqlx::Error> {
+pub async fn serves(conn: &mut PgConnection, target: Target) -> Result<bool, sqlx::Error> {
     match target {
         Target::Any => conn.ping().await.map(|()| true),
         // A setting, not a table: nothing for the query macros to check.
