@@ -4,7 +4,8 @@
 //! same running process serves again after the standby is promoted; while
 //! no primary answers, requests get `503` with `Retry-After` within
 //! `REQUEST_TIMEOUT` and `/readyz` is `503`; a URL that names only a
-//! read-only server never writes.
+//! read-only server never writes; and the card gateway, given a multi-host
+//! ledger URL, follows its own primary the same way.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -485,5 +486,91 @@ async fn a_url_naming_only_a_read_only_server_never_writes_and_answers_503() {
         assert_eq!(count(url, "SELECT count(*) FROM idempotency_keys").await, 0);
         assert_eq!(count(url, "SELECT count(*) FROM charges").await, 0);
     }
+    drop(processor);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_card_gateway_follows_its_ledgers_primary_through_a_failover_too() {
+    let pair = ReplicatedPair::start();
+    pair.wait_streaming().await;
+    let name = create_database(&pair).await;
+    let url = pair.multi_host_url(&name);
+    // Its ledger, `<name>_processor`, is created on the primary (the
+    // second host listed) and followed like oncepay's own database.
+    let processor = ProcessorProcess::start(&url, &[] as &[(&str, &str)]).await;
+    let server = Server::start(
+        &url,
+        &[
+            ("PROCESSOR_URL", processor.url()),
+            ("PROCESSING_TIMEOUT", "4s".to_owned()),
+            ("SWEEP_INTERVAL", "500ms".to_owned()),
+            ("DATABASE_ACQUIRE_TIMEOUT", "1s".to_owned()),
+            ("DATABASE_PRIMARY_CHECK_INTERVAL", "200ms".to_owned()),
+        ],
+    )
+    .await;
+    let http = client(Duration::from_secs(15));
+    let (status, _, body) = send(
+        &http,
+        &server.url(),
+        "before",
+        &charge_body("before", 900, "tok_visa"),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 201, "{body}");
+    let ledger_on_primary = ReplicatedPair::url(pair.primary, &format!("{name}_processor"));
+    assert_eq!(
+        count(
+            &ledger_on_primary,
+            "SELECT count(*) FROM operations WHERE kind = 'authorization'"
+        )
+        .await,
+        1
+    );
+    pair.wait_replayed().await;
+
+    tokio::task::block_in_place(|| {
+        pair.crash_primary();
+        pair.promote_standby();
+    });
+    // A charge succeeds again: both oncepay and its gateway found the new
+    // primary, with neither process restarted.
+    eventually(
+        Instant::now() + Duration::from_secs(20),
+        "a charge succeeds after the failover",
+        || async {
+            let (status, _, body) = send(
+                &http,
+                &server.url(),
+                "after",
+                &charge_body("after", 400, "tok_visa"),
+                &[],
+            )
+            .await
+            .ok()?;
+            assert!(status != 500, "{body}");
+            (status == 201).then_some(())
+        },
+    )
+    .await;
+    let ledger_on_standby = ReplicatedPair::url(pair.standby, &format!("{name}_processor"));
+    let authorized: Vec<i64> = {
+        let mut conn = PgConnection::connect(&ledger_on_standby).await.unwrap();
+        sqlx::query_scalar(
+            "SELECT amount FROM operations WHERE kind = 'authorization' ORDER BY amount",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+    };
+    assert_eq!(authorized, [400, 900], "one authorization each");
+    assert!(
+        processor.log_text().contains("re-targeted"),
+        "{}",
+        processor.log_text()
+    );
+    drop(server);
     drop(processor);
 }
