@@ -281,7 +281,10 @@ class Lab:
         primary = Postgres(self, os.path.join(folder, "primary"), free_port())
         standby = Postgres(self, os.path.join(folder, "standby"), free_port())
         self.pg("initdb", "-N", "-D", primary.data, "--auth=trust", "-U", "postgres", "--encoding=UTF8", "--locale=C")
-        common = {"listen_addresses": "'127.0.0.1'", "unix_socket_directories": "''"}
+        # fsync off: the block kills processes, never the machine, so what the
+        # kernel holds survives; and a standby's first start, or a promotion,
+        # then skips syncing its whole data folder (seconds on a busy disk).
+        common = {"listen_addresses": "'127.0.0.1'", "unix_socket_directories": "''", "fsync": "off"}
         primary.configure(port=primary.port, **common)
         if synchronous:
             primary.configure(synchronous_standby_names=f"'{STANDBY_NAME}'", synchronous_commit="on")
@@ -327,6 +330,15 @@ class Lab:
         )
         processor_url = f"http://127.0.0.1:{processor_port}"
         self.healthy("oncepay processor", processor, processor_url)
+
+        def paid():
+            """The payments in the ledger (money moved), and what they took."""
+            row = psql(
+                ledger,
+                "select count(*) || ' ' || coalesce(sum(amount), 0) from operations "
+                "where kind = 'authorization' and outcome = 'succeeded'",
+            )
+            return tuple(int(n) for n in row.split())
 
         # oncepay, on the primary.
         port = free_port()
@@ -383,6 +395,9 @@ class Lab:
                 f"no answer yet: its commit waits for the standby (pg_stat_activity: {waiting} "
                 f"backend{'' if waiting == '1' else 's'} in wait_event SyncRep)",
             )
+            # The first commit that waits is the claim's, made before the
+            # processor is called: no money has moved yet.
+            b.row("payments in the processor's ledger by then", b.count("sync_payments_while_waiting", paid()[0], 0))
             self.receiver(standby, on=True)
             b.row("the standby's WAL receiver", "started again (primary_conninfo put back)")
             request.join(WAIT)
@@ -419,10 +434,8 @@ class Lab:
         b.row("the client's retry (same key)", b.say(retry))
         charges = int(standby.sql(f"select count(*) from charges where metadata->>'demo_run' = '{run}'", "oncepay"))
         b.row("charges in oncepay's database", b.count(f"{name}_charges", charges, 1))
-        payments, charged = psql(
-            ledger, "select count(*) || ' ' || coalesce(sum(amount), 0) from operations where kind = 'authorization' and outcome = 'succeeded'"
-        ).split()
-        payments = b.count(f"{name}_payments", int(payments), 1 if synchronous else 2)
+        payments, charged = paid()
+        payments = b.count(f"{name}_payments", payments, 1 if synchronous else 2)
         b.row("payments in the processor's ledger", f"{payments} ({charged} charged)")
 
         # Reconciliation, once both payments are older than its in-flight age.
