@@ -381,7 +381,14 @@ class Lab:
         # The charge.
         if synchronous:
             answers = []
-            request = threading.Thread(target=lambda: answers.append(server.charge(run, key)))
+
+            def charge():
+                try:
+                    answers.append(server.charge(run, key))
+                except Exception as e:  # told below, as the charge's answer
+                    answers.append(e)
+
+            request = threading.Thread(target=charge, daemon=True)
             request.start()
             def waiting():
                 n = primary.sql("select count(*) from pg_stat_activity where wait_event = 'SyncRep'")
@@ -404,6 +411,8 @@ class Lab:
             if request.is_alive() or not answers:
                 raise Failed(f"the charge got no answer within {WAIT} s of the standby's return")
             first = answers[0]
+            if isinstance(first, Exception):
+                raise Failed(f"the charge failed: {first}")
             b.row("the charge's answer", b.say(first))
         else:
             first = server.charge(run, key)
