@@ -1,20 +1,26 @@
 #!/usr/bin/env python3
-"""The workshop demo: ten scenarios against a running oncepay server.
+"""The workshop demo: eleven scenarios, ten against a running oncepay server.
 
 Run by scripts/demo (which starts two servers first, or uses ONCEPAY_URL); it
 can also be run on its own:
 
     ONCEPAY_API_KEY=sk_test_... python3 scripts/lib/demo.py --url http://127.0.0.1:8080 \
-        [--pitfalls-url http://127.0.0.1:8081] [--json]
+        [--pitfalls-url http://127.0.0.1:8081] [--json] \
+        [--failover-bin target/debug/oncepay --pg-bin /usr/lib/postgresql/15/bin \
+         --failover-dir target/demo/failover --failover-database-url postgres://...]
 
 Scenarios 8 and 9 run against the second server (--pitfalls-url): a short key
 TTL, Redis, and something that restarts it when scenario 8 crashes it.
+Scenario 11 makes its own Postgres servers and oncepay processes
+(scripts/lib/failover.py), from the --failover-* options.
 
 Every effect count printed is read from the server's GET /demo/effects (the
 processor's payments and refunds in the database) after the scenario, never
 counted here; scenario 6's shipments and deliveries from GET /demo/receivers
 (the workshop's webhook receivers' tables); scenario 10's payments from GET
-/demo/processor/payments (the card gateway's own ledger, over its API). Each scenario tags its charges with a fresh run tag
+/demo/processor/payments (the card gateway's own ledger, over its API);
+scenario 11's from oncepay's and the gateway's databases and from `oncepay
+reconcile`. Each scenario tags its charges with a fresh run tag
 (metadata demo_run) and uses fresh idempotency keys, so every run gives the
 same numbers.
 
@@ -28,6 +34,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import threading
@@ -36,6 +43,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+
+import failover
 
 TIMEOUT = 30  # seconds, per request
 DELIVERY_WAIT = 60  # seconds, for scenario 6's webhook deliveries to end
@@ -517,6 +526,20 @@ class Demo:
         b.row("the rule", "the key the provider gets is derived from the operation, never from the attempt")
         return b
 
+    def an_acknowledged_charge_lost_in_a_failover(self, lab):
+        b = Block(11, "An acknowledged charge lost in a failover")
+        if lab is None:
+            b.skipped = (
+                "it starts and kills Postgres servers of its own: it runs from scripts/demo "
+                "(which builds oncepay) without ONCEPAY_URL, or with the --failover-* options"
+            )
+            return b
+        try:
+            lab.run(b, self.prefix)
+        except (failover.Failed, Unusable) as e:
+            b.skipped = str(e)
+        return b
+
     def at(self, started):
         return f"{time.monotonic() - started:4.1f} s"
 
@@ -830,9 +853,25 @@ def main():
         help="the server of scenarios 8 and 9: IDEMPOTENCY_KEY_TTL=2s, PROCESSING_TIMEOUT=1s, Redis, "
         "restarted when it crashes (scripts/demo starts one)",
     )
+    parser.add_argument("--failover-bin", metavar="PATH", help="scenario 11: the oncepay binary to start")
+    parser.add_argument("--pg-bin", metavar="DIR", help="scenario 11: the folder of initdb, pg_ctl, pg_basebackup")
+    parser.add_argument(
+        "--failover-dir", metavar="DIR", help="scenario 11: a git-ignored folder for its servers' data and logs"
+    )
+    parser.add_argument(
+        "--failover-database-url",
+        metavar="URL",
+        help="scenario 11: a Postgres server (not one it fails over) for the card gateway's ledger",
+    )
     args = parser.parse_args()
     if not args.key:
         parser.error("no API key: pass --key or set ONCEPAY_API_KEY")
+    given = [args.failover_bin, args.pg_bin, args.failover_dir, args.failover_database_url]
+    if any(given) and not all(given):
+        parser.error("scenario 11 needs all of --failover-bin, --pg-bin, --failover-dir and --failover-database-url")
+    # A SIGTERM ends the run the way Ctrl-C does, so that scenario 11 stops
+    # the servers it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     me = "demo"
 
@@ -855,7 +894,13 @@ def main():
                 log(f"the server at {pitfalls.url}: {missing}")
         demo = Demo(server, pitfalls)
         where = server.url + (f" and {pitfalls.url}" if pitfalls else "")
-        log(f"running the ten scenarios against {where} (run tags {demo.prefix}-*)")
+        lab = None
+        if args.failover_bin:
+            lab = failover.Lab(
+                args.failover_bin, args.pg_bin, args.failover_dir, args.failover_database_url, args.key, Server
+            )
+            where += " (scenario 11 on Postgres servers and oncepay processes of its own)"
+        log(f"running the eleven scenarios against {where} (run tags {demo.prefix}-*)")
         blocks = [
             demo.retry_without_a_key(),
             demo.retries_with_a_key(),
@@ -867,6 +912,7 @@ def main():
             demo.key_outside_the_transaction(settings),
             demo.a_ttl_shorter_than_the_retry_horizon(settings),
             demo.the_same_key_to_the_provider(fault_injection, naive_endpoint),
+            demo.an_acknowledged_charge_lost_in_a_failover(lab),
         ]
     except Unusable as e:
         log(f"error: {e}")
