@@ -45,6 +45,10 @@ pub struct Services {
     pub caches: Arc<crate::cache::Caches>,
     /// Requests waiting on keys in flight, see [`crate::idempotency::wait`].
     pub waits: Waits,
+    /// The watch on the primary when `DATABASE_URL` names several hosts
+    /// (see [`crate::postgres::follow`]); `/readyz` consults it, and a
+    /// request that finds the database unavailable wakes it.
+    pub primary: Option<crate::postgres::Primary>,
     /// The workshop's Redis (`REDIS_URL`), for `POST /demo/redis/charges`
     /// only; nothing on the real path uses it.
     pub redis: Option<redis::Client>,

@@ -148,13 +148,14 @@ impl Cli {
             return Ok(ExitCode::SUCCESS);
         }
         let config = Config::from_settings(self.settings)?;
-        let pool = db::pool(&config)?;
-        db::wait_until_reachable(&pool, &config).await?;
+        let database = db::connect(&config)?;
+        db::wait_until_reachable(&database, &config).await?;
+        let pool = database.pool.clone();
         match self.command.unwrap_or(Command::Serve) {
             Command::Processor => unreachable!("parsed and run by the gateway's own parser"),
             Command::Serve => {
                 let (config, embedded) = with_processor(config).await?;
-                let app = Application::build(config, pool).await?;
+                let app = Application::build(config, database).await?;
                 app.prepare_database().await?;
                 let served = app.run_until_stopped(shutdown_signal()).await;
                 if let Some(embedded) = embedded {
@@ -261,14 +262,33 @@ impl EmbeddedProcessor {
 /// a gateway started here on `127.0.0.1` and a free port, every call still
 /// crossing HTTP, with its ledger in `PROCESSOR_DATABASE_URL` or, unset, in
 /// the database `<oncepay's database>_processor` on the same server
-/// (created if missing).
+/// (created if missing). With several hosts in `DATABASE_URL` and neither
+/// `PROCESSOR_URL` nor `PROCESSOR_DATABASE_URL`, it refuses: the card
+/// gateway's ledger would fail over with oncepay's own database, and the
+/// two are meant to be two systems that fail apart.
 pub async fn with_processor(
     mut config: Config,
 ) -> anyhow::Result<(Config, Option<EmbeddedProcessor>)> {
     if config.processor_url.is_some() {
         return Ok((config, None));
     }
-    let derived = processor_database_url(&config.database_url)?;
+    let processor_database = std::env::var("PROCESSOR_DATABASE_URL")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    let multi_host =
+        crate::postgres::PgUrl::parse(&config.database_url).is_ok_and(|url| url.is_multi_host());
+    if multi_host && processor_database.is_none() {
+        anyhow::bail!(
+            "DATABASE_URL names several hosts, and neither PROCESSOR_URL nor \
+             PROCESSOR_DATABASE_URL is set: the embedded card gateway would keep its ledger \
+             beside oncepay's database and fail over with it. Set PROCESSOR_URL to a gateway \
+             of its own (oncepay processor), or PROCESSOR_DATABASE_URL to its ledger's database"
+        );
+    }
+    let ledger_url = match processor_database {
+        Some(url) => url,
+        None => processor_database_url(&config.database_url)?,
+    };
     let latency = config.processor_latency.as_millis().to_string();
     let gateway_config = gateway::Config::from_lookup(|name| match name {
         "PROCESSOR_BIND_ADDR" => Some("127.0.0.1".to_owned()),
@@ -280,12 +300,7 @@ pub async fn with_processor(
             .ok()
             .filter(|v| !v.trim().is_empty())
             .or_else(|| config.fault_injection.then(|| "true".to_owned())),
-        "PROCESSOR_DATABASE_URL" => Some(
-            std::env::var(name)
-                .ok()
-                .filter(|v| !v.trim().is_empty())
-                .unwrap_or_else(|| derived.clone()),
-        ),
+        "PROCESSOR_DATABASE_URL" => Some(ledger_url.clone()),
         other => std::env::var(other).ok(),
     })?;
     let gateway = Gateway::build(gateway_config)

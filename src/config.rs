@@ -63,6 +63,9 @@ pub struct Settings {
     /// How long a request waits for a database connection before a 503.
     #[arg(long, help_heading = "Database", env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
     database_acquire_timeout: Duration,
+    /// With several hosts in DATABASE_URL, how often the host in use is asked whether it is still the primary.
+    #[arg(long, help_heading = "Database", env = "DATABASE_PRIMARY_CHECK_INTERVAL", default_value = "1s", value_parser = check_interval, global = true)]
+    database_primary_check_interval: Duration,
     /// How long a key's saved answer is remembered; at least twice PROCESSING_TIMEOUT.
     #[arg(long, help_heading = "Idempotency", env = "IDEMPOTENCY_KEY_TTL", default_value = "24h", value_parser = positive_duration, global = true)]
     idempotency_key_ttl: Duration,
@@ -155,6 +158,9 @@ pub struct Config {
     /// How long a request waits for a database connection before it gets a
     /// `503` (also while the database is away).
     pub database_acquire_timeout: Duration,
+    /// With several hosts in `DATABASE_URL`, how often the host in use is
+    /// asked whether it still serves (see [`crate::postgres::follow`]).
+    pub database_primary_check_interval: Duration,
     pub bind_addr: IpAddr,
     pub port: u16,
     /// The demo merchant's secret key, created at start when set.
@@ -300,6 +306,7 @@ impl Config {
             database_url,
             database_max_connections,
             database_acquire_timeout,
+            database_primary_check_interval,
             bind_addr,
             port,
             demo_api_key,
@@ -345,6 +352,7 @@ impl Config {
             database_url,
             database_max_connections,
             database_acquire_timeout,
+            database_primary_check_interval,
             bind_addr,
             port,
             demo_api_key,
@@ -487,6 +495,10 @@ impl std::fmt::Debug for Config {
             .field("database_url", &self.redacted_database_url())
             .field("database_max_connections", &self.database_max_connections)
             .field("database_acquire_timeout", &self.database_acquire_timeout)
+            .field(
+                "database_primary_check_interval",
+                &self.database_primary_check_interval,
+            )
             .field("bind_addr", &self.bind_addr)
             .field("port", &self.port)
             .field(
@@ -538,36 +550,10 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// Replaces the password of a `scheme://user:password@host/...?password=...` URL.
+/// Replaces the password of a `scheme://user:password@host/...?password=...`
+/// URL (several hosts included, see [`crate::postgres::redact`]).
 pub fn redact_url(url: &str) -> String {
-    let (url, query) = url
-        .split_once('?')
-        .map_or((url, None), |(u, q)| (u, Some(q)));
-    let redacted = match url.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((userinfo, host)) => match userinfo.split_once(':') {
-                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-                None => url.to_owned(),
-            },
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    };
-    match query {
-        None => redacted,
-        Some(query) => {
-            let params: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name, _)) if name.eq_ignore_ascii_case("password") => {
-                        format!("{name}=***")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{redacted}?{}", params.join("&"))
-        }
-    }
+    crate::postgres::redact(url)
 }
 
 impl ConfigError {
@@ -642,20 +628,24 @@ fn port(value: &str) -> Result<u16, String> {
     value.trim().parse().map_err(|e| format!("{e}"))
 }
 
-/// A URL sqlx can connect to Postgres with: `postgres://` or `postgresql://`.
+/// A Postgres URL: `postgres://` or `postgresql://`, one host or several
+/// (see [`crate::postgres::PgUrl`]).
 fn postgres_url(value: &str) -> Result<String, String> {
-    use std::str::FromStr;
     let value = value.trim();
-    let example = "write it like postgres://user:password@host:5432/database";
-    let scheme = value.split_once("://").map(|(scheme, _)| scheme);
-    if !scheme
-        .is_some_and(|s| s.eq_ignore_ascii_case("postgres") || s.eq_ignore_ascii_case("postgresql"))
-    {
-        return Err(format!("must be a postgres:// URL ({example})"));
-    }
-    sqlx::postgres::PgConnectOptions::from_str(value)
+    crate::postgres::PgUrl::parse(value)
         .map(|_| value.to_owned())
-        .map_err(|e| format!("{e} ({example})"))
+        .map_err(|e| e.to_string())
+}
+
+/// The primary check's interval: 100ms to 1m. More often costs a query
+/// each time; less often leaves requests on a lost primary for longer
+/// (until one of them wakes the check).
+fn check_interval(value: &str) -> Result<Duration, String> {
+    let duration = positive_duration(value)?;
+    if duration < Duration::from_millis(100) || duration > Duration::from_secs(60) {
+        return Err("must be from 100ms to 1m".into());
+    }
+    Ok(duration)
 }
 
 fn demo_api_key(value: &str) -> Result<String, String> {
@@ -766,6 +756,7 @@ mod tests {
         let c = config(&[]).unwrap();
         assert_eq!(c.database_max_connections, 10);
         assert_eq!(c.database_acquire_timeout, Duration::from_secs(5));
+        assert_eq!(c.database_primary_check_interval, Duration::from_secs(1));
         assert_eq!(c.bind_addr.to_string(), "127.0.0.1");
         assert_eq!(c.port, 8080);
         assert_eq!(c.demo_api_key, None);
@@ -1011,6 +1002,44 @@ mod tests {
             "postgresql://app:pw@db:5433/x?sslmode=disable",
         ] {
             assert_eq!(config(&[("DATABASE_URL", url)]).unwrap().database_url, url);
+        }
+    }
+
+    #[test]
+    fn a_database_url_with_several_hosts_is_taken_and_a_bad_target_refused_by_name() {
+        let url = "postgres://app:hunter2@127.0.0.1:6001,127.0.0.1:6002/oncepay?target_session_attrs=read-write&sslmode=prefer";
+        let c = config(&[("DATABASE_URL", url)]).unwrap();
+        assert_eq!(c.database_url, url);
+        assert_eq!(
+            c.redacted_database_url(),
+            "postgres://app:***@127.0.0.1:6001,127.0.0.1:6002/oncepay?target_session_attrs=read-write&sslmode=prefer"
+        );
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let err = config(&[(
+            "DATABASE_URL",
+            "postgres://app:hunter2@a,b/x?target_session_attrs=standby",
+        )])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("DATABASE_URL") && err.contains("target_session_attrs=standby"),
+            "{err}"
+        );
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn the_primary_check_interval_is_bounded() {
+        let c = config(&[("DATABASE_PRIMARY_CHECK_INTERVAL", "250ms")]).unwrap();
+        assert_eq!(
+            c.database_primary_check_interval,
+            Duration::from_millis(250)
+        );
+        for bad in ["0s", "10ms", "2m", "1"] {
+            let err = config(&[("DATABASE_PRIMARY_CHECK_INTERVAL", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("DATABASE_PRIMARY_CHECK_INTERVAL"), "{err}");
         }
     }
 

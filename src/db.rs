@@ -1,30 +1,59 @@
-//! The connection pool and the migrations.
-
-use std::str::FromStr;
+//! oncepay's database: the connection pool (following the primary when
+//! `DATABASE_URL` names several hosts, see [`crate::postgres`]) and the
+//! migrations.
 
 use anyhow::Context;
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::config::Config;
+use crate::postgres::{self, PgUrl, Primary};
 
 /// The migrations under `migrations/`, built into the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// The pool, and the watch on the primary when `DATABASE_URL` names
+/// several hosts.
+#[derive(Clone)]
+pub struct Database {
+    pub pool: PgPool,
+    /// `None` for a URL with one host: nothing to follow.
+    pub primary: Option<Primary>,
+}
+
+impl From<PgPool> for Database {
+    fn from(pool: PgPool) -> Self {
+        Database {
+            pool,
+            primary: None,
+        }
+    }
+}
+
 /// Connects lazily: the server starts even if the database is briefly away,
-/// and each request waits at most `DATABASE_ACQUIRE_TIMEOUT` for a connection.
+/// and each request waits at most `DATABASE_ACQUIRE_TIMEOUT` for a
+/// connection. With several hosts in `DATABASE_URL`, a task of its own
+/// follows the primary (so call this inside a Tokio runtime).
+pub fn connect(config: &Config) -> anyhow::Result<Database> {
+    let url = PgUrl::parse(&config.database_url)
+        .with_context(|| format!("invalid DATABASE_URL {}", config.redacted_database_url()))?;
+    let (pool, primary) = postgres::pool(&url, &settings(config));
+    Ok(Database { pool, primary })
+}
+
+/// [`connect`]'s pool alone (it follows the primary all the same; the
+/// [`Database`] also gives the watch `/readyz` consults).
 pub fn pool(config: &Config) -> anyhow::Result<PgPool> {
-    let options = PgConnectOptions::from_str(&config.database_url)
-        .with_context(|| format!("invalid DATABASE_URL {}", config.redacted_database_url()))?
-        .application_name("oncepay");
-    Ok(PgPoolOptions::new()
-        .max_connections(config.database_max_connections)
-        .acquire_timeout(config.database_acquire_timeout)
-        // No ping before every checkout (one round trip each time, measured
-        // by scripts/bench): a connection the database dropped fails its
-        // next query instead, is discarded, and the request answers 503.
-        .test_before_acquire(false)
-        .connect_lazy_with(options))
+    Ok(connect(config)?.pool)
+}
+
+/// How oncepay's pool is made, from `DATABASE_*`.
+pub fn settings(config: &Config) -> postgres::Settings {
+    postgres::Settings {
+        name: "oncepay",
+        max_connections: config.database_max_connections,
+        acquire_timeout: config.database_acquire_timeout,
+        check_interval: config.database_primary_check_interval,
+    }
 }
 
 /// Applies pending migrations; safe from several processes at once (sqlx
@@ -34,17 +63,31 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
 }
 
 /// Waits, at most `DATABASE_ACQUIRE_TIMEOUT`, until the database takes a
-/// connection, saying so in the log: a process that cannot reach its
-/// database stops with a message naming `DATABASE_URL` (its password
-/// redacted) rather than waiting in silence.
-pub async fn wait_until_reachable(pool: &PgPool, config: &Config) -> anyhow::Result<()> {
+/// connection (with several hosts, until one of them is found writable),
+/// saying so in the log: a process that cannot reach its database stops
+/// with a message naming `DATABASE_URL` (its password redacted) rather than
+/// waiting in silence.
+pub async fn wait_until_reachable(database: &Database, config: &Config) -> anyhow::Result<()> {
     let url = config.redacted_database_url();
     tracing::info!(database = %url, "waiting for the database");
-    match pool.acquire().await {
+    let timeout = humantime::format_duration(config.database_acquire_timeout);
+    if let Some(primary) = &database.primary {
+        if !primary.wait_known(config.database_acquire_timeout).await {
+            anyhow::bail!(
+                "no host of DATABASE_URL={url} accepted a connection that serves its \
+                 target_session_attrs (writable, for read-write) within \
+                 DATABASE_ACQUIRE_TIMEOUT ({timeout})"
+            );
+        }
+        tracing::info!(
+            host = primary.current_host().unwrap_or_default(),
+            "database host chosen"
+        );
+    }
+    match database.pool.acquire().await {
         Ok(_) => Ok(()),
         Err(e) => Err(anyhow::Error::new(e).context(format!(
-            "cannot reach the database at DATABASE_URL={url} within DATABASE_ACQUIRE_TIMEOUT ({})",
-            humantime::format_duration(config.database_acquire_timeout)
+            "cannot reach the database at DATABASE_URL={url} within DATABASE_ACQUIRE_TIMEOUT ({timeout})"
         ))),
     }
 }

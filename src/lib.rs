@@ -16,6 +16,7 @@ pub mod idempotency;
 pub mod merchants;
 pub mod operation;
 pub mod params;
+pub mod postgres;
 pub mod problem;
 pub mod processor;
 pub mod reconcile;

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::app::AppState;
 use crate::config::Config;
+use crate::db::Database;
 use crate::http;
 use crate::idempotency::wait::Waits;
 use crate::merchants::{self, ApiKey};
@@ -33,18 +34,20 @@ impl Application {
     /// state. Migrations and the demo merchant are the caller's choice (see
     /// [`Application::prepare_database`]).
     /// The processor is the card gateway at `PROCESSOR_URL`, over HTTP.
-    pub async fn build(config: Config, pool: PgPool) -> anyhow::Result<Self> {
+    /// `database` is a pool, or a [`Database`] whose primary it follows.
+    pub async fn build(config: Config, database: impl Into<Database>) -> anyhow::Result<Self> {
         let processor: Arc<dyn Processor> = Arc::new(http_processor(&config)?);
-        Self::build_with_processor(config, pool, processor).await
+        Self::build_with_processor(config, database, processor).await
     }
 
     /// [`Application::build`] with another processor, such as a test double
     /// that fails on purpose.
     pub async fn build_with_processor(
         config: Config,
-        pool: PgPool,
+        database: impl Into<Database>,
         processor: Arc<dyn Processor>,
     ) -> anyhow::Result<Self> {
+        let Database { pool, primary } = database.into();
         // Every connection is a descriptor: raise the limit where the system
         // allows, and keep the connection cap within what it is then.
         let open_files = http::server::raise_open_file_limit();
@@ -77,6 +80,7 @@ impl Application {
             tasks: tokio_util::task::TaskTracker::new(),
             caches,
             waits,
+            primary,
             redis,
         });
         Ok(Application {

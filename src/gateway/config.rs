@@ -103,16 +103,7 @@ impl Config {
 
     /// The database URL with its password hidden, for logs.
     pub fn redacted_database_url(&self) -> String {
-        match self.database_url.split_once("://") {
-            Some((scheme, rest)) => match rest.rsplit_once('@') {
-                Some((userinfo, host)) => match userinfo.split_once(':') {
-                    Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-                    None => self.database_url.clone(),
-                },
-                None => self.database_url.clone(),
-            },
-            None => self.database_url.clone(),
-        }
+        crate::postgres::redact(&self.database_url)
     }
 }
 
@@ -130,13 +121,10 @@ impl std::fmt::Debug for Config {
     }
 }
 
+/// A Postgres URL with one host or several (see [`crate::postgres::PgUrl`]).
 fn postgres_url(value: &str) -> Result<String, String> {
-    use std::str::FromStr;
     let value = value.trim();
-    if !(value.starts_with("postgres://") || value.starts_with("postgresql://")) {
-        return Err("must be a postgres:// URL".into());
-    }
-    sqlx::postgres::PgConnectOptions::from_str(value)
+    crate::postgres::PgUrl::parse(value)
         .map(|_| value.to_owned())
         .map_err(|e| e.to_string())
 }

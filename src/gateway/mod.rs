@@ -6,8 +6,9 @@
 //! (`src/gateway/migrations/`), its own HTTP API ([`http`]). It authorizes
 //! payments, voids attempts whose answer was lost, refunds, and lists its
 //! ledger, each idempotent on the caller's `Idempotency-Key`, deciding
-//! outcomes from the test card tokens ([`crate::test_cards`], the one module
-//! it shares with oncepay). It imports nothing else of oncepay's, and
+//! outcomes from the test card tokens ([`crate::test_cards`]). Besides that
+//! module it shares only [`crate::postgres`], the connection pools that
+//! follow a primary, with oncepay. It imports nothing else of oncepay's, and
 //! oncepay imports nothing of it: oncepay's `HttpProcessor` speaks its API.
 
 pub mod config;
@@ -16,12 +17,13 @@ pub mod http;
 pub mod store;
 
 use std::net::SocketAddr;
-use std::str::FromStr;
 
 use anyhow::Context;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgPool};
 use tokio::net::TcpListener;
+
+use crate::postgres::{self, PgUrl};
 
 pub use config::Config;
 use domain::Ledger;
@@ -48,24 +50,39 @@ impl Gateway {
                     config.redacted_database_url()
                 )
             })?;
-        let options =
-            PgConnectOptions::from_str(&config.database_url)?.application_name("oncepay-processor");
-        let pool = PgPoolOptions::new()
-            .max_connections(config.database_max_connections)
-            // No ping before every checkout, as in oncepay's pool: one round
-            // trip per call saved (measured by scripts/bench). A connection
-            // the database dropped fails its statement instead and is
-            // discarded; the call answers 500 (outcome unknown) and the
-            // caller repeats it under the same key.
-            .test_before_acquire(false)
-            .connect_with(options)
-            .await
-            .with_context(|| {
-                format!(
-                    "connecting to the processor's database at PROCESSOR_DATABASE_URL={}",
-                    config.redacted_database_url()
-                )
-            })?;
+        let url = PgUrl::parse(&config.database_url).with_context(|| {
+            format!(
+                "invalid PROCESSOR_DATABASE_URL {}",
+                config.redacted_database_url()
+            )
+        })?;
+        let settings = postgres::Settings {
+            name: "oncepay-processor",
+            max_connections: config.database_max_connections,
+            acquire_timeout: DATABASE_ACQUIRE_TIMEOUT,
+            check_interval: DATABASE_PRIMARY_CHECK_INTERVAL,
+        };
+        // No ping before every checkout, as in oncepay's pool: one round
+        // trip per call saved (measured by scripts/bench). A connection the
+        // database dropped fails its statement instead and is discarded; the
+        // call answers 500 (outcome unknown) and the caller repeats it under
+        // the same key. With several hosts, the pool follows the primary.
+        let (pool, primary) = postgres::pool(&url, &settings);
+        let reachable = match &primary {
+            Some(primary) => primary.wait_known(DATABASE_ACQUIRE_TIMEOUT).await,
+            None => true,
+        };
+        let connected = if reachable {
+            pool.acquire().await.map(drop).map_err(anyhow::Error::new)
+        } else {
+            Err(anyhow::anyhow!("no host is writable"))
+        };
+        connected.with_context(|| {
+            format!(
+                "connecting to the processor's database at PROCESSOR_DATABASE_URL={}",
+                config.redacted_database_url()
+            )
+        })?;
         Self::build_with_pool(config, pool).await
     }
 
@@ -125,10 +142,20 @@ impl Gateway {
     }
 }
 
+/// How long a call waits for a ledger connection (sqlx's default), and how
+/// long the gateway waits at start for a writable host of its URL.
+const DATABASE_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// With several hosts in `PROCESSOR_DATABASE_URL`, how often the host in
+/// use is asked whether it is still the primary (as oncepay's default).
+const DATABASE_PRIMARY_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Creates the database `url` names, unless it exists (several processes
-/// may race: a duplicate creation is fine).
+/// may race: a duplicate creation is fine). With several hosts, on the
+/// first writable one.
 pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
-    let options = PgConnectOptions::from_str(url)?;
+    let url = PgUrl::parse(url)?;
+    let options = writable_host(&url).await?;
     let name = options
         .get_database()
         .context("the URL names no database")?
@@ -153,4 +180,26 @@ pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
     }
     admin.close().await?;
     Ok(())
+}
+
+/// The options of `url`'s only host, or of the first of its hosts that
+/// takes writes.
+async fn writable_host(url: &PgUrl) -> anyhow::Result<PgConnectOptions> {
+    if !url.is_multi_host() {
+        return Ok(url.hosts()[0].options.clone());
+    }
+    for host in url.hosts() {
+        let admin = host.options.clone().database("postgres");
+        let Ok(Ok(mut conn)) =
+            tokio::time::timeout(std::time::Duration::from_secs(2), admin.connect()).await
+        else {
+            continue;
+        };
+        let writable = postgres::follow::serves(&mut conn, postgres::Target::ReadWrite).await;
+        let _ = conn.close().await;
+        if writable.unwrap_or(false) {
+            return Ok(host.options.clone());
+        }
+    }
+    anyhow::bail!("no host of the URL accepts a connection and takes writes")
 }

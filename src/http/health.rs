@@ -1,5 +1,6 @@
 //! `GET /healthz` (the process is up) and `GET /readyz` (the database and
-//! the card processor answer).
+//! the card processor answer; with several database hosts, one of them is
+//! known to be the writable primary).
 //! Neither takes a query parameter; any is refused, as on every route.
 
 use std::time::Duration;
@@ -41,9 +42,26 @@ async fn healthz(_: NoQuery) -> Json<Value> {
         (status = 503, response = super::openapi::Unavailable)
     ))]
 async fn readyz(State(state): State<AppState>, _: NoQuery) -> Result<Json<Value>, ApiError> {
-    let ping = sqlx::query_scalar!("SELECT 1").fetch_one(&state.pool);
+    // With several hosts, not ready while none is known to be writable: a
+    // charge would only wait for a connection and get 503.
+    if let Some(primary) = &state.primary {
+        if !primary.known() {
+            return Err(ApiError::unavailable(anyhow::anyhow!(
+                "no host of DATABASE_URL is known to be the writable primary"
+            )));
+        }
+    }
+    // The statement libpq's read-write check sends: one round trip, like
+    // the ping it replaces, and a server that cannot take writes (a
+    // standby) makes the instance not ready.
+    let ping = sqlx::query_scalar::<_, String>("SHOW transaction_read_only").fetch_one(&state.pool);
     match tokio::time::timeout(Duration::from_secs(2), ping).await {
-        Ok(Ok(_)) => {}
+        Ok(Ok(read_only)) if read_only == "off" => {}
+        Ok(Ok(_)) => {
+            return Err(ApiError::unavailable(anyhow::anyhow!(
+                "the database is read-only (a standby?)"
+            )));
+        }
         Ok(Err(e)) => return Err(ApiError::unavailable(e.into())),
         Err(_) => {
             return Err(ApiError::unavailable(anyhow::anyhow!(

@@ -85,7 +85,10 @@ pub fn router(state: AppState) -> Router {
             )
             .into_response()
         }))
-        .layer(axum::middleware::from_fn(observe::finish))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            observe::finish,
+        ))
         // Spans carry no headers: Authorization and API keys are never logged.
         .layer(
             TraceLayer::new_for_http()

@@ -99,7 +99,9 @@ pub fn span(request: &Request) -> Span {
 /// ([`super::stripe::add_headers`]), then the request's metrics
 /// ([`measure`]). One layer rather than three: each layer of the router is
 /// cloned and boxed for every request (seen in the replay profile).
-pub async fn finish(mut request: Request, next: Next) -> Response {
+/// A `503` that says the database is unavailable (or a timeout) also wakes
+/// the watch on the primary, when there is one, for a check now.
+pub async fn finish(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let started = Instant::now();
     request.extensions_mut().insert(Arrived(started));
     let method = method_label(request.method());
@@ -109,6 +111,14 @@ pub async fn finish(mut request: Request, next: Next) -> Response {
         .headers()
         .contains_key(super::stripe::STRIPE_VERSION);
     let response = next.run(request).await;
+    if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+        if let Some(primary) = &state.primary {
+            let problem = response.extensions().get::<Problem>();
+            if problem.is_none_or(|p| p.code == ProblemCode::ServiceUnavailable) {
+                primary.wake();
+            }
+        }
+    }
     let mut response = finish_problem(response, id.as_ref(), stripe_client);
     super::stripe::add_headers(&mut response, id);
     measure(method, route, response.status(), started);

@@ -295,3 +295,111 @@ fn the_processor_command_has_settings_of_its_own_and_needs_its_database() {
     let listed = run(&["--help"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains("processor"));
 }
+
+/// `db`'s URL with its one host named twice, as a list: `read-write`.
+fn twice(db: &TestDb) -> String {
+    let url = url::Url::parse(&db.url).unwrap();
+    let host = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5432));
+    let user = match url.password() {
+        Some(password) => format!("{}:{password}@", url.username()),
+        None if url.username().is_empty() => String::new(),
+        None => format!("{}@", url.username()),
+    };
+    format!(
+        "postgres://{user}{host},{host}{}?target_session_attrs=read-write",
+        url.path()
+    )
+}
+
+fn oncepay_at(url: &str, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_oncepay"))
+        .args(args)
+        .env_clear()
+        .current_dir(std::env::temp_dir())
+        .env("DATABASE_URL", url)
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run oncepay")
+}
+
+#[tokio::test]
+async fn migrate_and_merchants_take_a_multi_host_url_and_serve_refuses_to_embed_the_ledger_beside_it()
+ {
+    let db = TestDb::create_empty().await;
+    let url = twice(&db);
+    let out = oncepay_at(&url, &["migrate"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("database host chosen"), "{stderr}");
+    let out = oncepay_at(&url, &["merchants", "create", "--name", "Ada"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pool = db.pool().await;
+    let merchants: i64 = sqlx::query_scalar("SELECT count(*) FROM merchants")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(merchants, 1);
+    // No PROCESSOR_URL, no PROCESSOR_DATABASE_URL: the embedded gateway's
+    // ledger would be derived onto the same, failing-over servers.
+    let out = oncepay_at(&url, &["serve"], &[("PORT", "0")]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("several hosts")
+            && stderr.contains("PROCESSOR_URL")
+            && stderr.contains("PROCESSOR_DATABASE_URL"),
+        "{stderr}"
+    );
+    let ledgers: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_database WHERE datname = $1 || '_processor'")
+            .bind(&db.name)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(ledgers, 0, "no ledger database was made");
+    pool.close().await;
+}
+
+#[test]
+fn a_multi_host_url_with_no_host_answering_stops_naming_it_without_the_password() {
+    let started = std::time::Instant::now();
+    let url =
+        "postgres://app:hunter2@127.0.0.1:1,127.0.0.1:2/oncepay?target_session_attrs=read-write";
+    let out = oncepay_at(url, &["migrate"], &[("DATABASE_ACQUIRE_TIMEOUT", "1s")]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "it gave up after DATABASE_ACQUIRE_TIMEOUT: {stderr}"
+    );
+    assert!(
+        stderr
+            .contains("no host of DATABASE_URL=postgres://app:***@127.0.0.1:1,127.0.0.1:2/oncepay"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+#[test]
+fn a_target_session_attrs_oncepay_cannot_write_through_is_refused_by_name() {
+    for value in ["standby", "read-only", "prefer-standby"] {
+        let url = format!(
+            "postgres://app:hunter2@127.0.0.1:1,127.0.0.1:2/oncepay?target_session_attrs={value}"
+        );
+        let out = oncepay_at(&url, &["migrate"], &[]);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("DATABASE_URL")
+                && stderr.contains(&format!("target_session_attrs={value}")),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+}

@@ -37,14 +37,14 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-fn scratch_dir(what: &str) -> PathBuf {
+pub fn scratch_dir(what: &str) -> PathBuf {
     let dir =
         std::env::temp_dir().join(format!("oncepay-chaos-{what}-{}", Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
@@ -53,7 +53,7 @@ fn is_root() -> bool {
 }
 
 /// A Postgres binary: on PATH, or in Debian's versioned folder.
-fn pg_binary(name: &str) -> PathBuf {
+pub fn pg_binary(name: &str) -> PathBuf {
     if let Ok(path) = std::env::var("PATH") {
         for dir in std::env::split_paths(&path) {
             if dir.join(name).is_file() {
