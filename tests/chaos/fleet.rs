@@ -429,12 +429,14 @@ async fn report_and_reconcile(
     let deadline = Instant::now() + PROCESSING_TIMEOUT * 3 + SLACK * 4;
     let pool = fleet.primary_pool(deadline).await;
     wait_until_swept(&pool, deadline).await;
+    // A pool each: the reconciliation's gateway closes its pool as it stops.
     let ledger = fleet.ledger_pool().await;
     let report = Report::measure_with(Ledger::Charges, scenario.0, &pool, &ledger, charges).await;
     report.publish();
     report.assert_exactly_once();
     assert!(report.succeeded > 0, "charges succeeded: {report:?}");
     if let Some(name) = scenario.1 {
+        let ledger = fleet.ledger_pool().await;
         let report = Report::measure_with(Ledger::Refunds, name, &pool, &ledger, refunds).await;
         report.publish();
         report.assert_exactly_once();

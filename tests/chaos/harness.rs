@@ -950,7 +950,8 @@ impl Report {
     }
 
     /// The row of a scenario of `ledger`'s records, the gateway's ledger in
-    /// `ledger_pool`, wherever that database is.
+    /// `ledger_pool`, wherever that database is (closed by the
+    /// reconciliation at the end).
     pub async fn measure_with(
         ledger: Ledger,
         scenario: &'static str,
