@@ -893,7 +893,7 @@ pub struct Report {
     pub hung: u64,
     pub undecided: usize,
     /// What reconciling the database with the gateway's ledger found
-    /// ([`reconciliation_differences`]), described.
+    /// ([`reconciliation_differences_with`]), described.
     pub reconciliation: Vec<String>,
 }
 
@@ -935,7 +935,8 @@ impl Delivered {
 impl Report {
     /// The row of a scenario of charges.
     pub async fn measure(scenario: &'static str, pool: &PgPool, outcomes: &[OpOutcome]) -> Self {
-        Self::measure_ledger(Ledger::Charges, scenario, pool, outcomes).await
+        let ledger_pool = processor_pool(pool).await;
+        Self::measure_with(Ledger::Charges, scenario, pool, &ledger_pool, outcomes).await
     }
 
     /// The row of a scenario of refunds.
@@ -944,13 +945,18 @@ impl Report {
         pool: &PgPool,
         outcomes: &[OpOutcome],
     ) -> Self {
-        Self::measure_ledger(Ledger::Refunds, scenario, pool, outcomes).await
+        let ledger_pool = processor_pool(pool).await;
+        Self::measure_with(Ledger::Refunds, scenario, pool, &ledger_pool, outcomes).await
     }
 
-    async fn measure_ledger(
+    /// The row of a scenario of `ledger`'s records, the gateway's ledger in
+    /// `ledger_pool`, wherever that database is (closed by the
+    /// reconciliation at the end).
+    pub async fn measure_with(
         ledger: Ledger,
         scenario: &'static str,
         pool: &PgPool,
+        ledger_pool: &PgPool,
         outcomes: &[OpOutcome],
     ) -> Self {
         let table = ledger.table();
@@ -961,15 +967,13 @@ impl Report {
                 .unwrap_or_else(|e| panic!("{sql}: {e}"))
         };
         // The money moved, from the gateway's ledger, by processor key.
-        let ledger_pool = processor_pool(pool).await;
         let moved: Vec<String> = sqlx::query_scalar(&format!(
             "SELECT p.key FROM operations p WHERE {}",
             ledger.effects()
         ))
-        .fetch_all(&ledger_pool)
+        .fetch_all(ledger_pool)
         .await
         .expect("read the processor's ledger");
-        ledger_pool.close().await;
         let effects = moved.len() as i64;
         let succeeded = count(format!(
             "SELECT count(*) FROM {table} WHERE status = 'succeeded'"
@@ -1072,7 +1076,7 @@ impl Report {
             five_xx: outcomes.iter().map(|o| o.five_xx).sum(),
             hung: outcomes.iter().map(|o| o.hung).sum(),
             undecided: outcomes.iter().filter(|o| o.answers.is_empty()).count(),
-            reconciliation: reconciliation_differences(pool).await,
+            reconciliation: reconciliation_differences_with(pool, ledger_pool.clone()).await,
         }
     }
 
@@ -1158,11 +1162,12 @@ impl Report {
 /// gateway started here on the ledger, on a free port, whatever became of
 /// the scenario's): each difference found, described. The scenario is over,
 /// so nothing counts as in flight by age; pending records still do.
-pub async fn reconciliation_differences(pool: &PgPool) -> Vec<String> {
+/// The ledger is `ledger`, wherever that database is (beside the scenario's,
+/// or on a server of its own in a fleet).
+pub async fn reconciliation_differences_with(pool: &PgPool, ledger: PgPool) -> Vec<String> {
     use oncepay::processor::{HttpProcessor, HttpSettings, LedgerClient};
     use oncepay::reconcile::{Reconciler, Window};
 
-    let ledger = processor_pool(pool).await;
     let config = oncepay::gateway::Config::from_lookup(|name| match name {
         "PROCESSOR_DATABASE_URL" => {
             Some(sqlx::ConnectOptions::to_url_lossy(&*ledger.connect_options()).to_string())

@@ -7,8 +7,10 @@
 //! connections that never finish their request head, and the wire between
 //! oncepay and the card gateway (answers dropped after the money moved, a
 //! gateway slower than the call's timeout, killed mid-call, down for longer
-//! than `PROCESSING_TIMEOUT`), and a Postgres failover (a primary and its
-//! standby in one multi-host `DATABASE_URL`).
+//! than `PROCESSING_TIMEOUT`), a Postgres failover (a primary and its
+//! standby in one multi-host `DATABASE_URL`), and a fleet behind HAProxy on
+//! a Postgres that fails over (`scripts/cluster`): its primary, one
+//! instance, its standby killed under load.
 //! Each scenario measures its row of the reliability report in the database
 //! and asserts the invariant: one logical operation, one effect, nothing
 //! acknowledged lost, one answer per operation and true to the database,
@@ -22,6 +24,7 @@ mod connections;
 #[path = "../common/database.rs"]
 mod database;
 mod failover;
+mod fleet;
 mod gateway;
 mod harness;
 mod late_claims;
