@@ -63,6 +63,12 @@ pub struct Settings {
     /// How long a request waits for a database connection before a 503.
     #[arg(long, help_heading = "Database", env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
     database_acquire_timeout: Duration,
+    /// The longest a request queues for a database connection before its work begins, while the queue keeps emptying; then 503 overloaded (REQUEST_TIMEOUT or longer: never).
+    #[arg(long, help_heading = "Database", env = "DATABASE_QUEUE_TIMEOUT", default_value = "100ms", value_parser = positive_duration, global = true)]
+    database_queue_timeout: Duration,
+    /// The same wait once the queue has not been empty for DATABASE_QUEUE_TIMEOUT (overload); at most DATABASE_QUEUE_TIMEOUT.
+    #[arg(long, help_heading = "Database", env = "DATABASE_QUEUE_OVERLOAD_TIMEOUT", default_value = "5ms", value_parser = positive_duration, global = true)]
+    database_queue_overload_timeout: Duration,
     /// How long a key's saved answer is remembered; at least twice PROCESSING_TIMEOUT.
     #[arg(long, help_heading = "Idempotency", env = "IDEMPOTENCY_KEY_TTL", default_value = "24h", value_parser = positive_duration, global = true)]
     idempotency_key_ttl: Duration,
@@ -155,6 +161,11 @@ pub struct Config {
     /// How long a request waits for a database connection before it gets a
     /// `503` (also while the database is away).
     pub database_acquire_timeout: Duration,
+    /// The longest a request queues for a connection before its work
+    /// begins, while the queue keeps emptying (see [`crate::admission`]).
+    pub database_queue_timeout: Duration,
+    /// The same, once the queue has stood for `database_queue_timeout`.
+    pub database_queue_overload_timeout: Duration,
     pub bind_addr: IpAddr,
     pub port: u16,
     /// The demo merchant's secret key, created at start when set.
@@ -300,6 +311,8 @@ impl Config {
             database_url,
             database_max_connections,
             database_acquire_timeout,
+            database_queue_timeout,
+            database_queue_overload_timeout,
             bind_addr,
             port,
             demo_api_key,
@@ -345,6 +358,8 @@ impl Config {
             database_url,
             database_max_connections,
             database_acquire_timeout,
+            database_queue_timeout,
+            database_queue_overload_timeout,
             bind_addr,
             port,
             demo_api_key,
@@ -423,6 +438,17 @@ impl Config {
                 ),
             });
         }
+        if config.database_queue_overload_timeout > config.database_queue_timeout {
+            return Err(ConfigError {
+                name: "DATABASE_QUEUE_OVERLOAD_TIMEOUT".into(),
+                value: humantime::format_duration(config.database_queue_overload_timeout)
+                    .to_string(),
+                reason: format!(
+                    "must be at most DATABASE_QUEUE_TIMEOUT ({}): it is the wait under overload",
+                    humantime::format_duration(config.database_queue_timeout)
+                ),
+            });
+        }
         // hyper's header timer also runs while a connection waits for its
         // next request, so a longer keep-alive would never be reached.
         if config.http_keep_alive_timeout > config.http_header_read_timeout {
@@ -487,6 +513,11 @@ impl std::fmt::Debug for Config {
             .field("database_url", &self.redacted_database_url())
             .field("database_max_connections", &self.database_max_connections)
             .field("database_acquire_timeout", &self.database_acquire_timeout)
+            .field("database_queue_timeout", &self.database_queue_timeout)
+            .field(
+                "database_queue_overload_timeout",
+                &self.database_queue_overload_timeout,
+            )
             .field("bind_addr", &self.bind_addr)
             .field("port", &self.port)
             .field(
@@ -766,6 +797,8 @@ mod tests {
         let c = config(&[]).unwrap();
         assert_eq!(c.database_max_connections, 10);
         assert_eq!(c.database_acquire_timeout, Duration::from_secs(5));
+        assert_eq!(c.database_queue_timeout, Duration::from_millis(100));
+        assert_eq!(c.database_queue_overload_timeout, Duration::from_millis(5));
         assert_eq!(c.bind_addr.to_string(), "127.0.0.1");
         assert_eq!(c.port, 8080);
         assert_eq!(c.demo_api_key, None);
@@ -1012,6 +1045,25 @@ mod tests {
         ] {
             assert_eq!(config(&[("DATABASE_URL", url)]).unwrap().database_url, url);
         }
+    }
+
+    #[test]
+    fn an_overload_wait_longer_than_the_queue_wait_is_refused() {
+        let err = config(&[("DATABASE_QUEUE_OVERLOAD_TIMEOUT", "200ms")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("DATABASE_QUEUE_OVERLOAD_TIMEOUT") && err.contains("100ms"),
+            "{err}"
+        );
+        // Both longer than the request timeout: no request is ever shed.
+        let off = config(&[
+            ("DATABASE_QUEUE_TIMEOUT", "1h"),
+            ("DATABASE_QUEUE_OVERLOAD_TIMEOUT", "1h"),
+        ])
+        .unwrap();
+        assert!(off.database_queue_overload_timeout > off.request_timeout);
+        assert!(config(&[("DATABASE_QUEUE_TIMEOUT", "0s")]).is_err());
     }
 
     #[test]
