@@ -26,6 +26,10 @@
         stays within TOLERANCE_PCT % of its value then. Prints the verdicts and a table of the resident memory
         every minute, also written to OUT_MD; exits 1 if a run whose name
         does not start with "baseline" failed.
+    report.py shed JSONL OUT_MD
+        The overload runs of `scripts/bench shed` side by side, from the
+        lines bench/wrk/shed.lua and the script wrote to JSONL: a table,
+        printed and written to OUT_MD.
 """
 
 import datetime
@@ -527,6 +531,41 @@ def soak(csv_path, warmup, tolerance_pct, margin_mib, out_md):
     sys.exit(1 if failed else 0)
 
 
+def shed(jsonl_path, out_md):
+    """The overload runs of `scripts/bench shed`, side by side."""
+    runs, written = [], {}
+    with open(jsonl_path) as f:
+        for line in f:
+            row = json.loads(line)
+            if row["kind"] == "shed":
+                runs.append(row)
+            elif row["kind"] == "written":
+                written[row["side"]] = row["charges"]
+    head = ["run", "answered/s", "201/s", "shed (503 overloaded)", "201 p50 ms", "201 p99 ms",
+            "shed p50 ms", "shed p99 ms", "other answers", "socket errors", "charges written"]
+    rows = []
+    for r in runs:
+        other = ", ".join(f"{k}: {v}" for k, v in sorted(r["other"].items())) or "none"
+        share = r["shed"] / r["answered"] * 100 if r["answered"] else 0.0
+        rows.append([r["side"], f"{r['rps']:.0f}", f"{r['created_rps']:.0f}",
+                     f"{share:.1f} % ({r['shed']})", f"{r['created_p50_ms']:.1f}",
+                     f"{r['created_p99_ms']:.1f}",
+                     f"{r['shed_p50_ms']:.1f}" if r["shed"] else "",
+                     f"{r['shed_p99_ms']:.1f}" if r["shed"] else "",
+                     other, str(r["socket_errors"]),
+                     f"{written.get(r['side'], '?')} ({r['created']} answered 201)"])
+    clients = runs[0]["clients"] if runs else 0
+    seconds = runs[0]["seconds"] if runs else 0
+    lines = [f"new charges from {clients} connections, {seconds:.0f} s per run:", "",
+             "| " + " | ".join(head) + " |",
+             "| --- | " + " | ".join("---:" for _ in head[1:-2]) + " | ---: | ---: |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    with open(out_md, "w") as f:
+        f.write(text)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "pgbench":
         pgbench(*sys.argv[2:])
@@ -536,5 +575,7 @@ if __name__ == "__main__":
         table(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 7 and sys.argv[1] == "soak":
         soak(*sys.argv[2:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "shed":
+        shed(sys.argv[2], sys.argv[3])
     else:
         sys.exit(__doc__)

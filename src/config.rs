@@ -66,6 +66,12 @@ pub struct Settings {
     /// With several hosts in DATABASE_URL, how often the host in use is asked whether it is still the primary.
     #[arg(long, help_heading = "Database", env = "DATABASE_PRIMARY_CHECK_INTERVAL", default_value = "1s", value_parser = check_interval, global = true)]
     database_primary_check_interval: Duration,
+    /// The longest a request queues for a database connection before its work begins, while the queue keeps emptying; then 503 overloaded (REQUEST_TIMEOUT or longer: never).
+    #[arg(long, help_heading = "Database", env = "DATABASE_QUEUE_TIMEOUT", default_value = "100ms", value_parser = positive_duration, global = true)]
+    database_queue_timeout: Duration,
+    /// The same wait once the queue has not been empty for DATABASE_QUEUE_TIMEOUT (overload); at most DATABASE_QUEUE_TIMEOUT.
+    #[arg(long, help_heading = "Database", env = "DATABASE_QUEUE_OVERLOAD_TIMEOUT", default_value = "5ms", value_parser = positive_duration, global = true)]
+    database_queue_overload_timeout: Duration,
     /// How long a key's saved answer is remembered; at least twice PROCESSING_TIMEOUT.
     #[arg(long, help_heading = "Idempotency", env = "IDEMPOTENCY_KEY_TTL", default_value = "24h", value_parser = positive_duration, global = true)]
     idempotency_key_ttl: Duration,
@@ -161,6 +167,11 @@ pub struct Config {
     /// With several hosts in `DATABASE_URL`, how often the host in use is
     /// asked whether it still serves (see [`crate::postgres::follow`]).
     pub database_primary_check_interval: Duration,
+    /// The longest a request queues for a connection before its work
+    /// begins, while the queue keeps emptying (see [`crate::admission`]).
+    pub database_queue_timeout: Duration,
+    /// The same, once the queue has stood for `database_queue_timeout`.
+    pub database_queue_overload_timeout: Duration,
     pub bind_addr: IpAddr,
     pub port: u16,
     /// The demo merchant's secret key, created at start when set.
@@ -307,6 +318,8 @@ impl Config {
             database_max_connections,
             database_acquire_timeout,
             database_primary_check_interval,
+            database_queue_timeout,
+            database_queue_overload_timeout,
             bind_addr,
             port,
             demo_api_key,
@@ -353,6 +366,8 @@ impl Config {
             database_max_connections,
             database_acquire_timeout,
             database_primary_check_interval,
+            database_queue_timeout,
+            database_queue_overload_timeout,
             bind_addr,
             port,
             demo_api_key,
@@ -431,6 +446,17 @@ impl Config {
                 ),
             });
         }
+        if config.database_queue_overload_timeout > config.database_queue_timeout {
+            return Err(ConfigError {
+                name: "DATABASE_QUEUE_OVERLOAD_TIMEOUT".into(),
+                value: humantime::format_duration(config.database_queue_overload_timeout)
+                    .to_string(),
+                reason: format!(
+                    "must be at most DATABASE_QUEUE_TIMEOUT ({}): it is the wait under overload",
+                    humantime::format_duration(config.database_queue_timeout)
+                ),
+            });
+        }
         // hyper's header timer also runs while a connection waits for its
         // next request, so a longer keep-alive would never be reached.
         if config.http_keep_alive_timeout > config.http_header_read_timeout {
@@ -498,6 +524,11 @@ impl std::fmt::Debug for Config {
             .field(
                 "database_primary_check_interval",
                 &self.database_primary_check_interval,
+            )
+            .field("database_queue_timeout", &self.database_queue_timeout)
+            .field(
+                "database_queue_overload_timeout",
+                &self.database_queue_overload_timeout,
             )
             .field("bind_addr", &self.bind_addr)
             .field("port", &self.port)
@@ -757,6 +788,8 @@ mod tests {
         assert_eq!(c.database_max_connections, 10);
         assert_eq!(c.database_acquire_timeout, Duration::from_secs(5));
         assert_eq!(c.database_primary_check_interval, Duration::from_secs(1));
+        assert_eq!(c.database_queue_timeout, Duration::from_millis(100));
+        assert_eq!(c.database_queue_overload_timeout, Duration::from_millis(5));
         assert_eq!(c.bind_addr.to_string(), "127.0.0.1");
         assert_eq!(c.port, 8080);
         assert_eq!(c.demo_api_key, None);
@@ -1041,6 +1074,25 @@ mod tests {
                 .to_string();
             assert!(err.contains("DATABASE_PRIMARY_CHECK_INTERVAL"), "{err}");
         }
+    }
+
+    #[test]
+    fn an_overload_wait_longer_than_the_queue_wait_is_refused() {
+        let err = config(&[("DATABASE_QUEUE_OVERLOAD_TIMEOUT", "200ms")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("DATABASE_QUEUE_OVERLOAD_TIMEOUT") && err.contains("100ms"),
+            "{err}"
+        );
+        // Both longer than the request timeout: no request is ever shed.
+        let off = config(&[
+            ("DATABASE_QUEUE_TIMEOUT", "1h"),
+            ("DATABASE_QUEUE_OVERLOAD_TIMEOUT", "1h"),
+        ])
+        .unwrap();
+        assert!(off.database_queue_overload_timeout > off.request_timeout);
+        assert!(config(&[("DATABASE_QUEUE_TIMEOUT", "0s")]).is_err());
     }
 
     #[test]

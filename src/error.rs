@@ -134,6 +134,18 @@ pub fn service_unavailable(retry_after: u64) -> Problem {
     .with_retry_after(retry_after)
 }
 
+/// `503 overloaded`: more requests than the database pool serves, and this
+/// one waited its turn for a connection past its bound (see
+/// [`crate::admission`]); it began no work, so a retry runs as if it were
+/// the first.
+pub fn overloaded() -> Problem {
+    Problem::new(
+        ProblemCode::Overloaded,
+        "The service has more requests than it can serve right now, and this one was turned away before any work began. Retry shortly (a POST with the same Idempotency-Key).",
+    )
+    .with_retry_after(retry_after::SOON)
+}
+
 /// Errors that mean "the database cannot serve now", not "a bug": it is
 /// unreachable, it refuses new connections, or it ended the session. A
 /// retry may succeed once it is back, so these are a `503` with

@@ -1,6 +1,7 @@
 //! oncepay: a payments API that charges a card exactly once, however often a
 //! client retries. See README.md for a tour, and docs/design.md for how it works.
 
+pub mod admission;
 pub mod app;
 pub mod cache;
 pub mod charges;

@@ -82,6 +82,7 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `processing_outcome_unknown` (503): the processor's outcome is unknown; retry with the same key after `Retry-After` (`PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
 /// - `processor_unavailable` (503): for a charge, the processor recorded nothing and the key is free (`Retry-After: 1`); for a refund, it stays reserved until recovery rolls it forward (`Retry-After`: `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
 /// - `service_unavailable` (503): the database is unreachable (`Retry-After: 1`, or `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL` once the processor was called).
+/// - `overloaded` (503): more requests than the database pool serves; this one waited its turn for a connection past `DATABASE_QUEUE_TIMEOUT` (or `DATABASE_QUEUE_OVERLOAD_TIMEOUT` under overload) and did nothing (`Retry-After: 1`).
 /// - `request_timeout` (503): the request took longer than `REQUEST_TIMEOUT`.
 /// - `redis_unavailable` (503): the workshop's Redis variant has no Redis (`REDIS_URL` unset, or Redis does not answer).
 /// - `http_error`: An error status raised by a layer with no more specific code.
@@ -180,6 +181,8 @@ pub enum ProblemCode {
     ProcessorUnavailable,
     /// 503: the database is unreachable.
     ServiceUnavailable,
+    /// 503: more requests than the database pool serves; this one waited its turn too long and did nothing.
+    Overloaded,
     /// 503: the request took longer than `REQUEST_TIMEOUT`.
     RequestTimeout,
     /// 503: the workshop's Redis variant has no Redis (`REDIS_URL` unset, or Redis does not answer).
@@ -192,7 +195,7 @@ impl ProblemCode {
     /// Every code, in the order they are declared; a unit test holds it
     /// against the enum itself (by way of its OpenAPI schema), and
     /// `tests/api/docs.rs` against the table of docs/api.md.
-    pub const ALL: [ProblemCode; 49] = [
+    pub const ALL: [ProblemCode; 50] = [
         ProblemCode::ParameterMissing,
         ProblemCode::ParameterUnknown,
         ProblemCode::ParameterDuplicate,
@@ -239,6 +242,7 @@ impl ProblemCode {
         ProblemCode::ProcessingOutcomeUnknown,
         ProblemCode::ProcessorUnavailable,
         ProblemCode::ServiceUnavailable,
+        ProblemCode::Overloaded,
         ProblemCode::RequestTimeout,
         ProblemCode::RedisUnavailable,
         ProblemCode::HttpError,
@@ -293,6 +297,7 @@ impl ProblemCode {
             ProblemCode::ProcessingOutcomeUnknown => "processing_outcome_unknown",
             ProblemCode::ProcessorUnavailable => "processor_unavailable",
             ProblemCode::ServiceUnavailable => "service_unavailable",
+            ProblemCode::Overloaded => "overloaded",
             ProblemCode::RequestTimeout => "request_timeout",
             ProblemCode::RedisUnavailable => "redis_unavailable",
             ProblemCode::HttpError => "http_error",
@@ -352,6 +357,7 @@ impl ProblemCode {
             ProblemCode::ProcessingOutcomeUnknown
             | ProblemCode::ProcessorUnavailable
             | ProblemCode::ServiceUnavailable
+            | ProblemCode::Overloaded
             | ProblemCode::RequestTimeout
             | ProblemCode::RedisUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }

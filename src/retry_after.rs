@@ -7,6 +7,7 @@
 //! | `503 request_timeout` | the work goes on in its own task; a retry gets its answer or a `409` | [`SOON`] |
 //! | `503 processor_unavailable` for a charge | nothing was recorded and the claim was released: a retry runs anew | [`SOON`] |
 //! | `503 service_unavailable` before the processor was called | nothing was claimed, or the claim was rolled back | [`SOON`] |
+//! | `503 overloaded` | the request was shed before it began any work | [`SOON`] |
 //! | `503 processor_unavailable` for a refund | the refund stays reserved and pending; recovery rolls it forward | [`until_recovered`] |
 //! | `503 processing_outcome_unknown` | the key stays claimed; recovery settles the record from the processor's own record | [`until_recovered`] |
 //! | `503 service_unavailable` after the processor was called | the record could not be settled and stays pending for recovery | [`until_recovered`] |

@@ -72,8 +72,13 @@ impl Application {
             .map(redis::Client::open)
             .transpose()
             .context("REDIS_URL")?;
+        let admission = crate::admission::Admission::new(
+            config.database_queue_timeout,
+            config.database_queue_overload_timeout,
+        );
         let state = AppState::new(crate::app::Services {
             pool,
+            admission,
             config: Arc::new(config),
             processor: crate::telemetry::metrics::MeteredProcessor::wrap(processor),
             metrics: crate::telemetry::metrics::handle(),

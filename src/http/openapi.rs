@@ -715,12 +715,12 @@ pub struct InternalError(Problem);
 
 #[derive(ToResponse)]
 #[response(
-    description = "Database unreachable, processor outcome unknown or unavailable, or the request timed out (`Retry-After`)",
+    description = "Database unreachable, processor outcome unknown or unavailable, the request shed under overload, or the request timed out (`Retry-After`)",
     content_type = "application/problem+json",
     headers(("Retry-After" = String, description = "Seconds until a retry with the same key can get the answer: \
 `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`, rounded up (35 by default), when the record is left pending for recovery \
 (`processing_outcome_unknown`, a refund's `processor_unavailable`, `service_unavailable` after the processor was called); \
-1 otherwise (a charge's `processor_unavailable`, `request_timeout`, `service_unavailable` before any work)"))
+1 otherwise (a charge's `processor_unavailable`, `overloaded`, `request_timeout`, `service_unavailable` before any work)"))
 )]
 #[allow(dead_code)]
 pub struct Unavailable(Problem);

@@ -12,9 +12,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::admission::Refused;
 use crate::app::AppState;
 use crate::cache::CachedAnswer;
-use crate::error::Error;
+use crate::error::{Error, overloaded};
 use crate::idempotency::wait::News;
 use crate::idempotency::{
     Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
@@ -30,6 +31,8 @@ const WAIT_MARGIN: Duration = Duration::from_millis(250);
 /// The idempotency side of a validated request: who asks, with which key
 /// (if any), for what (the fingerprint), and how long it will wait.
 pub struct Request {
+    /// The route whose keys guard the operation (a template, for metrics).
+    pub route: &'static str,
     pub merchant_id: Uuid,
     /// The request's `X-Request-Id`, named by the events of a record it
     /// recovers.
@@ -70,15 +73,35 @@ impl Request {
         Ok(())
     }
 
-    /// A pooled connection for a claim, waited for only until the request's
-    /// deadline (a cancelled wait for a connection is safe: sqlx closes a
-    /// connection it had half handed over); an error once the request was
-    /// answered (see [`Request::still_awaited`]).
+    /// A pooled connection to begin the request's work on (to read or
+    /// claim its key), waited for in the bounded queue of
+    /// [`crate::admission`] and never past the request's deadline (a
+    /// cancelled wait for a connection is safe: sqlx closes a connection it
+    /// had half handed over). `503 overloaded` when the queue's bound passed
+    /// first: nothing was begun. An error once the request was answered
+    /// (see [`Request::still_awaited`]).
     pub async fn connection(&self, state: &AppState) -> Result<PoolConnection<Postgres>, Error> {
-        let acquired = tokio::time::timeout_at(self.deadline(state), state.pool.acquire()).await;
+        let acquired = state
+            .admission
+            .connection(&state.pool, self.deadline(state))
+            .await;
+        if let Err(Refused::Shed { waited }) = &acquired {
+            // One line per shed request would flood the log just when the
+            // process has least to spare: debug only; the metric counts.
+            tracing::debug!(
+                waited_ms = waited.as_millis() as u64,
+                "no connection within the queue's bound; shed before any work"
+            );
+            metrics::shed(self.route);
+            return Err(overloaded().into());
+        }
         // A wait cut at the deadline fails the check below, which says so.
         self.still_awaited(state)?;
-        Ok(acquired.map_err(|_| too_late())??)
+        match acquired {
+            Ok(connection) => Ok(connection),
+            Err(Refused::Pool(e)) => Err(e.into()),
+            Err(Refused::Deadline | Refused::Shed { .. }) => Err(too_late()),
+        }
     }
 
     /// A transaction for a claim; an error once the request was answered,
@@ -89,7 +112,10 @@ impl Request {
     /// afterwards would be lost), so the check comes after it, and a late
     /// request rolls its empty transaction back.
     async fn transaction(&self, state: &AppState) -> Result<Transaction<'static, Postgres>, Error> {
-        let tx = state.pool.begin().await?;
+        let connection = self.connection(state).await?;
+        // `BEGIN` on a connection already taken, as `Pool::begin` itself
+        // does after its own `acquire`.
+        let tx = Transaction::begin(connection, None).await?;
         self.still_awaited(state)?;
         Ok(tx)
     }
@@ -166,7 +192,10 @@ pub async fn begin(
     // read, with no transaction and no row lock. The same read sends a
     // request willing to wait on a key in flight straight to the wait,
     // without a lock either.
-    let found = keys::find(&state.pool, request.merchant_id, key).await?;
+    let found = {
+        let mut db = request.connection(state).await?;
+        keys::find(&mut *db, request.merchant_id, key).await?
+    };
     after_read(state, request, route, resource, found).await
 }
 

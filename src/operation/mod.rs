@@ -176,6 +176,7 @@ pub async fn run<O: Operation>(
     // Cancels `client_gone` when this future is dropped.
     let _hang_up = client_gone.clone().drop_guard();
     let request = claim::Request {
+        route: O::ROUTE,
         merchant_id: guard.merchant_id,
         request_id: guard.request_id,
         key: guard.key,

@@ -47,6 +47,7 @@ pub async fn run<W: Write + 'static>(
     let client_gone = CancellationToken::new();
     let _hang_up = client_gone.clone().drop_guard();
     let request = claim::Request {
+        route: W::ROUTE,
         merchant_id: guard.merchant_id,
         request_id: guard.request_id,
         key: guard.key,

@@ -5,6 +5,7 @@
 //! | `http_requests_total`, `http_request_duration_seconds` | `method` (a standard method or `other`), `route` (a template or `unmatched`), `status` |
 //! | `http_connections_open`, `http_connections_shed_total` (`reason`: `evicted`, `refused`) | see `crate::http::server` |
 //! | `idempotency_outcomes_total` | `outcome`: `executed`, `replayed`, `in_use`, `reused`, `expired_taken_over`, `stale_recovered` |
+//! | `requests_shed_total` (guarded operations answered `503 overloaded` before any work, see `crate::admission`) | `route` (a guarded operation's route template) |
 //! | `idempotency_waiters` (requests waiting on a key in flight), `idempotency_wait_polls_total` (reads their shared waits ran) | |
 //! | `processor_calls_total`, `processor_call_duration_seconds` | `call` (`authorize`, `void`, `refund`, `lookup`), `outcome` |
 //! | `sweeper_runs_total`, `sweeper_settled_total` (`outcome`), `sweeper_keys_deleted_total`, `sweeper_leased_total` | |
@@ -88,6 +89,12 @@ pub fn render(handle: &PrometheusHandle, pool: &PgPool) -> String {
 /// Counts one outcome of the idempotency check.
 pub fn idempotency(outcome: &'static str) {
     metrics::counter!("idempotency_outcomes_total", "outcome" => outcome).increment(1);
+}
+
+/// Counts a request shed before its work began, by the route template of
+/// its operation (a closed set).
+pub fn shed(route: &'static str) {
+    metrics::counter!("requests_shed_total", "route" => route).increment(1);
 }
 
 /// A processor that measures every call of the one it wraps.

@@ -224,6 +224,10 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
         // Generous on a loaded machine; a test that needs the pool to run
         // dry sets its own.
         ("DATABASE_ACQUIRE_TIMEOUT", "10s".to_owned()),
+        // No shedding either, for the same reason; a test of shedding sets
+        // its own (tests/api/shedding.rs).
+        ("DATABASE_QUEUE_TIMEOUT", "10s".to_owned()),
+        ("DATABASE_QUEUE_OVERLOAD_TIMEOUT", "10s".to_owned()),
     ];
     vars.extend(settings.vars.iter().cloned());
     let config = Config::from_lookup(|name| {

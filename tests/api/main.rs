@@ -25,6 +25,7 @@ mod reads;
 mod receivers;
 mod reconcile;
 mod refunds;
+mod shedding;
 mod stripe;
 mod sweeper;
 mod waits;

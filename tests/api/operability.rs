@@ -313,7 +313,10 @@ async fn a_request_that_finds_the_pool_exhausted_gets_503_and_is_counted() {
     let app = spawn_app_with(
         Settings::new()
             .set("DATABASE_MAX_CONNECTIONS", 2)
-            .set("DATABASE_ACQUIRE_TIMEOUT", "300ms"),
+            .set("DATABASE_ACQUIRE_TIMEOUT", "300ms")
+            // Longer than the pool's own timeout, which then answers first.
+            .set("DATABASE_QUEUE_TIMEOUT", "2s")
+            .set("DATABASE_QUEUE_OVERLOAD_TIMEOUT", "2s"),
     )
     .await;
     let timeouts = || async {

@@ -50,6 +50,10 @@ impl Pair {
         let b = Server::start(&db.url, &settings()).await;
         let mut saturated = settings();
         saturated.push(("DATABASE_MAX_CONNECTIONS", "1".to_owned()));
+        // No shedding: the request waits for its connection until its
+        // deadline answers it, the path this test is about.
+        saturated.push(("DATABASE_QUEUE_TIMEOUT", "1h".to_owned()));
+        saturated.push(("DATABASE_QUEUE_OVERLOAD_TIMEOUT", "1h".to_owned()));
         let a = Server::start(&db.url, &saturated).await;
         let pool = db.pool().await;
         let http = client(Duration::from_secs(15));

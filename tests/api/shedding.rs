@@ -1,0 +1,188 @@
+//! More requests than the database pool serves: the excess is answered
+//! `503 overloaded` once its bounded wait for a connection is spent, having
+//! done nothing, and its retry with the same key charges exactly once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use sqlx::Connection;
+
+use crate::helpers::{Answer, Settings, spawn_app_with, until, visa};
+
+/// Concurrent charges in the burst.
+const BURST: usize = 250;
+/// The wait in the queue while it keeps emptying (`DATABASE_QUEUE_TIMEOUT`).
+const QUEUE_TIMEOUT: Duration = Duration::from_millis(200);
+/// What a loaded machine may add to the wait before the answer is read.
+const SLACK: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_what_the_pool_serves_are_shed_quickly_having_done_nothing_and_their_retries_charge_once()
+ {
+    let app = spawn_app_with(
+        Settings::new()
+            .set("DATABASE_MAX_CONNECTIONS", 2)
+            .set("DATABASE_QUEUE_TIMEOUT", "200ms")
+            .set("DATABASE_QUEUE_OVERLOAD_TIMEOUT", "5ms")
+            .set("REQUEST_TIMEOUT", "10s")
+            // The admitted charges are slow at the processor too.
+            .set("PROCESSOR_LATENCY_MS", 100),
+    )
+    .await;
+    // One charge first, and its replay: the merchant is cached
+    // (authentication then needs no connection), and so is the answer.
+    for _ in 0..2 {
+        let warm = Answer::of(app.post_charge(Some("warm"), &visa(100)).await).await;
+        assert_eq!(warm.status, 201, "{:?}", warm.body);
+    }
+
+    // Every claim blocks on a lock held outside the server's pool, so the
+    // two connections stay busy with the first claims to get them, and
+    // every other request queues for one: a database slower than the load.
+    let mut lock = sqlx::PgConnection::connect(&app.config.database_url)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN").execute(&mut lock).await.unwrap();
+    sqlx::query("LOCK TABLE idempotency_keys IN SHARE MODE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+
+    let answered = Arc::new(AtomicUsize::new(0));
+    let mut burst = tokio::task::JoinSet::new();
+    for i in 0..BURST {
+        let (client, url, api_key) = (
+            app.client.clone(),
+            app.url("/v1/charges"),
+            app.api_key.clone(),
+        );
+        let answered = answered.clone();
+        burst.spawn(async move {
+            let key = format!("burst-{i}");
+            let sent = Instant::now();
+            let response = client
+                .post(url)
+                .bearer_auth(api_key)
+                .header("Idempotency-Key", &key)
+                .json(&visa(2000))
+                .send()
+                .await
+                .expect("an answer");
+            let answer = Answer::of(response).await;
+            answered.fetch_add(1, Ordering::SeqCst);
+            (key, sent.elapsed(), answer)
+        });
+    }
+    // Everyone but the two holding a connection is answered while the
+    // lock is held; a replay from the cache needs no connection and is not
+    // shed.
+    until(
+        QUEUE_TIMEOUT + SLACK * 5,
+        "every request without a connection is answered",
+        || async { answered.load(Ordering::SeqCst) >= BURST - 2 },
+    )
+    .await;
+    let replay = Answer::of(app.post_charge(Some("warm"), &visa(100)).await).await;
+    assert_eq!(replay.status, 201, "{:?}", replay.body);
+    assert!(replay.replayed());
+    // On the lock's own connection: the server's two are taken.
+    let keys: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
+        .fetch_one(&mut lock)
+        .await
+        .unwrap();
+    assert_eq!(keys, 1, "nothing claimed while the lock is held");
+    sqlx::query("COMMIT").execute(&mut lock).await.unwrap();
+
+    let mut shed = Vec::new();
+    let mut admitted = 0;
+    while let Some(joined) = burst.join_next().await {
+        let (key, took, answer) = joined.unwrap();
+        if answer.status == 201 {
+            admitted += 1;
+            continue;
+        }
+        answer.assert_problem(503, "overloaded");
+        assert_eq!(answer.header("retry-after"), Some("1"), "nothing was begun");
+        assert_eq!(answer.header("stripe-should-retry"), Some("true"));
+        assert!(
+            took < QUEUE_TIMEOUT + SLACK,
+            "shed after {took:?}: the bounded wait, not REQUEST_TIMEOUT"
+        );
+        shed.push(key);
+    }
+    assert!(
+        admitted >= 1,
+        "the requests holding a connection go through"
+    );
+    assert_eq!(admitted + shed.len(), BURST);
+    assert!(shed.len() >= BURST - 2, "{} shed", shed.len());
+
+    // Nothing of the shed requests is in the database: no key, no charge,
+    // no payment at the processor.
+    let shed_keys: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE key = ANY($1)")
+            .bind(&shed)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(shed_keys, 0);
+    assert_eq!(app.charges().await, 1 + admitted as i64);
+    assert_eq!(app.payments().await, 1 + admitted as i64);
+
+    // Each one's retry with the same key charges, once: ten clients at a
+    // time, each retrying again if shed again, as a client honouring
+    // `Retry-After` would (sooner here).
+    let shed = Arc::new(std::sync::Mutex::new(shed));
+    let mut retries = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let (client, url, api_key, shed) = (
+            app.client.clone(),
+            app.url("/v1/charges"),
+            app.api_key.clone(),
+            shed.clone(),
+        );
+        retries.spawn(async move {
+            loop {
+                let Some(key) = shed.lock().unwrap().pop() else {
+                    return;
+                };
+                for attempt in 0.. {
+                    let response = client
+                        .post(&url)
+                        .bearer_auth(&api_key)
+                        .header("Idempotency-Key", &key)
+                        .json(&visa(2000))
+                        .send()
+                        .await
+                        .expect("an answer");
+                    let retry = Answer::of(response).await;
+                    if retry.status == 503 && attempt < 20 {
+                        retry.assert_problem(503, "overloaded");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                    assert_eq!(retry.status, 201, "{key}: {:?}", retry.body);
+                    assert!(!retry.replayed(), "{key}: the first to do the work");
+                    break;
+                }
+            }
+        });
+    }
+    while let Some(joined) = retries.join_next().await {
+        joined.unwrap();
+    }
+    assert_eq!(app.charges().await, 1 + BURST as i64);
+    assert_eq!(app.payments().await, 1 + BURST as i64);
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys WHERE status = 'completed'")
+            .await,
+        1 + BURST as i64
+    );
+    assert_eq!(
+        app.count("SELECT count(DISTINCT charge_id) FROM idempotency_keys")
+            .await,
+        1 + BURST as i64,
+        "one charge per key"
+    );
+}
