@@ -1,9 +1,10 @@
 //! The webhook address guard: an endpoint may not point inside the network.
 //!
 //! An address is refused when it is, or resolves to, anything but a public
-//! unicast address (see [`refused_network`] for the list). The check runs
-//! when an endpoint is created ([`AddressGuard::check_url`], for an early
-//! `400 url_invalid`) and again at every attempt, where it is what counts:
+//! unicast address (the list is [`Network`]; `docs/webhooks.md` has it as a
+//! table). The check runs when an endpoint is created
+//! ([`AddressGuard::check_url`], for an early `400 url_invalid`) and again
+//! at every attempt, where it is what counts:
 //! the delivery client resolves names through [`GuardedResolver`], which
 //! refuses the whole answer if any address in it is refused, and connects
 //! only to the addresses it checked (no second lookup between the check and
