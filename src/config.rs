@@ -141,6 +141,9 @@ pub struct Settings {
     /// Webhook attempts in flight to one merchant's endpoints at once, over every instance (1 to 1024).
     #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_MERCHANT_CONCURRENCY", default_value = "8", value_parser = concurrency, global = true)]
     webhook_merchant_concurrency: i64,
+    /// Let webhook endpoints point at loopback, private, link-local and other internal addresses (a receiver beside the service: workshops, tests).
+    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_ALLOW_PRIVATE", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    webhook_allow_private: bool,
     /// If set, a merchant `demo` with this secret key is made sure to exist.
     #[arg(long, help_heading = "Workshop", env = "DEMO_API_KEY", hide_env_values = true, value_parser = demo_api_key, global = true)]
     demo_api_key: Option<String>,
@@ -245,6 +248,9 @@ pub struct Config {
     pub webhook_endpoint_concurrency: i64,
     /// Webhook attempts in flight to one merchant's endpoints, over every instance.
     pub webhook_merchant_concurrency: i64,
+    /// Let webhook endpoints point at internal addresses: the address guard
+    /// (see [`crate::webhooks::guard`]) off.
+    pub webhook_allow_private: bool,
 }
 
 /// Reads just the settings, for [`Config::from_lookup`].
@@ -355,6 +361,7 @@ impl Config {
             webhook_concurrency,
             webhook_endpoint_concurrency,
             webhook_merchant_concurrency,
+            webhook_allow_private,
         } = settings;
         let database_url = database_url.ok_or_else(|| ConfigError {
             name: "DATABASE_URL".into(),
@@ -404,6 +411,7 @@ impl Config {
             webhook_concurrency,
             webhook_endpoint_concurrency,
             webhook_merchant_concurrency,
+            webhook_allow_private,
         };
         // A request (and the processor call in it) must be over before its
         // key counts as stale: past PROCESSING_TIMEOUT, a retry or the sweeper
@@ -577,6 +585,7 @@ impl std::fmt::Debug for Config {
                 "webhook_merchant_concurrency",
                 &self.webhook_merchant_concurrency,
             )
+            .field("webhook_allow_private", &self.webhook_allow_private)
             .finish()
     }
 }
@@ -821,6 +830,20 @@ mod tests {
         assert_eq!(c.webhook_concurrency, 32);
         assert_eq!(c.webhook_endpoint_concurrency, 4);
         assert_eq!(c.webhook_merchant_concurrency, 8);
+        assert!(!c.webhook_allow_private);
+    }
+
+    #[test]
+    fn the_webhook_address_guard_is_on_unless_allow_private_is_true() {
+        assert!(!config(&[]).unwrap().webhook_allow_private);
+        let c = config(&[("WEBHOOK_ALLOW_PRIVATE", "true")]).unwrap();
+        assert!(c.webhook_allow_private);
+        let c = config(&[("WEBHOOK_ALLOW_PRIVATE", "false")]).unwrap();
+        assert!(!c.webhook_allow_private);
+        let err = config(&[("WEBHOOK_ALLOW_PRIVATE", "sometimes")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("WEBHOOK_ALLOW_PRIVATE"), "{err}");
     }
 
     /// The rows of the README's configuration table: name and default cell.

@@ -51,7 +51,8 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `metadata_invalid` (400): metadata breaks its limits.
 /// - `invalid_reason` (400): unknown refund reason.
 /// - `invalid_event_type` (400): an unknown event type (an event list's filter, a webhook endpoint's `enabled_events`).
-/// - `url_invalid` (400): a webhook endpoint's `url` is not an absolute `http` or `https` URL.
+/// - `url_invalid` (400): a webhook endpoint's `url` is not an absolute `http` or `https` URL,
+///   or its host is, or resolves to, an address inside the network (the address guard).
 /// - `webhook_endpoint_limit` (400): the merchant has as many webhook endpoints as allowed.
 /// - `resource_missing` (400/404): no such token, charge, refund or key.
 /// - `charge_not_refundable` (400): a refund of a pending or failed charge.

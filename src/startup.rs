@@ -108,6 +108,13 @@ impl Application {
         if self.state.config.fault_injection {
             tracing::warn!("FAULT_INJECTION=true: requests may crash this process on purpose");
         }
+        if self.state.config.webhook_allow_private {
+            tracing::warn!(
+                "WEBHOOK_ALLOW_PRIVATE=true: webhook endpoints may point at loopback, private \
+                 and link-local addresses, this host's and its network's services included; \
+                 only for a receiver beside the service"
+            );
+        }
         crate::db::migrate(&self.state.pool).await?;
         if let Some(key) = &self.state.config.demo_api_key {
             let key = ApiKey::parse(key).context("DEMO_API_KEY")?;

@@ -229,6 +229,7 @@ async fn settings(
         "processor_latency_ms": millis(config.processor_latency),
         "fault_injection": config.fault_injection,
         "demo_unsafe_endpoints": config.demo_unsafe_endpoints,
+        "webhook_allow_private": config.webhook_allow_private,
         "redis": state.redis.is_some(),
         "started_at_ms": STARTED
             .duration_since(std::time::UNIX_EPOCH)

@@ -560,6 +560,8 @@ pub struct DemoSettings {
     fault_injection: bool,
     /// `DEMO_UNSAFE_ENDPOINTS`: the deliberately broken endpoints are served.
     demo_unsafe_endpoints: bool,
+    /// `WEBHOOK_ALLOW_PRIVATE`: webhook endpoints may point at this server's own receivers, on loopback.
+    webhook_allow_private: bool,
     /// Whether `REDIS_URL` is set (not whether Redis answers).
     redis: bool,
     /// When this process started, Unix milliseconds: it changes when the server is restarted.

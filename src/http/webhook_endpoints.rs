@@ -19,6 +19,7 @@ use crate::app::AppState;
 use crate::operation::webhook_endpoint::CreateEndpoint;
 use crate::operation::write::{self, Write};
 use crate::webhooks::domain::{DeliveryEnd, NewEndpoint};
+use crate::webhooks::guard::AddressGuard;
 use crate::webhooks::store;
 
 const ROUTE: &str = CreateEndpoint::ROUTE;
@@ -61,6 +62,9 @@ async fn create(
 ) -> Result<Response, ApiError> {
     let (guard, params) = post.split(merchant.id);
     let endpoint = NewEndpoint::from_params(params)?;
+    endpoint
+        .check_address(AddressGuard::new(state.config.webhook_allow_private))
+        .await?;
     let answer = write::run(&state, guard, CreateEndpoint::new(merchant.id, endpoint)).await?;
     Ok(idempotent::respond(answer))
 }

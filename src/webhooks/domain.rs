@@ -9,6 +9,7 @@ use crate::charges::domain::{new_id, required, string};
 use crate::events::EventType;
 use crate::params::{Encoding, ParamError, Params, shorten};
 use crate::problem::ProblemCode;
+use crate::webhooks::guard::AddressGuard;
 
 /// The most endpoints a merchant may have, as Stripe allows.
 pub const MAX_ENDPOINTS: i64 = 16;
@@ -52,6 +53,22 @@ impl NewEndpoint {
             url,
             enabled_events,
             description,
+        })
+    }
+
+    /// Refuses a URL whose host is, or resolves to, an address inside the
+    /// network, with the address guard on: `400 url_invalid`, saying why.
+    /// Every attempt checks again; this is the early answer.
+    pub async fn check_address(&self, guard: AddressGuard) -> Result<(), ParamError> {
+        guard.check_url(&self.url).await.map_err(|refused| {
+            ParamError::new(
+                ProblemCode::UrlInvalid,
+                "url",
+                format!(
+                    "Invalid URL: '{}': {refused}; webhooks are sent only to public addresses",
+                    shorten(&self.url)
+                ),
+            )
         })
     }
 

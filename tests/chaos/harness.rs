@@ -387,6 +387,8 @@ impl Server {
             ("DEMO_API_KEY".into(), API_KEY.into()),
             ("RUST_LOG".into(), "info,sqlx=warn".into()),
             ("DATABASE_MAX_CONNECTIONS".into(), "8".into()),
+            // The scenarios' webhook receivers listen on loopback.
+            ("WEBHOOK_ALLOW_PRIVATE".into(), "true".into()),
         ];
         vars.extend(
             env.iter()

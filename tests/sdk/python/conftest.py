@@ -113,6 +113,8 @@ def oncepay():
             "SWEEP_INTERVAL": "500ms",
             "WEBHOOK_RETRY_BASE": WEBHOOK_RETRY_BASE,
             "WEBHOOK_POLL_INTERVAL": WEBHOOK_POLL_INTERVAL,
+            # The tests' webhook receivers listen on loopback.
+            "WEBHOOK_ALLOW_PRIVATE": "true",
             "RUST_LOG": "info,sqlx=warn",
         },
         stdout=log,
