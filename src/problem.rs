@@ -77,6 +77,7 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `payload_too_large` (413): the body is too large.
 /// - `unsupported_media_type` (415): neither JSON nor a form.
 /// - `idempotency_key_reused` (422): the key was used with other parameters.
+/// - `rate_limit` (429): the merchant sent more requests than its limit on this instance (`Retry-After`).
 /// - `internal_error` (500): a bug; details in the log only.
 /// - `receiver_failed_on_purpose` (500): a workshop receiver did its work, then answered 500 as its `fail_first` asks.
 /// - `processing_outcome_unknown` (503): the processor's outcome is unknown; retry with the same key after `Retry-After` (`PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
@@ -170,6 +171,8 @@ pub enum ProblemCode {
     UnsupportedMediaType,
     /// 422: the key was used with other parameters.
     IdempotencyKeyReused,
+    /// 429: the merchant sent more requests than its limit on this instance (`Retry-After`).
+    RateLimit,
     /// 500: a bug; details in the log only.
     InternalError,
     /// 500: a workshop receiver did its work, then answered 500 as its `fail_first` asks.
@@ -192,7 +195,7 @@ impl ProblemCode {
     /// Every code, in the order they are declared; a unit test holds it
     /// against the enum itself (by way of its OpenAPI schema), and
     /// `tests/api/docs.rs` against the table of docs/api.md.
-    pub const ALL: [ProblemCode; 49] = [
+    pub const ALL: [ProblemCode; 50] = [
         ProblemCode::ParameterMissing,
         ProblemCode::ParameterUnknown,
         ProblemCode::ParameterDuplicate,
@@ -234,6 +237,7 @@ impl ProblemCode {
         ProblemCode::PayloadTooLarge,
         ProblemCode::UnsupportedMediaType,
         ProblemCode::IdempotencyKeyReused,
+        ProblemCode::RateLimit,
         ProblemCode::InternalError,
         ProblemCode::ReceiverFailedOnPurpose,
         ProblemCode::ProcessingOutcomeUnknown,
@@ -288,6 +292,7 @@ impl ProblemCode {
             ProblemCode::PayloadTooLarge => "payload_too_large",
             ProblemCode::UnsupportedMediaType => "unsupported_media_type",
             ProblemCode::IdempotencyKeyReused => "idempotency_key_reused",
+            ProblemCode::RateLimit => "rate_limit",
             ProblemCode::InternalError => "internal_error",
             ProblemCode::ReceiverFailedOnPurpose => "receiver_failed_on_purpose",
             ProblemCode::ProcessingOutcomeUnknown => "processing_outcome_unknown",
@@ -346,6 +351,7 @@ impl ProblemCode {
             ProblemCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProblemCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemCode::RateLimit => StatusCode::TOO_MANY_REQUESTS,
             ProblemCode::InternalError
             | ProblemCode::ReceiverFailedOnPurpose
             | ProblemCode::HttpError => StatusCode::INTERNAL_SERVER_ERROR,

@@ -17,6 +17,7 @@ mod faults;
 mod helpers;
 mod idempotency;
 mod leases;
+mod limits;
 mod openapi;
 mod operability;
 mod pitfalls;
