@@ -49,7 +49,7 @@ impl FromRequestParts<AppState> for Authenticated {
         };
         let found = state
             .caches
-            .merchant_or_load(key.hash(), merchants::find_by_key(&state.pool, &key))
+            .merchant_or_load(key.hash(), merchants::authenticate(&state.pool, &key))
             .await?;
         match found {
             Some(merchant) => {

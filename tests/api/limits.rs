@@ -84,7 +84,7 @@ async fn a_merchant_over_its_limit_gets_429s_writes_nothing_for_them_and_leaves_
     );
     assert_eq!(charged + refused.len(), 60);
     // Nothing written for a refused request: no charge, no key, no payment.
-    assert_eq!(charges_of(&app, &app.api_key).await, charged as i64);
+    assert_eq!(charges_of(app, &app.api_key).await, charged as i64);
     let refused_keys_stored = app
         .count(&format!(
             "SELECT count(*) FROM idempotency_keys WHERE key = ANY(ARRAY['{}'])",
@@ -97,7 +97,7 @@ async fn a_merchant_over_its_limit_gets_429s_writes_nothing_for_them_and_leaves_
     for answer in &from_b {
         assert_eq!(answer.status, 201, "B: {:?}", answer.body);
     }
-    assert_eq!(charges_of(&app, &b).await, 8);
+    assert_eq!(charges_of(app, &b).await, 8);
 
     // Reads draw on their own allowance.
     let list = Answer::of(app.get("/v1/charges").await).await;

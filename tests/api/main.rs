@@ -26,6 +26,7 @@ mod reads;
 mod receivers;
 mod reconcile;
 mod refunds;
+mod rotation;
 mod stripe;
 mod sweeper;
 mod waits;
