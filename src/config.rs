@@ -47,6 +47,18 @@ pub struct Settings {
     /// The most client connections open at once (lowered to fit the open-file limit).
     #[arg(long, help_heading = "Server", env = "HTTP_MAX_CONNECTIONS", default_value = "1024", value_parser = positive_usize, global = true)]
     http_max_connections: usize,
+    /// Writes (POST, DELETE) one merchant may send this instance per second, replays included; 0: no limit.
+    #[arg(long, help_heading = "Rate limits", env = "RATE_LIMIT_PER_SECOND", default_value = "500", value_parser = rate, global = true)]
+    rate_limit_per_second: u32,
+    /// Writes one merchant may send at once, before RATE_LIMIT_PER_SECOND applies.
+    #[arg(long, help_heading = "Rate limits", env = "RATE_LIMIT_BURST", default_value = "1000", value_parser = positive_u32, global = true)]
+    rate_limit_burst: u32,
+    /// Reads (GET) one merchant may send this instance per second; 0: no limit.
+    #[arg(long, help_heading = "Rate limits", env = "RATE_LIMIT_READ_PER_SECOND", default_value = "1000", value_parser = rate, global = true)]
+    rate_limit_read_per_second: u32,
+    /// Reads one merchant may send at once, before RATE_LIMIT_READ_PER_SECOND applies.
+    #[arg(long, help_heading = "Rate limits", env = "RATE_LIMIT_READ_BURST", default_value = "2000", value_parser = positive_u32, global = true)]
+    rate_limit_read_burst: u32,
     /// Postgres URL (required).
     #[arg(
         long,
@@ -230,6 +242,10 @@ pub struct Config {
     /// The most client connections open at once, before the open-file limit
     /// lowers it (see `crate::http::server`).
     pub http_max_connections: usize,
+    /// One merchant's writes on this instance (see [`crate::rate_limit`]).
+    pub rate_limit_writes: crate::rate_limit::Limit,
+    /// One merchant's reads on this instance.
+    pub rate_limit_reads: crate::rate_limit::Limit,
     /// The longest one webhook attempt may take.
     pub webhook_timeout: Duration,
     /// Attempts per webhook delivery, the first included.
@@ -352,6 +368,10 @@ impl Config {
             http_header_read_timeout,
             http_keep_alive_timeout,
             http_max_connections,
+            rate_limit_per_second,
+            rate_limit_burst,
+            rate_limit_read_per_second,
+            rate_limit_read_burst,
             webhook_timeout,
             webhook_max_attempts,
             webhook_retry_base,
@@ -402,6 +422,14 @@ impl Config {
             http_header_read_timeout,
             http_keep_alive_timeout,
             http_max_connections,
+            rate_limit_writes: crate::rate_limit::Limit {
+                per_second: rate_limit_per_second,
+                burst: rate_limit_burst,
+            },
+            rate_limit_reads: crate::rate_limit::Limit {
+                per_second: rate_limit_read_per_second,
+                burst: rate_limit_read_burst,
+            },
             webhook_timeout,
             webhook_max_attempts,
             webhook_retry_base,
@@ -570,6 +598,8 @@ impl std::fmt::Debug for Config {
             .field("http_header_read_timeout", &self.http_header_read_timeout)
             .field("http_keep_alive_timeout", &self.http_keep_alive_timeout)
             .field("http_max_connections", &self.http_max_connections)
+            .field("rate_limit_writes", &self.rate_limit_writes)
+            .field("rate_limit_reads", &self.rate_limit_reads)
             .field("webhook_timeout", &self.webhook_timeout)
             .field("webhook_max_attempts", &self.webhook_max_attempts)
             .field("webhook_retry_base", &self.webhook_retry_base)
@@ -654,6 +684,11 @@ fn boolean(value: &str) -> Result<bool, String> {
 
 fn positive_u32(value: &str) -> Result<u32, String> {
     positive(value.trim().parse::<u32>().map_err(|e| e.to_string())?)
+}
+
+/// Requests per second: a whole number, 0 for no limit.
+fn rate(value: &str) -> Result<u32, String> {
+    value.trim().parse::<u32>().map_err(|e| e.to_string())
 }
 
 fn positive_usize(value: &str) -> Result<usize, String> {
@@ -821,6 +856,14 @@ mod tests {
         assert_eq!(c.http_header_read_timeout, Duration::from_secs(10));
         assert_eq!(c.http_keep_alive_timeout, Duration::from_secs(5));
         assert_eq!(c.http_max_connections, 1024);
+        assert_eq!(
+            (c.rate_limit_writes.per_second, c.rate_limit_writes.burst),
+            (500, 1000)
+        );
+        assert_eq!(
+            (c.rate_limit_reads.per_second, c.rate_limit_reads.burst),
+            (1000, 2000)
+        );
         assert_eq!(c.webhook_timeout, Duration::from_secs(10));
         assert_eq!(c.webhook_max_attempts, 16);
         assert_eq!(c.webhook_retry_base, Duration::from_secs(60));

@@ -78,6 +78,7 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `payload_too_large` (413): the body is too large.
 /// - `unsupported_media_type` (415): neither JSON nor a form.
 /// - `idempotency_key_reused` (422): the key was used with other parameters.
+/// - `rate_limit` (429): the merchant sent more requests than its limit on this instance (`Retry-After`).
 /// - `internal_error` (500): a bug; details in the log only.
 /// - `receiver_failed_on_purpose` (500): a workshop receiver did its work, then answered 500 as its `fail_first` asks.
 /// - `processing_outcome_unknown` (503): the processor's outcome is unknown; retry with the same key after `Retry-After` (`PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
@@ -172,6 +173,8 @@ pub enum ProblemCode {
     UnsupportedMediaType,
     /// 422: the key was used with other parameters.
     IdempotencyKeyReused,
+    /// 429: the merchant sent more requests than its limit on this instance (`Retry-After`).
+    RateLimit,
     /// 500: a bug; details in the log only.
     InternalError,
     /// 500: a workshop receiver did its work, then answered 500 as its `fail_first` asks.
@@ -238,6 +241,7 @@ impl ProblemCode {
         ProblemCode::PayloadTooLarge,
         ProblemCode::UnsupportedMediaType,
         ProblemCode::IdempotencyKeyReused,
+        ProblemCode::RateLimit,
         ProblemCode::InternalError,
         ProblemCode::ReceiverFailedOnPurpose,
         ProblemCode::ProcessingOutcomeUnknown,
@@ -293,6 +297,7 @@ impl ProblemCode {
             ProblemCode::PayloadTooLarge => "payload_too_large",
             ProblemCode::UnsupportedMediaType => "unsupported_media_type",
             ProblemCode::IdempotencyKeyReused => "idempotency_key_reused",
+            ProblemCode::RateLimit => "rate_limit",
             ProblemCode::InternalError => "internal_error",
             ProblemCode::ReceiverFailedOnPurpose => "receiver_failed_on_purpose",
             ProblemCode::ProcessingOutcomeUnknown => "processing_outcome_unknown",
@@ -352,6 +357,7 @@ impl ProblemCode {
             ProblemCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProblemCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemCode::RateLimit => StatusCode::TOO_MANY_REQUESTS,
             ProblemCode::InternalError
             | ProblemCode::ReceiverFailedOnPurpose
             | ProblemCode::HttpError => StatusCode::INTERNAL_SERVER_ERROR,

@@ -27,8 +27,9 @@ Send an `Idempotency-Key` (one per logical operation) with every POST: a retry g
 `Prefer: wait=N`), and a key reused with other parameters gets `422` (`400` with a `Stripe-Version` header, \
 as the Stripe SDKs expect). Every error is `application/problem+json` with a stable `code`, and the same error \
 in Stripe's shape under `error`; see the `Problem` schema for the list. Every response carries `Request-Id` \
-(the same as `X-Request-Id`); every error carries `Stripe-Should-Retry`: `true` on `409` and `5xx`, \
-`false` on every other `4xx`.",
+(the same as `X-Request-Id`); every error carries `Stripe-Should-Retry`: `true` on `409`, `429` and `5xx`, \
+`false` on every other `4xx`. Each merchant's requests are rate limited, reads and writes apart: the excess \
+gets `429 rate_limit` with `Retry-After`.",
         license(name = "MIT")
     ),
     modifiers(&Security),
@@ -36,7 +37,7 @@ in Stripe's shape under `error`; see the `Problem` schema for the list. Every re
         schemas(Problem, StripeError, ProblemCode),
         responses(
             BadRequest, Unauthorized, PaymentFailed, NotFound, InFlight, TooLarge,
-            UnsupportedMediaType, KeyReused, InternalError, Unavailable
+            UnsupportedMediaType, KeyReused, TooManyRequests, InternalError, Unavailable
         )
     ),
     tags(
@@ -706,6 +707,15 @@ pub struct UnsupportedMediaType(Problem);
 )]
 #[allow(dead_code)]
 pub struct KeyReused(Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "Over the merchant's rate limit on this instance; nothing was read or written (`Retry-After`)",
+    content_type = "application/problem+json",
+    headers(("Retry-After" = String, description = "Whole seconds until the merchant's allowance has room for one more request, at least 1"))
+)]
+#[allow(dead_code)]
+pub struct TooManyRequests(Problem);
 
 #[derive(ToResponse)]
 #[response(
