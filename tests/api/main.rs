@@ -25,6 +25,7 @@ mod reads;
 mod receivers;
 mod reconcile;
 mod refunds;
+mod shapes;
 mod shedding;
 mod stripe;
 mod sweeper;
