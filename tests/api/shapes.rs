@@ -293,7 +293,18 @@ async fn each_paying_token_charges_its_own_card() {
 
 /// (token, error code, decline code, outcome type, network status, outcome
 /// reason, risk level, last4).
-const DECLINING: [(&str, &str, &str, &str, &str, &str, &str, &str); 8] = [
+type Declining = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+);
+
+const DECLINING: [Declining; 8] = [
     (
         "tok_chargeDeclined",
         "card_declined",
