@@ -71,6 +71,8 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `card_declined` (402): declined (saved and replayed).
 /// - `insufficient_funds` (402): declined for insufficient funds.
 /// - `expired_card` (402): declined, card expired.
+/// - `incorrect_cvc` (402): declined, the card's security code is wrong.
+/// - `processing_error` (402): declined, the issuer could not process the card.
 /// - `processing_abandoned` (402): abandoned before the network answered; no money moved.
 /// - `route_not_found` (404): unknown route.
 /// - `method_not_allowed` (405): the route does not take that method.
@@ -159,6 +161,10 @@ pub enum ProblemCode {
     InsufficientFunds,
     /// 402: declined, card expired.
     ExpiredCard,
+    /// 402: declined, the card's security code is wrong.
+    IncorrectCvc,
+    /// 402: declined, the issuer could not process the card.
+    ProcessingError,
     /// 402: abandoned before the network answered; no money moved.
     ProcessingAbandoned,
     /// 404: unknown route.
@@ -199,7 +205,7 @@ impl ProblemCode {
     /// Every code, in the order they are declared; a unit test holds it
     /// against the enum itself (by way of its OpenAPI schema), and
     /// `tests/api/docs.rs` against the table of docs/api.md.
-    pub const ALL: [ProblemCode; 50] = [
+    pub const ALL: [ProblemCode; 52] = [
         ProblemCode::ParameterMissing,
         ProblemCode::ParameterUnknown,
         ProblemCode::ParameterDuplicate,
@@ -234,6 +240,8 @@ impl ProblemCode {
         ProblemCode::CardDeclined,
         ProblemCode::InsufficientFunds,
         ProblemCode::ExpiredCard,
+        ProblemCode::IncorrectCvc,
+        ProblemCode::ProcessingError,
         ProblemCode::ProcessingAbandoned,
         ProblemCode::RouteNotFound,
         ProblemCode::MethodNotAllowed,
@@ -290,6 +298,8 @@ impl ProblemCode {
             ProblemCode::CardDeclined => "card_declined",
             ProblemCode::InsufficientFunds => "insufficient_funds",
             ProblemCode::ExpiredCard => "expired_card",
+            ProblemCode::IncorrectCvc => "incorrect_cvc",
+            ProblemCode::ProcessingError => "processing_error",
             ProblemCode::ProcessingAbandoned => "processing_abandoned",
             ProblemCode::RouteNotFound => "route_not_found",
             ProblemCode::MethodNotAllowed => "method_not_allowed",
@@ -350,6 +360,8 @@ impl ProblemCode {
             ProblemCode::CardDeclined
             | ProblemCode::InsufficientFunds
             | ProblemCode::ExpiredCard
+            | ProblemCode::IncorrectCvc
+            | ProblemCode::ProcessingError
             | ProblemCode::ProcessingAbandoned => StatusCode::PAYMENT_REQUIRED,
             ProblemCode::RouteNotFound => StatusCode::NOT_FOUND,
             ProblemCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -395,6 +407,8 @@ impl ProblemCode {
             ProblemCode::CardDeclined => Some("generic_decline"),
             ProblemCode::InsufficientFunds => Some("insufficient_funds"),
             ProblemCode::ExpiredCard => Some("expired_card"),
+            ProblemCode::IncorrectCvc => Some("incorrect_cvc"),
+            ProblemCode::ProcessingError => Some("processing_error"),
             _ => None,
         }
     }
@@ -446,6 +460,10 @@ pub struct Problem {
     pub param: Option<String>,
     /// Extra members of the body, such as the failed charge's id.
     pub extra: Map<String, Value>,
+    /// Stripe's `error.decline_code` when the card's decline says more than
+    /// the code's own ([`ProblemCode::decline_code`]): `lost_card`, say,
+    /// under `card_declined`.
+    pub decline_code: Option<&'static str>,
     pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
@@ -463,6 +481,7 @@ impl Problem {
             detail: detail.into(),
             param: None,
             extra: Map::new(),
+            decline_code: None,
             headers: Vec::new(),
         }
     }
@@ -474,6 +493,12 @@ impl Problem {
         let param = param.into();
         let param = shorten_to(&param, MAX_PARAM_CHARS);
         self.param = Some(param.into_owned());
+        self
+    }
+
+    /// A decline code that says more than the code's own.
+    pub fn with_decline_code(mut self, decline_code: &'static str) -> Self {
+        self.decline_code = Some(decline_code);
         self
     }
 
@@ -500,7 +525,7 @@ impl Problem {
         let mut error = Map::new();
         error.insert("type".into(), self.code.error_type().as_str().into());
         error.insert("code".into(), self.code.as_str().into());
-        if let Some(decline_code) = self.code.decline_code() {
+        if let Some(decline_code) = self.decline_code.or(self.code.decline_code()) {
             error.insert("decline_code".into(), decline_code.into());
         }
         error.insert("message".into(), self.detail.clone().into());

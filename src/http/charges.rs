@@ -18,6 +18,7 @@ use crate::app::AppState;
 use crate::charges::{Charge, NewCharge, store};
 use crate::operation::charge::CreateCharge;
 use crate::operation::{self, Operation};
+use crate::refunds::store as refunds;
 
 const ROUTE: &str = CreateCharge::ROUTE;
 
@@ -88,7 +89,11 @@ async fn retrieve(
     PathParam(id): PathParam,
 ) -> Result<Response, ApiError> {
     match store::find(&state.pool, merchant.id, &id).await? {
-        Some(charge) => Ok(Json(charge.to_object()).into_response()),
+        Some(charge) => {
+            let refunds =
+                refunds::of_charges(&state.pool, std::slice::from_ref(&charge.id)).await?;
+            Ok(Json(charge.to_object(&refunds)).into_response())
+        }
         None => Err(no_such_charge(&id, "id")),
     }
 }
@@ -159,7 +164,12 @@ async fn list(
         // Fetched oldest first, nearest the cursor; shown newest first.
         charges.reverse();
     }
-    let data: Vec<_> = charges.iter().map(|c| c.to_object()).collect();
+    let ids: Vec<String> = charges.iter().map(|c| c.id.clone()).collect();
+    let refunds = refunds::of_charges(&state.pool, &ids).await?;
+    let data: Vec<_> = charges
+        .iter()
+        .map(|c| c.to_object(refunds::of_charge(&refunds, &c.id)))
+        .collect();
     Ok(Json(json!({
         "object": "list",
         "url": ROUTE,

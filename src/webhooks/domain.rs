@@ -239,6 +239,8 @@ pub struct EndpointObject<'a> {
     /// Why it was disabled, when it was (oncepay's addition).
     pub disabled_reason: Option<&'a str>,
     pub api_version: Option<&'static str>,
+    /// Stripe's Connect application that made it: never one here.
+    pub application: Option<&'static str>,
     pub created: i64,
     pub livemode: bool,
     pub metadata: serde_json::Map<String, Value>,
@@ -258,6 +260,7 @@ impl Endpoint {
             status: self.status.as_str(),
             disabled_reason: self.disabled_reason.as_deref(),
             api_version: None,
+            application: None,
             created: self.created_at.timestamp(),
             livemode: false,
             metadata: serde_json::Map::new(),

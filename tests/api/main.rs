@@ -27,6 +27,7 @@ mod receivers;
 mod reconcile;
 mod refunds;
 mod rotation;
+mod shapes;
 mod shedding;
 mod stripe;
 mod sweeper;
