@@ -46,6 +46,9 @@ pub struct Services {
     pub tasks: TaskTracker,
     /// Completed answers and merchants, see [`crate::cache`].
     pub caches: Arc<crate::cache::Caches>,
+    /// Each merchant's reads and writes on this instance, see
+    /// [`crate::rate_limit`].
+    pub rate_limits: Arc<crate::rate_limit::RateLimits>,
     /// Requests waiting on keys in flight, see [`crate::idempotency::wait`].
     pub waits: Waits,
     /// The watch on the primary when `DATABASE_URL` names several hosts

@@ -11,10 +11,12 @@
 //!   clock nor its skew from the database's enters into it. A hit shares the
 //!   saved body (`Bytes`), it does not copy it. The fingerprint and route are
 //!   still compared on every hit.
-//! - **Merchants by key hash**, bounded by count. Keys are never rotated or
-//!   revoked in oncepay; an entry lives `MERCHANT_TTL` from the moment it was
-//!   read from the database anyway (a hit does not extend it), so a future
-//!   revocation would take effect within that time.
+//! - **Merchants by key hash**, bounded by count. An entry lives
+//!   `MERCHANT_TTL` from the moment it was read from the database (a hit does
+//!   not extend it), or less when the key expires sooner: a rolled key's
+//!   entry ends with the key, by the lifetime the database gave it in the
+//!   same read. A key rolled at once is refused by every instance within
+//!   `MERCHANT_TTL`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -25,10 +27,12 @@ use quick_cache::{OptionsBuilder, Weighter};
 use uuid::Uuid;
 
 use crate::idempotency::{Fingerprint, SavedResponse};
-use crate::merchants::Merchant;
+use crate::merchants::{KeyHolder, Merchant};
 
-/// How long a merchant read from the database is trusted.
-pub const MERCHANT_TTL: Duration = Duration::from_secs(60);
+/// How long a merchant read from the database is trusted: a key rolled at
+/// once stops working on every instance within it. One lookup per key and
+/// instance every few seconds costs nothing measurable.
+pub const MERCHANT_TTL: Duration = Duration::from_secs(5);
 /// Merchants kept at most.
 const MERCHANT_CAPACITY: usize = 10_000;
 /// The largest answer cached, whatever the budget: well above any answer the
@@ -94,6 +98,7 @@ struct Answers {
 pub struct Caches {
     /// `None` when `REPLAY_CACHE_BYTES` is 0.
     answers: Option<Answers>,
+    /// Each with the instant after which it is read again.
     merchants: Cache<Vec<u8>, (Merchant, Instant)>,
     merchant_ttl: Duration,
 }
@@ -178,29 +183,34 @@ impl Caches {
     }
 
     /// The merchant with this key hash: from the cache if it was read from
-    /// the database less than the merchant lifetime ago, else from `load`
-    /// (which then starts a new lifetime). A hit does not extend the entry.
+    /// the database less than the merchant lifetime ago and its key has not
+    /// expired since, else from `load` (which then starts a new lifetime). A
+    /// hit does not extend the entry.
     pub async fn merchant_or_load<E, F>(
         &self,
         key_hash: Vec<u8>,
         load: F,
     ) -> Result<Option<Merchant>, E>
     where
-        F: Future<Output = Result<Option<Merchant>, E>>,
+        F: Future<Output = Result<Option<KeyHolder>, E>>,
     {
-        if let Some((merchant, read_at)) = self.merchants.get(&key_hash) {
-            if read_at.elapsed() < self.merchant_ttl {
+        if let Some((merchant, deadline)) = self.merchants.get(&key_hash) {
+            if Instant::now() < deadline {
                 return Ok(Some(merchant));
             }
             self.merchants
-                .remove_if(&key_hash, |(_, at)| *at == read_at);
+                .remove_if(&key_hash, |(_, at)| *at == deadline);
         }
         let read_at = Instant::now();
-        let found = load.await?;
-        if let Some(merchant) = &found {
-            self.merchants.insert(key_hash, (merchant.clone(), read_at));
-        }
-        Ok(found)
+        let Some(found) = load.await? else {
+            return Ok(None);
+        };
+        let lives = found
+            .expires_in
+            .map_or(self.merchant_ttl, |left| left.min(self.merchant_ttl));
+        self.merchants
+            .insert(key_hash, (found.merchant.clone(), read_at + lives));
+        Ok(Some(found.merchant))
     }
 }
 
@@ -340,9 +350,12 @@ mod tests {
         let loads = AtomicUsize::new(0);
         let load = || async {
             loads.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, ()>(Some(Merchant {
-                id: Uuid::nil(),
-                name: "m".into(),
+            Ok::<_, ()>(Some(KeyHolder {
+                merchant: Merchant {
+                    id: Uuid::nil(),
+                    name: "m".into(),
+                },
+                expires_in: None,
             }))
         };
         let hash = b"hash".to_vec();
@@ -365,6 +378,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_rolled_keys_entry_ends_when_the_key_expires() {
+        let caches = Caches::with_merchant_ttl(0, Duration::from_secs(60));
+        let loads = AtomicUsize::new(0);
+        let load = || async {
+            loads.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, ()>(Some(KeyHolder {
+                merchant: Merchant {
+                    id: Uuid::nil(),
+                    name: "m".into(),
+                },
+                expires_in: Some(Duration::from_millis(300)),
+            }))
+        };
+        let hash = b"old key".to_vec();
+        caches.merchant_or_load(hash.clone(), load()).await.unwrap();
+        caches.merchant_or_load(hash.clone(), load()).await.unwrap();
+        assert_eq!(loads.load(Ordering::SeqCst), 1, "a hit before it expires");
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        caches.merchant_or_load(hash.clone(), load()).await.unwrap();
+        assert_eq!(
+            loads.load(Ordering::SeqCst),
+            2,
+            "read again once the key expired, well within the lifetime"
+        );
+    }
+
+    #[tokio::test]
     async fn an_unknown_key_is_not_cached() {
         let caches = Caches::new(0);
         let loads = AtomicUsize::new(0);
@@ -372,7 +412,7 @@ mod tests {
             let found = caches
                 .merchant_or_load(b"nope".to_vec(), async {
                     loads.fetch_add(1, Ordering::SeqCst);
-                    Ok::<_, ()>(None)
+                    Ok::<Option<KeyHolder>, ()>(None)
                 })
                 .await
                 .unwrap();

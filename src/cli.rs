@@ -1,5 +1,5 @@
 //! The `oncepay` command line: `serve` (the default), `migrate`,
-//! `merchants create`, `sweep`, `reconcile`, and `processor`, the card gateway, a system
+//! `merchants create`, `merchants roll-key`, `sweep`, `reconcile`, and `processor`, the card gateway, a system
 //! of its own with its own settings ([`crate::gateway::config`]). Settings
 //! come from the environment or `.env`, or from the flag of the same name
 //! (see [`crate::config`]); `--help` lists them all with their defaults.
@@ -106,6 +106,18 @@ enum MerchantsCommand {
         #[arg(long, value_parser = merchant_name)]
         name: String,
     },
+    /// Give a merchant a new secret API key; prints it, and only it, on
+    /// stdout. The key it replaces keeps working until --expire-old-in has
+    /// passed; a key older still, if live, stops at once (at most two live
+    /// keys per merchant).
+    RollKey {
+        /// The merchant's id.
+        id: uuid::Uuid,
+        /// How long the key in use until now keeps working, like 1h or 24h;
+        /// 0s (the default) stops it at once; at most 7 days.
+        #[arg(long, value_parser = expire_old_in, default_value = "0s")]
+        expire_old_in: Duration,
+    },
 }
 
 impl Cli {
@@ -181,6 +193,35 @@ impl Cli {
                 })?;
                 tracing::info!(merchant = %merchant.id, name = %merchant.name, "merchant created");
                 println!("{}", key.expose());
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Merchants {
+                command: MerchantsCommand::RollKey { id, expire_old_in },
+            } => {
+                let rolled = merchants::roll_key(&pool, id, expire_old_in)
+                    .await
+                    .map_err(|e| {
+                        let context = if db::undefined_column(&e) || db::undefined_table(&e) {
+                            "rolling the key: the schema is behind (run `oncepay migrate` first)"
+                        } else {
+                            "rolling the key"
+                        };
+                        anyhow::Error::new(e).context(context)
+                    })?
+                    .with_context(|| format!("there is no merchant {id}"))?;
+                if rolled.expired_older {
+                    tracing::warn!(
+                        merchant = %id,
+                        "the merchant held two live keys: the older one stopped working now"
+                    );
+                }
+                tracing::info!(
+                    merchant = %id,
+                    name = %rolled.merchant.name,
+                    old_key_expires_at = %rolled.old_key_expires_at.to_rfc3339(),
+                    "key rolled: the new key works now, the old one until old_key_expires_at"
+                );
+                println!("{}", rolled.key.expose());
                 Ok(ExitCode::SUCCESS)
             }
             Command::Sweep { once } => {
@@ -344,6 +385,16 @@ fn window(value: &str) -> Result<Duration, String> {
         Ok(_) => Err("must be greater than zero".into()),
         Err(e) => Err(format!("{e} (write it like 30m or 24h)")),
     }
+}
+
+/// How long a rolled key keeps working: `0s` to 7 days.
+fn expire_old_in(value: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(value.trim())
+        .map_err(|e| format!("{e} (write it like 0s, 1h or 24h)"))?;
+    if duration > merchants::MAX_EXPIRE_OLD_IN {
+        return Err("at most 7 days (7d)".into());
+    }
+    Ok(duration)
 }
 
 /// A merchant's name as the `merchants` table takes it: 1 to 200

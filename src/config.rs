@@ -47,6 +47,18 @@ pub struct Settings {
     /// The most client connections open at once (lowered to fit the open-file limit).
     #[arg(long, help_heading = "Server", env = "HTTP_MAX_CONNECTIONS", default_value = "1024", value_parser = positive_usize, global = true)]
     http_max_connections: usize,
+    /// Writes (POST, DELETE) one merchant may send this instance per second, replays included; 0: no limit.
+    #[arg(long, help_heading = "Rate limits", env = "RATE_LIMIT_PER_SECOND", default_value = "500", value_parser = rate, global = true)]
+    rate_limit_per_second: u32,
+    /// Writes one merchant may send at once, before RATE_LIMIT_PER_SECOND applies.
+    #[arg(long, help_heading = "Rate limits", env = "RATE_LIMIT_BURST", default_value = "1000", value_parser = positive_u32, global = true)]
+    rate_limit_burst: u32,
+    /// Reads (GET) one merchant may send this instance per second; 0: no limit.
+    #[arg(long, help_heading = "Rate limits", env = "RATE_LIMIT_READ_PER_SECOND", default_value = "1000", value_parser = rate, global = true)]
+    rate_limit_read_per_second: u32,
+    /// Reads one merchant may send at once, before RATE_LIMIT_READ_PER_SECOND applies.
+    #[arg(long, help_heading = "Rate limits", env = "RATE_LIMIT_READ_BURST", default_value = "2000", value_parser = positive_u32, global = true)]
+    rate_limit_read_burst: u32,
     /// Postgres URL (required).
     #[arg(
         long,
@@ -141,6 +153,9 @@ pub struct Settings {
     /// Webhook attempts in flight to one merchant's endpoints at once, over every instance (1 to 1024).
     #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_MERCHANT_CONCURRENCY", default_value = "8", value_parser = concurrency, global = true)]
     webhook_merchant_concurrency: i64,
+    /// Let webhook endpoints point at loopback, private, link-local and other internal addresses (a receiver beside the service: workshops, tests).
+    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_ALLOW_PRIVATE", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    webhook_allow_private: bool,
     /// If set, a merchant `demo` with this secret key is made sure to exist.
     #[arg(long, help_heading = "Workshop", env = "DEMO_API_KEY", hide_env_values = true, value_parser = demo_api_key, global = true)]
     demo_api_key: Option<String>,
@@ -227,6 +242,10 @@ pub struct Config {
     /// The most client connections open at once, before the open-file limit
     /// lowers it (see `crate::http::server`).
     pub http_max_connections: usize,
+    /// One merchant's writes on this instance (see [`crate::rate_limit`]).
+    pub rate_limit_writes: crate::rate_limit::Limit,
+    /// One merchant's reads on this instance.
+    pub rate_limit_reads: crate::rate_limit::Limit,
     /// The longest one webhook attempt may take.
     pub webhook_timeout: Duration,
     /// Attempts per webhook delivery, the first included.
@@ -245,6 +264,9 @@ pub struct Config {
     pub webhook_endpoint_concurrency: i64,
     /// Webhook attempts in flight to one merchant's endpoints, over every instance.
     pub webhook_merchant_concurrency: i64,
+    /// Let webhook endpoints point at internal addresses: the address guard
+    /// (see [`crate::webhooks::guard`]) off.
+    pub webhook_allow_private: bool,
 }
 
 /// Reads just the settings, for [`Config::from_lookup`].
@@ -346,6 +368,10 @@ impl Config {
             http_header_read_timeout,
             http_keep_alive_timeout,
             http_max_connections,
+            rate_limit_per_second,
+            rate_limit_burst,
+            rate_limit_read_per_second,
+            rate_limit_read_burst,
             webhook_timeout,
             webhook_max_attempts,
             webhook_retry_base,
@@ -355,6 +381,7 @@ impl Config {
             webhook_concurrency,
             webhook_endpoint_concurrency,
             webhook_merchant_concurrency,
+            webhook_allow_private,
         } = settings;
         let database_url = database_url.ok_or_else(|| ConfigError {
             name: "DATABASE_URL".into(),
@@ -395,6 +422,14 @@ impl Config {
             http_header_read_timeout,
             http_keep_alive_timeout,
             http_max_connections,
+            rate_limit_writes: crate::rate_limit::Limit {
+                per_second: rate_limit_per_second,
+                burst: rate_limit_burst,
+            },
+            rate_limit_reads: crate::rate_limit::Limit {
+                per_second: rate_limit_read_per_second,
+                burst: rate_limit_read_burst,
+            },
             webhook_timeout,
             webhook_max_attempts,
             webhook_retry_base,
@@ -404,6 +439,7 @@ impl Config {
             webhook_concurrency,
             webhook_endpoint_concurrency,
             webhook_merchant_concurrency,
+            webhook_allow_private,
         };
         // A request (and the processor call in it) must be over before its
         // key counts as stale: past PROCESSING_TIMEOUT, a retry or the sweeper
@@ -562,6 +598,8 @@ impl std::fmt::Debug for Config {
             .field("http_header_read_timeout", &self.http_header_read_timeout)
             .field("http_keep_alive_timeout", &self.http_keep_alive_timeout)
             .field("http_max_connections", &self.http_max_connections)
+            .field("rate_limit_writes", &self.rate_limit_writes)
+            .field("rate_limit_reads", &self.rate_limit_reads)
             .field("webhook_timeout", &self.webhook_timeout)
             .field("webhook_max_attempts", &self.webhook_max_attempts)
             .field("webhook_retry_base", &self.webhook_retry_base)
@@ -577,6 +615,7 @@ impl std::fmt::Debug for Config {
                 "webhook_merchant_concurrency",
                 &self.webhook_merchant_concurrency,
             )
+            .field("webhook_allow_private", &self.webhook_allow_private)
             .finish()
     }
 }
@@ -645,6 +684,11 @@ fn boolean(value: &str) -> Result<bool, String> {
 
 fn positive_u32(value: &str) -> Result<u32, String> {
     positive(value.trim().parse::<u32>().map_err(|e| e.to_string())?)
+}
+
+/// Requests per second: a whole number, 0 for no limit.
+fn rate(value: &str) -> Result<u32, String> {
+    value.trim().parse::<u32>().map_err(|e| e.to_string())
 }
 
 fn positive_usize(value: &str) -> Result<usize, String> {
@@ -812,6 +856,14 @@ mod tests {
         assert_eq!(c.http_header_read_timeout, Duration::from_secs(10));
         assert_eq!(c.http_keep_alive_timeout, Duration::from_secs(5));
         assert_eq!(c.http_max_connections, 1024);
+        assert_eq!(
+            (c.rate_limit_writes.per_second, c.rate_limit_writes.burst),
+            (500, 1000)
+        );
+        assert_eq!(
+            (c.rate_limit_reads.per_second, c.rate_limit_reads.burst),
+            (1000, 2000)
+        );
         assert_eq!(c.webhook_timeout, Duration::from_secs(10));
         assert_eq!(c.webhook_max_attempts, 16);
         assert_eq!(c.webhook_retry_base, Duration::from_secs(60));
@@ -821,6 +873,20 @@ mod tests {
         assert_eq!(c.webhook_concurrency, 32);
         assert_eq!(c.webhook_endpoint_concurrency, 4);
         assert_eq!(c.webhook_merchant_concurrency, 8);
+        assert!(!c.webhook_allow_private);
+    }
+
+    #[test]
+    fn the_webhook_address_guard_is_on_unless_allow_private_is_true() {
+        assert!(!config(&[]).unwrap().webhook_allow_private);
+        let c = config(&[("WEBHOOK_ALLOW_PRIVATE", "true")]).unwrap();
+        assert!(c.webhook_allow_private);
+        let c = config(&[("WEBHOOK_ALLOW_PRIVATE", "false")]).unwrap();
+        assert!(!c.webhook_allow_private);
+        let err = config(&[("WEBHOOK_ALLOW_PRIVATE", "sometimes")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("WEBHOOK_ALLOW_PRIVATE"), "{err}");
     }
 
     /// The rows of the README's configuration table: name and default cell.

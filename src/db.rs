@@ -99,3 +99,12 @@ pub fn undefined_table(error: &sqlx::Error) -> bool {
         .and_then(|e| e.code())
         .is_some_and(|code| code == "42P01")
 }
+
+/// Whether `error` is Postgres's "undefined column" (a schema behind the
+/// binary: migrations not applied).
+pub fn undefined_column(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "42703")
+}

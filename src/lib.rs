@@ -20,6 +20,7 @@ pub mod params;
 pub mod postgres;
 pub mod problem;
 pub mod processor;
+pub mod rate_limit;
 pub mod reconcile;
 pub mod recovery;
 pub mod refunds;

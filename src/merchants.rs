@@ -4,7 +4,17 @@
 //! SHA-256 is stored: the keys are long random strings, so a fast hash is as
 //! strong as a slow one here, and it lets a request be authenticated with one
 //! indexed lookup.
+//!
+//! A key can be rolled ([`roll_key`]): the merchant gets a new key, and the
+//! one it replaces keeps working beside it until it expires (at once by
+//! default). So a merchant holds at most two live keys: the one in use and
+//! the one before it. Both name the same merchant, so charges and
+//! idempotency keys (which belong to the merchant, not to an API key) carry
+//! over from one to the other.
 
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use rand::Rng;
 use rand::distr::Alphanumeric;
 use sha2::{Digest, Sha256};
@@ -97,15 +107,110 @@ pub async fn ensure(
     find_by_key(db, key).await?.ok_or(sqlx::Error::RowNotFound)
 }
 
-/// The merchant owning `key`, if any.
+/// The merchant owning `key`, if any, its key in use or a previous one
+/// not yet expired.
 pub async fn find_by_key(db: impl PgExecutor<'_>, key: &ApiKey) -> sqlx::Result<Option<Merchant>> {
-    sqlx::query_as!(
-        Merchant,
-        "SELECT id, name FROM merchants WHERE api_key_hash = $1",
+    Ok(authenticate(db, key).await?.map(|found| found.merchant))
+}
+
+/// A merchant found by one of its keys.
+#[derive(Clone, Debug)]
+pub struct KeyHolder {
+    pub merchant: Merchant,
+    /// How long the key has left, by the database's clock: `None` for the
+    /// key in use, which does not expire; a duration for a previous key.
+    pub expires_in: Option<Duration>,
+}
+
+/// The merchant `key` belongs to, if it is the merchant's key in use or a
+/// previous key not yet expired. The key in use is looked up first, and a
+/// previous key only when that finds nothing (`LIMIT 1` stops the `UNION
+/// ALL` at the first row): an authenticated request costs one lookup in a
+/// unique index, as with one key per merchant.
+pub async fn authenticate(
+    db: impl PgExecutor<'_>,
+    key: &ApiKey,
+) -> sqlx::Result<Option<KeyHolder>> {
+    let hash = key.hash();
+    let row = sqlx::query!(
+        r#"SELECT id AS "id!", name AS "name!", expires_in_ms
+             FROM (SELECT id, name, NULL::float8 AS expires_in_ms
+                     FROM merchants WHERE api_key_hash = $1
+                   UNION ALL
+                   SELECT id, name,
+                          EXTRACT(EPOCH FROM previous_key_expires_at - clock_timestamp())::float8 * 1000
+                     FROM merchants
+                    WHERE previous_key_hash = $1 AND previous_key_expires_at > clock_timestamp()
+                   LIMIT 1) found"#,
+        hash,
+    )
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|row| KeyHolder {
+        merchant: Merchant {
+            id: row.id,
+            name: row.name,
+        },
+        expires_in: row
+            .expires_in_ms
+            .map(|ms| Duration::from_millis(ms.max(0.0) as u64)),
+    }))
+}
+
+/// The longest a rolled key may keep working.
+pub const MAX_EXPIRE_OLD_IN: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// What [`roll_key`] did.
+#[derive(Debug)]
+pub struct Rolled {
+    pub merchant: Merchant,
+    /// The new key, to show once.
+    pub key: ApiKey,
+    /// When the key it replaced stops working.
+    pub old_key_expires_at: DateTime<Utc>,
+    /// When a key older still was live (two keys were), it expired now.
+    pub expired_older: bool,
+}
+
+/// Gives the merchant `id` a new key; the key in use until now keeps working
+/// for `expire_old_in` (zero: it stops at once). A merchant holds at most
+/// two live keys: if the key before the one replaced is still live, it
+/// expires now, so a leaked key can always be replaced at once. `None` if
+/// there is no such merchant. One statement, so two rolls at once are
+/// applied one after the other.
+pub async fn roll_key(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    expire_old_in: Duration,
+) -> sqlx::Result<Option<Rolled>> {
+    let key = ApiKey::generate();
+    let row = sqlx::query!(
+        r#"WITH old AS (
+               SELECT id, previous_key_expires_at FROM merchants WHERE id = $1 FOR UPDATE
+           )
+           UPDATE merchants m
+              SET previous_key_hash = m.api_key_hash,
+                  previous_key_expires_at = clock_timestamp() + make_interval(secs => $2),
+                  api_key_hash = $3
+             FROM old
+            WHERE m.id = old.id
+        RETURNING m.id, m.name, m.previous_key_expires_at AS "old_key_expires_at!",
+                  coalesce(old.previous_key_expires_at > clock_timestamp(), false) AS "expired_older!""#,
+        id,
+        expire_old_in.as_secs_f64(),
         key.hash(),
     )
     .fetch_optional(db)
-    .await
+    .await?;
+    Ok(row.map(|row| Rolled {
+        merchant: Merchant {
+            id: row.id,
+            name: row.name,
+        },
+        key,
+        old_key_expires_at: row.old_key_expires_at,
+        expired_older: row.expired_older,
+    }))
 }
 
 #[cfg(test)]

@@ -51,7 +51,8 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `metadata_invalid` (400): metadata breaks its limits.
 /// - `invalid_reason` (400): unknown refund reason.
 /// - `invalid_event_type` (400): an unknown event type (an event list's filter, a webhook endpoint's `enabled_events`).
-/// - `url_invalid` (400): a webhook endpoint's `url` is not an absolute `http` or `https` URL.
+/// - `url_invalid` (400): a webhook endpoint's `url` is not an absolute `http` or `https` URL,
+///   or its host is, or resolves to, an address inside the network (the address guard).
 /// - `webhook_endpoint_limit` (400): the merchant has as many webhook endpoints as allowed.
 /// - `resource_missing` (400/404): no such token, charge, refund or key.
 /// - `charge_not_refundable` (400): a refund of a pending or failed charge.
@@ -70,6 +71,8 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `card_declined` (402): declined (saved and replayed).
 /// - `insufficient_funds` (402): declined for insufficient funds.
 /// - `expired_card` (402): declined, card expired.
+/// - `incorrect_cvc` (402): declined, the card's security code is wrong.
+/// - `processing_error` (402): declined, the issuer could not process the card.
 /// - `processing_abandoned` (402): abandoned before the network answered; no money moved.
 /// - `route_not_found` (404): unknown route.
 /// - `method_not_allowed` (405): the route does not take that method.
@@ -77,6 +80,7 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `payload_too_large` (413): the body is too large.
 /// - `unsupported_media_type` (415): neither JSON nor a form.
 /// - `idempotency_key_reused` (422): the key was used with other parameters.
+/// - `rate_limit` (429): the merchant sent more requests than its limit on this instance (`Retry-After`).
 /// - `internal_error` (500): a bug; details in the log only.
 /// - `receiver_failed_on_purpose` (500): a workshop receiver did its work, then answered 500 as its `fail_first` asks.
 /// - `processing_outcome_unknown` (503): the processor's outcome is unknown; retry with the same key after `Retry-After` (`PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`).
@@ -157,6 +161,10 @@ pub enum ProblemCode {
     InsufficientFunds,
     /// 402: declined, card expired.
     ExpiredCard,
+    /// 402: declined, the card's security code is wrong.
+    IncorrectCvc,
+    /// 402: declined, the issuer could not process the card.
+    ProcessingError,
     /// 402: abandoned before the network answered; no money moved.
     ProcessingAbandoned,
     /// 404: unknown route.
@@ -171,6 +179,8 @@ pub enum ProblemCode {
     UnsupportedMediaType,
     /// 422: the key was used with other parameters.
     IdempotencyKeyReused,
+    /// 429: the merchant sent more requests than its limit on this instance (`Retry-After`).
+    RateLimit,
     /// 500: a bug; details in the log only.
     InternalError,
     /// 500: a workshop receiver did its work, then answered 500 as its `fail_first` asks.
@@ -195,7 +205,7 @@ impl ProblemCode {
     /// Every code, in the order they are declared; a unit test holds it
     /// against the enum itself (by way of its OpenAPI schema), and
     /// `tests/api/docs.rs` against the table of docs/api.md.
-    pub const ALL: [ProblemCode; 50] = [
+    pub const ALL: [ProblemCode; 52] = [
         ProblemCode::ParameterMissing,
         ProblemCode::ParameterUnknown,
         ProblemCode::ParameterDuplicate,
@@ -230,6 +240,8 @@ impl ProblemCode {
         ProblemCode::CardDeclined,
         ProblemCode::InsufficientFunds,
         ProblemCode::ExpiredCard,
+        ProblemCode::IncorrectCvc,
+        ProblemCode::ProcessingError,
         ProblemCode::ProcessingAbandoned,
         ProblemCode::RouteNotFound,
         ProblemCode::MethodNotAllowed,
@@ -237,6 +249,7 @@ impl ProblemCode {
         ProblemCode::PayloadTooLarge,
         ProblemCode::UnsupportedMediaType,
         ProblemCode::IdempotencyKeyReused,
+        ProblemCode::RateLimit,
         ProblemCode::InternalError,
         ProblemCode::ReceiverFailedOnPurpose,
         ProblemCode::ProcessingOutcomeUnknown,
@@ -285,6 +298,8 @@ impl ProblemCode {
             ProblemCode::CardDeclined => "card_declined",
             ProblemCode::InsufficientFunds => "insufficient_funds",
             ProblemCode::ExpiredCard => "expired_card",
+            ProblemCode::IncorrectCvc => "incorrect_cvc",
+            ProblemCode::ProcessingError => "processing_error",
             ProblemCode::ProcessingAbandoned => "processing_abandoned",
             ProblemCode::RouteNotFound => "route_not_found",
             ProblemCode::MethodNotAllowed => "method_not_allowed",
@@ -292,6 +307,7 @@ impl ProblemCode {
             ProblemCode::PayloadTooLarge => "payload_too_large",
             ProblemCode::UnsupportedMediaType => "unsupported_media_type",
             ProblemCode::IdempotencyKeyReused => "idempotency_key_reused",
+            ProblemCode::RateLimit => "rate_limit",
             ProblemCode::InternalError => "internal_error",
             ProblemCode::ReceiverFailedOnPurpose => "receiver_failed_on_purpose",
             ProblemCode::ProcessingOutcomeUnknown => "processing_outcome_unknown",
@@ -344,6 +360,8 @@ impl ProblemCode {
             ProblemCode::CardDeclined
             | ProblemCode::InsufficientFunds
             | ProblemCode::ExpiredCard
+            | ProblemCode::IncorrectCvc
+            | ProblemCode::ProcessingError
             | ProblemCode::ProcessingAbandoned => StatusCode::PAYMENT_REQUIRED,
             ProblemCode::RouteNotFound => StatusCode::NOT_FOUND,
             ProblemCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -351,6 +369,7 @@ impl ProblemCode {
             ProblemCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProblemCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemCode::RateLimit => StatusCode::TOO_MANY_REQUESTS,
             ProblemCode::InternalError
             | ProblemCode::ReceiverFailedOnPurpose
             | ProblemCode::HttpError => StatusCode::INTERNAL_SERVER_ERROR,
@@ -388,6 +407,8 @@ impl ProblemCode {
             ProblemCode::CardDeclined => Some("generic_decline"),
             ProblemCode::InsufficientFunds => Some("insufficient_funds"),
             ProblemCode::ExpiredCard => Some("expired_card"),
+            ProblemCode::IncorrectCvc => Some("incorrect_cvc"),
+            ProblemCode::ProcessingError => Some("processing_error"),
             _ => None,
         }
     }
@@ -439,6 +460,10 @@ pub struct Problem {
     pub param: Option<String>,
     /// Extra members of the body, such as the failed charge's id.
     pub extra: Map<String, Value>,
+    /// Stripe's `error.decline_code` when the card's decline says more than
+    /// the code's own ([`ProblemCode::decline_code`]): `lost_card`, say,
+    /// under `card_declined`.
+    pub decline_code: Option<&'static str>,
     pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
@@ -456,6 +481,7 @@ impl Problem {
             detail: detail.into(),
             param: None,
             extra: Map::new(),
+            decline_code: None,
             headers: Vec::new(),
         }
     }
@@ -467,6 +493,12 @@ impl Problem {
         let param = param.into();
         let param = shorten_to(&param, MAX_PARAM_CHARS);
         self.param = Some(param.into_owned());
+        self
+    }
+
+    /// A decline code that says more than the code's own.
+    pub fn with_decline_code(mut self, decline_code: &'static str) -> Self {
+        self.decline_code = Some(decline_code);
         self
     }
 
@@ -493,7 +525,7 @@ impl Problem {
         let mut error = Map::new();
         error.insert("type".into(), self.code.error_type().as_str().into());
         error.insert("code".into(), self.code.as_str().into());
-        if let Some(decline_code) = self.code.decline_code() {
+        if let Some(decline_code) = self.decline_code.or(self.code.decline_code()) {
             error.insert("decline_code".into(), decline_code.into());
         }
         error.insert("message".into(), self.detail.clone().into());

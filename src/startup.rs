@@ -65,6 +65,10 @@ impl Application {
             .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;
         let waits = Waits::new(pool.clone(), config.processing_timeout);
         let caches = Arc::new(crate::cache::Caches::new(config.replay_cache_bytes));
+        let rate_limits = Arc::new(crate::rate_limit::RateLimits::new(
+            config.rate_limit_reads,
+            config.rate_limit_writes,
+        ));
         // Opening a client only checks the URL; each request connects.
         let redis = config
             .redis_url
@@ -84,6 +88,7 @@ impl Application {
             metrics: crate::telemetry::metrics::handle(),
             tasks: tokio_util::task::TaskTracker::new(),
             caches,
+            rate_limits,
             waits,
             primary,
             redis,
@@ -107,6 +112,13 @@ impl Application {
         }
         if self.state.config.fault_injection {
             tracing::warn!("FAULT_INJECTION=true: requests may crash this process on purpose");
+        }
+        if self.state.config.webhook_allow_private {
+            tracing::warn!(
+                "WEBHOOK_ALLOW_PRIVATE=true: webhook endpoints may point at loopback, private \
+                 and link-local addresses, this host's and its network's services included; \
+                 only for a receiver beside the service"
+            );
         }
         crate::db::migrate(&self.state.pool).await?;
         if let Some(key) = &self.state.config.demo_api_key {
@@ -182,6 +194,13 @@ impl Application {
         tokio::spawn(metrics::upkeep(self.state.metrics.clone(), async move {
             let _ = upkeep_stop.wait_for(|stop| *stop).await;
         }));
+        let mut limits_stop = stop_rx.clone();
+        tokio::spawn(crate::rate_limit::upkeep(
+            self.state.rate_limits.clone(),
+            async move {
+                let _ = limits_stop.wait_for(|stop| *stop).await;
+            },
+        ));
         tracing::info!(addr = %self.listener.local_addr()?, "oncepay listening");
         tracing::info!(
             max_connections = self.limits.max_connections,

@@ -5,16 +5,27 @@
 //! gateway (`crate::gateway`) decides each authorization's and refund's
 //! outcome from them. Like a real gateway's published test cards, the table
 //! is a contract both sides know, not code of either; it imports nothing.
+//! The card behind each token (brand, last four digits, funding, country)
+//! and each decline's codes are the ones Stripe documents for the token.
 
 /// A test card token accepted as a charge `source`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TestToken {
     Visa,
+    VisaDebit,
     Mastercard,
+    MastercardDebit,
     Amex,
+    Discover,
     Declined,
     DeclinedInsufficientFunds,
     DeclinedExpiredCard,
+    DeclinedIncorrectCvc,
+    DeclinedProcessingError,
+    /// Blocked as fraud before it reaches the card network.
+    DeclinedFraudulent,
+    DeclinedLostCard,
+    DeclinedStolenCard,
     /// The processor records the payment, then the call times out.
     ProcessorTimeoutAfterCapture,
     /// The processor records nothing and the call fails at once.
@@ -24,10 +35,91 @@ pub enum TestToken {
     RefundFail,
 }
 
-const ALL: [(TestToken, &str); 9] = [
+/// The card behind a token, as Stripe describes a card.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Card {
+    /// As `payment_method_details.card.brand` spells it: `visa`, `mastercard`, `amex`, `discover`.
+    pub brand: &'static str,
+    pub last4: &'static str,
+    /// `credit` or `debit`.
+    pub funding: &'static str,
+    /// The issuer's country, ISO 3166-1 alpha-2.
+    pub country: &'static str,
+    /// Stripe's per-card-number fingerprint; here one fixed value per number.
+    pub fingerprint: &'static str,
+}
+
+impl Card {
+    /// Every test card expires at the end of this month: a fixed future date,
+    /// so the same charge renders the same way every time.
+    pub const EXP_MONTH: i64 = 12;
+    pub const EXP_YEAR: i64 = 2034;
+
+    /// The brand as the card (`source`) object spells it: `Visa`, `MasterCard`, ...
+    pub fn display_brand(self) -> &'static str {
+        match self.brand {
+            "visa" => "Visa",
+            "mastercard" => "MasterCard",
+            "amex" => "American Express",
+            "discover" => "Discover",
+            _ => "Unknown",
+        }
+    }
+}
+
+/// A decline, as Stripe reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decline {
+    /// The charge's `failure_code` and the error's `code`.
+    pub code: &'static str,
+    /// The error's `decline_code` and the charge's `outcome.reason` (for a
+    /// card blocked as fraud, `outcome.reason` is `highest_risk_level`).
+    pub decline_code: &'static str,
+    pub message: &'static str,
+}
+
+/// What a charge's `outcome` says about a card's authorization.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// `authorized`, `issuer_declined` or `blocked`.
+    pub kind: &'static str,
+    /// `approved_by_network`, `declined_by_network` or `not_sent_to_network`.
+    pub network_status: &'static str,
+    pub reason: Option<&'static str>,
+    /// `normal` or `highest`.
+    pub risk_level: &'static str,
+    pub seller_message: &'static str,
+}
+
+const VISA: Card = card("visa", "4242", "credit", "Xt5EWLLDS7FJjR1c");
+const VISA_DEBIT: Card = card("visa", "5556", "debit", "Rw8ZjQ0wYs1kLq7N");
+const MASTERCARD: Card = card("mastercard", "4444", "credit", "Jz6s4QmT1bVn8Ke2");
+const MASTERCARD_DEBIT: Card = card("mastercard", "8210", "debit", "Pf3uH9cW2xLr5Da0");
+const AMEX: Card = card("amex", "8431", "credit", "Gq2nR7vB5mYt0Sx4");
+const DISCOVER: Card = card("discover", "1117", "credit", "Lc9wE4kZ6pTh3Ju1");
+
+const fn card(
+    brand: &'static str,
+    last4: &'static str,
+    funding: &'static str,
+    fingerprint: &'static str,
+) -> Card {
+    Card {
+        brand,
+        last4,
+        funding,
+        country: "US",
+        fingerprint,
+    }
+}
+
+const ALL: [(TestToken, &str); 17] = [
     (TestToken::Visa, "tok_visa"),
+    (TestToken::VisaDebit, "tok_visa_debit"),
     (TestToken::Mastercard, "tok_mastercard"),
+    (TestToken::MastercardDebit, "tok_mastercard_debit"),
     (TestToken::Amex, "tok_amex"),
+    (TestToken::Discover, "tok_discover"),
     (TestToken::Declined, "tok_chargeDeclined"),
     (
         TestToken::DeclinedInsufficientFunds,
@@ -38,12 +130,31 @@ const ALL: [(TestToken, &str); 9] = [
         "tok_chargeDeclinedExpiredCard",
     ),
     (
+        TestToken::DeclinedIncorrectCvc,
+        "tok_chargeDeclinedIncorrectCvc",
+    ),
+    (
+        TestToken::DeclinedProcessingError,
+        "tok_chargeDeclinedProcessingError",
+    ),
+    (
+        TestToken::DeclinedFraudulent,
+        "tok_chargeDeclinedFraudulent",
+    ),
+    (TestToken::DeclinedLostCard, "tok_chargeDeclinedLostCard"),
+    (
+        TestToken::DeclinedStolenCard,
+        "tok_chargeDeclinedStolenCard",
+    ),
+    (
         TestToken::ProcessorTimeoutAfterCapture,
         "tok_processorTimeoutAfterCapture",
     ),
     (TestToken::ProcessorUnavailable, "tok_processorUnavailable"),
     (TestToken::RefundFail, "tok_refundFail"),
 ];
+
+const DECLINED: &str = "Your card was declined.";
 
 impl TestToken {
     /// Accepts a token by its exact name.
@@ -58,29 +169,145 @@ impl TestToken {
             .expect("every token is listed")
     }
 
-    /// The decline this card always gets, as (code, message); `None` for cards that pay.
-    pub fn decline(self) -> Option<(&'static str, &'static str)> {
+    /// Every token, in the order docs/api.md lists them.
+    pub fn all() -> impl Iterator<Item = TestToken> {
+        ALL.iter().map(|(t, _)| *t)
+    }
+
+    /// The card behind the token. The declining cards are Visa cards, as
+    /// Stripe's are; oncepay's own fault tokens stand for the Visa `4242`.
+    pub fn card(self) -> Card {
         match self {
+            TestToken::VisaDebit => VISA_DEBIT,
+            TestToken::Mastercard => MASTERCARD,
+            TestToken::MastercardDebit => MASTERCARD_DEBIT,
+            TestToken::Amex => AMEX,
+            TestToken::Discover => DISCOVER,
+            TestToken::Declined => card("visa", "0002", "credit", "Hb1yN6dF8sQw2Mv5"),
+            TestToken::DeclinedInsufficientFunds => {
+                card("visa", "9995", "credit", "Tn4kV0gS3zXe7Rc9")
+            }
+            TestToken::DeclinedExpiredCard => card("visa", "0069", "credit", "Wd7pJ2hA5uBi1Ny3"),
+            TestToken::DeclinedIncorrectCvc => card("visa", "0127", "credit", "Ke0rM8fL4vCo6Zt2"),
+            TestToken::DeclinedProcessingError => {
+                card("visa", "0119", "credit", "Ys3aG6jP9wDu0Fq8")
+            }
+            TestToken::DeclinedFraudulent => card("visa", "0019", "credit", "Ua5tX1cK7nEs4Hl6"),
+            TestToken::DeclinedLostCard => card("visa", "9987", "credit", "Ip8bZ3mR0yGk5Wj1"),
+            TestToken::DeclinedStolenCard => card("visa", "9979", "credit", "Oe2hT7xN4qIa9Vb0"),
             TestToken::Visa
-            | TestToken::Mastercard
-            | TestToken::Amex
             | TestToken::ProcessorTimeoutAfterCapture
             | TestToken::ProcessorUnavailable
-            | TestToken::RefundFail => None,
-            TestToken::Declined => Some(("card_declined", "Your card was declined.")),
-            TestToken::DeclinedInsufficientFunds => {
-                Some(("insufficient_funds", "Your card has insufficient funds."))
-            }
-            TestToken::DeclinedExpiredCard => Some(("expired_card", "Your card has expired.")),
+            | TestToken::RefundFail => VISA,
         }
     }
 
-    /// The message shown for a decline code.
+    /// The decline this card always gets; `None` for cards that pay.
+    pub fn decline(self) -> Option<Decline> {
+        let decline = |code, decline_code, message| {
+            Some(Decline {
+                code,
+                decline_code,
+                message,
+            })
+        };
+        match self {
+            TestToken::Visa
+            | TestToken::VisaDebit
+            | TestToken::Mastercard
+            | TestToken::MastercardDebit
+            | TestToken::Amex
+            | TestToken::Discover
+            | TestToken::ProcessorTimeoutAfterCapture
+            | TestToken::ProcessorUnavailable
+            | TestToken::RefundFail => None,
+            TestToken::Declined => decline("card_declined", "generic_decline", DECLINED),
+            TestToken::DeclinedInsufficientFunds => decline(
+                "insufficient_funds",
+                "insufficient_funds",
+                "Your card has insufficient funds.",
+            ),
+            TestToken::DeclinedExpiredCard => {
+                decline("expired_card", "expired_card", "Your card has expired.")
+            }
+            TestToken::DeclinedIncorrectCvc => decline(
+                "incorrect_cvc",
+                "incorrect_cvc",
+                "Your card's security code is incorrect.",
+            ),
+            TestToken::DeclinedProcessingError => decline(
+                "processing_error",
+                "processing_error",
+                "An error occurred while processing your card. Try again in a little bit.",
+            ),
+            TestToken::DeclinedFraudulent => decline("card_declined", "fraudulent", DECLINED),
+            TestToken::DeclinedLostCard => decline("card_declined", "lost_card", DECLINED),
+            TestToken::DeclinedStolenCard => decline("card_declined", "stolen_card", DECLINED),
+        }
+    }
+
+    /// What the charge's `outcome` says: authorized, declined by the issuer
+    /// (the reason is the decline code), or blocked as fraud before the
+    /// network saw it.
+    pub fn verdict(self) -> Verdict {
+        match self.decline() {
+            None => Verdict {
+                kind: "authorized",
+                network_status: "approved_by_network",
+                reason: None,
+                risk_level: "normal",
+                seller_message: "Payment complete.",
+            },
+            Some(_) if self == TestToken::DeclinedFraudulent => Verdict {
+                kind: "blocked",
+                network_status: "not_sent_to_network",
+                reason: Some("highest_risk_level"),
+                risk_level: "highest",
+                seller_message: "Stripe blocked this payment as too risky.",
+            },
+            Some(decline) => Verdict {
+                kind: "issuer_declined",
+                network_status: "declined_by_network",
+                reason: Some(decline.decline_code),
+                risk_level: "normal",
+                seller_message: if decline.decline_code == "generic_decline" {
+                    "The bank did not return any further details with this decline."
+                } else {
+                    decline_seller_message(decline.decline_code)
+                },
+            },
+        }
+    }
+
+    /// The card's CVC check: `fail` for the card declined for its CVC,
+    /// `pass` for every other.
+    pub fn cvc_check(self) -> &'static str {
+        if self == TestToken::DeclinedIncorrectCvc {
+            "fail"
+        } else {
+            "pass"
+        }
+    }
+
+    /// The message shown for a failure code.
     pub fn decline_message(code: &str) -> &'static str {
         ALL.iter()
             .filter_map(|(t, _)| t.decline())
-            .find(|(c, _)| *c == code)
-            .map_or("Your card was declined.", |(_, m)| m)
+            .find(|d| d.code == code)
+            .map_or(DECLINED, |d| d.message)
+    }
+}
+
+/// Stripe's seller message for an issuer's decline code.
+fn decline_seller_message(decline_code: &str) -> &'static str {
+    match decline_code {
+        "insufficient_funds" => "The bank returned the decline code `insufficient_funds`.",
+        "expired_card" => "The bank returned the decline code `expired_card`.",
+        "incorrect_cvc" => "The bank returned the decline code `incorrect_cvc`.",
+        "processing_error" => "The bank returned the decline code `processing_error`.",
+        "lost_card" => "The bank returned the decline code `lost_card`.",
+        "stolen_card" => "The bank returned the decline code `stolen_card`.",
+        _ => "The bank did not return any further details with this decline.",
     }
 }
 
@@ -95,5 +322,21 @@ mod tests {
             assert_eq!(token.as_str(), name);
         }
         assert_eq!(TestToken::parse("tok_VISA"), None);
+    }
+
+    #[test]
+    fn every_decline_reason_has_its_own_seller_message() {
+        for token in TestToken::all() {
+            if let Some(decline) = token.decline() {
+                let verdict = token.verdict();
+                assert_ne!(verdict.kind, "authorized", "{token:?}");
+                if verdict.kind == "issuer_declined" && decline.decline_code != "generic_decline" {
+                    assert!(
+                        verdict.seller_message.contains(decline.decline_code),
+                        "{token:?}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -406,7 +406,7 @@ class Demo:
     def a_webhook_delivered_three_times(self, receivers):
         b = Block(6, "A webhook delivered three times")
         if not receivers:
-            b.skipped = "the webhook receivers need DEMO_UNSAFE_ENDPOINTS=true on the server"
+            b.skipped = "the webhook receivers need DEMO_UNSAFE_ENDPOINTS=true and WEBHOOK_ALLOW_PRIVATE=true on the server"
             return b
         run = self.run_tag(6)
         b.runs.append(run)
@@ -731,6 +731,16 @@ def check_server(server, log):
             f"the server at {server.url} has no webhook receivers (GET /demo/receivers got "
             f"{describe_problem(probe)}); start it with DEMO_UNSAFE_ENDPOINTS=true: scenario 6 cannot run"
         )
+    else:
+        # The receivers are the server's own, on its address: the webhook
+        # address guard refuses endpoints there unless WEBHOOK_ALLOW_PRIVATE=true.
+        settings = server.settings()
+        if settings is not None and settings.get("webhook_allow_private") is False:
+            receivers = False
+            log(
+                f"the server at {server.url} refuses webhook endpoints on its own address; "
+                "start it with WEBHOOK_ALLOW_PRIVATE=true: scenario 6 cannot run"
+            )
     return fault_injection, naive_endpoint, receivers
 
 

@@ -11,6 +11,8 @@ use super::currency::Currency;
 use crate::params::{Encoding, ParamError, Params, shorten};
 use crate::problem::ProblemCode;
 use crate::processor::TestToken;
+use crate::refunds::Refund;
+use crate::test_cards::{Card, Decline};
 
 /// Smallest and largest amount, in minor units (cents for USD).
 pub const MIN_AMOUNT: i64 = 1;
@@ -276,48 +278,386 @@ pub struct Charge {
     pub created_at: DateTime<Utc>,
 }
 
-/// The charge object of the API.
+/// A field Stripe has and oncepay does not model: always `null`.
+pub type Unmodelled = Option<&'static str>;
+
+/// Stripe's empty form of an object oncepay does not model: `{}`.
+#[derive(Debug, Serialize)]
+pub struct Empty {}
+
+/// The charge object of the API: every field of Stripe's charge, in Stripe's
+/// order (`id`, `object`, then by name). What oncepay does not model is
+/// `null` or Stripe's empty form (see docs/decisions.md).
 #[derive(Debug, Serialize)]
 pub struct ChargeObject<'a> {
     pub id: &'a str,
     pub object: &'static str,
     pub amount: i64,
-    pub currency: &'a str,
-    pub status: &'a str,
+    /// The amount captured: all of it for a paid charge, nothing otherwise.
+    pub amount_captured: i64,
+    pub amount_refunded: i64,
+    pub application: Unmodelled,
+    pub application_fee: Unmodelled,
+    pub application_fee_amount: Unmodelled,
+    /// `txn_...` for a paid charge, `null` otherwise.
+    pub balance_transaction: Option<String>,
+    pub billing_details: BillingDetails,
+    pub calculated_statement_descriptor: Option<&'static str>,
     /// Stripe's flags: the charge succeeded (oncepay captures at once, so
     /// a paid charge is a captured one).
-    pub paid: bool,
     pub captured: bool,
-    pub source: &'a str,
+    pub created: i64,
+    pub currency: &'a str,
+    pub customer: Unmodelled,
     pub description: Option<&'a str>,
-    pub metadata: &'a BTreeMap<String, String>,
+    pub disputed: bool,
+    pub failure_balance_transaction: Unmodelled,
     pub failure_code: Option<&'a str>,
     pub failure_message: Option<&'a str>,
-    pub amount_refunded: i64,
-    pub refunded: bool,
-    pub created: i64,
+    pub fraud_details: Empty,
     pub livemode: bool,
+    pub metadata: &'a BTreeMap<String, String>,
+    pub on_behalf_of: Unmodelled,
+    /// What the card network (or the fraud check) said; `null` while the
+    /// charge is pending and for an abandoned one, which no network answered.
+    pub outcome: Option<ChargeOutcome>,
+    pub paid: bool,
+    pub payment_intent: Unmodelled,
+    /// The card's id, `card_...` (the same as `source.id`).
+    pub payment_method: Option<String>,
+    pub payment_method_details: Option<PaymentMethodDetails>,
+    pub receipt_email: Unmodelled,
+    pub receipt_number: Unmodelled,
+    pub receipt_url: Unmodelled,
+    pub refunded: bool,
+    /// The charge's refunds, newest first, as a list object.
+    pub refunds: RefundList<'a>,
+    pub review: Unmodelled,
+    pub shipping: Unmodelled,
+    /// The card charged, as a card object.
+    pub source: Option<SourceCard>,
+    pub source_transfer: Unmodelled,
+    pub statement_descriptor: Unmodelled,
+    pub statement_descriptor_suffix: Unmodelled,
+    pub status: &'a str,
+    pub transfer_data: Unmodelled,
+    pub transfer_group: Unmodelled,
+}
+
+/// The charge's statement descriptor when the merchant sets none.
+pub const STATEMENT_DESCRIPTOR: &str = "ONCEPAY";
+
+/// How many of a charge's refunds its object lists, as Stripe does.
+pub const EMBEDDED_REFUNDS: usize = 10;
+
+/// A charge's refunds as its object embeds them.
+#[derive(Debug, Serialize)]
+pub struct RefundList<'a> {
+    pub object: &'static str,
+    pub data: Vec<crate::refunds::domain::RefundObject<'a>>,
+    pub has_more: bool,
+    pub url: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BillingDetails {
+    pub address: Address,
+    pub email: Unmodelled,
+    pub name: Unmodelled,
+    pub phone: Unmodelled,
+    pub tax_id: Unmodelled,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Address {
+    pub city: Unmodelled,
+    pub country: Unmodelled,
+    pub line1: Unmodelled,
+    pub line2: Unmodelled,
+    pub postal_code: Unmodelled,
+    pub state: Unmodelled,
+}
+
+const NO_BILLING_DETAILS: BillingDetails = BillingDetails {
+    address: Address {
+        city: None,
+        country: None,
+        line1: None,
+        line2: None,
+        postal_code: None,
+        state: None,
+    },
+    email: None,
+    name: None,
+    phone: None,
+    tax_id: None,
+};
+
+#[derive(Debug, Serialize)]
+pub struct ChargeOutcome {
+    pub advice_code: Unmodelled,
+    pub network_advice_code: Unmodelled,
+    pub network_decline_code: Unmodelled,
+    pub network_status: &'static str,
+    pub reason: Option<&'static str>,
+    pub risk_level: &'static str,
+    pub seller_message: &'static str,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PaymentMethodDetails {
+    pub card: CardDetails,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CardDetails {
+    /// The amount authorized: the charge's, once the network approved it.
+    pub amount_authorized: Option<i64>,
+    pub authorization_code: Unmodelled,
+    pub brand: &'static str,
+    pub checks: CardChecks,
+    pub country: &'static str,
+    pub exp_month: i64,
+    pub exp_year: i64,
+    pub extended_authorization: FeatureStatus,
+    pub fingerprint: &'static str,
+    pub funding: &'static str,
+    pub incremental_authorization: FeatureStatus,
+    pub installments: Unmodelled,
+    pub last4: &'static str,
+    pub mandate: Unmodelled,
+    pub multicapture: FeatureStatus,
+    pub network: &'static str,
+    pub network_token: NetworkToken,
+    pub network_transaction_id: Unmodelled,
+    pub overcapture: Overcapture,
+    pub regulated_status: Unmodelled,
+    pub three_d_secure: Unmodelled,
+    pub transaction_link_id: Unmodelled,
+    pub wallet: Unmodelled,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CardChecks {
+    pub address_line1_check: Unmodelled,
+    pub address_postal_code_check: Unmodelled,
+    /// `pass`, or `fail` for the card declined for its CVC.
+    pub cvc_check: &'static str,
+}
+
+/// A card feature oncepay never offers: `disabled` or `unavailable`.
+#[derive(Debug, Serialize)]
+pub struct FeatureStatus {
+    pub status: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NetworkToken {
+    pub used: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Overcapture {
+    pub maximum_amount_capturable: i64,
+    pub status: &'static str,
+}
+
+/// The charge's `source`: the card, as Stripe's card object shows it.
+#[derive(Debug, Serialize)]
+pub struct SourceCard {
+    pub id: String,
+    pub object: &'static str,
+    pub address_city: Unmodelled,
+    pub address_country: Unmodelled,
+    pub address_line1: Unmodelled,
+    pub address_line1_check: Unmodelled,
+    pub address_line2: Unmodelled,
+    pub address_state: Unmodelled,
+    pub address_zip: Unmodelled,
+    pub address_zip_check: Unmodelled,
+    /// As the card object spells it: `Visa`, `MasterCard`, `American Express`, `Discover`.
+    pub brand: &'static str,
+    pub country: &'static str,
+    pub customer: Unmodelled,
+    pub cvc_check: &'static str,
+    pub dynamic_last4: Unmodelled,
+    pub exp_month: i64,
+    pub exp_year: i64,
+    pub fingerprint: &'static str,
+    pub funding: &'static str,
+    pub last4: &'static str,
+    pub metadata: Empty,
+    pub name: Unmodelled,
+    pub tokenization_method: Unmodelled,
+    pub wallet: Unmodelled,
 }
 
 impl Charge {
-    pub fn to_object(&self) -> ChargeObject<'_> {
+    /// The charge's card, from its test token (every stored `source` is one).
+    pub fn token(&self) -> Option<TestToken> {
+        TestToken::parse(&self.source)
+    }
+
+    /// The decline of a failed charge, as its card reports it: `None` for a
+    /// charge that did not fail, or failed otherwise (an abandoned one).
+    pub fn decline(&self) -> Option<Decline> {
+        let decline = self.token()?.decline()?;
+        (self.failure_code.as_deref() == Some(decline.code)).then_some(decline)
+    }
+
+    /// The API object, with `refunds`, the charge's refunds, newest first
+    /// (the first [`EMBEDDED_REFUNDS`] are shown). Ids derived from the
+    /// charge's (`card_...`, `txn_...`) are the same at every render.
+    pub fn to_object<'a>(&'a self, refunds: &'a [Refund]) -> ChargeObject<'a> {
+        let succeeded = self.status == ChargeStatus::Succeeded;
+        let suffix = self.id.strip_prefix("ch_").unwrap_or(&self.id);
+        let card_id = format!("card_{suffix}");
+        let token = self.token();
+        let outcome = match (self.status, token) {
+            (ChargeStatus::Succeeded, Some(token)) => Some(token.verdict()),
+            (ChargeStatus::Failed, Some(token)) if self.decline().is_some() => {
+                Some(token.verdict())
+            }
+            _ => None,
+        }
+        .map(|verdict| ChargeOutcome {
+            advice_code: None,
+            network_advice_code: None,
+            network_decline_code: None,
+            network_status: verdict.network_status,
+            reason: verdict.reason,
+            risk_level: verdict.risk_level,
+            seller_message: verdict.seller_message,
+            kind: verdict.kind,
+        });
+        let details = token.map(|token| {
+            let card = token.card();
+            PaymentMethodDetails {
+                card: CardDetails {
+                    amount_authorized: succeeded.then_some(self.amount),
+                    authorization_code: None,
+                    brand: card.brand,
+                    checks: CardChecks {
+                        address_line1_check: None,
+                        address_postal_code_check: None,
+                        cvc_check: token.cvc_check(),
+                    },
+                    country: card.country,
+                    exp_month: Card::EXP_MONTH,
+                    exp_year: Card::EXP_YEAR,
+                    extended_authorization: FeatureStatus { status: "disabled" },
+                    fingerprint: card.fingerprint,
+                    funding: card.funding,
+                    incremental_authorization: FeatureStatus {
+                        status: "unavailable",
+                    },
+                    installments: None,
+                    last4: card.last4,
+                    mandate: None,
+                    multicapture: FeatureStatus {
+                        status: "unavailable",
+                    },
+                    network: card.brand,
+                    network_token: NetworkToken { used: false },
+                    network_transaction_id: None,
+                    overcapture: Overcapture {
+                        maximum_amount_capturable: self.amount,
+                        status: "unavailable",
+                    },
+                    regulated_status: None,
+                    three_d_secure: None,
+                    transaction_link_id: None,
+                    wallet: None,
+                },
+                kind: "card",
+            }
+        });
+        let source = token.map(|token| {
+            let card = token.card();
+            SourceCard {
+                id: card_id.clone(),
+                object: "card",
+                address_city: None,
+                address_country: None,
+                address_line1: None,
+                address_line1_check: None,
+                address_line2: None,
+                address_state: None,
+                address_zip: None,
+                address_zip_check: None,
+                brand: card.display_brand(),
+                country: card.country,
+                customer: None,
+                cvc_check: token.cvc_check(),
+                dynamic_last4: None,
+                exp_month: Card::EXP_MONTH,
+                exp_year: Card::EXP_YEAR,
+                fingerprint: card.fingerprint,
+                funding: card.funding,
+                last4: card.last4,
+                metadata: Empty {},
+                name: None,
+                tokenization_method: None,
+                wallet: None,
+            }
+        });
         ChargeObject {
             id: &self.id,
             object: "charge",
             amount: self.amount,
+            amount_captured: if succeeded { self.amount } else { 0 },
+            amount_refunded: self.amount_refunded,
+            application: None,
+            application_fee: None,
+            application_fee_amount: None,
+            balance_transaction: succeeded.then(|| format!("txn_{suffix}")),
+            billing_details: NO_BILLING_DETAILS,
+            calculated_statement_descriptor: succeeded.then_some(STATEMENT_DESCRIPTOR),
+            captured: succeeded,
+            created: self.created_at.timestamp(),
             currency: &self.currency,
-            status: self.status.as_str(),
-            paid: self.status == ChargeStatus::Succeeded,
-            captured: self.status == ChargeStatus::Succeeded,
-            source: &self.source,
+            customer: None,
             description: self.description.as_deref(),
-            metadata: &self.metadata.0,
+            disputed: false,
+            failure_balance_transaction: None,
             failure_code: self.failure_code.as_deref(),
             failure_message: self.failure_message.as_deref(),
-            amount_refunded: self.amount_refunded,
-            refunded: self.amount_refunded > 0 && self.amount_refunded == self.amount,
-            created: self.created_at.timestamp(),
+            fraud_details: Empty {},
             livemode: false,
+            metadata: &self.metadata.0,
+            on_behalf_of: None,
+            outcome,
+            paid: succeeded,
+            payment_intent: None,
+            payment_method: token.map(|_| card_id),
+            payment_method_details: details,
+            receipt_email: None,
+            receipt_number: None,
+            receipt_url: None,
+            refunded: self.amount_refunded > 0 && self.amount_refunded == self.amount,
+            refunds: RefundList {
+                object: "list",
+                data: refunds
+                    .iter()
+                    .take(EMBEDDED_REFUNDS)
+                    .map(Refund::to_object)
+                    .collect(),
+                has_more: refunds.len() > EMBEDDED_REFUNDS,
+                url: format!("/v1/charges/{}/refunds", self.id),
+            },
+            review: None,
+            shipping: None,
+            source,
+            source_transfer: None,
+            statement_descriptor: None,
+            statement_descriptor_suffix: None,
+            status: self.status.as_str(),
+            transfer_data: None,
+            transfer_group: None,
         }
     }
 }

@@ -88,7 +88,8 @@ pub async fn settle_or_crash(
         ..pending.clone()
     };
     let response = response_for(&charge, request_id);
-    let event = NewEvent::new(kind, &charge.id, &charge.to_object());
+    // A charge is settled before any refund of it can be made.
+    let event = NewEvent::new(kind, &charge.id, &charge.to_object(&[]));
     let settle = store::Settle {
         settled: &charge,
         response: &response,
@@ -153,7 +154,7 @@ pub fn response_for(charge: &Charge, request_id: Option<&str>) -> SavedResponse 
             status: StatusCode::CREATED.as_u16(),
             content_type: "application/json".into(),
             location: Some(format!("/v1/charges/{}", charge.id)),
-            body: serde_json::to_vec(&charge.to_object())
+            body: serde_json::to_vec(&charge.to_object(&[]))
                 .expect("a charge serialises")
                 .into(),
         };
@@ -161,6 +162,8 @@ pub fn response_for(charge: &Charge, request_id: Option<&str>) -> SavedResponse 
     let code = match charge.failure_code.as_deref() {
         Some("insufficient_funds") => ProblemCode::InsufficientFunds,
         Some("expired_card") => ProblemCode::ExpiredCard,
+        Some("incorrect_cvc") => ProblemCode::IncorrectCvc,
+        Some("processing_error") => ProblemCode::ProcessingError,
         Some(ABANDONED) => ProblemCode::ProcessingAbandoned,
         _ => ProblemCode::CardDeclined,
     };
@@ -169,6 +172,9 @@ pub fn response_for(charge: &Charge, request_id: Option<&str>) -> SavedResponse 
         .clone()
         .unwrap_or_else(|| "The payment failed.".into());
     let mut problem = Problem::new(code, detail).with_extra("charge", charge.id.clone());
+    if let Some(decline) = charge.decline() {
+        problem = problem.with_decline_code(decline.decline_code);
+    }
     if let Some(request_id) = request_id {
         problem = problem.with_extra("request_id", request_id);
     }

@@ -100,7 +100,7 @@ impl Ledger {
         self.wait().await;
         let (outcome, decline_code) = match token.decline() {
             None => ("succeeded", None),
-            Some((code, _)) => ("declined", Some(code)),
+            Some(decline) => ("declined", Some(decline.code)),
         };
         let inserted = store::insert_authorization(
             &self.pool,

@@ -1,16 +1,23 @@
 //! Authentication: the merchant's secret key, as a Bearer token or as the
 //! user name of HTTP Basic with an empty password (so `curl -u sk_test_...:`
 //! works, as with Stripe). The key never reaches a log.
+//!
+//! Once the merchant is known, its rate limit is taken
+//! ([`crate::rate_limit`]): every authenticated handler extracts
+//! [`Authenticated`] before its body, so a request over the limit is
+//! answered `429` before anything is read, claimed or written, and a replay
+//! of a saved answer counts like any request.
 
 use axum::extract::FromRequestParts;
-use axum::http::header;
 use axum::http::request::Parts;
+use axum::http::{Method, header};
 use base64::Engine;
 
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::merchants::{self, ApiKey, Merchant};
 use crate::problem::{Problem, ProblemCode};
+use crate::rate_limit::{self, Kind};
 
 /// The merchant a request authenticated as.
 #[derive(Clone, Debug)]
@@ -42,11 +49,15 @@ impl FromRequestParts<AppState> for Authenticated {
         };
         let found = state
             .caches
-            .merchant_or_load(key.hash(), merchants::find_by_key(&state.pool, &key))
+            .merchant_or_load(key.hash(), merchants::authenticate(&state.pool, &key))
             .await?;
         match found {
             Some(merchant) => {
                 tracing::Span::current().record("merchant", tracing::field::display(merchant.id));
+                let kind = kind_of(&parts.method);
+                if let Err(wait) = state.rate_limits.check(merchant.id, kind) {
+                    return Err(rate_limited(kind, wait));
+                }
                 Ok(Authenticated(merchant))
             }
             None => Err(unauthorized(
@@ -55,6 +66,31 @@ impl FromRequestParts<AppState> for Authenticated {
             )),
         }
     }
+}
+
+/// Reads draw on the read allowance; everything else is a write.
+fn kind_of(method: &Method) -> Kind {
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        Kind::Read
+    } else {
+        Kind::Write
+    }
+}
+
+/// `429 rate_limit`, with `Retry-After`: whole seconds until the
+/// merchant's allowance has room for one more request.
+fn rate_limited(kind: Kind, wait: std::time::Duration) -> ApiError {
+    metrics::counter!("rate_limited_total", "kind" => kind.as_str()).increment(1);
+    let detail = match kind {
+        Kind::Read => "Too many reads from this merchant: slow down, and retry after Retry-After.",
+        Kind::Write => {
+            "Too many writes from this merchant: slow down, and retry (with the same \
+             Idempotency-Key) after Retry-After."
+        }
+    };
+    Problem::new(ProblemCode::RateLimit, detail)
+        .with_retry_after(rate_limit::retry_after_seconds(wait))
+        .into()
 }
 
 fn key_from_authorization(value: &str) -> Option<String> {

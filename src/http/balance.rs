@@ -4,7 +4,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use serde_json::{Value, json};
+use serde::Serialize;
 use sqlx::PgExecutor;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -28,6 +28,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses(
         (status = 200, description = "The balance", body = super::openapi::Balance),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
     )
@@ -36,24 +37,86 @@ async fn retrieve(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
     _: NoQuery,
-) -> Result<Json<Value>, ApiError> {
-    let available: Vec<_> = totals(&state.pool, merchant.id)
-        .await?
-        .into_iter()
-        .map(|(currency, charged, refunded)| {
-            json!({
-                "currency": currency,
-                "amount": charged - refunded,
-                "charged": charged,
-                "refunded": refunded,
-            })
-        })
-        .collect();
-    Ok(Json(json!({
-        "object": "balance",
-        "livemode": false,
-        "available": available,
-    })))
+) -> Result<Json<BalanceObject>, ApiError> {
+    let totals = totals(&state.pool, merchant.id).await?;
+    Ok(Json(BalanceObject::new(totals)))
+}
+
+/// The balance object, in Stripe's shape: one entry per currency the
+/// merchant has charged in, in `available`, `pending` and `connect_reserved`.
+/// oncepay makes a charge's money available at once and has no connected
+/// accounts, so `pending` and `connect_reserved` are always zero.
+#[derive(Serialize)]
+struct BalanceObject {
+    object: &'static str,
+    available: Vec<Funds>,
+    connect_reserved: Vec<Reserved>,
+    livemode: bool,
+    pending: Vec<Funds>,
+}
+
+#[derive(Serialize)]
+struct Funds {
+    amount: i64,
+    currency: String,
+    source_types: SourceTypes,
+    /// Succeeded charges (oncepay's addition; `available` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    charged: Option<i64>,
+    /// Succeeded refunds (oncepay's addition; `available` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refunded: Option<i64>,
+}
+
+/// Where the funds came from: every payment here is a card's.
+#[derive(Serialize)]
+struct SourceTypes {
+    card: i64,
+}
+
+#[derive(Serialize)]
+struct Reserved {
+    amount: i64,
+    currency: String,
+}
+
+impl BalanceObject {
+    fn new(totals: Vec<(String, i64, i64)>) -> Self {
+        let zero = |currency: &String| Funds {
+            amount: 0,
+            currency: currency.clone(),
+            source_types: SourceTypes { card: 0 },
+            charged: None,
+            refunded: None,
+        };
+        BalanceObject {
+            object: "balance",
+            pending: totals
+                .iter()
+                .map(|(currency, _, _)| zero(currency))
+                .collect(),
+            connect_reserved: totals
+                .iter()
+                .map(|(currency, _, _)| Reserved {
+                    amount: 0,
+                    currency: currency.clone(),
+                })
+                .collect(),
+            livemode: false,
+            available: totals
+                .into_iter()
+                .map(|(currency, charged, refunded)| Funds {
+                    amount: charged - refunded,
+                    currency,
+                    source_types: SourceTypes {
+                        card: charged - refunded,
+                    },
+                    charged: Some(charged),
+                    refunded: Some(refunded),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// (currency, succeeded charges, succeeded refunds) per currency, in one

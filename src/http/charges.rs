@@ -18,6 +18,7 @@ use crate::app::AppState;
 use crate::charges::{Charge, NewCharge, store};
 use crate::operation::charge::CreateCharge;
 use crate::operation::{self, Operation};
+use crate::refunds::store as refunds;
 
 const ROUTE: &str = CreateCharge::ROUTE;
 
@@ -43,6 +44,7 @@ pub fn router() -> OpenApiRouter<AppState> {
          headers(("Location" = String, description = "/v1/charges/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 402, response = super::openapi::PaymentFailed),
         (status = 409, response = super::openapi::InFlight),
         (status = 413, response = super::openapi::TooLarge),
@@ -74,6 +76,7 @@ async fn create(
         (status = 200, description = "The charge", body = super::openapi::Charge),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 404, response = super::openapi::NotFound),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
@@ -86,7 +89,11 @@ async fn retrieve(
     PathParam(id): PathParam,
 ) -> Result<Response, ApiError> {
     match store::find(&state.pool, merchant.id, &id).await? {
-        Some(charge) => Ok(Json(charge.to_object()).into_response()),
+        Some(charge) => {
+            let refunds =
+                refunds::of_charges(&state.pool, std::slice::from_ref(&charge.id)).await?;
+            Ok(Json(charge.to_object(&refunds)).into_response())
+        }
         None => Err(no_such_charge(&id, "id")),
     }
 }
@@ -118,6 +125,7 @@ enum Page {
         (status = 200, description = "A list object", body = super::openapi::ChargeList),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
     )
@@ -156,7 +164,12 @@ async fn list(
         // Fetched oldest first, nearest the cursor; shown newest first.
         charges.reverse();
     }
-    let data: Vec<_> = charges.iter().map(|c| c.to_object()).collect();
+    let ids: Vec<String> = charges.iter().map(|c| c.id.clone()).collect();
+    let refunds = refunds::of_charges(&state.pool, &ids).await?;
+    let data: Vec<_> = charges
+        .iter()
+        .map(|c| c.to_object(refunds::of_charge(&refunds, &c.id)))
+        .collect();
     Ok(Json(json!({
         "object": "list",
         "url": ROUTE,

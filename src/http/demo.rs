@@ -82,6 +82,7 @@ async fn lab() -> Html<&'static str> {
         (status = 200, description = "The counts", body = super::openapi::Effects),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
     )
@@ -154,6 +155,7 @@ async fn effects(
         (status = 201, description = "Charged, or looked up", body = super::openapi::Charge),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 402, response = super::openapi::PaymentFailed),
         (status = 413, response = super::openapi::TooLarge),
         (status = 415, response = super::openapi::UnsupportedMediaType),
@@ -210,6 +212,7 @@ async fn naive_charge(
         (status = 200, description = "The settings", body = super::openapi::DemoSettings),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
     )
@@ -229,6 +232,7 @@ async fn settings(
         "processor_latency_ms": millis(config.processor_latency),
         "fault_injection": config.fault_injection,
         "demo_unsafe_endpoints": config.demo_unsafe_endpoints,
+        "webhook_allow_private": config.webhook_allow_private,
         "redis": state.redis.is_some(),
         "started_at_ms": STARTED
             .duration_since(std::time::UNIX_EPOCH)
@@ -270,6 +274,7 @@ fn required_key(state: &AppState, headers: &HeaderMap) -> Result<String, ApiErro
         (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::Refund),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 409, response = super::openapi::InFlight),
         (status = 413, response = super::openapi::TooLarge),
         (status = 415, response = super::openapi::UnsupportedMediaType),
@@ -381,6 +386,7 @@ fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, A
         (status = 201, description = "Charged (or the answer saved in Redis, with `Idempotent-Replayed: true`)", body = super::openapi::Charge),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 402, response = super::openapi::PaymentFailed),
         (status = 409, response = super::openapi::InFlight),
         (status = 413, response = super::openapi::TooLarge),
@@ -477,6 +483,7 @@ fn processor_run(params: &mut Params) -> Result<String, ApiError> {
         (status = 200, description = "The attempts and what each got", body = super::openapi::DemoProcessorPayment),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 415, response = super::openapi::UnsupportedMediaType),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
@@ -548,6 +555,7 @@ async fn processor_payment(
         (status = 200, description = "The counts", body = super::openapi::DemoProcessorPayments),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
     )

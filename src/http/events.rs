@@ -37,6 +37,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         (status = 200, description = "The event", body = super::openapi::Event),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 404, response = super::openapi::NotFound),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
@@ -66,6 +67,7 @@ async fn retrieve(
         (status = 200, description = "A list object of deliveries", body = super::openapi::WebhookDeliveryList),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 404, response = super::openapi::NotFound),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
@@ -146,6 +148,7 @@ fn no_such_event(id: &str, param: &str) -> ApiError {
         (status = 200, description = "A list object", body = super::openapi::EventList),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
     )

@@ -27,8 +27,9 @@ Send an `Idempotency-Key` (one per logical operation) with every POST: a retry g
 `Prefer: wait=N`), and a key reused with other parameters gets `422` (`400` with a `Stripe-Version` header, \
 as the Stripe SDKs expect). Every error is `application/problem+json` with a stable `code`, and the same error \
 in Stripe's shape under `error`; see the `Problem` schema for the list. Every response carries `Request-Id` \
-(the same as `X-Request-Id`); every error carries `Stripe-Should-Retry`: `true` on `409` and `5xx`, \
-`false` on every other `4xx`.",
+(the same as `X-Request-Id`); every error carries `Stripe-Should-Retry`: `true` on `409`, `429` and `5xx`, \
+`false` on every other `4xx`. Each merchant's requests are rate limited, reads and writes apart: the excess \
+gets `429 rate_limit` with `Retry-After`.",
         license(name = "MIT")
     ),
     modifiers(&Security),
@@ -36,7 +37,7 @@ in Stripe's shape under `error`; see the `Problem` schema for the list. Every re
         schemas(Problem, StripeError, ProblemCode),
         responses(
             BadRequest, Unauthorized, PaymentFailed, NotFound, InFlight, TooLarge,
-            UnsupportedMediaType, KeyReused, InternalError, Unavailable
+            UnsupportedMediaType, KeyReused, TooManyRequests, InternalError, Unavailable
         )
     ),
     tags(
@@ -125,9 +126,12 @@ pub struct CreateCharge {
     /// An ISO 4217 code, any case; stored in lower case.
     #[schema(example = "usd", min_length = 3, max_length = 3)]
     currency: String,
-    /// A test token: `tok_visa`, `tok_mastercard`, `tok_amex` succeed;
+    /// A test token: `tok_visa`, `tok_visa_debit`, `tok_mastercard`,
+    /// `tok_mastercard_debit`, `tok_amex`, `tok_discover` succeed;
     /// `tok_chargeDeclined`, `tok_chargeDeclinedInsufficientFunds`,
-    /// `tok_chargeDeclinedExpiredCard` are declined;
+    /// `tok_chargeDeclinedExpiredCard`, `tok_chargeDeclinedIncorrectCvc`,
+    /// `tok_chargeDeclinedProcessingError`, `tok_chargeDeclinedFraudulent`,
+    /// `tok_chargeDeclinedLostCard`, `tok_chargeDeclinedStolenCard` are declined;
     /// `tok_processorTimeoutAfterCapture`, `tok_processorUnavailable` simulate faults;
     /// `tok_refundFail` pays, and the first refund of it is refused (`failed`).
     #[schema(example = "tok_visa")]
@@ -139,7 +143,9 @@ pub struct CreateCharge {
     metadata: Option<BTreeMap<String, String>>,
 }
 
-/// A charge.
+/// A charge, with every field of Stripe's charge object, in Stripe's
+/// order. Fields oncepay does not model are always null (or Stripe's empty
+/// form); docs/decisions.md lists them.
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct Charge {
@@ -149,23 +155,257 @@ pub struct Charge {
     #[schema(example = "charge")]
     object: String,
     amount: i64,
-    currency: String,
-    #[schema(example = "succeeded")]
-    status: ChargeStatus,
-    /// The charge succeeded.
-    paid: bool,
+    /// The whole amount once paid (oncepay captures at once); 0 otherwise.
+    amount_captured: i64,
+    amount_refunded: i64,
+    /// Always null.
+    application: Option<String>,
+    /// Always null.
+    application_fee: Option<String>,
+    /// Always null.
+    application_fee_amount: Option<i64>,
+    /// `txn_...` once paid; null otherwise.
+    balance_transaction: Option<String>,
+    billing_details: BillingDetails,
+    /// `ONCEPAY` once paid; null otherwise.
+    calculated_statement_descriptor: Option<String>,
     /// The money was captured: oncepay captures every paid charge at once.
     captured: bool,
-    source: String,
-    description: Option<String>,
-    metadata: BTreeMap<String, String>,
-    failure_code: Option<String>,
-    failure_message: Option<String>,
-    amount_refunded: i64,
-    refunded: bool,
     /// Unix seconds.
     created: i64,
+    currency: String,
+    /// Always null.
+    customer: Option<String>,
+    description: Option<String>,
+    /// Always false.
+    disputed: bool,
+    /// Always null.
+    failure_balance_transaction: Option<String>,
+    /// The decline's code (`card_declined`, `insufficient_funds`, `expired_card`,
+    /// `incorrect_cvc`, `processing_error`) or `processing_abandoned`.
+    failure_code: Option<String>,
+    failure_message: Option<String>,
+    /// Always `{}`.
+    fraud_details: BTreeMap<String, String>,
     livemode: bool,
+    metadata: BTreeMap<String, String>,
+    /// Always null.
+    on_behalf_of: Option<String>,
+    /// What the card network or the fraud check said; null while pending
+    /// and for an abandoned charge.
+    outcome: Option<ChargeOutcome>,
+    /// The charge succeeded.
+    paid: bool,
+    /// Always null.
+    payment_intent: Option<String>,
+    /// The card's id, `card_...`.
+    payment_method: Option<String>,
+    payment_method_details: Option<PaymentMethodDetails>,
+    /// Always null.
+    receipt_email: Option<String>,
+    /// Always null.
+    receipt_number: Option<String>,
+    /// Always null.
+    receipt_url: Option<String>,
+    refunded: bool,
+    refunds: ChargeRefunds,
+    /// Always null.
+    review: Option<String>,
+    /// Always null.
+    shipping: Option<String>,
+    source: Option<CardSource>,
+    /// Always null.
+    source_transfer: Option<String>,
+    /// Always null.
+    statement_descriptor: Option<String>,
+    /// Always null.
+    statement_descriptor_suffix: Option<String>,
+    #[schema(example = "succeeded")]
+    status: ChargeStatus,
+    /// Always null.
+    transfer_data: Option<String>,
+    /// Always null.
+    transfer_group: Option<String>,
+}
+
+/// Billing details: oncepay takes none, so every member is null.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct BillingDetails {
+    address: NullAddress,
+    email: Option<String>,
+    name: Option<String>,
+    phone: Option<String>,
+    tax_id: Option<String>,
+}
+
+/// An address oncepay does not know: every member null.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct NullAddress {
+    city: Option<String>,
+    country: Option<String>,
+    line1: Option<String>,
+    line2: Option<String>,
+    postal_code: Option<String>,
+    state: Option<String>,
+}
+
+/// Stripe's outcome of the authorization.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ChargeOutcome {
+    /// Always null.
+    advice_code: Option<String>,
+    /// Always null.
+    network_advice_code: Option<String>,
+    /// Always null.
+    network_decline_code: Option<String>,
+    /// `approved_by_network`, `declined_by_network` or `not_sent_to_network`.
+    #[schema(example = "approved_by_network")]
+    network_status: String,
+    /// The decline code, or `highest_risk_level` for a charge blocked as fraud; null when authorized.
+    reason: Option<String>,
+    /// `normal`, or `highest` for a charge blocked as fraud.
+    #[schema(example = "normal")]
+    risk_level: String,
+    #[schema(example = "Payment complete.")]
+    seller_message: String,
+    /// `authorized`, `issuer_declined` or `blocked`.
+    #[schema(example = "authorized")]
+    r#type: String,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct PaymentMethodDetails {
+    card: CardDetails,
+    #[schema(example = "card")]
+    r#type: String,
+}
+
+/// The test token's card.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct CardDetails {
+    /// The amount, once authorized; null otherwise.
+    amount_authorized: Option<i64>,
+    /// Always null.
+    authorization_code: Option<String>,
+    /// `visa`, `mastercard`, `amex` or `discover`.
+    #[schema(example = "visa")]
+    brand: String,
+    checks: CardChecks,
+    #[schema(example = "US")]
+    country: String,
+    exp_month: i64,
+    exp_year: i64,
+    extended_authorization: FeatureStatus,
+    fingerprint: String,
+    /// `credit` or `debit`.
+    funding: String,
+    incremental_authorization: FeatureStatus,
+    /// Always null.
+    installments: Option<String>,
+    #[schema(example = "4242")]
+    last4: String,
+    /// Always null.
+    mandate: Option<String>,
+    multicapture: FeatureStatus,
+    network: String,
+    network_token: NetworkToken,
+    /// Always null.
+    network_transaction_id: Option<String>,
+    overcapture: Overcapture,
+    /// Always null.
+    regulated_status: Option<String>,
+    /// Always null.
+    three_d_secure: Option<String>,
+    /// Always null.
+    transaction_link_id: Option<String>,
+    /// Always null.
+    wallet: Option<String>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct CardChecks {
+    /// Always null.
+    address_line1_check: Option<String>,
+    /// Always null.
+    address_postal_code_check: Option<String>,
+    /// `pass`, or `fail` for `tok_chargeDeclinedIncorrectCvc`.
+    cvc_check: String,
+}
+
+/// A card feature oncepay never offers.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct FeatureStatus {
+    /// `disabled` or `unavailable`.
+    status: String,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct NetworkToken {
+    /// Always false.
+    used: bool,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Overcapture {
+    maximum_amount_capturable: i64,
+    /// Always `unavailable`.
+    status: String,
+}
+
+/// The charge's card, as Stripe's card object shows it.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct CardSource {
+    /// `card_...`, the same as the charge's `payment_method`.
+    id: String,
+    #[schema(example = "card")]
+    object: String,
+    address_city: Option<String>,
+    address_country: Option<String>,
+    address_line1: Option<String>,
+    address_line1_check: Option<String>,
+    address_line2: Option<String>,
+    address_state: Option<String>,
+    address_zip: Option<String>,
+    address_zip_check: Option<String>,
+    /// `Visa`, `MasterCard`, `American Express` or `Discover`.
+    #[schema(example = "Visa")]
+    brand: String,
+    country: String,
+    customer: Option<String>,
+    cvc_check: String,
+    dynamic_last4: Option<String>,
+    exp_month: i64,
+    exp_year: i64,
+    fingerprint: String,
+    funding: String,
+    last4: String,
+    /// Always `{}`.
+    metadata: BTreeMap<String, String>,
+    name: Option<String>,
+    tokenization_method: Option<String>,
+    wallet: Option<String>,
+}
+
+/// The charge's refunds, newest first: the first 10, with `has_more` for the rest.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ChargeRefunds {
+    #[schema(example = "list")]
+    object: String,
+    data: Vec<Refund>,
+    has_more: bool,
+    /// `/v1/charges/{id}/refunds`.
+    url: String,
 }
 
 #[derive(ToSchema)]
@@ -202,7 +442,7 @@ pub struct CreateRefund {
     metadata: Option<BTreeMap<String, String>>,
 }
 
-/// A refund.
+/// A refund, with every field of Stripe's refund object, in Stripe's order.
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct Refund {
@@ -211,16 +451,51 @@ pub struct Refund {
     #[schema(example = "refund")]
     object: String,
     amount: i64,
+    /// `txn_...` once succeeded; null otherwise.
+    balance_transaction: Option<String>,
     charge: String,
+    created: i64,
     currency: String,
-    /// `failed` when the card's issuer refused the refund; its amount can be
-    /// refunded again.
-    status: ChargeStatus,
-    reason: Option<String>,
+    /// Always null.
+    customer: Option<String>,
+    /// Always null.
+    customer_account: Option<String>,
+    destination_details: DestinationDetails,
     /// Why the refund failed (`declined`), else null.
     failure_reason: Option<String>,
     metadata: BTreeMap<String, String>,
-    created: i64,
+    /// Always null.
+    payment_intent: Option<String>,
+    /// Always null.
+    payment_method: Option<String>,
+    /// `duplicate`, `fraudulent` or `requested_by_customer`, as asked.
+    reason: Option<String>,
+    /// Always null.
+    receipt_number: Option<String>,
+    /// Always null.
+    source_transfer_reversal: Option<String>,
+    /// `failed` when the card's issuer refused the refund; its amount can be
+    /// refunded again.
+    status: ChargeStatus,
+    /// Always null.
+    transfer_reversal: Option<String>,
+}
+
+/// Where a refund's money goes: back to the card.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct DestinationDetails {
+    card: CardRefund,
+    #[schema(example = "card")]
+    r#type: String,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct CardRefund {
+    /// Always `refund`.
+    #[schema(example = "refund")]
+    r#type: String,
 }
 
 /// What happened to a charge or a refund: one event per final state change,
@@ -345,6 +620,8 @@ pub struct WebhookEndpoint {
     disabled_reason: Option<String>,
     /// Always null.
     api_version: Option<String>,
+    /// Always null.
+    application: Option<String>,
     created: i64,
     livemode: bool,
     metadata: BTreeMap<String, String>,
@@ -424,26 +701,53 @@ pub struct WebhookDeliveryList {
     data: Vec<WebhookDelivery>,
 }
 
-/// What the merchant's charges came to, per currency.
+/// What the merchant's charges came to, per currency, in Stripe's shape.
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct Balance {
     #[schema(example = "balance")]
     object: String,
-    livemode: bool,
     available: Vec<BalanceAmount>,
+    /// Per currency, always 0: oncepay has no connected accounts.
+    connect_reserved: Vec<ReservedAmount>,
+    livemode: bool,
+    /// Per currency, always 0: a charge's money is available at once.
+    pending: Vec<PendingAmount>,
 }
 
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct BalanceAmount {
-    currency: String,
     /// `charged - refunded`.
     amount: i64,
+    currency: String,
+    source_types: SourceTypes,
     /// Succeeded charges.
     charged: i64,
     /// Succeeded refunds.
     refunded: i64,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct PendingAmount {
+    amount: i64,
+    currency: String,
+    source_types: SourceTypes,
+}
+
+/// The amount by source: all of it from cards.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct SourceTypes {
+    card: i64,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ReservedAmount {
+    amount: i64,
+    currency: String,
 }
 
 /// What the server remembers of one key.
@@ -560,6 +864,8 @@ pub struct DemoSettings {
     fault_injection: bool,
     /// `DEMO_UNSAFE_ENDPOINTS`: the deliberately broken endpoints are served.
     demo_unsafe_endpoints: bool,
+    /// `WEBHOOK_ALLOW_PRIVATE`: webhook endpoints may point at this server's own receivers, on loopback.
+    webhook_allow_private: bool,
     /// Whether `REDIS_URL` is set (not whether Redis answers).
     redis: bool,
     /// When this process started, Unix milliseconds: it changes when the server is restarted.
@@ -613,7 +919,8 @@ pub struct StripeError {
     r#type: String,
     /// The problem's `code`.
     code: ProblemCode,
-    /// For a declined card: `generic_decline`, `insufficient_funds` or `expired_card`.
+    /// For a declined card: `generic_decline`, `insufficient_funds`, `expired_card`,
+    /// `incorrect_cvc`, `processing_error`, `fraudulent`, `lost_card` or `stolen_card`.
     decline_code: Option<String>,
     /// The problem's `detail`.
     message: String,
@@ -704,6 +1011,15 @@ pub struct UnsupportedMediaType(Problem);
 )]
 #[allow(dead_code)]
 pub struct KeyReused(Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "Over the merchant's rate limit on this instance; nothing was read or written (`Retry-After`)",
+    content_type = "application/problem+json",
+    headers(("Retry-After" = String, description = "Whole seconds until the merchant's allowance has room for one more request, at least 1"))
+)]
+#[allow(dead_code)]
+pub struct TooManyRequests(Problem);
 
 #[derive(ToResponse)]
 #[response(

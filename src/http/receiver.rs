@@ -60,6 +60,7 @@ fn fault(misbehaviour: Misbehaviour) -> Option<&'static str> {
         (status = 200, description = "Set up", body = DemoReceiver),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 413, response = super::openapi::TooLarge),
         (status = 415, response = super::openapi::UnsupportedMediaType),
         (status = 500, response = super::openapi::InternalError),
@@ -111,6 +112,7 @@ fn run_param(mut params: Params) -> Result<String, ParamError> {
         (status = 200, description = "The counts", body = DemoReceivers),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
     )

@@ -45,6 +45,7 @@ pub fn router() -> OpenApiRouter<AppState> {
          headers(("Location" = String, description = "/v1/refunds/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 409, response = super::openapi::InFlight),
         (status = 413, response = super::openapi::TooLarge),
         (status = 415, response = super::openapi::UnsupportedMediaType),
@@ -75,6 +76,7 @@ async fn create(
         (status = 200, description = "The refund", body = super::openapi::Refund),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 404, response = super::openapi::NotFound),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)

@@ -31,15 +31,16 @@ pub fn add_headers(response: &mut Response, id: Option<HeaderValue>) {
 }
 
 /// For an error, as Stripe sets it: `true` where the same request may get
-/// another answer later (`409`: the key is in flight; a `5xx`: the server's
-/// side failed, and a retry with the same key is safe), `false` on every
+/// another answer later (`409`: the key is in flight; `429`: the merchant's
+/// rate limit, after `Retry-After`; a `5xx`: the server's side failed, and
+/// a retry with the same key is safe), `false` on every
 /// other client error, which a retry cannot change (`400`, `401`, `402`,
 /// `404`, `405`, `413`, `415`, `422`). `None` below `400`. The SDKs retry
-/// `409`s and `5xx`s on their own, so `false` matters most on a `402` or a
+/// `409`s, `429`s and `5xx`s on their own, so `false` matters most on a `402` or a
 /// `400`.
 fn should_retry(status: StatusCode) -> Option<&'static str> {
     match status.as_u16() {
-        409 => Some("true"),
+        409 | 429 => Some("true"),
         400..=499 => Some("false"),
         500..=599 => Some("true"),
         _ => None,
@@ -66,7 +67,7 @@ mod tests {
 
     #[test]
     fn retries_are_advised_only_where_they_can_change_the_answer() {
-        for status in [409, 500, 503] {
+        for status in [409, 429, 500, 503] {
             let status = StatusCode::from_u16(status).unwrap();
             assert_eq!(should_retry(status), Some("true"), "{status}");
         }

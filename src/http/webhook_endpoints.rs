@@ -19,6 +19,7 @@ use crate::app::AppState;
 use crate::operation::webhook_endpoint::CreateEndpoint;
 use crate::operation::write::{self, Write};
 use crate::webhooks::domain::{DeliveryEnd, NewEndpoint};
+use crate::webhooks::guard::AddressGuard;
 use crate::webhooks::store;
 
 const ROUTE: &str = CreateEndpoint::ROUTE;
@@ -46,6 +47,7 @@ pub fn router() -> OpenApiRouter<AppState> {
          headers(("Location" = String, description = "/v1/webhook_endpoints/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 409, response = super::openapi::InFlight),
         (status = 413, response = super::openapi::TooLarge),
         (status = 415, response = super::openapi::UnsupportedMediaType),
@@ -61,6 +63,9 @@ async fn create(
 ) -> Result<Response, ApiError> {
     let (guard, params) = post.split(merchant.id);
     let endpoint = NewEndpoint::from_params(params)?;
+    endpoint
+        .check_address(AddressGuard::new(state.config.webhook_allow_private))
+        .await?;
     let answer = write::run(&state, guard, CreateEndpoint::new(merchant.id, endpoint)).await?;
     Ok(idempotent::respond(answer))
 }
@@ -76,6 +81,7 @@ async fn create(
         (status = 200, description = "The endpoint", body = super::openapi::WebhookEndpoint),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 404, response = super::openapi::NotFound),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
@@ -105,6 +111,7 @@ async fn retrieve(
         (status = 200, description = "Deleted", body = super::openapi::DeletedWebhookEndpoint),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 404, response = super::openapi::NotFound),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
@@ -145,6 +152,7 @@ fn no_such_endpoint(id: &str, param: &str) -> ApiError {
         (status = 200, description = "A list object", body = super::openapi::WebhookEndpointList),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
+        (status = 429, response = super::openapi::TooManyRequests),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
     )

@@ -7,7 +7,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::charges::Amount;
-use crate::charges::domain::{metadata, new_id, required, string};
+use crate::charges::domain::{Unmodelled, metadata, new_id, required, string};
 use crate::params::{ParamError, Params, shorten};
 use crate::problem::ProblemCode;
 
@@ -149,34 +149,76 @@ pub struct Refund {
     pub failure_reason: Option<String>,
 }
 
-/// The refund object of the API.
+/// The refund object of the API: every field of Stripe's refund, in
+/// Stripe's order (`id`, `object`, then by name); what oncepay does not
+/// model is `null` (see docs/decisions.md).
 #[derive(Debug, Serialize)]
 pub struct RefundObject<'a> {
     pub id: &'a str,
     pub object: &'static str,
     pub amount: i64,
+    /// `txn_...` once the refund succeeded, `null` otherwise.
+    pub balance_transaction: Option<String>,
     pub charge: &'a str,
+    pub created: i64,
     pub currency: &'a str,
-    pub status: &'a str,
-    pub reason: Option<&'a str>,
+    pub customer: Unmodelled,
+    pub customer_account: Unmodelled,
+    /// Where the money goes back: the card charged.
+    pub destination_details: DestinationDetails,
     pub failure_reason: Option<&'a str>,
     pub metadata: &'a BTreeMap<String, String>,
-    pub created: i64,
+    pub payment_intent: Unmodelled,
+    pub payment_method: Unmodelled,
+    pub reason: Option<&'a str>,
+    pub receipt_number: Unmodelled,
+    pub source_transfer_reversal: Unmodelled,
+    pub status: &'a str,
+    pub transfer_reversal: Unmodelled,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DestinationDetails {
+    pub card: CardRefund,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+}
+
+/// A refund to a card: oncepay's card gateway refunds a settled payment
+/// (`refund`), never reverses an authorization.
+#[derive(Debug, Serialize)]
+pub struct CardRefund {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
 }
 
 impl Refund {
     pub fn to_object(&self) -> RefundObject<'_> {
+        let suffix = self.id.strip_prefix("re_").unwrap_or(&self.id);
         RefundObject {
             id: &self.id,
             object: "refund",
             amount: self.amount,
+            balance_transaction: (self.status == RefundStatus::Succeeded)
+                .then(|| format!("txn_{suffix}")),
             charge: &self.charge_id,
+            created: self.created_at.timestamp(),
             currency: &self.currency,
-            status: self.status.as_str(),
-            reason: self.reason.as_deref(),
+            customer: None,
+            customer_account: None,
+            destination_details: DestinationDetails {
+                card: CardRefund { kind: "refund" },
+                kind: "card",
+            },
             failure_reason: self.failure_reason.as_deref(),
             metadata: &self.metadata.0,
-            created: self.created_at.timestamp(),
+            payment_intent: None,
+            payment_method: None,
+            reason: self.reason.as_deref(),
+            receipt_number: None,
+            source_transfer_reversal: None,
+            status: self.status.as_str(),
+            transfer_reversal: None,
         }
     }
 }

@@ -48,17 +48,21 @@ pub async fn settle_or_crash(
     // A refund that succeeds refunds its charge, in part or in full: Stripe
     // sends `charge.refunded` for both, with the charge as it stands.
     let settled = match outcome {
-        RefundOutcome::Refunded => {
-            store::succeed_pending(&mut tx, refund_id)
-                .await?
-                .map(|(refund, charge)| {
-                    let events = vec![
-                        NewEvent::new(EventType::RefundSucceeded, &refund.id, &refund.to_object()),
-                        NewEvent::new(EventType::ChargeRefunded, &charge.id, &charge.to_object()),
-                    ];
-                    (refund, events)
-                })
-        }
+        RefundOutcome::Refunded => match store::succeed_pending(&mut tx, refund_id).await? {
+            Some((refund, charge)) => {
+                let refunds = store::of_charges(&mut *tx, std::slice::from_ref(&charge.id)).await?;
+                let events = vec![
+                    NewEvent::new(EventType::RefundSucceeded, &refund.id, &refund.to_object()),
+                    NewEvent::new(
+                        EventType::ChargeRefunded,
+                        &charge.id,
+                        &charge.to_object(&refunds),
+                    ),
+                ];
+                Some((refund, events))
+            }
+            None => None,
+        },
         RefundOutcome::Failed { reason } => store::fail_pending(&mut tx, refund_id, reason)
             .await?
             .map(|refund| {

@@ -216,3 +216,29 @@ pub async fn stale_unguarded(
     .fetch_all(db)
     .await
 }
+
+/// The refunds of `charge_ids`, each charge's newest first, as the charge
+/// objects embed them: one statement for a whole page of charges. Charge
+/// ids are unique across merchants, so the ids alone scope them.
+pub async fn of_charges(
+    db: impl PgExecutor<'_>,
+    charge_ids: &[String],
+) -> sqlx::Result<Vec<Refund>> {
+    sqlx::query_as!(
+        Refund,
+        r#"SELECT id, merchant_id, charge_id, amount, currency, status AS "status: _", reason,
+                  metadata AS "metadata: _", created_at, failure_reason
+             FROM refunds WHERE charge_id = ANY($1)
+            ORDER BY charge_id COLLATE "C", created_at DESC, id DESC"#,
+        charge_ids,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// `refunds` (from [`of_charges`]) that belong to `charge_id`.
+pub fn of_charge<'a>(refunds: &'a [Refund], charge_id: &str) -> &'a [Refund] {
+    let start = refunds.partition_point(|r| r.charge_id.as_str() < charge_id);
+    let end = refunds.partition_point(|r| r.charge_id.as_str() <= charge_id);
+    &refunds[start..end]
+}

@@ -4,6 +4,7 @@
 //! | --- | --- |
 //! | `http_requests_total`, `http_request_duration_seconds` | `method` (a standard method or `other`), `route` (a template or `unmatched`), `status` |
 //! | `http_connections_open`, `http_connections_shed_total` (`reason`: `evicted`, `refused`) | see `crate::http::server` |
+//! | `rate_limited_total` (requests answered `429 rate_limit`), `rate_limit_merchants_tracked` (merchants whose allowance is held) | `kind`: `read`, `write`; see `crate::rate_limit` |
 //! | `idempotency_outcomes_total` | `outcome`: `executed`, `replayed`, `in_use`, `reused`, `expired_taken_over`, `stale_recovered` |
 //! | `requests_shed_total` (guarded operations answered `503 overloaded` before any work, see `crate::admission`) | `route` (a guarded operation's route template) |
 //! | `idempotency_waiters` (requests waiting on a key in flight), `idempotency_wait_polls_total` (reads their shared waits ran) | |
@@ -44,6 +45,9 @@ pub fn handle() -> PrometheusHandle {
                     // Present from the start, so a dashboard sees 0, not nothing.
                     metrics::counter!("db_pool_timeouts_total").increment(0);
                     metrics::counter!("idempotency_wait_polls_total").increment(0);
+                    for kind in ["read", "write"] {
+                        metrics::counter!("rate_limited_total", "kind" => kind).increment(0);
+                    }
                     metrics::gauge!("idempotency_waiters").set(0.0);
                     metrics::gauge!("webhook_oldest_pending_event_age_seconds").set(0.0);
                     handle

@@ -15,8 +15,14 @@
 //! deduplicate by the event's `id` (an inbox); what the worker guarantees
 //! is that nothing committed is lost, and that no two workers send one
 //! attempt.
+//!
+//! With the address guard on (see [`super::guard`]), every attempt checks
+//! where it goes: an address in the URL before sending, a name as the
+//! client resolves it, connecting only to the addresses checked. A refused
+//! attempt sends nothing and is recorded, and retried, like any failure.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -25,6 +31,7 @@ use sqlx::PgPool;
 use tokio::task::JoinSet;
 
 use super::domain::{DeliveryEnd, EndpointStatus};
+use super::guard::{AddressGuard, GuardedResolver, Refused};
 use super::signature;
 use super::store::{self, Claimed, Finished, InFlightBounds, Next};
 use crate::config::Config;
@@ -66,6 +73,8 @@ pub struct DeliverySettings {
     /// Attempts in flight at once to one endpoint and to one merchant's
     /// endpoints, over every instance.
     pub bounds: InFlightBounds,
+    /// Whether internal addresses are refused (`WEBHOOK_ALLOW_PRIVATE`).
+    pub guard: AddressGuard,
 }
 
 impl DeliverySettings {
@@ -86,6 +95,7 @@ impl DeliverySettings {
                 per_endpoint: config.webhook_endpoint_concurrency,
                 per_merchant: config.webhook_merchant_concurrency,
             },
+            guard: AddressGuard::new(config.webhook_allow_private),
         }
     }
 
@@ -128,6 +138,19 @@ struct Sent {
     /// The fault the receiver's answer asked for (`Oncepay-Fault:
     /// crash-after-delivery`), honoured only with fault injection on.
     fault: Option<Fault>,
+    /// The address guard refused the attempt: nothing was sent.
+    refused: Option<Refused>,
+}
+
+impl Sent {
+    fn refused(refused: Refused) -> Self {
+        Sent {
+            status: None,
+            error: Some(refused.to_string()),
+            fault: None,
+            refused: Some(refused),
+        }
+    }
 }
 
 /// The worker of one process.
@@ -139,13 +162,20 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(pool: PgPool, settings: DeliverySettings) -> anyhow::Result<Self> {
-        let client = reqwest::Client::builder()
+        let mut client = reqwest::Client::builder()
             // A redirect is an answer that is not 2xx, as Stripe treats it.
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(settings.timeout)
             .timeout(settings.timeout)
             .pool_idle_timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(4)
+            .pool_max_idle_per_host(4);
+        if settings.guard.is_on() {
+            // Names resolve through the guard, and the connection goes to
+            // the addresses it passed. No proxy: a proxy would resolve the
+            // name itself, out of the guard's sight.
+            client = client.dns_resolver(Arc::new(GuardedResolver)).no_proxy();
+        }
+        let client = client
             .build()
             .map_err(|e| anyhow::anyhow!(e).context("building the webhook HTTP client"))?;
         Ok(Worker {
@@ -315,6 +345,7 @@ async fn deliver(
         Next::RetryAfter(retry_delay(settings, claimed.attempt, rand::random()))
     };
     let result = match (&sent.status, &sent.error) {
+        _ if sent.refused.is_some() => "refused",
         (Some(s), _) if (200..300).contains(s) => "delivered",
         (Some(_), _) => "http_error",
         (None, Some(e)) if e == "timeout" => "timeout",
@@ -346,6 +377,12 @@ async fn deliver(
         attempt = claimed.attempt,
     );
     let _entered = span.enter();
+    if let Some(refused) = sent.refused {
+        tracing::warn!(
+            network = ?refused.network(),
+            "webhook attempt refused by the address guard; nothing was sent"
+        );
+    }
     if !recorded.held {
         metrics::counter!("webhook_leases_lost_total").increment(1);
         tracing::warn!(
@@ -391,6 +428,11 @@ async fn deliver(
 /// [`RESPONSE_BODY_WAIT`] and never past the timeout, and whatever the
 /// body does (stall, end early, break its framing) the status stands.
 async fn send(client: &reqwest::Client, settings: &DeliverySettings, claimed: &Claimed) -> Sent {
+    // An address in the URL is never looked up, so the resolver never sees
+    // it: it is checked here.
+    if let Err(refused) = settings.guard.check_literal(&claimed.url) {
+        return Sent::refused(refused);
+    }
     let payload = serde_json::to_vec(&claimed.event.to_object()).expect("an event serialises");
     let signed = signature::sign(&claimed.secret, Utc::now().timestamp(), &payload);
     let request = client
@@ -403,10 +445,14 @@ async fn send(client: &reqwest::Client, settings: &DeliverySettings, claimed: &C
     let mut response = match tokio::time::timeout_at(deadline, request.send()).await {
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
+            if let Some(refused) = Refused::in_chain(&e) {
+                return Sent::refused(refused);
+            }
             return Sent {
                 status: None,
                 error: Some(describe(&e)),
                 fault: None,
+                refused: None,
             };
         }
         Err(_) => {
@@ -414,6 +460,7 @@ async fn send(client: &reqwest::Client, settings: &DeliverySettings, claimed: &C
                 status: None,
                 error: Some("timeout".to_owned()),
                 fault: None,
+                refused: None,
             };
         }
     };
@@ -444,6 +491,7 @@ async fn send(client: &reqwest::Client, settings: &DeliverySettings, claimed: &C
         status: Some(status),
         error: (!(200..300).contains(&status)).then(|| format!("HTTP {status}")),
         fault,
+        refused: None,
     }
 }
 
@@ -492,6 +540,7 @@ mod tests {
                 per_endpoint: 4,
                 per_merchant: 8,
             },
+            guard: AddressGuard::new(false),
         }
     }
 

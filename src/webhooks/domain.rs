@@ -9,6 +9,7 @@ use crate::charges::domain::{new_id, required, string};
 use crate::events::EventType;
 use crate::params::{Encoding, ParamError, Params, shorten};
 use crate::problem::ProblemCode;
+use crate::webhooks::guard::AddressGuard;
 
 /// The most endpoints a merchant may have, as Stripe allows.
 pub const MAX_ENDPOINTS: i64 = 16;
@@ -52,6 +53,22 @@ impl NewEndpoint {
             url,
             enabled_events,
             description,
+        })
+    }
+
+    /// Refuses a URL whose host is, or resolves to, an address inside the
+    /// network, with the address guard on: `400 url_invalid`, saying why.
+    /// Every attempt checks again; this is the early answer.
+    pub async fn check_address(&self, guard: AddressGuard) -> Result<(), ParamError> {
+        guard.check_url(&self.url).await.map_err(|refused| {
+            ParamError::new(
+                ProblemCode::UrlInvalid,
+                "url",
+                format!(
+                    "Invalid URL: '{}': {refused}; webhooks are sent only to public addresses",
+                    shorten(&self.url)
+                ),
+            )
         })
     }
 
@@ -222,6 +239,8 @@ pub struct EndpointObject<'a> {
     /// Why it was disabled, when it was (oncepay's addition).
     pub disabled_reason: Option<&'a str>,
     pub api_version: Option<&'static str>,
+    /// Stripe's Connect application that made it: never one here.
+    pub application: Option<&'static str>,
     pub created: i64,
     pub livemode: bool,
     pub metadata: serde_json::Map<String, Value>,
@@ -241,6 +260,7 @@ impl Endpoint {
             status: self.status.as_str(),
             disabled_reason: self.disabled_reason.as_deref(),
             api_version: None,
+            application: None,
             created: self.created_at.timestamp(),
             livemode: false,
             metadata: serde_json::Map::new(),

@@ -8,8 +8,10 @@
 //! - [`store`]: the SQL.
 //! - [`signature`]: the `Stripe-Signature` header, signed and verified.
 //! - [`deliver`]: the worker in every `serve` process.
+//! - [`guard`]: the address guard, which keeps endpoints out of the network.
 
 pub mod deliver;
 pub mod domain;
+pub mod guard;
 pub mod signature;
 pub mod store;

@@ -403,3 +403,96 @@ fn a_target_session_attrs_oncepay_cannot_write_through_is_refused_by_name() {
         assert!(!stderr.contains("hunter2"), "{stderr}");
     }
 }
+
+#[tokio::test]
+async fn merchants_roll_key_prints_only_the_new_key_and_the_old_one_lives_as_asked() {
+    let db = TestDb::create().await;
+    assert!(oncepay(&db, &["migrate"]).status.success());
+    let out = oncepay(&db, &["merchants", "create", "--name", "Rolling"]);
+    let old = ApiKey::parse(String::from_utf8(out.stdout).unwrap().trim_end()).unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM merchants")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+    let out = oncepay(
+        &db,
+        &[
+            "merchants",
+            "roll-key",
+            &id.to_string(),
+            "--expire-old-in",
+            "1h",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1);
+    let new = ApiKey::parse(stdout.trim_end()).expect("a well-formed key");
+    assert_ne!(new.expose(), old.expose());
+    assert!(
+        !stderr.contains(new.expose()),
+        "the key never reaches the log"
+    );
+    assert!(stderr.contains("old_key_expires_at"), "{stderr}");
+
+    let by_old = merchants::authenticate(&pool, &old).await.unwrap().unwrap();
+    let by_new = merchants::authenticate(&pool, &new).await.unwrap().unwrap();
+    assert_eq!((by_old.merchant.id, by_new.merchant.id), (id, id));
+    let left = by_old.expires_in.expect("the old key expires");
+    assert!(left > std::time::Duration::from_secs(3500), "{left:?}");
+    assert_eq!(by_new.expires_in, None);
+
+    // Without --expire-old-in, the key replaced stops at once.
+    let out = oncepay(&db, &["merchants", "roll-key", &id.to_string()]);
+    assert!(out.status.success());
+    let newest = ApiKey::parse(String::from_utf8(out.stdout).unwrap().trim_end()).unwrap();
+    assert!(
+        merchants::authenticate(&pool, &new)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        merchants::authenticate(&pool, &newest)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        merchants::authenticate(&pool, &old)
+            .await
+            .unwrap()
+            .is_none(),
+        "at most two live keys: the oldest stopped with the second roll"
+    );
+
+    let nobody = uuid::Uuid::now_v7().to_string();
+    let out = oncepay(&db, &["merchants", "roll-key", &nobody]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("there is no merchant {nobody}")),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = oncepay(
+        &db,
+        &[
+            "merchants",
+            "roll-key",
+            &id.to_string(),
+            "--expire-old-in",
+            "8d",
+        ],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("expire-old-in") && stderr.contains("7 days"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+    pool.close().await;
+}

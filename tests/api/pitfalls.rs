@@ -263,6 +263,7 @@ async fn the_settings_tell_a_workshop_what_the_server_runs_with() {
     assert_eq!(settings["processing_timeout_ms"], 1000);
     assert_eq!(settings["fault_injection"], true);
     assert_eq!(settings["demo_unsafe_endpoints"], false);
+    assert_eq!(settings["webhook_allow_private"], false);
     assert_eq!(settings["redis"], false);
     assert!(settings["started_at_ms"].as_u64().unwrap() > 1_700_000_000_000);
     Answer::of(app.get("/demo/settings?x=1").await)

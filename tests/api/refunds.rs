@@ -704,11 +704,19 @@ async fn the_balance_shows_charged_minus_refunded_per_currency() {
         balance.json(),
         json!({
             "object": "balance",
-            "livemode": false,
             "available": [
-                {"currency": "eur", "amount": 0, "charged": 500, "refunded": 500},
-                {"currency": "usd", "amount": 2500, "charged": 3000, "refunded": 500},
-            ]
+                {"amount": 0, "currency": "eur", "source_types": {"card": 0}, "charged": 500, "refunded": 500},
+                {"amount": 2500, "currency": "usd", "source_types": {"card": 2500}, "charged": 3000, "refunded": 500},
+            ],
+            "connect_reserved": [
+                {"amount": 0, "currency": "eur"},
+                {"amount": 0, "currency": "usd"},
+            ],
+            "livemode": false,
+            "pending": [
+                {"amount": 0, "currency": "eur", "source_types": {"card": 0}},
+                {"amount": 0, "currency": "usd", "source_types": {"card": 0}},
+            ],
         })
     );
     let other = app.other_merchant().await;

@@ -15,9 +15,12 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, until, visa};
 
-/// Fast retries, so that a test sees several attempts in a second.
+/// Fast retries, so that a test sees several attempts in a second; and the
+/// address guard off, since the receivers listen on loopback (the guard's
+/// own tests turn it back on).
 fn fast() -> Settings {
     Settings::new()
+        .set("WEBHOOK_ALLOW_PRIVATE", "true")
         .set("WEBHOOK_POLL_INTERVAL", "50ms")
         .set("WEBHOOK_RETRY_BASE", "100ms")
         .set("WEBHOOK_RETRY_MAX", "200ms")
@@ -1214,5 +1217,170 @@ async fn every_copy_of_an_event_sent_is_byte_for_byte_what_get_shows() {
         listed["data"][0],
         shown.json(),
         "and the list shows it so too"
+    );
+}
+
+// The address guard. Every receiver here listens on loopback; the other
+// ranges are judged by the classifying function's own unit tests, with no
+// connection (`src/webhooks/guard.rs`).
+
+/// The guard on (the default), with fast retries.
+fn guarded() -> Settings {
+    fast().set("WEBHOOK_ALLOW_PRIVATE", "false")
+}
+
+/// `url` with its host replaced by `host`, port and path kept.
+fn on_host(url: &str, host: &str) -> String {
+    let mut url = url::Url::parse(url).unwrap();
+    url.set_host(Some(host)).unwrap();
+    url.to_string()
+}
+
+impl TestApp {
+    /// Stores an endpoint at `url` for `charge.succeeded` directly, as one
+    /// created while the guard was off would be; returns its id.
+    async fn stored_endpoint(&self, url: &str) -> String {
+        let id = oncepay::webhooks::domain::new_endpoint_id();
+        sqlx::query(
+            "INSERT INTO webhook_endpoints (id, merchant_id, url, enabled_events, secret)
+             VALUES ($1, $2, $3, ARRAY['charge.succeeded'], $4)",
+        )
+        .bind(&id)
+        .bind(self.merchant_id)
+        .bind(url)
+        .bind(oncepay::webhooks::domain::new_secret())
+        .execute(&self.pool)
+        .await
+        .unwrap();
+        id
+    }
+}
+
+#[tokio::test]
+async fn with_the_guard_on_an_endpoint_on_loopback_or_a_name_resolving_to_it_is_refused_at_creation()
+ {
+    let app = spawn_app_with(guarded()).await;
+    let receiver = Receiver::start(&[Reply::Status(200)]).await;
+    let port = url::Url::parse(&receiver.url).unwrap().port().unwrap();
+    for (url, says) in [
+        (receiver.url.clone(), "the host is a loopback address"),
+        (
+            on_host(&receiver.url, "localhost"),
+            "the host resolves to a loopback address",
+        ),
+        (
+            format!("http://[::1]:{port}/hooks"),
+            "the host is a loopback address",
+        ),
+        (
+            format!("http://[::ffff:127.0.0.1]:{port}/hooks"),
+            "the host is a loopback address",
+        ),
+        // 127.0.0.1 written as one number, as a URL parser reads it.
+        (
+            format!("http://2130706433:{port}/hooks"),
+            "the host is a loopback address",
+        ),
+        (
+            format!("http://0.0.0.0:{port}/hooks"),
+            "the host is the unspecified address",
+        ),
+    ] {
+        let answer = app
+            .create_endpoint(
+                Some(&format!("guard-{url}")),
+                &json!({"url": url, "enabled_events": ["charge.succeeded"]}),
+            )
+            .await;
+        answer.assert_problem(400, "url_invalid");
+        let body = answer.json();
+        assert_eq!(body["param"], "url", "{body}");
+        let message = body["detail"].as_str().unwrap();
+        assert!(message.contains(says), "{url}: {message}");
+    }
+    assert_eq!(app.endpoints().await, 0, "nothing written");
+    assert_eq!(app.keys().await, 0, "no key claimed for a refused create");
+    // A public address is accepted (written as an address, it is not looked
+    // up, and no event is made, so nothing is sent to it).
+    let public = app
+        .create_endpoint(
+            None,
+            &json!({"url": "https://93.184.215.14/hooks", "enabled_events": ["charge.succeeded"]}),
+        )
+        .await;
+    assert_eq!(public.status, 201, "{:?}", public.body);
+    assert_eq!(app.endpoints().await, 1);
+    assert!(receiver.got().is_empty());
+}
+
+#[tokio::test]
+async fn with_the_guard_on_a_stored_loopback_endpoint_gets_nothing_and_each_attempt_is_recorded_refused()
+ {
+    let app = spawn_app_with(guarded().set("WEBHOOK_MAX_ATTEMPTS", "3")).await;
+    let receiver = Receiver::start(&[Reply::Status(200)]).await;
+    // One address that is never looked up, one name the resolver refuses.
+    let literal = app.stored_endpoint(&receiver.url).await;
+    let named = app
+        .stored_endpoint(&on_host(&receiver.url, "localhost"))
+        .await;
+    let before = metric(&app, "webhook_attempts_total", &["result=\"refused\""]).await;
+    let charge = app.paid_charge(500).await;
+    let event = app.event_of(&charge, "charge.succeeded").await;
+    until(Duration::from_secs(15), "both deliveries end", || async {
+        app.delivery_statuses().await == ["failed", "failed"]
+    })
+    .await;
+    assert!(receiver.got().is_empty(), "nothing reached the receiver");
+    let deliveries = app.deliveries_of(&event).await;
+    for delivery in deliveries["data"].as_array().unwrap() {
+        let says = if delivery["webhook_endpoint"] == literal.as_str() {
+            "address not allowed: the host is a loopback address"
+        } else {
+            assert_eq!(delivery["webhook_endpoint"], named.as_str());
+            "address not allowed: the host resolves to a loopback address"
+        };
+        assert_eq!(
+            delivery["failure_reason"], "attempts_exhausted",
+            "{delivery}"
+        );
+        let attempts = delivery["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 3, "retried like any failure: {delivery}");
+        for attempt in attempts {
+            assert_eq!(attempt["response_status"], Value::Null, "{attempt}");
+            assert_eq!(attempt["error"], says, "{attempt}");
+        }
+    }
+    // The stored errors carry neither the URL nor its port.
+    let port = url::Url::parse(&receiver.url).unwrap().port().unwrap();
+    assert_eq!(
+        app.count(&format!(
+            "SELECT count(*) FROM webhook_attempts WHERE error LIKE '%{port}%' OR error LIKE '%/hooks%'"
+        ))
+        .await,
+        0
+    );
+    let after = metric(&app, "webhook_attempts_total", &["result=\"refused\""]).await;
+    assert!(after - before >= 6.0, "{before} -> {after}");
+}
+
+#[tokio::test]
+async fn with_the_guard_off_the_same_loopback_endpoints_are_created_and_delivered() {
+    let app = spawn_app_with(fast()).await;
+    let receiver = Receiver::start(&[Reply::Status(200)]).await;
+    app.endpoint(&receiver.url, &["charge.succeeded"]).await;
+    app.endpoint(&on_host(&receiver.url, "localhost"), &["charge.succeeded"])
+        .await;
+    app.paid_charge(500).await;
+    receiver.until_got(2, Duration::from_secs(10)).await;
+    until(
+        Duration::from_secs(10),
+        "both deliveries succeed",
+        || async { app.delivery_statuses().await == ["succeeded", "succeeded"] },
+    )
+    .await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_attempts WHERE error IS NOT NULL")
+            .await,
+        0
     );
 }

@@ -387,6 +387,14 @@ impl Server {
             ("DEMO_API_KEY".into(), API_KEY.into()),
             ("RUST_LOG".into(), "info,sqlx=warn".into()),
             ("DATABASE_MAX_CONNECTIONS".into(), "8".into()),
+            // The scenarios' webhook receivers listen on loopback.
+            ("WEBHOOK_ALLOW_PRIVATE".into(), "true".into()),
+            // The scenarios storm one key from many clients on purpose and
+            // count every 5xx as a fault; shedding that storm is the
+            // subject of tests/api/shedding.rs and scripts/bench shed, not
+            // of these. A scenario may still turn it on.
+            ("DATABASE_QUEUE_TIMEOUT".into(), "1h".into()),
+            ("DATABASE_QUEUE_OVERLOAD_TIMEOUT".into(), "1h".into()),
         ];
         vars.extend(
             env.iter()

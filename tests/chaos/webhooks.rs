@@ -75,6 +75,7 @@ impl Delivery {
                 per_endpoint: 4,
                 per_merchant: 8,
             },
+            guard: oncepay::webhooks::guard::AddressGuard::new(true),
         }
         .lease()
     }

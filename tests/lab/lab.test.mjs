@@ -213,6 +213,8 @@ before(async () => {
   ({ base } = await serve("server.log", {
     FAULT_INJECTION: "true",
     DEMO_UNSAFE_ENDPOINTS: "true",
+    // Scenario 6's receivers are the server's own, on loopback.
+    WEBHOOK_ALLOW_PRIVATE: "true",
     PROCESSOR_LATENCY_MS: "400",
     // Scenario 6 waits for two failed webhook attempts and a third.
     WEBHOOK_RETRY_BASE: "200ms",

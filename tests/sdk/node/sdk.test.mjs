@@ -47,6 +47,8 @@ before(async () => {
       SWEEP_INTERVAL: "500ms",
       WEBHOOK_RETRY_BASE: "100ms",
       WEBHOOK_POLL_INTERVAL: "100ms",
+      // The tests' webhook receivers listen on loopback.
+      WEBHOOK_ALLOW_PRIVATE: "true",
     },
   });
 });

@@ -90,8 +90,10 @@ class Oncepay:
         ))
 
 
-@pytest.fixture(scope="session")
-def oncepay():
+def serve(log_name, **settings):
+    """Starts `oncepay serve` on a database of its own, with `settings` added
+    to the environment; yields an `Oncepay`, then stops it and drops its
+    databases."""
     assert BIN.exists(), f"{BIN} is missing: run cargo build --bin oncepay first"
     OUT.mkdir(parents=True, exist_ok=True)
     db_name = "oncepay_sdk_py_" + secrets.token_hex(6)
@@ -99,7 +101,7 @@ def oncepay():
     db_url = with_database(SERVER_URL, db_name)
     api_key = "sk_test_sdkpy" + secrets.token_hex(20)
     port = free_port()
-    log = open(OUT / "python-server.log", "wb")
+    log = open(OUT / log_name, "wb")
     server = subprocess.Popen(
         [str(BIN), "serve"],
         cwd=OUT,  # away from the repository's .env
@@ -113,7 +115,10 @@ def oncepay():
             "SWEEP_INTERVAL": "500ms",
             "WEBHOOK_RETRY_BASE": WEBHOOK_RETRY_BASE,
             "WEBHOOK_POLL_INTERVAL": WEBHOOK_POLL_INTERVAL,
+            # The tests' webhook receivers listen on loopback.
+            "WEBHOOK_ALLOW_PRIVATE": "true",
             "RUST_LOG": "info,sqlx=warn",
+            **settings,
         },
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -122,7 +127,7 @@ def oncepay():
     try:
         deadline = time.monotonic() + 60
         while True:
-            assert server.poll() is None, f"oncepay serve exited; see {OUT}/python-server.log"
+            assert server.poll() is None, f"oncepay serve exited; see {OUT}/{log_name}"
             try:
                 with urllib.request.urlopen(base + "/healthz", timeout=1) as r:
                     if r.status == 200:
@@ -141,6 +146,17 @@ def oncepay():
         log.close()
         psql(SERVER_URL, f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
         psql(SERVER_URL, f'DROP DATABASE IF EXISTS "{db_name}_processor" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def oncepay():
+    yield from serve("python-server.log")
+
+
+@pytest.fixture(scope="module")
+def rate_limited_oncepay():
+    """A server whose merchants may write once a second, one at a time."""
+    yield from serve("python-limited-server.log", RATE_LIMIT_PER_SECOND="1", RATE_LIMIT_BURST="1")
 
 
 class LossyProxy:

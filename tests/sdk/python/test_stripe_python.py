@@ -3,6 +3,7 @@ charges integration makes, every error class it catches, and the SDK's own
 retries ending in exactly one charge, counted in the database."""
 
 import secrets
+import urllib.request
 import uuid
 
 import pytest
@@ -232,3 +233,39 @@ def test_sdk_retries_through_processing_outcome_unknown_make_one_succeeded_charg
     assert (charge.status, charge.amount) == ("succeeded", 1400)
     assert oncepay.charges_tagged(tag) == 1
     assert oncepay.payments_tagged(tag) == 1
+
+
+def rate_limited_writes(oncepay):
+    with urllib.request.urlopen(oncepay.base + "/metrics", timeout=5) as r:
+        metrics = r.read().decode()
+    line = next(l for l in metrics.splitlines() if l.startswith('rate_limited_total{kind="write"}'))
+    return float(line.split()[-1])
+
+
+def test_over_the_rate_limit_without_retries_raises_rate_limit_error_and_writes_nothing(rate_limited_oncepay):
+    sdk = client(rate_limited_oncepay, max_network_retries=0)
+    first_tag, first = tagged(1500)
+    sdk.v1.charges.create(params=first)
+    tag, params = tagged(1600)
+    with pytest.raises(stripe.RateLimitError) as raised:
+        sdk.v1.charges.create(params=params)
+    e = raised.value
+    assert (e.http_status, e.error.code) == (429, "rate_limit")
+    headers = {k.lower(): v for k, v in e.headers.items()}
+    assert int(headers["retry-after"]) >= 1
+    assert headers["stripe-should-retry"] == "true"
+    assert rate_limited_oncepay.charges_tagged(first_tag) == 1
+    assert rate_limited_oncepay.charges_tagged(tag) == 0
+
+
+def test_sdk_retries_a_429_after_retry_after_to_one_charge_each(rate_limited_oncepay):
+    sdk = client(rate_limited_oncepay, max_network_retries=3)
+    refused_before = rate_limited_writes(rate_limited_oncepay)
+    tags = []
+    for amount in (1700, 1800, 1900):
+        tag, params = tagged(amount)
+        tags.append(tag)
+        charge = sdk.v1.charges.create(params=params)
+        assert (charge.amount, charge.status) == (amount, "succeeded")
+    assert rate_limited_writes(rate_limited_oncepay) > refused_before, "some were answered 429 first"
+    assert [rate_limited_oncepay.charges_tagged(t) for t in tags] == [1, 1, 1]
