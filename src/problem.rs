@@ -205,7 +205,7 @@ impl ProblemCode {
     /// Every code, in the order they are declared; a unit test holds it
     /// against the enum itself (by way of its OpenAPI schema), and
     /// `tests/api/docs.rs` against the table of docs/api.md.
-    pub const ALL: [ProblemCode; 52] = [
+    pub const ALL: [ProblemCode; 53] = [
         ProblemCode::ParameterMissing,
         ProblemCode::ParameterUnknown,
         ProblemCode::ParameterDuplicate,
