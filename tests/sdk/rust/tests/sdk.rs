@@ -91,19 +91,38 @@ fn idempotent(key: &str) -> RequestStrategy {
 // ---------------------------------------------------------------------------
 // One charge per test token
 
-/// What a test token does, as docs/api.md lists it.
+/// How a test token's charge is declined, as src/test_cards.rs and
+/// docs/api.md say (Stripe's documented codes for the token).
+#[derive(Clone, Copy, Debug)]
+struct Decline {
+    code: &'static str,
+    decline_code: &'static str,
+    /// `outcome.type`: `issuer_declined`, or `blocked` for fraud.
+    outcome: &'static str,
+    /// `outcome.reason`: the decline code, or `highest_risk_level`.
+    reason: &'static str,
+    risk_level: &'static str,
+    last4: &'static str,
+}
+
+const fn declined(code: &'static str, decline_code: &'static str, last4: &'static str) -> Expect {
+    Expect::Declined(Decline {
+        code,
+        decline_code,
+        outcome: "issuer_declined",
+        reason: decline_code,
+        risk_level: "normal",
+        last4,
+    })
+}
+
+/// What a test token does.
 #[derive(Clone, Copy, Debug)]
 enum Expect {
     /// The charge succeeds, on this card: (brand, last4, funding).
     Paid(&'static str, &'static str, &'static str),
-    /// A decline: (code, decline_code, outcome type, brand, last4).
-    Declined(
-        &'static str,
-        &'static str,
-        &'static str,
-        &'static str,
-        &'static str,
-    ),
+    /// A decline, on a Visa card.
+    Declined(Decline),
     /// The processor takes the money and the call times out: the SDK's
     /// retries with one key end in the one succeeded charge.
     OutcomeUnknownThenPaid,
@@ -133,6 +152,7 @@ async fn charge_with_token(token: &str, expect: Expect) {
             assert_eq!(charge.metadata.get("test"), Some(&tag));
             let outcome = charge.outcome.as_ref().expect("an outcome");
             assert_eq!(outcome.type_, "authorized");
+            assert_eq!(outcome.risk_level.as_deref(), Some("normal"));
             assert_eq!(
                 outcome.network_status.as_deref(),
                 Some("approved_by_network")
@@ -155,24 +175,34 @@ async fn charge_with_token(token: &str, expect: Expect) {
             assert_eq!(server.charges_tagged(&tag), 1);
             assert_eq!(server.payments_tagged(&tag), 1);
         }
-        Expect::Declined(code_, decline_code, outcome_type, brand, last4) => {
+        Expect::Declined(decline) => {
             let (tag, request) = charge_request(2000, token);
             let (error, status) = api_error(request.send(&client).await);
             assert_eq!(status, 402);
             assert_eq!(error.type_, ApiErrorsType::CardError);
-            assert_eq!(code(&error), Some(code_));
-            assert_eq!(error.decline_code.as_deref(), Some(decline_code));
+            assert_eq!(code(&error), Some(decline.code));
+            assert_eq!(error.decline_code.as_deref(), Some(decline.decline_code));
             let id = error.charge.clone().expect("the declined charge's id");
             assert!(id.starts_with("ch_"), "{id}");
             let charge = retrieve_charge(&client, &id).await;
             assert_eq!(charge.status, ChargeStatus::Failed);
             assert!(!charge.paid);
             assert_eq!(charge.amount_captured, 0);
-            assert_eq!(charge.failure_code.as_deref(), Some(code_));
+            assert_eq!(charge.failure_code.as_deref(), Some(decline.code));
             assert_eq!(charge.metadata.get("test"), Some(&tag));
             let outcome = charge.outcome.as_ref().expect("an outcome");
-            assert_eq!(outcome.type_, outcome_type);
-            assert_eq!(outcome.reason.as_deref(), Some(decline_code));
+            assert_eq!(
+                (
+                    outcome.type_.as_str(),
+                    outcome.reason.as_deref(),
+                    outcome.risk_level.as_deref()
+                ),
+                (
+                    decline.outcome,
+                    Some(decline.reason),
+                    Some(decline.risk_level)
+                )
+            );
             let card = charge
                 .payment_method_details
                 .as_ref()
@@ -180,8 +210,15 @@ async fn charge_with_token(token: &str, expect: Expect) {
                 .expect("payment_method_details.card");
             assert_eq!(
                 (card.brand.as_deref(), card.last4.as_deref()),
-                (Some(brand), Some(last4))
+                (Some("visa"), Some(decline.last4))
             );
+            let cvc = card.checks.as_ref().and_then(|c| c.cvc_check.as_deref());
+            let expected_cvc = if decline.code == "incorrect_cvc" {
+                "fail"
+            } else {
+                "pass"
+            };
+            assert_eq!(cvc, Some(expected_cvc), "checks.cvc_check");
             assert_eq!(
                 server.sql(&format!("SELECT status FROM charges WHERE id = '{id}'")),
                 "failed"
@@ -236,18 +273,41 @@ macro_rules! token_tests {
 token_tests! {
     a_tok_visa_charge_succeeds_and_reads_back_as_the_typed_charge_created:
         "tok_visa" => Expect::Paid("visa", "4242", "credit");
+    a_tok_visa_debit_charge_succeeds_and_reads_back_as_the_typed_charge_created:
+        "tok_visa_debit" => Expect::Paid("visa", "5556", "debit");
     a_tok_mastercard_charge_succeeds_and_reads_back_as_the_typed_charge_created:
         "tok_mastercard" => Expect::Paid("mastercard", "4444", "credit");
+    a_tok_mastercard_debit_charge_succeeds_and_reads_back_as_the_typed_charge_created:
+        "tok_mastercard_debit" => Expect::Paid("mastercard", "8210", "debit");
     a_tok_amex_charge_succeeds_and_reads_back_as_the_typed_charge_created:
         "tok_amex" => Expect::Paid("amex", "8431", "credit");
+    a_tok_discover_charge_succeeds_and_reads_back_as_the_typed_charge_created:
+        "tok_discover" => Expect::Paid("discover", "1117", "credit");
     a_tok_refund_fail_charge_succeeds_and_reads_back_as_the_typed_charge_created:
-        "tok_refundFail" => Expect::Paid("visa", "5126", "credit");
+        "tok_refundFail" => Expect::Paid("visa", "4242", "credit");
     a_tok_charge_declined_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclined" => Expect::Declined("card_declined", "generic_decline", "issuer_declined", "visa", "0002");
+        "tok_chargeDeclined" => declined("card_declined", "generic_decline", "0002");
     a_tok_charge_declined_insufficient_funds_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclinedInsufficientFunds" => Expect::Declined("insufficient_funds", "insufficient_funds", "issuer_declined", "visa", "9995");
+        "tok_chargeDeclinedInsufficientFunds" => declined("insufficient_funds", "insufficient_funds", "9995");
     a_tok_charge_declined_expired_card_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclinedExpiredCard" => Expect::Declined("expired_card", "expired_card", "issuer_declined", "visa", "0069");
+        "tok_chargeDeclinedExpiredCard" => declined("expired_card", "expired_card", "0069");
+    a_tok_charge_declined_incorrect_cvc_charge_is_a_typed_card_error_and_reads_back_failed_its_cvc_check:
+        "tok_chargeDeclinedIncorrectCvc" => declined("incorrect_cvc", "incorrect_cvc", "0127");
+    a_tok_charge_declined_processing_error_charge_is_a_typed_card_error_and_reads_back_failed:
+        "tok_chargeDeclinedProcessingError" => declined("processing_error", "processing_error", "0119");
+    a_tok_charge_declined_fraudulent_charge_is_a_typed_card_error_and_reads_back_blocked_at_highest_risk:
+        "tok_chargeDeclinedFraudulent" => Expect::Declined(Decline {
+            code: "card_declined",
+            decline_code: "fraudulent",
+            outcome: "blocked",
+            reason: "highest_risk_level",
+            risk_level: "highest",
+            last4: "0019",
+        });
+    a_tok_charge_declined_lost_card_charge_is_a_typed_card_error_and_reads_back_failed:
+        "tok_chargeDeclinedLostCard" => declined("card_declined", "lost_card", "9987");
+    a_tok_charge_declined_stolen_card_charge_is_a_typed_card_error_and_reads_back_failed:
+        "tok_chargeDeclinedStolenCard" => declined("card_declined", "stolen_card", "9979");
     a_tok_processor_timeout_after_capture_charge_ends_in_one_succeeded_charge_through_the_sdks_retries:
         "tok_processorTimeoutAfterCapture" => Expect::OutcomeUnknownThenPaid;
     a_tok_processor_unavailable_charge_is_a_typed_api_error_and_moves_no_money:
