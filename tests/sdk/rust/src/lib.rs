@@ -24,7 +24,7 @@ use std::process::{ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use stripe::{Client, ClientBuilder, StripeError};
+use stripe::{Client, ClientBuilder, RequestStrategy, StripeError};
 
 /// The repository's root.
 pub fn root() -> PathBuf {
@@ -171,7 +171,11 @@ fn start() -> Oncepay {
 }
 
 impl Oncepay {
-    /// An SDK client pointed at this server with the merchant's key.
+    /// An SDK client pointed at this server with the merchant's key. It
+    /// calls as an integration should: each call keyed by the SDK and
+    /// retried after 1 s and 2 s on a `409` or `5xx` (`503 overloaded` when
+    /// the machine is busy), never on another `4xx`. A test about one
+    /// answer sends once (`RequestStrategy::Once`).
     pub fn client(&self) -> Client {
         self.client_with_key(&self.api_key)
     }
@@ -180,6 +184,7 @@ impl Oncepay {
         ClientBuilder::new(key)
             .url(format!("{}/", self.base))
             .timeout(Duration::from_secs(30))
+            .request_strategy(RequestStrategy::ExponentialBackoff(3))
             .build()
             .expect("a valid client configuration")
     }

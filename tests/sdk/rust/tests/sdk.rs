@@ -70,7 +70,10 @@ async fn retrieve_charge(client: &Client, id: &str) -> Charge {
 /// the call succeeded or failed otherwise.
 fn api_error<T: std::fmt::Debug>(result: Result<T, StripeError>) -> (ApiErrors, u16) {
     match result {
-        Err(StripeError::Stripe(error, status)) => (*error, status),
+        Err(StripeError::Stripe(error, status)) => {
+            eprintln!("the SDK's typed error: {status} {error:?}");
+            (*error, status)
+        }
         other => panic!("expected the SDK's typed API error, got {other:?}"),
     }
 }
@@ -248,7 +251,12 @@ async fn charge_with_token(token: &str, expect: Expect) {
         }
         Expect::ProcessorUnavailable => {
             let (tag, request) = charge_request(900, token);
-            let (error, status) = api_error(request.send(&client).await);
+            let once = request
+                .customize()
+                .request_strategy(RequestStrategy::Once)
+                .send(&client)
+                .await;
+            let (error, status) = api_error(once);
             assert_eq!(status, 503);
             assert_eq!(error.type_, ApiErrorsType::ApiError);
             assert_eq!(code(&error), Some("processor_unavailable"));
@@ -543,12 +551,20 @@ async fn a_charges_event_reads_back_typed_by_id_and_in_the_list_holding_the_char
     });
     assert_same(&inside, &charge, "the event holds the charge as created");
 
-    let result = ListEvent::new().limit(100).send(&client).await;
-    let listed = server.typed("the list of events", "/v1/events?limit=100", result);
-    assert!(
-        listed.data.iter().any(|e| e.id.as_str() == id),
-        "{id} in the latest events"
-    );
+    // A list shows an event once no earlier one can still commit: wait.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let result = ListEvent::new().limit(100).send(&client).await;
+        let listed = server.typed("the list of events", "/v1/events?limit=100", result);
+        if listed.data.iter().any(|e| e.id.as_str() == id) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{id} not in the latest events within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 // ---------------------------------------------------------------------------
