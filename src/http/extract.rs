@@ -163,7 +163,16 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryParams {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let mut params = Params::from_form(parts.uri.query().unwrap_or("").as_bytes())?;
+        let query = parts.uri.query().unwrap_or("");
+        // A bare `=` names no parameter: it is how async-stripe's paginator
+        // (serde_qs) writes a list request without parameters, `?=`, and
+        // Stripe answers it as none. `=x` or `x=` still name one.
+        let mut params = if query.split('&').any(|pair| pair == "=") {
+            let kept: Vec<&str> = query.split('&').filter(|pair| *pair != "=").collect();
+            Params::from_form(kept.join("&").as_bytes())?
+        } else {
+            Params::from_form(query.as_bytes())?
+        };
         params.refuse_expand()?;
         Ok(QueryParams(params))
     }

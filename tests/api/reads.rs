@@ -148,6 +148,28 @@ async fn bad_list_parameters_are_400_problems() {
 }
 
 #[tokio::test]
+async fn a_bare_equals_sign_in_the_query_is_no_parameter_and_a_nameless_value_still_is() {
+    // `?=` is what async-stripe's paginator sends for a list without
+    // parameters; `=x` names a parameter, the empty one, that nothing knows.
+    let app = spawn_app().await;
+    for path in [
+        "/v1/charges?=",
+        "/v1/charges?=&limit=2",
+        "/v1/events?=",
+        "/v1/webhook_endpoints?=",
+    ] {
+        let answer = Answer::of(app.get(path).await).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.json());
+        assert_eq!(answer.json()["object"], "list", "{path}");
+    }
+    for path in ["/v1/charges?=x", "/v1/balance?=x"] {
+        Answer::of(app.get(path).await)
+            .await
+            .assert_problem(400, "parameter_unknown");
+    }
+}
+
+#[tokio::test]
 async fn health_and_readiness_answer() {
     let app = spawn_app().await;
     assert_eq!(

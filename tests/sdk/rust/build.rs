@@ -1,0 +1,3 @@
+//! Nothing to build: the crate's build-dependencies are there only for their
+//! features (see Cargo.toml).
+fn main() {}
