@@ -18,7 +18,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::harness::{
-    API_KEY, Ledger, OpOutcome, REFUSALS, Report, SLACK, charge_body, client, eventually, post,
+    API_KEY, Ledger, OpOutcome, Report, SLACK, charge_body, client, drive_observed, eventually,
     refund_body, wait_until_settled,
 };
 
@@ -218,7 +218,7 @@ pub type Attempts = Arc<Mutex<Vec<Attempt>>>;
 
 /// A well-behaved client, as [`crate::harness::drive_to`], that logs every
 /// attempt: retries one operation on `path` with the same key until a
-/// definite answer (`201`, `402`, a `400` of the [`REFUSALS`]) or `deadline`.
+/// definite answer (`201`, `402`, a `400` of the [`crate::harness::REFUSALS`]) or `deadline`.
 async fn drive_logged(
     http: &reqwest::Client,
     url: &str,
@@ -228,45 +228,25 @@ async fn drive_logged(
     deadline: Instant,
     attempts: &Attempts,
 ) -> OpOutcome {
-    let op = body["metadata"]["op"].as_str().unwrap_or(key);
-    let mut outcome = OpOutcome::new(op, key);
-    while Instant::now() < deadline {
-        outcome.requests += 1;
-        let sent = Instant::now();
-        let result = post(http, url, path, key, body, &[]).await;
-        attempts.lock().unwrap().push(Attempt {
-            key: key.to_owned(),
-            sent,
-            ended: Instant::now(),
-            status: result.as_ref().ok().map(|(status, _, _)| *status),
-        });
-        match result {
-            Ok((status @ (201 | 402), _, body)) => {
-                outcome.answered(status, &body);
-                return outcome;
-            }
-            Ok((400, _, body)) if REFUSALS.contains(&body["code"].as_str().unwrap_or("")) => {
-                outcome.answered(400, &body);
-                return outcome;
-            }
-            Ok((409, _, _)) => {
-                outcome.in_use += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Ok((status, _, _)) if status >= 500 => {
-                outcome.five_xx += 1;
-                tokio::time::sleep(Duration::from_millis(150)).await;
-            }
-            Ok((status, _, body)) => panic!("{key}: unexpected {status}: {body}"),
-            Err(e) => {
-                if e.is_timeout() {
-                    outcome.hung += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-    outcome
+    let urls = [url.to_owned()];
+    drive_observed(
+        http,
+        &urls,
+        path,
+        key,
+        body,
+        &[],
+        deadline,
+        |sent, status| {
+            attempts.lock().unwrap().push(Attempt {
+                key: key.to_owned(),
+                sent,
+                ended: Instant::now(),
+                status,
+            });
+        },
+    )
+    .await
 }
 
 /// Clients that charge, one operation after another, each through the

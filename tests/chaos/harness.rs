@@ -784,6 +784,22 @@ pub async fn drive_to(
     first: &[(&str, &str)],
     deadline: Instant,
 ) -> OpOutcome {
+    drive_observed(client, urls, path, key, body, first, deadline, |_, _| {}).await
+}
+
+/// [`drive_to`], telling `observe` of every attempt as it ends: when it was
+/// sent and its status (`None`: no answer).
+#[allow(clippy::too_many_arguments)]
+pub async fn drive_observed(
+    client: &reqwest::Client,
+    urls: &[String],
+    path: &str,
+    key: &str,
+    body: &Value,
+    first: &[(&str, &str)],
+    deadline: Instant,
+    mut observe: impl FnMut(Instant, Option<u16>),
+) -> OpOutcome {
     let op = body["metadata"]["op"].as_str().unwrap_or(key);
     let mut outcome = OpOutcome::new(op, key);
     let mut attempt = 0usize;
@@ -792,7 +808,10 @@ pub async fn drive_to(
         let extra = if attempt == 0 { first } else { &[] };
         attempt += 1;
         outcome.requests += 1;
-        match post(client, url, path, key, body, extra).await {
+        let sent = Instant::now();
+        let result = post(client, url, path, key, body, extra).await;
+        observe(sent, result.as_ref().ok().map(|(status, _, _)| *status));
+        match result {
             Ok((status @ (201 | 402), _, body)) => {
                 outcome.answered(status, &body);
                 return outcome;
