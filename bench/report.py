@@ -15,6 +15,13 @@
     report.py table RAW_JSONL OUT_DIR
         Prints the table, writes OUT_DIR/results.json, OUT_DIR/chart.dat and
         OUT_DIR/table.md, and draws OUT_DIR/throughput.png with gnuplot.
+    report.py limits JSONL CHARGES_A RATE A_TIMES
+        The two-merchant verdict of `scripts/bench limits`: B's latencies
+        pooled over every window of B alone and over every window of B
+        beside A (each window's histogram, "hist"), so that the p99 is taken
+        from thousands of requests and the slow drift of a shared machine
+        falls on both sides; each round's own figures too. Exits 1 when the
+        target is not met.
     report.py soak CSV WARMUP TOLERANCE_PCT MARGIN_MIB OUT_MD
         The soak's verdicts, from the samples in CSV (one row per sample:
         run, cache_bytes, seconds, rss_kib, charges, refunds, deliveries; the
@@ -566,6 +573,83 @@ def shed(jsonl_path, out_md):
         f.write(text)
 
 
+def pooled_percentile(hist, p):
+    """The p-th percentile of [value, count] pairs, as `percentile` takes it."""
+    pairs = sorted(hist)
+    total = sum(n for _, n in pairs)
+    if not total:
+        return 0.0
+    rank = max(1, min(total, int(round(p / 100 * total + 0.5))))
+    seen = 0
+    for value, n in pairs:
+        seen += n
+        if seen >= rank:
+            return value
+    return pairs[-1][0]
+
+
+def limits(jsonl_path, charges_a, rate, a_times):
+    """B alone against B beside A, pooled over the windows, and A's answers."""
+    rows = [json.loads(line) for line in open(jsonl_path)]
+    charges_a, rate, a_times = int(charges_a), int(rate), int(a_times)
+    b = [r for r in rows if r["side"] == "b"]
+    a = [r for r in rows if r["side"] == "a"]
+
+    def pool(window):
+        runs = [r for r in b if r["window"] == window]
+        hist = [pair for r in runs for pair in r["hist"]]
+        seconds = sum(r["seconds"] for r in runs)
+        return {
+            "windows": len(runs),
+            "requests": sum(r["requests"] for r in runs),
+            "created_rps": sum(r["created"] for r in runs) / seconds if seconds else 0.0,
+            "p50_ms": pooled_percentile(hist, 50) / 1000,
+            "p99_ms": pooled_percentile(hist, 99) / 1000,
+            "non_201": sum(n for r in runs for s, n in r["by_status"].items() if s != "201"),
+            "server_cpu": sum(r["server_cpu_ms"] for r in runs) / seconds if seconds else 0.0,
+            "gateway_cpu": sum(r["gateway_cpu_ms"] for r in runs) / seconds if seconds else 0.0,
+        }
+
+    alone, both = pool("alone"), pool("both")
+    tput = both["created_rps"] / alone["created_rps"] if alone["created_rps"] else 0.0
+    p99 = both["p99_ms"] / alone["p99_ms"] if alone["p99_ms"] else float("inf")
+    lines = ["B's windows, each round (its own p99 from a few hundred requests: noisy alone):", "",
+             "| round | window | B 201/s | B p50 ms | B p99 ms | A sent/s | A 201/s | A 429 | A 5xx |"
+             " oncepay CPU ms/s | gateway CPU ms/s |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in b:
+        mate = next((x for x in a if x["round"] == r["round"] and x["window"] == r["window"]), None)
+        a_cells = (f"{mate['rps']:.0f} | {mate['created_rps']:.0f} | {mate['by_status'].get('429', 0)} | "
+                   f"{sum(n for s, n in mate['by_status'].items() if s.startswith('5'))}"
+                   if mate else "- | - | - | -")
+        lines.append(f"| {r['round']} | {'beside A' if r['window'] == 'both' else 'alone'} | "
+                     f"{r['created_rps']:.1f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {a_cells} | "
+                     f"{r['server_cpu_ms'] / r['seconds']:.0f} | {r['gateway_cpu_ms'] / r['seconds']:.0f} |")
+    lines += ["", "B pooled over its windows:", "",
+              "| B | windows | requests | 201/s | p50 ms | p99 ms | answers not 201 | oncepay CPU ms/s |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, r in (("alone", alone), ("beside A", both)):
+        lines.append(f"| {name} | {r['windows']} | {r['requests']} | {r['created_rps']:.1f} | "
+                     f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['non_201']} | {r['server_cpu']:.0f} |")
+    a_201 = sum(r["created"] for r in a)
+    a_429 = sum(r["by_status"].get("429", 0) for r in a)
+    a_5xx = sum(n for r in a for s, n in r["by_status"].items() if s.startswith("5"))
+    a_errors = sum(r["socket_errors"] for r in a)
+    lines += ["", f"limit {rate}/s per merchant, A at {a_times} times it. B beside A / B alone: "
+              f"throughput {tput:.3f}, p99 {p99:.3f} (target: within 10 %). A: {a_201} answered 201, "
+              f"{charges_a} charges in the database, {a_429} answered 429, {a_5xx} 5xx, "
+              f"{a_errors} socket errors."]
+    # wrk drops the answers of the requests in flight when it stops: one per
+    # connection at most (20 for A), in each of A's windows.
+    ok = abs(1 - tput) <= 0.10 and p99 <= 1.10 and alone["non_201"] == 0 and both["non_201"] == 0
+    if a_times > 0:
+        ok = (ok and a_5xx == 0 and a_errors == 0 and a_201 <= charges_a <= a_201 + 20 * len(a)
+              and (a_times == 1 or a_429 > 0))
+    lines.append("verdict: " + ("met" if ok else "NOT met"))
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "pgbench":
         pgbench(*sys.argv[2:])
@@ -577,5 +661,7 @@ if __name__ == "__main__":
         soak(*sys.argv[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "shed":
         shed(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 6 and sys.argv[1] == "limits":
+        sys.exit(limits(*sys.argv[2:]))
     else:
         sys.exit(__doc__)

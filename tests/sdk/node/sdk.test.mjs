@@ -320,6 +320,48 @@ test("SDK retries through processing_outcome_unknown make one succeeded charge",
   assert.equal(paymentsTagged(tag), 1);
 });
 
+test("the SDK retries a 429 (Stripe-Should-Retry) until admitted, and each charge is made once", async () => {
+  // A server of its own on the same database, whose merchants may write
+  // once a second, one request at a time.
+  const key = newApiKey("sdknodelimited");
+  const limited = await serve({
+    databaseUrl: db.url,
+    apiKey: key,
+    logPath: join(ROOT, "target", "sdk", "node-limited-server.log"),
+    env: { RATE_LIMIT_PER_SECOND: "1", RATE_LIMIT_BURST: "1" },
+  });
+  try {
+    const refused = async () => {
+      const text = await (await fetch(limited.base + "/metrics")).text();
+      const line = text.split("\n").find((l) => l.startsWith('rate_limited_total{kind="write"}'));
+      return Number(line.split(" ").at(-1));
+    };
+    const without = stripe({ port: limited.port, key, maxNetworkRetries: 0 });
+    const [firstTag, first] = tagged(1500);
+    await without.charges.create(first);
+    const [refusedTag, params] = tagged(1600);
+    const e = await rejection(without.charges.create(params), Stripe.errors.StripeRateLimitError);
+    assert.deepEqual([e.statusCode, e.code], [429, "rate_limit"]);
+    assert.ok(Number(e.headers["retry-after"]) >= 1, "Retry-After");
+    assert.equal(e.headers["stripe-should-retry"], "true");
+    assert.deepEqual([chargesTagged(firstTag), chargesTagged(refusedTag)], [1, 0]);
+
+    const before = await refused();
+    const sdk = stripe({ port: limited.port, key, maxNetworkRetries: 3 });
+    const tags = [];
+    for (const amount of [1700, 1800, 1900]) {
+      const [tag, p] = tagged(amount);
+      tags.push(tag);
+      const charge = await sdk.charges.create(p);
+      assert.deepEqual([charge.amount, charge.status], [amount, "succeeded"]);
+    }
+    assert.ok((await refused()) > before, "some were answered 429 first");
+    assert.deepEqual(tags.map(chargesTagged), [1, 1, 1]);
+  } finally {
+    await stop(limited.proc);
+  }
+});
+
 // Webhooks.
 
 /**
