@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 
 use super::{Charge, ChargeStatus, store};
 use crate::events::{EventType, NewEvent};
@@ -42,7 +42,8 @@ pub async fn settle(
 ) -> sqlx::Result<Settled> {
     match store::find_any(pool, charge_id).await? {
         Some(charge) if charge.status == ChargeStatus::Pending => {
-            settle_or_crash(pool, &charge, outcome, key_ttl, request_id, None).await
+            let mut db = pool.acquire().await?;
+            settle_or_crash(&mut db, &charge, outcome, key_ttl, request_id, None).await
         }
         _ => Ok(Settled::Already),
     }
@@ -54,9 +55,10 @@ pub async fn settle(
 /// if the conditional update moves it out of `pending`
 /// ([`store::settle_and_complete`]). A request that asks to crash
 /// ([`Fault::CrashBeforeSettleCommit`]) runs that statement in a
-/// transaction and dies before its commit.
+/// transaction and dies before its commit. `db` is a connection taken
+/// from the pool for it.
 pub async fn settle_or_crash(
-    pool: &PgPool,
+    db: &mut PgConnection,
     pending: &Charge,
     outcome: &Outcome,
     key_ttl: Duration,
@@ -101,13 +103,13 @@ pub async fn settle_or_crash(
     // charge out of `pending` writes the answer and the one event of that
     // change.
     let settled = if fault == Some(Fault::CrashBeforeSettleCommit) {
-        let mut tx = pool.begin().await?;
+        let mut tx = db.begin().await?;
         let settled = store::settle_and_complete(&mut *tx, &settle).await?;
         crash_if(fault, Fault::CrashBeforeSettleCommit);
         tx.commit().await?;
         settled
     } else {
-        store::settle_and_complete(pool, &settle).await?
+        store::settle_and_complete(db, &settle).await?
     };
     let Some(key) = settled else {
         return Ok(Settled::Already);

@@ -13,18 +13,21 @@ use super::problem::ApiError;
 use crate::app::AppState;
 use crate::idempotency::{IdempotencyKey, SavedResponse};
 use crate::operation::Answer;
+use crate::operation::timing::Ran;
 use crate::problem::{Problem, ProblemCode};
 
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// The longest `Prefer: wait=N` honoured, in seconds.
 const MAX_WAIT_SECS: u64 = 10;
 
-/// The response for an operation's answer.
-pub fn respond(answer: Answer) -> Response {
-    match answer {
-        Answer::Fresh(saved) => send(saved),
-        Answer::Replayed { saved, waited } => replay(saved, waited),
-    }
+/// The response for how an operation ended: its answer, or its error as a
+/// problem. Rendering it records the operation's timing.
+pub fn respond(ran: Ran) -> Response {
+    ran.render(|answer| match answer {
+        Ok(Answer::Fresh(saved)) => send(saved),
+        Ok(Answer::Replayed { saved, waited }) => replay(saved, waited),
+        Err(e) => ApiError(e).into_response(),
+    })
 }
 
 /// Sends a saved response exactly as saved. The body is sent from the saved

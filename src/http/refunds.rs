@@ -61,8 +61,8 @@ async fn create(
 ) -> Result<Response, ApiError> {
     let (guard, params) = post.split(merchant.id);
     let refund = NewRefund::from_params(params)?;
-    let answer = operation::run(&state, guard, CreateRefund::new(merchant.id, refund)).await?;
-    Ok(idempotent::respond(answer))
+    let ran = operation::run(&state, guard, CreateRefund::new(merchant.id, refund)).await;
+    Ok(idempotent::respond(ran))
 }
 
 /// One of the merchant's refunds.

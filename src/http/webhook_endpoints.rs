@@ -66,8 +66,8 @@ async fn create(
     endpoint
         .check_address(AddressGuard::new(state.config.webhook_allow_private))
         .await?;
-    let answer = write::run(&state, guard, CreateEndpoint::new(merchant.id, endpoint)).await?;
-    Ok(idempotent::respond(answer))
+    let ran = write::run(&state, guard, CreateEndpoint::new(merchant.id, endpoint)).await;
+    Ok(idempotent::respond(ran))
 }
 
 /// One of the merchant's webhook endpoints (without its secret).

@@ -122,23 +122,25 @@ impl Operation for CreateCharge {
     async fn settle(
         &self,
         state: &AppState,
+        db: &mut PgConnection,
         outcome: &Outcome,
         request_id: Option<&str>,
         fault: Option<Fault>,
     ) -> sqlx::Result<Settled> {
-        let Some(pending) = &self.pending else {
+        let read;
+        let pending = match &self.pending {
+            Some(pending) => pending,
             // Without the charge as written (never after step 2), read it.
-            return settle::settle(
-                &state.pool,
-                &self.id,
-                outcome,
-                state.config.idempotency_key_ttl,
-                request_id,
-            )
-            .await;
+            None => match store::find_any(&mut *db, &self.id).await? {
+                Some(charge) if charge.status == ChargeStatus::Pending => {
+                    read = charge;
+                    &read
+                }
+                _ => return Ok(Settled::Already),
+            },
         };
         settle::settle_or_crash(
-            &state.pool,
+            db,
             pending,
             outcome,
             state.config.idempotency_key_ttl,

@@ -21,6 +21,7 @@ use crate::idempotency::{
     Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
     StoredKey, store as keys,
 };
+use crate::operation::timing::Waits;
 use crate::problem::{Problem, ProblemCode};
 use crate::telemetry::metrics;
 
@@ -46,6 +47,9 @@ pub struct Request {
     pub client_gone: CancellationToken,
     /// When the request arrived.
     pub arrived: std::time::Instant,
+    /// How long it waited for connections, and for the same request in
+    /// flight (see [`crate::operation::timing`]).
+    pub waits: Waits,
 }
 
 impl Request {
@@ -81,10 +85,12 @@ impl Request {
     /// first: nothing was begun. An error once the request was answered
     /// (see [`Request::still_awaited`]).
     pub async fn connection(&self, state: &AppState) -> Result<PoolConnection<Postgres>, Error> {
+        let asked = std::time::Instant::now();
         let acquired = state
             .admission
             .connection(&state.pool, self.deadline(state))
             .await;
+        self.waits.pool(asked.elapsed());
         if let Err(Refused::Shed { waited }) = &acquired {
             // One line per shed request would flood the log just when the
             // process has least to spare: debug only; the metric counts.
@@ -326,6 +332,7 @@ pub async fn after_read(
                 waited = true;
                 let shared =
                     waiter.get_or_insert_with(|| state.waits.join(request.merchant_id, key));
+                let waiting = std::time::Instant::now();
                 let news = tokio::select! {
                     news = tokio::time::timeout_at(deadline, shared.news_since(known_at)) => news,
                     () = request.client_gone.cancelled() => {
@@ -334,6 +341,7 @@ pub async fn after_read(
                         return Ok(Begun::InUse { waited });
                     }
                 };
+                request.waits.key(waiting.elapsed());
                 match news {
                     Err(_) => {
                         metrics::idempotency("in_use");

@@ -15,15 +15,19 @@
 //!
 //! An operation with no processor call (creating a webhook endpoint) is a
 //! [`write::Write`] instead: claim, record and answer in one transaction.
+//!
+//! Each run is timed phase by phase ([`timing`]), and recorded as its
+//! answer is rendered.
 
 pub mod charge;
 pub mod claim;
 pub mod refund;
+pub mod timing;
 pub mod webhook_endpoint;
 pub mod write;
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::PgConnection;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +35,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use self::claim::Begun;
+use self::timing::{Phase, Phases, Ran, Timing, Waits};
 use crate::app::AppState;
 use crate::charges::settle::Settled;
 use crate::error::Error;
@@ -134,11 +139,13 @@ pub trait Operation: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Outcome, ProcessorError>> + Send;
     /// Step 4: settles the record with `outcome` if still pending, saves
     /// its answer on its key and writes its events (naming `request_id`),
-    /// in one transaction; with [`Fault::CrashBeforeSettleCommit`], the
-    /// process aborts just before that transaction commits.
+    /// in one transaction on `db`, a connection taken from the pool for it;
+    /// with [`Fault::CrashBeforeSettleCommit`], the process aborts just
+    /// before that transaction commits.
     fn settle(
         &self,
         state: &AppState,
+        db: &mut PgConnection,
         outcome: &Self::Outcome,
         request_id: Option<&str>,
         fault: Option<Fault>,
@@ -166,12 +173,22 @@ pub trait Operation: Send + Sync + 'static {
 /// `REQUEST_TIMEOUT` passed), a wait for a key in flight stops, while claimed
 /// work goes on to the end. Work not yet claimed by then never is: the
 /// client was told to retry, and its retry may already have done it.
-pub async fn run<O: Operation>(
+/// The answer comes with its timing, recorded when it is rendered.
+pub async fn run<O: Operation>(state: &AppState, guard: Guard, operation: O) -> Ran {
+    let (mut timing, started) = Timing::begin(O::ROUTE, guard.arrived);
+    let answer = guarded(state, guard, operation, &mut timing, started).await;
+    Ran { answer, timing }
+}
+
+async fn guarded<O: Operation>(
     state: &AppState,
     guard: Guard,
     operation: O,
+    timing: &mut Timing,
+    started: Instant,
 ) -> Result<Answer, Error> {
     let fingerprint = Fingerprint::of("POST", O::ROUTE, &operation.canonical());
+    timing.phases.since(Phase::Fingerprint, started);
     let client_gone = CancellationToken::new();
     // Cancels `client_gone` when this future is dropped.
     let _hang_up = client_gone.clone().drop_guard();
@@ -184,25 +201,64 @@ pub async fn run<O: Operation>(
         wait: guard.wait,
         client_gone,
         arrived: guard.arrived,
+        waits: Waits::default(),
     };
     // A retry of a finished operation is answered from memory here, with
     // no task: there is no work that a hang-up could cut short.
     match claim::from_cache(state, &request, O::ROUTE)? {
-        Some(Begun::Replay { saved, waited }) => return Ok(Answer::Replayed { saved, waited }),
-        Some(Begun::Reused) => return Err(reused(request.key.as_ref()).into()),
+        Some(Begun::Replay { saved, waited }) => {
+            timing.cached = true;
+            return Ok(Answer::Replayed { saved, waited });
+        }
+        Some(Begun::Reused) => {
+            timing.cached = true;
+            return Err(reused(request.key.as_ref()).into());
+        }
         _ => {}
     }
-    state
-        .tasks
-        .clone()
-        .spawn(
-            claim_and_work(state.clone(), request, operation, guard.fault)
-                .instrument(tracing::Span::current()),
-        )
-        .await
-        .map_err(|e| {
-            Error::Internal(anyhow::Error::new(e).context(format!("{} task failed", O::NOUN)))
-        })?
+    let fault = guard.fault;
+    let state_owned = state.clone();
+    in_task(state, timing, O::NOUN, async move {
+        let mut phases = Phases::default();
+        let answer = claim_and_work(state_owned, request, operation, fault, &mut phases).await;
+        (answer, phases)
+    })
+    .await
+}
+
+/// Runs `work` in a task of [`AppState::tasks`] and returns its answer,
+/// adding its phases to `timing`, and the time its start and the handler's
+/// waking waited for the scheduler as [`Phase::TaskHandoff`]. `noun` names
+/// the task in the error of one that failed.
+pub(crate) async fn in_task(
+    state: &AppState,
+    timing: &mut Timing,
+    noun: &str,
+    work: impl Future<Output = (Result<Answer, Error>, Phases)> + Send + 'static,
+) -> Result<Answer, Error> {
+    let spawned = Instant::now();
+    let task = state.tasks.clone().spawn(
+        async move {
+            let started = Instant::now();
+            let (answer, mut phases) = work.await;
+            phases.add(
+                Phase::TaskHandoff,
+                started.saturating_duration_since(spawned),
+            );
+            (answer, phases, Instant::now())
+        }
+        .instrument(tracing::Span::current()),
+    );
+    match task.await {
+        Ok((answer, phases, ended)) => {
+            timing.phases.merge(&phases);
+            timing.phases.since(Phase::TaskHandoff, ended);
+            answer
+        }
+        Err(e) => Err(Error::Internal(
+            anyhow::Error::new(e).context(format!("{noun} task failed")),
+        )),
+    }
 }
 
 async fn claim_and_work<O: Operation>(
@@ -210,13 +266,43 @@ async fn claim_and_work<O: Operation>(
     request: claim::Request,
     mut operation: O,
     fault: Option<Fault>,
+    phases: &mut Phases,
 ) -> Result<Answer, Error> {
-    // 2. Claim the key and write the pending record: in one statement when
-    // the kind has one, else in one transaction.
+    let claiming = Instant::now();
+    let claimed = claim_or_answer(&state, &request, &mut operation).await;
+    phases.claimed(claiming, &request.waits);
+    if let Some(answer) = claimed? {
+        return Ok(answer);
+    }
+    crash_if(fault, Fault::CrashAfterClaim);
+
+    // 3 and 4. From here on the record is pending: a failure leaves it to
+    // recovery.
+    let answer = work_and_settle(
+        &state,
+        &operation,
+        request.request_id.as_deref(),
+        fault,
+        phases,
+    )
+    .await
+    .map_err(|e| e.awaiting_recovery(&state.config));
+    claim::finished(&state, &request);
+    answer
+}
+
+/// Step 2: claims the key and writes the pending record, in one statement
+/// when the kind has one, else in one transaction; `None` once the record
+/// is pending, or the answer the key already had.
+async fn claim_or_answer<O: Operation>(
+    state: &AppState,
+    request: &claim::Request,
+    operation: &mut O,
+) -> Result<Option<Answer>, Error> {
     let resource = operation.resource();
-    let begun = match (claim::from_cache(&state, &request, O::ROUTE)?, &request.key) {
+    let begun = match (claim::from_cache(state, request, O::ROUTE)?, &request.key) {
         (Some(begun), _) => begun,
-        (None, None) => claim::begin(&state, &request, O::ROUTE, Some(&resource)).await?,
+        (None, None) => claim::begin(state, request, O::ROUTE, Some(&resource)).await?,
         (None, Some(key)) => {
             let first = Claim {
                 merchant_id: request.merchant_id,
@@ -228,11 +314,8 @@ async fn claim_and_work<O: Operation>(
                 ttl: state.config.idempotency_key_ttl,
                 arrived: request.arrived,
             };
-            match operation
-                .claim_with_record(&state, &request, &first)
-                .await?
-            {
-                None => claim::begin(&state, &request, O::ROUTE, Some(&resource)).await?,
+            match operation.claim_with_record(state, request, &first).await? {
+                None => claim::begin(state, request, O::ROUTE, Some(&resource)).await?,
                 Some(FirstClaim::Claimed { took_over, .. }) => {
                     metrics::idempotency(if took_over {
                         "expired_taken_over"
@@ -243,33 +326,25 @@ async fn claim_and_work<O: Operation>(
                 }
                 Some(FirstClaim::Taken(found)) => {
                     let found = found.map(|stored| *stored);
-                    claim::after_read(&state, &request, O::ROUTE, Some(&resource), found).await?
+                    claim::after_read(state, request, O::ROUTE, Some(&resource), found).await?
                 }
             }
         }
     };
     match begun {
-        Begun::Written => {}
+        Begun::Written => Ok(None),
         Begun::Claimed(mut tx) => {
             if operation.write_pending(&mut tx).await? == Written::Refused {
                 tx.rollback().await?;
-                return Err(operation.refusal(&state).await);
+                return Err(operation.refusal(state).await);
             }
             tx.commit().await?;
+            Ok(None)
         }
-        Begun::Replay { saved, waited } => return Ok(Answer::Replayed { saved, waited }),
-        Begun::InUse { waited } => return Err(in_use(waited).into()),
-        Begun::Reused => return Err(reused(request.key.as_ref()).into()),
+        Begun::Replay { saved, waited } => Ok(Some(Answer::Replayed { saved, waited })),
+        Begun::InUse { waited } => Err(in_use(waited).into()),
+        Begun::Reused => Err(reused(request.key.as_ref()).into()),
     }
-    crash_if(fault, Fault::CrashAfterClaim);
-
-    // 3 and 4. From here on the record is pending: a failure leaves it to
-    // recovery.
-    let answer = work_and_settle(&state, &operation, request.request_id.as_deref(), fault)
-        .await
-        .map_err(|e| e.awaiting_recovery(&state.config));
-    claim::finished(&state, &request);
-    answer
 }
 
 async fn work_and_settle<O: Operation>(
@@ -277,24 +352,50 @@ async fn work_and_settle<O: Operation>(
     operation: &O,
     request_id: Option<&str>,
     fault: Option<Fault>,
+    phases: &mut Phases,
 ) -> Result<Answer, Error> {
+    let calling = Instant::now();
     let outcome = operation
         .call_processor(state.processor.as_ref(), Fault::at_processor(fault))
         .await;
+    let called = phases.since(Phase::Processor, calling);
     crash_if(fault, Fault::CrashAfterProcessor);
     match outcome {
         // Recorded and final, whatever it was: settling saves it on the key.
-        Ok(outcome) => match operation.settle(state, &outcome, request_id, fault).await? {
-            Settled::Now(saved) => Ok(Answer::Fresh(saved)),
-            // Recovery settled it while the processor was answering: what it
-            // saved is the answer, since both came from the one processor
-            // record.
-            Settled::Already => settled_elsewhere(state, operation, request_id).await,
-        },
-        Err(ProcessorError::Unavailable) => match operation.processor_unavailable(state).await? {
-            Some(problem) => Err(problem.into()),
-            None => settled_elsewhere(state, operation, request_id).await,
-        },
+        Ok(outcome) => {
+            let settled = {
+                // Taken from the pool directly, not through the admission
+                // queue: claimed work is never turned away.
+                let mut db = state.pool.acquire().await?;
+                let settling = phases.since(Phase::PoolWait, called);
+                let settled = operation
+                    .settle(state, &mut db, &outcome, request_id, fault)
+                    .await;
+                phases.since(Phase::Settle, settling);
+                settled?
+            };
+            match settled {
+                Settled::Now(saved) => Ok(Answer::Fresh(saved)),
+                // Recovery settled it while the processor was answering: what
+                // it saved is the answer, since both came from the one
+                // processor record.
+                Settled::Already => {
+                    let reading = Instant::now();
+                    let answer = settled_elsewhere(state, operation, request_id).await;
+                    phases.since(Phase::Settle, reading);
+                    answer
+                }
+            }
+        }
+        Err(ProcessorError::Unavailable) => {
+            let answer = match operation.processor_unavailable(state).await {
+                Ok(Some(problem)) => Err(problem.into()),
+                Ok(None) => settled_elsewhere(state, operation, request_id).await,
+                Err(e) => Err(e),
+            };
+            phases.since(Phase::Settle, called);
+            answer
+        }
         Err(e @ ProcessorError::OutcomeUnknown(_)) => {
             // Money may have moved: keep the claim; recovery (the sweeper, or
             // a retry after PROCESSING_TIMEOUT) settles the record from the

@@ -105,12 +105,13 @@ impl Operation for CreateRefund {
     async fn settle(
         &self,
         state: &AppState,
+        db: &mut PgConnection,
         outcome: &RefundOutcome,
         request_id: Option<&str>,
         fault: Option<Fault>,
     ) -> sqlx::Result<Settled> {
         settle::settle_or_crash(
-            &state.pool,
+            db,
             &self.id,
             outcome,
             state.config.idempotency_key_ttl,

@@ -5,12 +5,13 @@
 //! retry finds the key completed and replays it, or finds it free.
 
 use std::future::Future;
+use std::time::Instant;
 
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::claim::{self, Begun};
+use super::timing::{Phase, Phases, Ran, Timing, Waits};
 use super::{Answer, Guard};
 use crate::app::AppState;
 use crate::error::Error;
@@ -38,12 +39,11 @@ pub trait Write: Send + Sync {
 /// does: a request dropped by `REQUEST_TIMEOUT` or a client hanging up must
 /// not cancel a transaction half-way (sqlx cannot cancel a `BEGIN` in flight
 /// safely); a wait for the key in flight still stops when the client goes.
-pub async fn run<W: Write + 'static>(
-    state: &AppState,
-    guard: Guard,
-    write: W,
-) -> Result<Answer, Error> {
+/// The answer comes with its timing, recorded when it is rendered.
+pub async fn run<W: Write + 'static>(state: &AppState, guard: Guard, write: W) -> Ran {
+    let (mut timing, started) = Timing::begin(W::ROUTE, guard.arrived);
     let fingerprint = Fingerprint::of("POST", W::ROUTE, &write.canonical());
+    timing.phases.since(Phase::Fingerprint, started);
     let client_gone = CancellationToken::new();
     let _hang_up = client_gone.clone().drop_guard();
     let request = claim::Request {
@@ -55,22 +55,28 @@ pub async fn run<W: Write + 'static>(
         wait: guard.wait,
         client_gone,
         arrived: guard.arrived,
+        waits: Waits::default(),
     };
-    state
-        .tasks
-        .clone()
-        .spawn(claim_and_write(state.clone(), request, write).instrument(tracing::Span::current()))
-        .await
-        .map_err(|e| Error::Internal(anyhow::Error::new(e).context("write task failed")))?
+    let owned = state.clone();
+    let answer = super::in_task(state, &mut timing, "write", async move {
+        let mut phases = Phases::default();
+        let answer = claim_and_write(&owned, request, write, &mut phases).await;
+        (answer, phases)
+    })
+    .await;
+    Ran { answer, timing }
 }
 
 async fn claim_and_write<W: Write>(
-    state: AppState,
+    state: &AppState,
     request: claim::Request,
     write: W,
+    phases: &mut Phases,
 ) -> Result<Answer, Error> {
-    let state = &state;
-    let mut tx = match claim::begin(state, &request, W::ROUTE, None).await? {
+    let claiming = Instant::now();
+    let begun = claim::begin(state, &request, W::ROUTE, None).await;
+    phases.claimed(claiming, &request.waits);
+    let tx = match begun? {
         Begun::Claimed(tx) => tx,
         Begun::Replay { saved, waited } => return Ok(Answer::Replayed { saved, waited }),
         Begun::InUse { waited } => return Err(super::in_use(waited).into()),
@@ -79,6 +85,22 @@ async fn claim_and_write<W: Write>(
             return Err(Error::internal("a write's claim has no record of its own"));
         }
     };
+    let writing = Instant::now();
+    let written = write_and_commit(state, &request, &write, tx).await;
+    phases.since(Phase::Write, writing);
+    let saved = written?;
+    claim::finished(state, &request);
+    Ok(Answer::Fresh(saved))
+}
+
+/// Writes the record, saves its answer on the request's key and commits,
+/// in the claim's transaction `tx`.
+async fn write_and_commit<W: Write>(
+    state: &AppState,
+    request: &claim::Request,
+    write: &W,
+    mut tx: Transaction<'static, Postgres>,
+) -> Result<SavedResponse, Error> {
     let saved = match write.write(&mut tx).await {
         Ok(saved) => saved,
         Err(e) => {
@@ -95,6 +117,5 @@ async fn claim_and_write<W: Write>(
         }
     }
     tx.commit().await?;
-    claim::finished(state, &request);
-    Ok(Answer::Fresh(saved))
+    Ok(saved)
 }

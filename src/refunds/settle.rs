@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 
 use super::{Refund, store};
 use crate::charges::settle::Settled;
@@ -31,20 +31,22 @@ pub async fn settle(
     key_ttl: Duration,
     request_id: Option<&str>,
 ) -> sqlx::Result<Settled> {
-    settle_or_crash(pool, refund_id, outcome, key_ttl, request_id, None).await
+    let mut db = pool.acquire().await?;
+    settle_or_crash(&mut db, refund_id, outcome, key_ttl, request_id, None).await
 }
 
 /// [`settle`], for a request that may ask to crash
-/// ([`Fault::CrashBeforeSettleCommit`]) just before the commit.
+/// ([`Fault::CrashBeforeSettleCommit`]) just before the commit, on `db`, a
+/// connection taken from the pool for it.
 pub async fn settle_or_crash(
-    pool: &PgPool,
+    db: &mut PgConnection,
     refund_id: &str,
     outcome: &RefundOutcome,
     key_ttl: Duration,
     request_id: Option<&str>,
     fault: Option<Fault>,
 ) -> sqlx::Result<Settled> {
-    let mut tx = pool.begin().await?;
+    let mut tx = db.begin().await?;
     // A refund that succeeds refunds its charge, in part or in full: Stripe
     // sends `charge.refunded` for both, with the charge as it stands.
     let settled = match outcome {
