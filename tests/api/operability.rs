@@ -308,6 +308,104 @@ async fn metrics_count_requests_idempotency_processor_calls_the_sweeper_and_the_
     assert!(!after.contains(&served.api_key));
 }
 
+/// Every series of the histogram part `name` (`..._sum`, `..._count`) in a
+/// Prometheus text scrape whose labels include all of `labels`, summed.
+fn histogram_part(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+            let (set, value) = rest.split_once("} ")?;
+            labels
+                .iter()
+                .all(|(k, v)| set.split(',').any(|pair| pair == format!("{k}=\"{v}\"")))
+                .then(|| value.trim().parse::<f64>().unwrap())
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn a_charge_is_timed_phase_by_phase_and_its_phases_fit_within_the_whole() {
+    let served = Served::start(&[]).await;
+    assert_eq!(served.post_charge("timed", &visa(100)).await, 201);
+    let scrape = served.metrics().await;
+    let executed = [("route", "/v1/charges"), ("outcome", "executed")];
+    let whole = histogram_part(&scrape, "operation_duration_seconds_sum", &executed);
+    assert_eq!(
+        histogram_part(&scrape, "operation_duration_seconds_count", &executed),
+        1.0,
+        "{scrape}"
+    );
+    let mut phases = 0.0;
+    for phase in [
+        "extract",
+        "fingerprint",
+        "task_handoff",
+        "pool_wait",
+        "claim",
+        "processor",
+        "settle",
+        "render",
+    ] {
+        let labels = [executed[0], ("phase", phase), executed[1]];
+        assert!(
+            histogram_part(&scrape, "operation_phase_duration_seconds_count", &labels) >= 1.0,
+            "{phase}: {scrape}"
+        );
+        phases += histogram_part(&scrape, "operation_phase_duration_seconds_sum", &labels);
+    }
+    // Nothing was waited for, and a charge has a processor, not a write.
+    for phase in ["key_wait", "write"] {
+        let labels = [("phase", phase)];
+        assert_eq!(
+            histogram_part(&scrape, "operation_phase_duration_seconds_count", &labels),
+            0.0,
+            "{phase}: {scrape}"
+        );
+    }
+    assert!(phases > 0.0, "{scrape}");
+    assert!(phases <= whole, "phases {phases} s, the whole {whole} s");
+    // The whole is the handler's part of the HTTP request.
+    let http = histogram_part(
+        &scrape,
+        "http_request_duration_seconds_sum",
+        &[("route", "/v1/charges"), ("status", "201")],
+    );
+    assert!(whole <= http, "operation {whole} s, HTTP {http} s");
+}
+
+#[tokio::test]
+async fn replays_are_timed_as_replayed_and_one_from_the_cache_only_as_a_whole() {
+    let served = Served::start(&[]).await;
+    assert_eq!(served.post_charge("again", &visa(100)).await, 201);
+    // The first retry reads the key from the database, and caches it; the
+    // second is answered from the cache.
+    assert_eq!(served.post_charge("again", &visa(100)).await, 201);
+    assert_eq!(served.post_charge("again", &visa(100)).await, 201);
+    assert_eq!(served.post_charge("again", &visa(200)).await, 422);
+    let scrape = served.metrics().await;
+    let replayed = [("route", "/v1/charges"), ("outcome", "replayed")];
+    assert_eq!(
+        histogram_part(&scrape, "operation_duration_seconds_count", &replayed),
+        2.0,
+        "{scrape}"
+    );
+    for (phase, count) in [("claim", 1.0), ("pool_wait", 1.0), ("processor", 0.0)] {
+        let labels = [replayed[0], ("phase", phase), replayed[1]];
+        assert_eq!(
+            histogram_part(&scrape, "operation_phase_duration_seconds_count", &labels),
+            count,
+            "{phase}: {scrape}"
+        );
+    }
+    let reused = [("route", "/v1/charges"), ("outcome", "reused")];
+    assert_eq!(
+        histogram_part(&scrape, "operation_duration_seconds_count", &reused),
+        1.0,
+        "{scrape}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_finds_the_pool_exhausted_gets_503_and_is_counted() {
     let app = spawn_app_with(
