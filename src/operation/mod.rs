@@ -367,7 +367,7 @@ async fn work_and_settle<O: Operation>(
                 // Taken from the pool directly, not through the admission
                 // queue: claimed work is never turned away.
                 let mut db = state.pool.acquire().await?;
-                let settling = phases.since(Phase::PoolWait, called);
+                let settling = phases.since(Phase::SettlePoolWait, called);
                 let settled = operation
                     .settle(state, &mut db, &outcome, request_id, fault)
                     .await;

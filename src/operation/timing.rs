@@ -26,8 +26,8 @@ pub enum Phase {
     /// Waiting for the scheduler: between spawning the operation's task and
     /// its start, and between its end and the handler's waking.
     TaskHandoff,
-    /// Waiting for a pooled connection: the claim's, in the admission queue
-    /// ([`crate::admission`]), and the settle's, from the pool directly.
+    /// Waiting for a pooled connection to claim on, in the admission queue
+    /// ([`crate::admission`]).
     PoolWait,
     /// Waiting for the same request in flight (`Prefer: wait=N`).
     KeyWait,
@@ -36,6 +36,10 @@ pub enum Phase {
     Claim,
     /// The processor's call.
     Processor,
+    /// Waiting for a pooled connection to settle on, from the pool directly
+    /// (claimed work is never turned away): behind every request queued
+    /// for one, the admission queue's included.
+    SettlePoolWait,
     /// Settling the record and saving its answer on the key; or, when the
     /// processor was unavailable or someone else settled the record, what
     /// follows from that.
@@ -48,7 +52,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    const COUNT: usize = 10;
+    const COUNT: usize = 11;
     const ALL: [Phase; Phase::COUNT] = [
         Phase::Extract,
         Phase::Fingerprint,
@@ -57,6 +61,7 @@ impl Phase {
         Phase::KeyWait,
         Phase::Claim,
         Phase::Processor,
+        Phase::SettlePoolWait,
         Phase::Settle,
         Phase::Write,
         Phase::Render,
@@ -72,6 +77,7 @@ impl Phase {
             Phase::KeyWait => "key_wait",
             Phase::Claim => "claim",
             Phase::Processor => "processor",
+            Phase::SettlePoolWait => "settle_pool_wait",
             Phase::Settle => "settle",
             Phase::Write => "write",
             Phase::Render => "render",

@@ -8,7 +8,7 @@
 //! | `idempotency_outcomes_total` | `outcome`: `executed`, `replayed`, `in_use`, `reused`, `expired_taken_over`, `stale_recovered` |
 //! | `requests_shed_total` (guarded operations answered `503 overloaded` before any work, see `crate::admission`) | `route` (a guarded operation's route template) |
 //! | `operation_duration_seconds` (a guarded request from its arrival to its rendered answer, in the handler) | `route` (a guarded operation's route template), `outcome`: `executed`, `replayed`, `in_use`, `reused`, `shed`, `error` |
-//! | `operation_phase_duration_seconds` (each phase of it, see `crate::operation::timing`; none for a replay from the cache) | `route`, `phase`: `extract`, `fingerprint`, `task_handoff`, `pool_wait`, `key_wait`, `claim`, `processor`, `settle`, `write`, `render`; `outcome` |
+//! | `operation_phase_duration_seconds` (each phase of it, see `crate::operation::timing`; none for a replay from the cache) | `route`, `phase`: `extract`, `fingerprint`, `task_handoff`, `pool_wait`, `key_wait`, `claim`, `processor`, `settle_pool_wait`, `settle`, `write`, `render`; `outcome` |
 //! | `idempotency_waiters` (requests waiting on a key in flight), `idempotency_wait_polls_total` (reads their shared waits ran) | |
 //! | `processor_calls_total`, `processor_call_duration_seconds` | `call` (`authorize`, `void`, `refund`, `lookup`), `outcome` |
 //! | `sweeper_runs_total`, `sweeper_settled_total` (`outcome`), `sweeper_keys_deleted_total`, `sweeper_leased_total` | |

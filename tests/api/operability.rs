@@ -344,6 +344,7 @@ async fn a_charge_is_timed_phase_by_phase_and_its_phases_fit_within_the_whole() 
         "pool_wait",
         "claim",
         "processor",
+        "settle_pool_wait",
         "settle",
         "render",
     ] {
@@ -390,7 +391,12 @@ async fn replays_are_timed_as_replayed_and_one_from_the_cache_only_as_a_whole() 
         2.0,
         "{scrape}"
     );
-    for (phase, count) in [("claim", 1.0), ("pool_wait", 1.0), ("processor", 0.0)] {
+    for (phase, count) in [
+        ("claim", 1.0),
+        ("pool_wait", 1.0),
+        ("processor", 0.0),
+        ("settle", 0.0),
+    ] {
         let labels = [replayed[0], ("phase", phase), replayed[1]];
         assert_eq!(
             histogram_part(&scrape, "operation_phase_duration_seconds_count", &labels),
