@@ -37,6 +37,18 @@
         The overload runs of `scripts/bench shed` side by side, from the
         lines bench/wrk/shed.lua and the script wrote to JSONL: a table,
         printed and written to OUT_MD.
+    report.py phases BEFORE AFTER SCENARIO CLIENTS CLIENT_MEAN_MS CLIENT_NON_2XX
+        Where a new charge's time went in one run, from two scrapes of the
+        service's /metrics (Prometheus text), before it and after it: from
+        the deltas of the histograms' _sum and _count, the mean of each phase
+        of the operation (operation_phase_duration_seconds, outcome
+        executed), of the operation (operation_duration_seconds) and of the
+        HTTP request (http_request_duration_seconds, status 201), and each
+        one's share of the request's mean. CLIENT_MEAN_MS is wrk's mean
+        latency over its CLIENT_NON_2XX non-2xx answers and the others, shown
+        beside them. One JSON line on stdout; the table on
+        stderr, with what is missing when the phases add up to under
+        PHASES_GOAL of the request.
 """
 
 import datetime
@@ -92,6 +104,130 @@ TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|END|START\s+TRANSA
 # deferred keys), which pg_stat_statements shows as a top-level statement:
 # no round trip.
 FOREIGN_KEY_CHECK = re.compile(r"^SELECT (1|\$\d+) FROM ONLY \S+ x WHERE .* FOR KEY SHARE OF x$")
+
+
+# The phases of a guarded operation, in the order a request meets them
+# (src/operation/timing.rs); any other phase a scrape has comes after them.
+PHASES = ["extract", "fingerprint", "task_handoff", "pool_wait", "key_wait", "claim",
+          "processor", "settle_pool_wait", "settle", "write", "render"]
+# The share of the request's mean the phases should account for.
+PHASES_GOAL = 0.90
+SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+UNESCAPE = re.compile(r"\\(.)")
+
+
+def parse_scrape(text):
+    """The samples of a Prometheus text scrape: a list of (name, {label: value}, value)."""
+    samples = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        m = SAMPLE.match(line)
+        if not m:
+            continue
+        labels = {k: UNESCAPE.sub(lambda e: "\n" if e.group(1) == "n" else e.group(1), v)
+                  for k, v in LABEL.findall(m.group(2) or "")}
+        samples.append((m.group(1), labels, float(m.group(3))))
+    return samples
+
+
+def histogram_delta(before, after, name, match):
+    """The increase of the histogram `name`'s _sum and _count between two
+    parsed scrapes, over every series whose labels include `match`."""
+    def total(samples, part):
+        return sum(v for n, labels, v in samples if n == f"{name}_{part}"
+                   and all(labels.get(k) == want for k, want in match.items()))
+    return (total(after, "sum") - total(before, "sum"), total(after, "count") - total(before, "count"))
+
+
+def phase_breakdown(before_text, after_text, route="/v1/charges", outcome="executed", status="201"):
+    """Each phase's mean and share of the HTTP request's mean, between two scrapes."""
+    before, after = parse_scrape(before_text), parse_scrape(after_text)
+
+    def mean_ms(delta):
+        total, count = delta
+        return round(total / count * 1000, 4) if count > 0 else None
+
+    request = histogram_delta(before, after, "http_request_duration_seconds",
+                              {"method": "POST", "route": route, "status": status})
+    operation = histogram_delta(before, after, "operation_duration_seconds",
+                                {"route": route, "outcome": outcome})
+    request_ms, operation_ms = mean_ms(request), mean_ms(operation)
+    found = {labels["phase"] for n, labels, _ in after if n == "operation_phase_duration_seconds_count"
+             and labels.get("route") == route and labels.get("outcome") == outcome and "phase" in labels}
+    phases = []
+    for phase in [p for p in PHASES if p in found] + sorted(found - set(PHASES)):
+        delta = histogram_delta(before, after, "operation_phase_duration_seconds",
+                                {"route": route, "outcome": outcome, "phase": phase})
+        if delta[1] <= 0:
+            continue
+        ms = mean_ms(delta)
+        phases.append({"phase": phase, "count": int(delta[1]), "mean_ms": ms,
+                       "share": round(ms / request_ms, 4) if request_ms else None})
+    phases_ms = round(sum(p["mean_ms"] for p in phases), 4)
+    share = (lambda ms: round(ms / request_ms, 4) if request_ms and ms is not None else None)
+    in_handler = round(operation_ms - phases_ms, 4) if operation_ms is not None else None
+    outside = round(request_ms - operation_ms, 4) if None not in (request_ms, operation_ms) else None
+    return {
+        "route": route, "outcome": outcome, "requests": int(request[1]),
+        "operations": int(operation[1]),
+        "request_mean_ms": request_ms, "operation_mean_ms": operation_ms,
+        "operation_share": share(operation_ms),
+        "phases": phases, "phases_mean_ms": phases_ms, "phases_share": share(phases_ms),
+        "in_handler_outside_phases_ms": in_handler, "outside_handler_ms": outside,
+    }
+
+
+def phase_lines(b, label):
+    """The breakdown `b` as a markdown table, with a verdict line."""
+    pct = (lambda s: "" if s is None else f"{s * 100:.1f} %")
+    lines = [f"{label}: where a request's time went, server side ({b['requests']} requests answered "
+             f"201; means from the histograms' _sum/_count deltas; the request is "
+             "http_request_duration_seconds, which leaves out hyper and the outermost layers)",
+             "| phase | mean ms | share of the request's mean |", "| --- | ---: | ---: |"]
+    lines += [f"| {p['phase']} | {p['mean_ms']:.3f} | {pct(p['share'])} |" for p in b["phases"]]
+    rest = [("the phases together", b["phases_mean_ms"], b["phases_share"]),
+            ("in the handler, outside the phases", b["in_handler_outside_phases_ms"],
+             None if b["request_mean_ms"] is None or b["in_handler_outside_phases_ms"] is None
+             else round(b["in_handler_outside_phases_ms"] / b["request_mean_ms"], 4)),
+            ("outside the handler, in the layers around it", b["outside_handler_ms"],
+             None if b["request_mean_ms"] is None or b["outside_handler_ms"] is None
+             else round(b["outside_handler_ms"] / b["request_mean_ms"], 4)),
+            ("the operation (operation_duration_seconds)", b["operation_mean_ms"], b["operation_share"]),
+            ("the request (http_request_duration_seconds)", b["request_mean_ms"], 1.0 if b["request_mean_ms"] else None)]
+    lines += [f"| {name} | {fmt(ms, 3)} | {pct(s)} |" for name, ms, s in rest]
+    if b.get("client_mean_ms"):
+        over = (f", over every answer, {b['client_non_2xx']} of them non-2xx"
+                if b.get("client_non_2xx") else "")
+        lines.append(f"| the client's mean (wrk{over}), for comparison | {b['client_mean_ms']:.3f} | "
+                     f"{pct(round(b['client_mean_ms'] / b['request_mean_ms'], 4) if b['request_mean_ms'] else None)} |")
+    lines.append(phase_verdict(b))
+    return lines
+
+
+def phase_verdict(b):
+    """Whether the phases reach PHASES_GOAL of the request's mean, and if not what is missing."""
+    if not b["requests"] or b["phases_share"] is None:
+        return "phases: no request was measured"
+    share = b["phases_share"]
+    if share >= PHASES_GOAL:
+        return f"phases: {share * 100:.1f} % of the request's mean (goal >= {PHASES_GOAL * 100:.0f} %): met"
+    gap = round(b["request_mean_ms"] - b["phases_mean_ms"], 3)
+    return (f"phases: {share * 100:.1f} % of the request's mean, under {PHASES_GOAL * 100:.0f} %: "
+            f"{gap:.3f} ms a request is in no phase: {fmt(b['in_handler_outside_phases_ms'], 3)} ms in the "
+            f"handler between phases, {fmt(b['outside_handler_ms'], 3)} ms outside the handler, in the "
+            "layers around it that http_request_duration_seconds covers (the panic catcher, the "
+            "timeout, the body limit, routing, and observe::finish's way out)")
+
+
+def phases(before, after, scenario, clients, client_mean_ms, client_non_2xx):
+    b = phase_breakdown(open(before).read(), open(after).read())
+    b.update({"kind": "phases", "scenario": scenario, "side": "oncepay", "clients": int(clients),
+              "client_mean_ms": float(client_mean_ms) if client_mean_ms not in ("", "None") else None,
+              "client_non_2xx": int(client_non_2xx or 0)})
+    print("\n".join(phase_lines(b, f"{LABELS.get(scenario, scenario)}, {clients} clients")), file=sys.stderr)
+    print(json.dumps(b))
 
 
 def percentile(sorted_values, p):
@@ -181,6 +317,7 @@ def table(raw_path, out_dir):
     runs = [r for r in rows if r.get("kind") == "run"]
     extras = [r for r in rows if r.get("kind") == "extra"]
     counts = [r for r in rows if r.get("kind") == "statements"]
+    breakdowns = [r for r in rows if r.get("kind") == "phases"]
     meta = next((r for r in rows if r.get("kind") == "meta"), {})
 
     def find(side, scenario, clients):
@@ -308,11 +445,24 @@ def table(raw_path, out_dir):
                 f"{gateway['statements_per_request']:.2f} at the gateway, "
                 f"{mirror['statements_per_request']:.2f} in gateway.sql; update bench/pgbench/gateway.sql")
 
+    # Where a new charge's time went, phase by phase, at each client count.
+    phase_text = []
+    for b in breakdowns:
+        phase_text += [""] + phase_lines(b, f"{LABELS.get(b['scenario'], b['scenario'])}, "
+                                            f"{b['clients']} clients")
+
     # The performance targets, where the figures exist.
     targets = []
 
     def target(name, value, goal, met):
         targets.append({"target": name, "value": value, "goal": goal, "met": met})
+
+    if breakdowns:
+        shares = {b["clients"]: b["phases_share"] for b in breakdowns if b["phases_share"] is not None}
+        if shares:
+            target("a new charge's phases / its request's mean (by clients)",
+                   ", ".join(f"{c}: {v:.2f}" for c, v in shares.items()),
+                   f">= {PHASES_GOAL:.2f}", all(v >= PHASES_GOAL for v in shares.values()))
 
     def at_clients(scenario, field, goal, good):
         picked = [r for r in results if r["scenario"] == scenario and r["side"] == "oncepay"
@@ -390,6 +540,7 @@ def table(raw_path, out_dir):
         "ceiling": ceiling,
         **round_trips,
         "round_trips": counts,
+        "phase_breakdown": breakdowns,
         "raw": runs,
         "extras": extras,
         "targets": targets,
@@ -406,6 +557,7 @@ def table(raw_path, out_dir):
             "service runs; latencies in milliseconds", ""]
     text += lines
     text += rt_lines
+    text += phase_text
     if summary["pool_trials"]:
         text += ["", "pool size trials (new charges, 32 clients): " + ", ".join(
             f"{t['pool']}: {t['rps']:.0f} req/s" for t in summary["pool_trials"])]
@@ -663,5 +815,7 @@ if __name__ == "__main__":
         shed(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 6 and sys.argv[1] == "limits":
         sys.exit(limits(*sys.argv[2:]))
+    elif len(sys.argv) == 8 and sys.argv[1] == "phases":
+        phases(*sys.argv[2:])
     else:
         sys.exit(__doc__)

@@ -86,10 +86,10 @@ function done(summary, latency, requests)
    local e = summary.errors
    local line = string.format(
       '{"kind":"run","side":"%s","scenario":"%s","clients":%d,"requests":%d,"seconds":%.3f,"rps":%.1f,"p50_ms":%.3f,"p99_ms":%.3f,'
-         .. '"max_ms":%.3f,"non_2xx":%d,"socket_errors":%d}',
+         .. '"mean_ms":%.3f,"max_ms":%.3f,"non_2xx":%d,"socket_errors":%d}',
       side, scenario, clients, summary.requests, seconds, summary.requests / seconds,
       latency:percentile(50) / 1000, latency:percentile(99) / 1000,
-      latency.max / 1000, e.status, e.connect + e.read + e.write + e.timeout)
+      latency.mean / 1000, latency.max / 1000, e.status, e.connect + e.read + e.write + e.timeout)
    if out then
       local f = assert(io.open(out, "a"))
       f:write(line .. "\n")
