@@ -20,7 +20,7 @@ use oncepay::processor::{
 };
 use oncepay::sweeper::{SweepReport, SweepSettings, Sweeper};
 
-use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, until, visa};
+use crate::helpers::{Answer, Settings, TestApp, spawn_app, spawn_app_with, until, visa};
 
 /// A claim and a pending charge for `visa(2000)`, as a request that crashed
 /// right after step 2 leaves them, `age` ago.
@@ -684,4 +684,85 @@ async fn settling_a_settled_charge_again_changes_nothing() {
         ("succeeded".to_owned(), None)
     );
     assert_eq!(app.event_types_of(&charge).await, ["charge.succeeded"]);
+}
+
+/// The plan of `statement` on `conn`, as `EXPLAIN (FORMAT JSON)` gives it.
+async fn plan_of(conn: &mut sqlx::PgConnection, statement: &str) -> String {
+    let (plan,): (serde_json::Value,) =
+        sqlx::query_as(&format!("EXPLAIN (FORMAT JSON) {statement}"))
+            .fetch_one(conn)
+            .await
+            .unwrap();
+    plan.to_string()
+}
+
+#[tokio::test]
+async fn a_key_found_by_its_charge_or_refund_is_read_through_that_index_not_the_sweepers() {
+    let app = spawn_app().await;
+    // Many completed keys, a few in flight, fresh statistics: the shape in
+    // which an index of the keys in flight looks cheapest to the planner
+    // (and, with the dead entries of keys completed since the last vacuum,
+    // is not).
+    for i in 0..300 {
+        let key = format!("plan-{i}");
+        let response = app.post_charge(Some(&key), &visa(1000 + i)).await;
+        assert_eq!(response.status(), 201, "{key}");
+    }
+    for i in 0..3 {
+        stale_claim(
+            &app,
+            &format!("plan-stale-{i}"),
+            &format!("ch_planstale{i}"),
+            "1 hour",
+        )
+        .await;
+    }
+    let mut conn = app.pool.acquire().await.unwrap();
+    sqlx::query("ANALYZE idempotency_keys")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // Indexes only: which one the planner takes is the question.
+    sqlx::query("SET enable_seqscan = off")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+
+    for (statement, index) in [
+        (
+            "UPDATE idempotency_keys SET locked_at = NULL \
+             WHERE charge_id = 'ch_planstale0' AND status = 'processing'",
+            "idempotency_keys_charge_idx",
+        ),
+        (
+            "DELETE FROM idempotency_keys WHERE charge_id = 'ch_x' AND status = 'processing'",
+            "idempotency_keys_charge_idx",
+        ),
+        (
+            "SELECT key FROM idempotency_keys WHERE refund_id = 're_x' AND status = 'processing'",
+            "idempotency_keys_refund_idx",
+        ),
+    ] {
+        let plan = plan_of(&mut conn, statement).await;
+        assert!(plan.contains(index), "{statement}\n{plan}");
+        assert!(
+            !plan.contains("idempotency_keys_locked_idx"),
+            "{statement}\n{plan}"
+        );
+    }
+    // The sweeper's own question is answered from the index of locks.
+    let stale = "SELECT merchant_id, key FROM idempotency_keys \
+                 WHERE status = 'processing' AND locked_at < now() - interval '1 minute' \
+                 ORDER BY locked_at LIMIT 10";
+    let plan = plan_of(&mut conn, stale).await;
+    assert!(plan.contains("idempotency_keys_locked_idx"), "{plan}");
+    sqlx::query("RESET enable_seqscan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+    let leased = store::lease_stale(&app.pool, Duration::from_secs(60), 10)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 3, "the three stale keys, found and leased");
 }
