@@ -271,7 +271,8 @@ def statements(json_file, scenario, side, script, requests, clients):
         kind = ("transaction_control" if TRANSACTION_CONTROL.match(query)
                 else "foreign_key_check" if FOREIGN_KEY_CHECK.match(query) else "statement")
         total[kind] += row["calls"]
-        listed.append({"query": query, "calls": row["calls"], "per_request": per(row["calls"]), "kind": kind})
+        listed.append({"query": query, "calls": row["calls"], "per_request": per(row["calls"]), "kind": kind,
+                       "mean_exec_ms": row.get("mean_ms")})
     begin_commit = per(total["transaction_control"])
     begin_commit_from = "pg_stat_statements"
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pgbench", script)
@@ -414,13 +415,14 @@ def table(raw_path, out_dir):
                             f"| {fmt(r['round_trips_per_request'], 2)} "
                             f"| {fmt(r['foreign_key_checks_per_request'], 2)} |")
         for r in counts:
-            if r["side"] not in ("oncepay", "gateway"):
-                continue
-            who = "oncepay" if r["side"] == "oncepay" else "the gateway"
+            who = {"oncepay": "oncepay", "gateway": "the gateway"}.get(r["side"], f"pgbench {r['script']}")
             rt_lines += ["", f"per statement, {who}, {LABELS.get(r['scenario'], r['scenario'])} "
-                         f"({r['requests']} requests): calls per request, statement"]
+                         f"({r['requests']} requests): calls per request, mean execution ms in Postgres "
+                         "(pg_stat_statements' mean_exec_time: neither the round trip nor the wait for "
+                         "the commit's WAL flush), statement"]
             shown = [st for st in r["statements"] if st["per_request"] and st["per_request"] >= 0.001]
             rt_lines += [f"  {st['per_request']:7.3f}  "
+                         f"{'' if st.get('mean_exec_ms') is None else format(st['mean_exec_ms'], '8.3f')}  "
                          f"{'(foreign-key check, no round trip) ' if st['kind'] == 'foreign_key_check' else ''}"
                          f"{st['query'][:100]}" for st in shown]
             if len(shown) < len(r["statements"]):
