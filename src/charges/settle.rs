@@ -40,10 +40,23 @@ pub async fn settle(
     key_ttl: Duration,
     request_id: Option<&str>,
 ) -> sqlx::Result<Settled> {
-    match store::find_any(pool, charge_id).await? {
+    let mut db = pool.acquire().await?;
+    settle_on(&mut db, charge_id, outcome, key_ttl, request_id, None).await
+}
+
+/// [`settle`] on `db`, a connection taken from the pool for it, for a
+/// request that may ask to crash ([`Fault::CrashBeforeSettleCommit`]).
+pub async fn settle_on(
+    db: &mut PgConnection,
+    charge_id: &str,
+    outcome: &Outcome,
+    key_ttl: Duration,
+    request_id: Option<&str>,
+    fault: Option<Fault>,
+) -> sqlx::Result<Settled> {
+    match store::find_any(&mut *db, charge_id).await? {
         Some(charge) if charge.status == ChargeStatus::Pending => {
-            let mut db = pool.acquire().await?;
-            settle_or_crash(&mut db, &charge, outcome, key_ttl, request_id, None).await
+            settle_or_crash(db, &charge, outcome, key_ttl, request_id, fault).await
         }
         _ => Ok(Settled::Already),
     }

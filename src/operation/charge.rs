@@ -127,27 +127,14 @@ impl Operation for CreateCharge {
         request_id: Option<&str>,
         fault: Option<Fault>,
     ) -> sqlx::Result<Settled> {
-        let read;
-        let pending = match &self.pending {
-            Some(pending) => pending,
+        let ttl = state.config.idempotency_key_ttl;
+        match &self.pending {
+            Some(pending) => {
+                settle::settle_or_crash(db, pending, outcome, ttl, request_id, fault).await
+            }
             // Without the charge as written (never after step 2), read it.
-            None => match store::find_any(&mut *db, &self.id).await? {
-                Some(charge) if charge.status == ChargeStatus::Pending => {
-                    read = charge;
-                    &read
-                }
-                _ => return Ok(Settled::Already),
-            },
-        };
-        settle::settle_or_crash(
-            db,
-            pending,
-            outcome,
-            state.config.idempotency_key_ttl,
-            request_id,
-            fault,
-        )
-        .await
+            None => settle::settle_on(db, &self.id, outcome, ttl, request_id, fault).await,
+        }
     }
 
     async fn render(
