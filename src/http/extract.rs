@@ -82,7 +82,10 @@ impl FromRequest<AppState> for IdempotentPost {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let headers = req.headers().clone();
+        // The headers are taken, not copied: reading the body needs none.
+        let (mut parts, body) = req.into_parts();
+        let headers = std::mem::take(&mut parts.headers);
+        let req = Request::from_parts(parts, body);
         let arrived = req
             .extensions()
             .get::<observe::Arrived>()

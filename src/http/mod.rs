@@ -23,6 +23,8 @@ pub mod webhook_endpoints;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
@@ -54,15 +56,25 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
 }
 
 /// The whole API, and Swagger UI at `/docs`. Layers, from the outside in:
-/// fault injection (outside everything, see `faults::drop_response`),
+/// fault injection (with `FAULT_INJECTION=true` only, outside everything,
+/// see `faults::drop_response`),
 /// request id, tracing span, the way out (metrics, Stripe's headers, problem
 /// bodies: `observe::finish`), panic catcher, timeout, body limit.
+///
+/// They wrap the router once, as one service, rather than each route:
+/// `Router::layer` wraps every route in every layer, and each of those
+/// boxed stacks is cloned for every request it serves. Only the note of
+/// the matched route (`observe::note_route`) sits on the routes, where the
+/// route is known.
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
     let timeout = state.config.request_timeout;
     let (routes, _) = api(&state.config).split_for_parts();
-    routes
+    let routes = routes
         .merge(openapi::swagger_ui())
+        .route_layer(tower::layer::layer_fn(|inner| {
+            tower::util::MapRequest::new(inner, observe::note_route)
+        }))
         .fallback(|| async { Problem::new(ProblemCode::RouteNotFound, "There is no such route.") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
@@ -70,14 +82,27 @@ pub fn router(state: AppState) -> Router {
                 "This route does not accept that method.",
             )
         })
-        .layer(DefaultBodyLimit::max(max_body))
-        .layer(RequestBodyLimitLayer::new(max_body))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            timeout,
-        ))
+        .with_state(state.clone());
+    // Outermost, outside the panic catcher, and only where faults are
+    // injected at all: see `faults::drop_response`.
+    let faults = state
+        .config
+        .fault_injection
+        .then(|| axum::middleware::from_fn_with_state(state.clone(), faults::drop_response));
+    let layered = ServiceBuilder::new()
+        .option_layer(faults)
+        .map_response(IntoResponse::into_response)
+        .map_request(observe::sanitize_request_id)
+        .layer(SetRequestIdLayer::x_request_id(observe::MakeRequestId))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        // Spans carry no headers: Authorization and API keys are never logged.
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|request: &axum::extract::Request| observe::span(request))
+                .on_response(DefaultOnResponse::new().level(Level::INFO)),
+        )
+        .layer(axum::middleware::from_fn_with_state(state, observe::finish))
         .layer(CatchPanicLayer::custom(|_| {
-            use axum::response::IntoResponse;
             tracing::error!("a handler panicked");
             Problem::new(
                 ProblemCode::InternalError,
@@ -85,23 +110,14 @@ pub fn router(state: AppState) -> Router {
             )
             .into_response()
         }))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            observe::finish,
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            timeout,
         ))
-        // Spans carry no headers: Authorization and API keys are never logged.
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(|request: &axum::extract::Request| observe::span(request))
-                .on_response(DefaultOnResponse::new().level(Level::INFO)),
-        )
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(SetRequestIdLayer::x_request_id(observe::MakeRequestId))
-        .layer(axum::middleware::from_fn(observe::sanitize_request_id))
-        // Outermost, outside the panic catcher: see `faults::drop_response`.
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            faults::drop_response,
-        ))
-        .with_state(state)
+        // The timeout's own answer needs a body type with a default.
+        .map_response(IntoResponse::into_response)
+        .layer(RequestBodyLimitLayer::new(max_body))
+        .layer(DefaultBodyLimit::max(max_body))
+        .service(routes);
+    Router::new().fallback_service(layered)
 }

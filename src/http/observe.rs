@@ -3,6 +3,7 @@
 //! a problem, every fresh problem names its request id, and a reused key is
 //! answered as a Stripe client expects it, see [`super::stripe`]).
 
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use axum::body::Body;
@@ -52,7 +53,7 @@ pub struct SavedAnswer;
 
 /// Drops an incoming `X-Request-Id` that is empty, too long or not visible
 /// ASCII, so that the next layer makes a fresh one.
-pub async fn sanitize_request_id(mut request: Request, next: Next) -> Response {
+pub fn sanitize_request_id(mut request: Request) -> Request {
     let valid = request.headers().get(REQUEST_ID).is_some_and(|v| {
         let bytes = v.as_bytes();
         !bytes.is_empty() && bytes.len() <= MAX_REQUEST_ID && bytes.iter().all(u8::is_ascii_graphic)
@@ -60,7 +61,7 @@ pub async fn sanitize_request_id(mut request: Request, next: Next) -> Response {
     if !valid {
         request.headers_mut().remove(REQUEST_ID);
     }
-    next.run(request).await
+    request
 }
 
 fn request_id(request: &Request) -> &str {
@@ -71,24 +72,45 @@ fn request_id(request: &Request) -> &str {
         .unwrap_or("")
 }
 
-/// The route template (`/v1/charges/{id}`), never the raw path, so that logs
-/// and metrics do not explode with ids; `unmatched` for any path no route
-/// has. The templates are the router's own, a closed set.
-fn route(request: &Request) -> String {
-    request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned())
+/// The route template (`/v1/charges/{id}`) a request matched, never the raw
+/// path, so that logs and metrics do not explode with ids. The router
+/// knows it only once it has matched the route, inside the layers that
+/// measure the request: [`note_route`], on every route, writes it here for
+/// [`finish`] to read on the way out. Empty for a path no route has
+/// (`unmatched`). The templates are the router's own, a closed set.
+#[derive(Clone, Default)]
+struct NotedRoute(Arc<OnceLock<MatchedPath>>);
+
+impl NotedRoute {
+    fn label(&self) -> String {
+        self.0
+            .get()
+            .map_or_else(|| UNMATCHED.to_owned(), |p| p.as_str().to_owned())
+    }
 }
 
-/// The span every line of a request is logged in. `merchant` and
+const UNMATCHED: &str = "unmatched";
+
+/// On every route (`Router::route_layer`): notes the route the request
+/// matched, for [`finish`] and on the request's span.
+pub fn note_route(request: Request) -> Request {
+    if let Some(path) = request.extensions().get::<MatchedPath>() {
+        Span::current().record("route", path.as_str());
+        if let Some(noted) = request.extensions().get::<NotedRoute>() {
+            let _ = noted.0.set(path.clone());
+        }
+    }
+    request
+}
+
+/// The span every line of a request is logged in. `route`, `merchant` and
 /// `idempotency_key` are filled in once known.
 pub fn span(request: &Request) -> Span {
     tracing::info_span!(
         "request",
         request_id = %request_id(request),
         method = %method_label(request.method()),
-        route = %route(request),
+        route = tracing::field::Empty,
         merchant = tracing::field::Empty,
         idempotency_key = tracing::field::Empty,
     )
@@ -97,15 +119,16 @@ pub fn span(request: &Request) -> Span {
 /// The way out of every request, in one layer: the last word on error
 /// bodies ([`finish_problem`]), Stripe's headers
 /// ([`super::stripe::add_headers`]), then the request's metrics
-/// ([`measure`]). One layer rather than three: each layer of the router is
-/// cloned and boxed for every request (seen in the replay profile).
+/// ([`measure`]). One layer rather than three: each `from_fn` layer boxes
+/// its inner service and its future for every request.
 /// A `503` that says the database is unavailable (or a timeout) also wakes
 /// the watch on the primary, when there is one, for a check now.
 pub async fn finish(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let started = Instant::now();
     request.extensions_mut().insert(Arrived(started));
     let method = method_label(request.method());
-    let route = route(&request);
+    let noted = NotedRoute::default();
+    request.extensions_mut().insert(noted.clone());
     let id = request.headers().get(REQUEST_ID).cloned();
     let stripe_client = request
         .headers()
@@ -121,6 +144,10 @@ pub async fn finish(State(state): State<AppState>, mut request: Request, next: N
     }
     let mut response = finish_problem(response, id.as_ref(), stripe_client);
     super::stripe::add_headers(&mut response, id);
+    let route = noted.label();
+    if route == UNMATCHED {
+        Span::current().record("route", UNMATCHED);
+    }
     measure(method, route, response.status(), started);
     response
 }

@@ -3,6 +3,8 @@
 //! its answer. When the processor is unavailable nothing was recorded, so
 //! the charge and its key are given back and a retry runs anew.
 
+use std::sync::OnceLock;
+
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -22,7 +24,9 @@ use crate::retry_after;
 /// A charge to make for a merchant.
 #[derive(Debug)]
 pub struct CreateCharge {
-    id: String,
+    /// Made when first asked for: a request answered from the replay cache
+    /// never needs one.
+    id: OnceLock<String>,
     merchant_id: Uuid,
     charge: NewCharge,
     /// The charge as written pending (step 2), which the settle renders
@@ -31,10 +35,10 @@ pub struct CreateCharge {
 }
 
 impl CreateCharge {
-    /// The charge, with a fresh id.
+    /// The charge; its id is fresh, made when first needed.
     pub fn new(merchant_id: Uuid, charge: NewCharge) -> Self {
         CreateCharge {
-            id: new_charge_id(),
+            id: OnceLock::new(),
             merchant_id,
             charge,
             pending: None,
@@ -49,11 +53,11 @@ impl Operation for CreateCharge {
     const OUTCOME_UNKNOWN: &'static str = "The card processor did not confirm the outcome. Retry with the same Idempotency-Key to get it.";
 
     fn id(&self) -> &str {
-        &self.id
+        self.id.get_or_init(new_charge_id)
     }
 
     fn resource(&self) -> Resource {
-        Resource::Charge(self.id.clone())
+        Resource::Charge(self.id().to_owned())
     }
 
     fn canonical(&self) -> Vec<u8> {
@@ -68,7 +72,7 @@ impl Operation for CreateCharge {
     ) -> Result<Option<FirstClaim>, Error> {
         let metadata = serde_json::to_string(&self.charge.metadata).expect("metadata serialises");
         let pending = PendingCharge {
-            id: &self.id,
+            id: self.id(),
             amount: self.charge.amount.minor_units(),
             currency: self.charge.currency.as_str(),
             source: self.charge.source.as_str(),
@@ -79,7 +83,7 @@ impl Operation for CreateCharge {
         let first = keys::claim_with_charge(&mut *db, claim, &pending).await?;
         if let FirstClaim::Claimed { created_at, .. } = &first {
             self.pending = Some(Charge {
-                id: self.id.clone(),
+                id: self.id().to_owned(),
                 merchant_id: self.merchant_id,
                 amount: self.charge.amount.minor_units(),
                 currency: self.charge.currency.as_str().to_owned(),
@@ -98,7 +102,7 @@ impl Operation for CreateCharge {
 
     async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<Written, Error> {
         self.pending =
-            Some(store::insert_pending(tx, &self.id, self.merchant_id, &self.charge).await?);
+            Some(store::insert_pending(tx, self.id(), self.merchant_id, &self.charge).await?);
         Ok(Written::Pending)
     }
 
@@ -107,7 +111,7 @@ impl Operation for CreateCharge {
         processor: &dyn Processor,
         fault: Option<WireFault>,
     ) -> Result<Outcome, ProcessorError> {
-        let processor_key = processor::authorization_key(&self.id);
+        let processor_key = processor::authorization_key(self.id());
         processor
             .authorize(Authorization {
                 processor_key: &processor_key,
@@ -133,7 +137,7 @@ impl Operation for CreateCharge {
                 settle::settle_or_crash(db, pending, outcome, ttl, request_id, fault).await
             }
             // Without the charge as written (never after step 2), read it.
-            None => settle::settle_on(db, &self.id, outcome, ttl, request_id, fault).await,
+            None => settle::settle_on(db, self.id(), outcome, ttl, request_id, fault).await,
         }
     }
 
@@ -142,9 +146,9 @@ impl Operation for CreateCharge {
         state: &AppState,
         request_id: Option<&str>,
     ) -> Result<SavedResponse, Error> {
-        let charge = store::find_any(&state.pool, &self.id)
+        let charge = store::find_any(&state.pool, self.id())
             .await?
-            .ok_or_else(|| Error::internal(format!("settled charge {} vanished", self.id)))?;
+            .ok_or_else(|| Error::internal(format!("settled charge {} vanished", self.id())))?;
         Ok(settle::response_for(&charge, request_id))
     }
 
@@ -154,7 +158,7 @@ impl Operation for CreateCharge {
         // longer pending, the sweeper settled it meanwhile and that answer
         // stands.
         let mut tx = state.pool.begin().await?;
-        if store::delete_pending(&mut tx, &self.id).await? == 0 {
+        if store::delete_pending(&mut tx, self.id()).await? == 0 {
             tx.rollback().await?;
             return Ok(None);
         }
