@@ -51,6 +51,9 @@ pub struct Services {
     pub rate_limits: Arc<crate::rate_limit::RateLimits>,
     /// Requests waiting on keys in flight, see [`crate::idempotency::wait`].
     pub waits: Waits,
+    /// Reads of keys that missed the replay cache, see
+    /// [`crate::idempotency::reads`].
+    pub reads: crate::idempotency::reads::Reads,
     /// The watch on the primary when `DATABASE_URL` names several hosts
     /// (see [`crate::postgres::follow`]); `/readyz` consults it, and a
     /// request that finds the database unavailable wakes it.

@@ -64,6 +64,7 @@ impl Application {
             .await
             .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;
         let waits = Waits::new(pool.clone(), config.processing_timeout);
+        let reads = crate::idempotency::reads::Reads::start(pool.clone());
         let caches = Arc::new(crate::cache::Caches::new(config.replay_cache_bytes));
         let rate_limits = Arc::new(crate::rate_limit::RateLimits::new(
             config.rate_limit_reads,
@@ -90,6 +91,7 @@ impl Application {
             caches,
             rate_limits,
             waits,
+            reads,
             primary,
             redis,
         });

@@ -4,10 +4,12 @@
 //! - [`key`]: the `Idempotency-Key` header.
 //! - [`fingerprint`]: what makes two requests "the same".
 //! - [`store`]: the SQL that claims, completes, reads, leases and expires keys.
+//! - [`reads`]: the reads of keys that missed the replay cache, coalesced.
 //! - [`wait`]: requests waiting on a key in flight share one poll of it.
 
 pub mod fingerprint;
 pub mod key;
+pub mod reads;
 pub mod store;
 pub mod wait;
 

@@ -582,6 +582,56 @@ pub async fn find(
     row.map(|row| row.into_stored(sent)).transpose()
 }
 
+/// The keys `asked` (merchant and key, in order) as [`find`] reads each, in
+/// one statement: the position in `asked` of each key found, with its row.
+/// Every deadline counts from `sent`, an instant taken before it is sent.
+pub async fn find_many(
+    db: impl PgExecutor<'_>,
+    merchants: &[Uuid],
+    keys: &[&str],
+) -> sqlx::Result<Vec<(usize, StoredKey)>> {
+    let sent = Instant::now();
+    let rows = sqlx::query!(
+        r#"SELECT a.i AS "i!", k.key, k.status AS "status: KeyStatus", k.request_method,
+                  k.request_path, k.fingerprint, k.charge_id, k.refund_id, k.response_status,
+                  k.response_content_type, k.response_location, k.response_body, k.created_at,
+                  k.expires_at,
+                  (extract(epoch from k.expires_at - clock_timestamp()) * 1000)::float8
+                      AS "remaining_ms!"
+             FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS a(merchant_id, key, i)
+             JOIN idempotency_keys k ON k.merchant_id = a.merchant_id AND k.key = a.key
+            WHERE k.expires_at > now() OR k.status = 'processing'"#,
+        merchants,
+        keys as &[&str],
+    )
+    .fetch_all(db)
+    .await?;
+    rows.into_iter()
+        .map(|row| {
+            let at = usize::try_from(row.i - 1)
+                .map_err(|_| sqlx::Error::Decode("unnest ordinality".into()))?;
+            let stored = KeyRow {
+                key: row.key,
+                status: row.status,
+                request_method: row.request_method,
+                request_path: row.request_path,
+                fingerprint: row.fingerprint,
+                charge_id: row.charge_id,
+                refund_id: row.refund_id,
+                response_status: row.response_status,
+                response_content_type: row.response_content_type,
+                response_location: row.response_location,
+                response_body: row.response_body,
+                created_at: row.created_at,
+                expires_at: row.expires_at,
+                remaining_ms: row.remaining_ms,
+            }
+            .into_stored(sent)?;
+            Ok((at, stored))
+        })
+        .collect()
+}
+
 /// A merchant's key as a waiter sees it, and whether it is stale (still
 /// `processing` after `timeout`): one plain read, no transaction, no lock.
 /// A `processing` key is found even past its expiry, since it is never taken

@@ -303,31 +303,23 @@ async fn claim_or_answer<O: Operation>(
     let begun = match (claim::from_cache(state, request, O::ROUTE)?, &request.key) {
         (Some(begun), _) => begun,
         (None, None) => claim::begin(state, request, O::ROUTE, Some(&resource)).await?,
+        // While retries are common, a retry of a finished operation (or of
+        // one in flight) is answered from a plain read of its key, and only
+        // a key found free is claimed; else the claim's statement reads the
+        // key itself (see `crate::idempotency::reads`).
         (None, Some(key)) => {
-            let first = Claim {
-                merchant_id: request.merchant_id,
-                key,
-                method: "POST",
-                path: O::ROUTE,
-                fingerprint: request.fingerprint,
-                resource: Some(&resource),
-                ttl: state.config.idempotency_key_ttl,
-                arrived: request.arrived,
+            let read = if state.reads.worth_reading() {
+                claim::read(state, request, key).await
+            } else {
+                None
             };
-            match operation.claim_with_record(state, request, &first).await? {
-                None => claim::begin(state, request, O::ROUTE, Some(&resource)).await?,
-                Some(FirstClaim::Claimed { took_over, .. }) => {
-                    metrics::idempotency(if took_over {
-                        "expired_taken_over"
-                    } else {
-                        "executed"
-                    });
-                    Begun::Written
+            match read {
+                Some(Some(found)) => {
+                    state.reads.learn(true);
+                    claim::after_read(state, request, O::ROUTE, Some(&resource), Some(found))
+                        .await?
                 }
-                Some(FirstClaim::Taken(found)) => {
-                    let found = found.map(|stored| *stored);
-                    claim::after_read(state, request, O::ROUTE, Some(&resource), found).await?
-                }
+                Some(None) | None => claim_new(state, request, operation, key, &resource).await?,
             }
         }
     };
@@ -345,6 +337,46 @@ async fn claim_or_answer<O: Operation>(
         Begun::InUse { waited } => Err(in_use(waited).into()),
         Begun::Reused => Err(reused(request.key.as_ref()).into()),
     }
+}
+
+/// Claims `key`, which a read just found free (or could not read), with the
+/// record in one statement when the kind has one.
+async fn claim_new<O: Operation>(
+    state: &AppState,
+    request: &claim::Request,
+    operation: &mut O,
+    key: &IdempotencyKey,
+    resource: &Resource,
+) -> Result<Begun, Error> {
+    let first = Claim {
+        merchant_id: request.merchant_id,
+        key,
+        method: "POST",
+        path: O::ROUTE,
+        fingerprint: request.fingerprint,
+        resource: Some(&resource),
+        ttl: state.config.idempotency_key_ttl,
+        arrived: request.arrived,
+    };
+    let claimed = operation.claim_with_record(state, request, &first).await?;
+    if let Some(first) = &claimed {
+        state.reads.learn(matches!(first, FirstClaim::Taken(_)));
+    }
+    Ok(match claimed {
+        None => claim::after_read(state, request, O::ROUTE, Some(resource), None).await?,
+        Some(FirstClaim::Claimed { took_over, .. }) => {
+            metrics::idempotency(if took_over {
+                "expired_taken_over"
+            } else {
+                "executed"
+            });
+            Begun::Written
+        }
+        Some(FirstClaim::Taken(found)) => {
+            let found = found.map(|stored| *stored);
+            claim::after_read(state, request, O::ROUTE, Some(resource), found).await?
+        }
+    })
 }
 
 async fn work_and_settle<O: Operation>(

@@ -133,3 +133,79 @@ async fn ensuring_the_demo_merchant_from_many_tasks_at_once_makes_one() {
         1
     );
 }
+
+/// With no replay cache, every replay reads its key from the database; the
+/// reads of concurrent requests go out together, several keys to one
+/// statement. Each request must still get its own key's answer, and no
+/// replay may charge again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_replays_read_in_shared_batches_each_get_their_own_keys_answer() {
+    let app = spawn_app_with(Settings::new().set("REPLAY_CACHE_BYTES", 0)).await;
+    let keys: Vec<String> = (0..30).map(|i| format!("batch-{i}")).collect();
+    let created = join_all(keys.iter().enumerate().map(|(i, key)| {
+        let app = &app;
+        async move { Answer::of(app.post_charge(Some(key), &visa(1000 + i as i64)).await).await }
+    }))
+    .await;
+    for answer in &created {
+        assert_eq!(answer.status, 201, "{:?}", answer.body);
+        assert!(!answer.replayed());
+    }
+    // Every key three times over, all at once, in an order that mixes them.
+    let replays = join_all((0..90).map(|n| {
+        let (app, at) = (&app, (n * 7) % keys.len());
+        let key = &keys[at];
+        async move {
+            let answer = Answer::of(app.post_charge(Some(key), &visa(1000 + at as i64)).await);
+            (at, answer.await)
+        }
+    }))
+    .await;
+    for (at, replay) in &replays {
+        assert_eq!(replay.status, 201, "{:?}", replay.body);
+        assert!(replay.replayed(), "key {at} replayed");
+        assert_eq!(
+            replay.body, created[*at].body,
+            "key {at} got its own answer"
+        );
+    }
+    // A key reused with other parameters is still told so.
+    Answer::of(app.post_charge(Some("batch-3"), &visa(9999)).await)
+        .await
+        .assert_problem(422, "idempotency_key_reused");
+    assert_eq!(app.charges().await, 30);
+}
+
+/// One statement reads many keys: each found key comes back with its place
+/// among those asked, a key asked twice comes back twice, and a key that
+/// does not exist, or is another merchant's, does not come back.
+#[tokio::test]
+async fn a_batch_of_key_reads_answers_each_by_its_place_in_the_batch() {
+    let app = spawn_app_with(Settings::new()).await;
+    for key in ["a", "b"] {
+        let answer = Answer::of(app.post_charge(Some(key), &visa(2000)).await).await;
+        assert_eq!(answer.status, 201);
+    }
+    let other = uuid::Uuid::now_v7();
+    let merchants = [
+        app.merchant_id,
+        app.merchant_id,
+        other,
+        app.merchant_id,
+        app.merchant_id,
+    ];
+    let keys = ["b", "missing", "a", "a", "b"];
+    let found = oncepay::idempotency::store::find_many(&app.pool, &merchants, &keys)
+        .await
+        .unwrap();
+    let mut places: Vec<(usize, String)> = found.into_iter().map(|(at, k)| (at, k.key)).collect();
+    places.sort();
+    assert_eq!(
+        places,
+        vec![
+            (0, "b".to_owned()),
+            (3, "a".to_owned()),
+            (4, "b".to_owned())
+        ]
+    );
+}
