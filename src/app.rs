@@ -37,7 +37,7 @@ pub struct Services {
     pub pool: PgPool,
     /// The bounded queue for the pool's connections in front of every
     /// guarded operation's first statement, see [`crate::admission`].
-    pub admission: crate::admission::Admission,
+    pub admission: Arc<crate::admission::Admission>,
     pub config: Arc<Config>,
     pub processor: Arc<dyn Processor>,
     pub metrics: crate::telemetry::metrics::Metrics,

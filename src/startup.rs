@@ -64,7 +64,6 @@ impl Application {
             .await
             .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;
         let waits = Waits::new(pool.clone(), config.processing_timeout);
-        let reads = crate::idempotency::reads::Reads::start(pool.clone());
         let caches = Arc::new(crate::cache::Caches::new(config.replay_cache_bytes));
         let rate_limits = Arc::new(crate::rate_limit::RateLimits::new(
             config.rate_limit_reads,
@@ -77,10 +76,11 @@ impl Application {
             .map(redis::Client::open)
             .transpose()
             .context("REDIS_URL")?;
-        let admission = crate::admission::Admission::new(
+        let admission = Arc::new(crate::admission::Admission::new(
             config.database_queue_timeout,
             config.database_queue_overload_timeout,
-        );
+        ));
+        let reads = crate::idempotency::reads::Reads::start(pool.clone(), admission.clone());
         let state = AppState::new(crate::app::Services {
             pool,
             admission,

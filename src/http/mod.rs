@@ -25,6 +25,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use tower::ServiceBuilder;
+use tower::util::MapRequestLayer;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
@@ -72,9 +73,6 @@ pub fn router(state: AppState) -> Router {
     let (routes, _) = api(&state.config).split_for_parts();
     let routes = routes
         .merge(openapi::swagger_ui())
-        .route_layer(tower::layer::layer_fn(|inner| {
-            tower::util::MapRequest::new(inner, observe::note_route)
-        }))
         .fallback(|| async { Problem::new(ProblemCode::RouteNotFound, "There is no such route.") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
@@ -82,6 +80,9 @@ pub fn router(state: AppState) -> Router {
                 "This route does not accept that method.",
             )
         })
+        // On every route and fallback, after the router has matched the
+        // path (a method the route lacks included).
+        .layer(MapRequestLayer::new(observe::note_route))
         .with_state(state.clone());
     // Outermost, outside the panic catcher, and only where faults are
     // injected at all: see `faults::drop_response`.

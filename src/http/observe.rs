@@ -91,8 +91,8 @@ impl NotedRoute {
 
 const UNMATCHED: &str = "unmatched";
 
-/// On every route (`Router::route_layer`): notes the route the request
-/// matched, for [`finish`] and on the request's span.
+/// On every route and fallback of the router: notes the route the request
+/// matched, if any, for [`finish`] and on the request's span.
 pub fn note_route(request: Request) -> Request {
     if let Some(path) = request.extensions().get::<MatchedPath>() {
         Span::current().record("route", path.as_str());

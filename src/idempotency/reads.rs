@@ -27,6 +27,7 @@ use uuid::Uuid;
 
 use super::IdempotencyKey;
 use super::store::{self, StoredKey};
+use crate::admission::Admission;
 
 /// The most reads one statement carries.
 const MOST_PER_BATCH: usize = 128;
@@ -38,6 +39,8 @@ type Found = Option<Option<StoredKey>>;
 struct Ask {
     merchant_id: Uuid,
     key: IdempotencyKey,
+    /// When its request stops waiting for the read.
+    deadline: tokio::time::Instant,
     answer: oneshot::Sender<Found>,
 }
 
@@ -59,7 +62,7 @@ struct Lately {
 }
 
 impl Lately {
-    const MEMORY: u32 = 1024;
+    const MEMORY: u32 = 256;
     /// Fewer keys met than this say nothing yet: read.
     const EVIDENCE: u32 = 32;
     /// Read first while at least one key in this many was taken.
@@ -85,12 +88,14 @@ impl Lately {
 }
 
 impl Reads {
-    /// Starts the task that batches reads on `pool`; it ends when the last
-    /// clone of the returned handle is dropped.
-    pub fn start(pool: PgPool) -> Self {
+    /// Starts the task that batches reads on `pool`, taking its connection
+    /// through `admission` as the requests it reads for would; it ends when
+    /// the last clone of the returned handle is dropped.
+    pub fn start(pool: PgPool, admission: Arc<Admission>) -> Self {
         let (asks, queued) = mpsc::unbounded_channel();
         tokio::spawn(
-            batch_reads(pool, queued).instrument(tracing::info_span!("coalesced_key_reads")),
+            batch_reads(pool, admission, queued)
+                .instrument(tracing::info_span!("coalesced_key_reads")),
         );
         Reads {
             asks,
@@ -131,6 +136,7 @@ impl Reads {
         let ask = Ask {
             merchant_id,
             key: key.clone(),
+            deadline,
             answer,
         };
         self.asks.send(ask).ok()?;
@@ -142,14 +148,26 @@ impl Reads {
     }
 }
 
-async fn batch_reads(pool: PgPool, mut queued: mpsc::UnboundedReceiver<Ask>) {
+async fn batch_reads(
+    pool: PgPool,
+    admission: Arc<Admission>,
+    mut queued: mpsc::UnboundedReceiver<Ask>,
+) {
     let mut batch = Vec::new();
     while let Some(first) = queued.recv().await {
+        // Its connection waits in the admission queue, as the requests' own
+        // would: when the pool is overloaded the batch is shed, and its
+        // requests go to their claims, which are shed in turn.
+        let deadline = first.deadline;
         batch.push(first);
-        let mut db = match pool.acquire().await {
+        let mut db = match admission.connection(&pool, deadline).await {
             Ok(db) => db,
-            Err(e) => {
-                fail(std::mem::take(&mut batch), &e);
+            Err(refused) => {
+                // Every read asked meanwhile would wait in vain as well.
+                while let Ok(ask) = queued.try_recv() {
+                    batch.push(ask);
+                }
+                fail(std::mem::take(&mut batch), &refused);
                 continue;
             }
         };
@@ -210,9 +228,9 @@ async fn read_batch(db: &mut PgConnection, batch: Vec<Ask>) -> bool {
 }
 
 /// Tells every ask of `batch` that its read failed.
-fn fail(batch: Vec<Ask>, e: &sqlx::Error) {
+fn fail(batch: Vec<Ask>, e: &dyn std::fmt::Debug) {
     tracing::debug!(
-        error = %e,
+        error = ?e,
         reads = batch.len(),
         "a batch of key reads failed; its requests claim without it"
     );
@@ -237,7 +255,7 @@ mod tests {
             lately.learn(true);
         }
         assert!(lately.worth_reading(), "20 taken of 120: read");
-        for _ in 0..2000 {
+        for _ in 0..1000 {
             lately.learn(false);
         }
         assert!(!lately.worth_reading(), "the storm has faded");
