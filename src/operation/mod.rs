@@ -354,7 +354,7 @@ async fn claim_new<O: Operation>(
         method: "POST",
         path: O::ROUTE,
         fingerprint: request.fingerprint,
-        resource: Some(&resource),
+        resource: Some(resource),
         ttl: state.config.idempotency_key_ttl,
         arrived: request.arrived,
     };
