@@ -5,7 +5,8 @@
 -- database (gateway.sql), reached over HTTP. It is minimum.sql with the one
 -- thing the service adds: the claim's statement also reads the key (the
 -- `existing` CTE), which is how a replay that misses the cache is answered
--- with no second statement. Authentication comes from the in-process cache
+-- with no second statement while retries are rare (while they are common,
+-- the service reads keys first, in batches: src/idempotency/reads.rs). Authentication comes from the in-process cache
 -- (src/cache.rs): no statement. Variables come from scripts/bench (-D).
 \set r random(1, 999999999999999)
 -- (a) Read the key; claim it if free (or completed and expired) and write
