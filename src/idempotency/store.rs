@@ -127,6 +127,29 @@ struct KeyRow {
     remaining_ms: f64,
 }
 
+/// A [`KeyRow`] from the record of a `query!` that selects its columns by
+/// their names (each such record is a type of its own).
+macro_rules! key_row {
+    ($row:ident) => {
+        KeyRow {
+            key: $row.key,
+            status: $row.status,
+            request_method: $row.request_method,
+            request_path: $row.request_path,
+            fingerprint: $row.fingerprint,
+            charge_id: $row.charge_id,
+            refund_id: $row.refund_id,
+            response_status: $row.response_status,
+            response_content_type: $row.response_content_type,
+            response_location: $row.response_location,
+            response_body: $row.response_body,
+            created_at: $row.created_at,
+            expires_at: $row.expires_at,
+            remaining_ms: $row.remaining_ms,
+        }
+    };
+}
+
 impl KeyRow {
     /// The key, with its deadline counted from `sent`: an instant taken
     /// before the statement that read the row was sent.
@@ -610,23 +633,7 @@ pub async fn find_many(
         .map(|row| {
             let at = usize::try_from(row.i - 1)
                 .map_err(|_| sqlx::Error::Decode("unnest ordinality".into()))?;
-            let stored = KeyRow {
-                key: row.key,
-                status: row.status,
-                request_method: row.request_method,
-                request_path: row.request_path,
-                fingerprint: row.fingerprint,
-                charge_id: row.charge_id,
-                refund_id: row.refund_id,
-                response_status: row.response_status,
-                response_content_type: row.response_content_type,
-                response_location: row.response_location,
-                response_body: row.response_body,
-                created_at: row.created_at,
-                expires_at: row.expires_at,
-                remaining_ms: row.remaining_ms,
-            }
-            .into_stored(sent)?;
+            let stored = key_row!(row).into_stored(sent)?;
             Ok((at, stored))
         })
         .collect()
@@ -660,26 +667,8 @@ pub async fn watch(
     )
     .fetch_optional(db)
     .await?;
-    row.map(|row| {
-        let key = KeyRow {
-            key: row.key,
-            status: row.status,
-            request_method: row.request_method,
-            request_path: row.request_path,
-            fingerprint: row.fingerprint,
-            charge_id: row.charge_id,
-            refund_id: row.refund_id,
-            response_status: row.response_status,
-            response_content_type: row.response_content_type,
-            response_location: row.response_location,
-            response_body: row.response_body,
-            created_at: row.created_at,
-            expires_at: row.expires_at,
-            remaining_ms: row.remaining_ms,
-        };
-        Ok((key.into_stored(sent)?, row.stale))
-    })
-    .transpose()
+    row.map(|row| Ok((key_row!(row).into_stored(sent)?, row.stale)))
+        .transpose()
 }
 
 /// A stale key taken on by one sweeper: the record it guards, and the
