@@ -92,6 +92,7 @@ pub fn router(state: AppState) -> Router {
         .then(|| axum::middleware::from_fn_with_state(state.clone(), faults::drop_response));
     let layered = ServiceBuilder::new()
         .option_layer(faults)
+        // One answer type, whether the fault layer is there or not.
         .map_response(IntoResponse::into_response)
         .map_request(observe::sanitize_request_id)
         .layer(SetRequestIdLayer::x_request_id(observe::MakeRequestId))

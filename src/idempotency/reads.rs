@@ -32,16 +32,14 @@ use crate::admission::Admission;
 /// The most reads one statement carries.
 const MOST_PER_BATCH: usize = 128;
 
-/// What one read found, if it was made: `None` when the batch failed.
-type Found = Option<Option<StoredKey>>;
-
 /// One request's read, waiting for its batch.
 struct Ask {
     merchant_id: Uuid,
     key: IdempotencyKey,
     /// When its request stops waiting for the read.
     deadline: tokio::time::Instant,
-    answer: oneshot::Sender<Found>,
+    /// The key found, if any; `None` too when the read failed.
+    answer: oneshot::Sender<Option<StoredKey>>,
 }
 
 /// The process's coalesced reads; cloning shares them.
@@ -124,14 +122,15 @@ impl Reads {
 
     /// The merchant's key as [`store::find`] reads it (a live key, or one
     /// still `processing`), read with whatever other reads are asked for
-    /// meanwhile; `None` if the read could not be made before `deadline`
-    /// or its batch failed: the caller claims without knowing.
+    /// meanwhile; `None` if there is none, and also if the read could not
+    /// be made before `deadline` or its batch failed: either way the caller
+    /// claims the key, and the claim finds a taken key itself.
     pub async fn find(
         &self,
         merchant_id: Uuid,
         key: &IdempotencyKey,
         deadline: tokio::time::Instant,
-    ) -> Option<Option<StoredKey>> {
+    ) -> Option<StoredKey> {
         let (answer, found) = oneshot::channel();
         let ask = Ask {
             merchant_id,
@@ -140,11 +139,7 @@ impl Reads {
             answer,
         };
         self.asks.send(ask).ok()?;
-        tokio::time::timeout_at(deadline, found)
-            .await
-            .ok()?
-            .ok()
-            .flatten()
+        tokio::time::timeout_at(deadline, found).await.ok()?.ok()?
     }
 }
 
@@ -222,7 +217,7 @@ async fn read_batch(db: &mut PgConnection, batch: Vec<Ask>) -> bool {
         }
     }
     for (ask, stored) in batch.into_iter().zip(found) {
-        let _ = ask.answer.send(Some(stored));
+        let _ = ask.answer.send(stored);
     }
     true
 }

@@ -198,24 +198,15 @@ pub async fn begin(
     // read, with no transaction and no row lock. The same read sends a
     // request willing to wait on a key in flight straight to the wait,
     // without a lock either.
-    let found = match read(state, request, key).await {
-        Some(found) => found,
-        None => {
-            let mut db = request.connection(state).await?;
-            keys::find(&mut *db, request.merchant_id, key).await?
-        }
-    };
+    let found = read(state, request, key).await;
     after_read(state, request, route, resource, found).await
 }
 
 /// The request's `key` as [`keys::find`] reads it, read with the other
 /// requests' keys of the moment ([`crate::idempotency::reads`]); `None` when
-/// that read could not be made before the request's deadline.
-pub async fn read(
-    state: &AppState,
-    request: &Request,
-    key: &IdempotencyKey,
-) -> Option<Option<StoredKey>> {
+/// there is none, or when that read could not be made before the request's
+/// deadline (the claim that follows finds a taken key itself).
+pub async fn read(state: &AppState, request: &Request, key: &IdempotencyKey) -> Option<StoredKey> {
     state
         .reads
         .find(request.merchant_id, key, request.deadline(state))

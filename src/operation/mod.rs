@@ -314,12 +314,12 @@ async fn claim_or_answer<O: Operation>(
                 None
             };
             match read {
-                Some(Some(found)) => {
+                Some(found) => {
                     state.reads.learn(true);
                     claim::after_read(state, request, O::ROUTE, Some(&resource), Some(found))
                         .await?
                 }
-                Some(None) | None => claim_new(state, request, operation, key, &resource).await?,
+                None => claim_new(state, request, operation, key, &resource).await?,
             }
         }
     };
@@ -339,7 +339,7 @@ async fn claim_or_answer<O: Operation>(
     }
 }
 
-/// Claims `key`, which a read just found free (or could not read), with the
+/// Claims `key`, which a read just found free (or did not read), with the
 /// record in one statement when the kind has one.
 async fn claim_new<O: Operation>(
     state: &AppState,
