@@ -8,6 +8,14 @@ use std::net::IpAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
+/// How far apart the wall clocks of oncepay's instances and of Postgres may
+/// be. A claim carries its request's deadline by this instance's clock and
+/// Postgres refuses it once its own clock is past it (see
+/// [`crate::idempotency::store::claim`]), so a clock ahead by this much
+/// lets a claim in this much late. NTP keeps clocks within milliseconds;
+/// `IDEMPOTENCY_KEY_TTL` must exceed `REQUEST_TIMEOUT` plus this.
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(1);
+
 /// A configuration error; its message always names the variable at fault.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid {name}={value:?}: {reason}")]
@@ -515,6 +523,22 @@ impl Config {
                 reason: format!(
                     "must be at least twice PROCESSING_TIMEOUT ({})",
                     humantime::format_duration(config.processing_timeout)
+                ),
+            });
+        }
+        // A claim counts only if it reaches the database before its
+        // request's deadline, by clocks that agree within MAX_CLOCK_SKEW; a
+        // retry's answer must outlive that, or a claim made in time could
+        // find it expired and take the key over.
+        if config.idempotency_key_ttl <= config.request_timeout + MAX_CLOCK_SKEW {
+            return Err(ConfigError {
+                name: "IDEMPOTENCY_KEY_TTL".into(),
+                value: humantime::format_duration(config.idempotency_key_ttl).to_string(),
+                reason: format!(
+                    "must be longer than REQUEST_TIMEOUT ({}) plus the clock skew allowed \
+                     between oncepay and Postgres ({})",
+                    humantime::format_duration(config.request_timeout),
+                    humantime::format_duration(MAX_CLOCK_SKEW)
                 ),
             });
         }
@@ -1236,6 +1260,24 @@ mod tests {
             .to_string();
         assert!(err.contains("IDEMPOTENCY_KEY_TTL"), "{err}");
         assert!(config(&[("IDEMPOTENCY_KEY_TTL", "1m"), ("PROCESSING_TIMEOUT", "30s")]).is_ok());
+    }
+
+    #[test]
+    fn a_key_ttl_within_the_request_timeout_plus_the_clock_skew_is_refused() {
+        let short = [
+            ("IDEMPOTENCY_KEY_TTL", "1200ms"),
+            ("PROCESSING_TIMEOUT", "600ms"),
+            ("REQUEST_TIMEOUT", "300ms"),
+        ];
+        let err = config(&short).unwrap_err().to_string();
+        assert!(err.contains("IDEMPOTENCY_KEY_TTL"), "{err}");
+        assert!(err.contains("REQUEST_TIMEOUT"), "{err}");
+        let long = [
+            ("IDEMPOTENCY_KEY_TTL", "1400ms"),
+            ("PROCESSING_TIMEOUT", "600ms"),
+            ("REQUEST_TIMEOUT", "300ms"),
+        ];
+        assert!(config(&long).is_ok());
     }
 
     #[test]

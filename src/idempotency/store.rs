@@ -212,16 +212,33 @@ pub struct Claim<'a> {
     /// When the claiming request arrived: an expired answer is taken over
     /// only if it was saved before then (see [`claim`]).
     pub arrived: Instant,
+    /// When the claiming request is answered `503 request_timeout` at the
+    /// latest: past it, its client may have retried, so the claim must not
+    /// take effect (see [`claim`]).
+    pub deadline: Instant,
 }
 
 impl Claim<'_> {
     /// How long ago the request arrived, in milliseconds, taken just before
     /// the claim's statement is sent. The statement subtracts it from
     /// `statement_timestamp()` (when the database received the statement),
-    /// so the rule compares two readings of the database's clock and no
-    /// instance's wall clock plays a part.
+    /// so the rule compares two readings of the database's clock. A
+    /// statement delayed on the wire makes the request look younger by the
+    /// delay, which the deadline bounds.
     fn age_ms(&self) -> f64 {
         self.arrived.elapsed().as_secs_f64() * 1000.0
+    }
+
+    /// The request's deadline on this instance's wall clock, read just
+    /// before the statement is sent. The statement compares it with
+    /// `statement_timestamp()`, the moment the database received it, so a
+    /// statement held on the wire however long is refused once it arrives
+    /// late. Clocks agree within [`crate::config::MAX_CLOCK_SKEW`]; the
+    /// configuration keeps a key's lifetime longer than the deadline plus
+    /// that bound, so no answer can expire before a claim made in time.
+    fn deadline_at(&self) -> DateTime<Utc> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        Utc::now() + chrono::TimeDelta::from_std(left).unwrap_or(chrono::TimeDelta::MAX)
     }
 }
 
@@ -235,6 +252,9 @@ pub enum ClaimOutcome {
     },
     /// Someone else holds, or held, the key; here is its row.
     Taken(Box<StoredKey>),
+    /// The statement reached the database after the request's deadline:
+    /// nothing was claimed.
+    TooLate,
 }
 
 /// Claims a key in one statement: insert it, or take over a completed row
@@ -244,16 +264,23 @@ pub enum ClaimOutcome {
 /// at work, so it is settled first (sweeper or stale retry). An answer saved
 /// after the request arrived may be the answer to this very operation, made
 /// by a retry of it while this request waited: it is replayed, never
-/// replaced. When no claim happens, the conflicting row is locked by the
-/// statement and read in the same transaction, so the answer is built from
-/// a committed, current row.
+/// replaced.
+///
+/// And the claim takes effect only if the statement reaches the database
+/// before the request's deadline. A request answered `503` may have been
+/// retried, and the retry's answer may expire (or be swept) while this
+/// statement is still on the wire; arriving in time, it cannot find that
+/// answer expired, because keys outlive the deadline. When no claim
+/// happens, the conflicting row is locked by the statement and read in the
+/// same transaction, so the answer is built from a committed, current row.
 pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<ClaimOutcome> {
     let claimed = sqlx::query_scalar!(
         r#"INSERT INTO idempotency_keys
              (merchant_id, key, status, request_method, request_path, fingerprint, charge_id,
               refund_id, created_at, locked_at, expires_at)
-         VALUES ($1, $2, 'processing', $3, $4, $5, $6, $8,
-                 now(), now(), now() + $7::float8 * interval '1 millisecond')
+         SELECT $1, $2, 'processing', $3, $4, $5, $6, $8,
+                now(), now(), now() + $7::float8 * interval '1 millisecond'
+          WHERE statement_timestamp() < $9
          ON CONFLICT (merchant_id, key) DO UPDATE SET
              status = 'processing',
              request_method = EXCLUDED.request_method,
@@ -272,7 +299,7 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
          WHERE idempotency_keys.expires_at <= now()
            AND idempotency_keys.status = 'completed'
            AND idempotency_keys.completed_at
-               < statement_timestamp() - $9::float8 * interval '1 millisecond'
+               < statement_timestamp() - $10::float8 * interval '1 millisecond'
          RETURNING xmax <> 0 AS "took_over!""#,
         claim.merchant_id,
         claim.key.as_str(),
@@ -282,6 +309,7 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
         claim.resource.and_then(Resource::charge_id),
         claim.ttl.as_millis() as f64,
         claim.resource.and_then(Resource::refund_id),
+        claim.deadline_at(),
         claim.age_ms(),
     )
     .fetch_optional(&mut *tx)
@@ -289,21 +317,28 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     if let Some(took_over) = claimed {
         return Ok(ClaimOutcome::Claimed { took_over });
     }
+    // No row means no conflict, so the insert itself was refused: too late.
     let sent = Instant::now();
-    let row = sqlx::query_as!(
-        KeyRow,
-        r#"SELECT key, status AS "status: _", request_method, request_path, fingerprint,
-                  charge_id, refund_id, response_status, response_content_type,
+    let row = sqlx::query!(
+        r#"SELECT key, status AS "status: KeyStatus", request_method, request_path,
+                  fingerprint, charge_id, refund_id, response_status, response_content_type,
                   response_location, response_body, created_at, expires_at,
                   (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8
-                      AS "remaining_ms!"
+                      AS "remaining_ms!",
+                  statement_timestamp() < $3 AS "in_time!"
              FROM idempotency_keys WHERE merchant_id = $1 AND key = $2"#,
         claim.merchant_id,
         claim.key.as_str(),
+        claim.deadline_at(),
     )
-    .fetch_one(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await?;
-    Ok(ClaimOutcome::Taken(Box::new(row.into_stored(sent)?)))
+    match row {
+        Some(row) if row.in_time => Ok(ClaimOutcome::Taken(Box::new(
+            key_row!(row).into_stored(sent)?,
+        ))),
+        _ => Ok(ClaimOutcome::TooLate),
+    }
 }
 
 /// The pending charge a claim writes with it, as its columns.
@@ -331,11 +366,15 @@ pub enum FirstClaim {
     /// lock taken), or `None` when a request with the same key committed its
     /// claim while this one ran. The caller goes on as after a plain read.
     Taken(Option<Box<StoredKey>>),
+    /// The statement reached the database after the request's deadline:
+    /// nothing was claimed or written.
+    TooLate,
 }
 
 /// Steps 2 of a new charge in one statement, its own transaction: reads the
 /// key; if there is none, or only a completed one past its expiry, claims
-/// it (the same `INSERT ... ON CONFLICT` as [`claim`]) and writes the
+/// it (the same `INSERT ... ON CONFLICT` as [`claim`], in time as there)
+/// and writes the
 /// pending charge from the claim's `RETURNING`, so the charge exists exactly
 /// when the claim does. A live or `processing` key is only read, without a
 /// lock, as the fast path of a replay reads it.
@@ -359,10 +398,11 @@ pub async fn claim_with_charge(
                        charge_id, created_at, locked_at, expires_at)
                SELECT $1, $2, 'processing', $3, $4, $5, $6,
                       now(), now(), now() + $7::float8 * interval '1 millisecond'
-                WHERE NOT EXISTS (SELECT 1 FROM existing
+                WHERE statement_timestamp() < $13
+                  AND NOT EXISTS (SELECT 1 FROM existing
                                    WHERE status = 'processing' OR expires_at > now()
                                       OR completed_at >= statement_timestamp()
-                                                         - $13::float8 * interval '1 millisecond')
+                                                         - $14::float8 * interval '1 millisecond')
                ON CONFLICT (merchant_id, key) DO UPDATE SET
                    status = 'processing',
                    request_method = EXCLUDED.request_method,
@@ -381,14 +421,15 @@ pub async fn claim_with_charge(
                WHERE idempotency_keys.expires_at <= now()
                  AND idempotency_keys.status = 'completed'
                  AND idempotency_keys.completed_at
-                     < statement_timestamp() - $13::float8 * interval '1 millisecond'
+                     < statement_timestamp() - $14::float8 * interval '1 millisecond'
                RETURNING xmax <> 0 AS took_over),
            charge AS (
                INSERT INTO charges (id, merchant_id, amount, currency, source, description,
                                     metadata, status)
                SELECT $6, $1, $8, $9, $10, $11, $12::text::jsonb, 'pending' FROM claimed
                RETURNING created_at)
-           SELECT (SELECT took_over FROM claimed) AS took_over,
+           SELECT statement_timestamp() < $13 AS "in_time!",
+                  (SELECT took_over FROM claimed) AS took_over,
                   (SELECT created_at FROM charge) AS charge_created_at,
                   e.key AS "key?", e.status AS "status?: KeyStatus",
                   e.request_method AS "request_method?", e.request_path AS "request_path?",
@@ -409,10 +450,14 @@ pub async fn claim_with_charge(
         charge.source,
         charge.description,
         charge.metadata,
+        claim.deadline_at(),
         claim.age_ms(),
     )
     .fetch_one(db)
     .await?;
+    if !row.in_time {
+        return Ok(FirstClaim::TooLate);
+    }
     if let (Some(took_over), Some(created_at)) = (row.took_over, row.charge_created_at) {
         return Ok(FirstClaim::Claimed {
             took_over,

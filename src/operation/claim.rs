@@ -54,7 +54,7 @@ pub struct Request {
 
 impl Request {
     /// When `REQUEST_TIMEOUT` answers the request at the latest.
-    fn deadline(&self, state: &AppState) -> Instant {
+    pub fn deadline(&self, state: &AppState) -> Instant {
         Instant::from_std(self.arrived) + state.config.request_timeout
     }
 
@@ -67,14 +67,21 @@ impl Request {
     /// already in hand, with nothing left to wait for before it is sent.
     fn still_awaited(&self, state: &AppState) -> Result<(), Error> {
         if self.client_gone.is_cancelled() || Instant::now() >= self.deadline(state) {
-            tracing::info!(
-                waited_ms = self.arrived.elapsed().as_millis() as u64,
-                "the request was answered before its work could begin; nothing claimed"
-            );
-            metrics::idempotency("answered_before_claim");
-            return Err(too_late());
+            return Err(self.answered_before_claim());
         }
         Ok(())
+    }
+
+    /// The error of a request answered before its claim could take effect:
+    /// checked before the claim is sent ([`Request::still_awaited`]), and by
+    /// the database when the claim arrives ([`ClaimOutcome::TooLate`]).
+    pub fn answered_before_claim(&self) -> Error {
+        tracing::info!(
+            waited_ms = self.arrived.elapsed().as_millis() as u64,
+            "the request was answered before its work could begin; nothing claimed"
+        );
+        metrics::idempotency("answered_before_claim");
+        too_late()
     }
 
     /// A pooled connection to begin the request's work on (to read or
@@ -280,6 +287,7 @@ pub async fn after_read(
                     resource,
                     ttl: state.config.idempotency_key_ttl,
                     arrived: request.arrived,
+                    deadline: request.deadline(state).into_std(),
                 };
                 let claimed = keys::claim(&mut tx, claim).await?;
                 known_at = Instant::now();
@@ -293,6 +301,7 @@ pub async fn after_read(
                         return Ok(Begun::Claimed(tx));
                     }
                     ClaimOutcome::Taken(stored) => *stored,
+                    ClaimOutcome::TooLate => return Err(request.answered_before_claim()),
                 };
                 tx.rollback().await?;
                 if stored.status == KeyStatus::Completed {

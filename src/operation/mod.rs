@@ -357,6 +357,7 @@ async fn claim_new<O: Operation>(
         resource: Some(resource),
         ttl: state.config.idempotency_key_ttl,
         arrived: request.arrived,
+        deadline: request.deadline(state).into_std(),
     };
     let claimed = operation.claim_with_record(state, request, &first).await?;
     if let Some(first) = &claimed {
@@ -372,6 +373,7 @@ async fn claim_new<O: Operation>(
             });
             Begun::Written
         }
+        Some(FirstClaim::TooLate) => return Err(request.answered_before_claim()),
         Some(FirstClaim::Taken(found)) => {
             let found = found.map(|stored| *stored);
             claim::after_read(state, request, O::ROUTE, Some(resource), found).await?

@@ -9,6 +9,7 @@ mod bad_input;
 mod cli;
 mod concurrency;
 mod connections;
+mod deadlines;
 mod demo;
 mod docs;
 mod event_polling;

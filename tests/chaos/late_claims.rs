@@ -17,6 +17,7 @@ use crate::database::TestDb as Database;
 use crate::harness::{
     Server, charge_body, client, eventually, post, processor_pool, refund_body, send, setting,
 };
+use crate::proxy::HoldingProxy;
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -286,4 +287,92 @@ async fn a_refund_answered_503_never_claims_its_key_after_the_retry_s_answer_exp
     .await
     .unwrap();
     assert_eq!(processor_refunds, 1, "one refund at the processor");
+}
+
+/// A charge whose claim statement is held on the wire, after it was sent,
+/// until the retry's answer has expired: the statement reaches Postgres
+/// long after its request's deadline, and must not take the key over (or
+/// claim it anew once a sweeper deleted it) to charge a second time.
+/// Instance A reaches Postgres through a proxy of the test's that holds
+/// the bytes, as a cut link holds them in TCP retransmission; B directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_held_on_the_wire_past_the_retry_s_expiry_never_charges_twice() {
+    let db = Database::create_empty().await;
+    let b = Server::start(&db.url, &settings()).await;
+    let proxy = HoldingProxy::to_database(&db.url).await;
+    let mut a_settings = settings();
+    let gateway = b.processor.as_ref().expect("B's card gateway").url();
+    a_settings.push(("PROCESSOR_URL", gateway));
+    let a = Server::start(&proxy.url(&db.url), &a_settings).await;
+    let pool = db.pool().await;
+    let http = client(Duration::from_secs(15));
+    // New keys only, until A claims a new charge in one statement, without
+    // reading its key first (the read has a connection of its own, and a
+    // held read would keep the claim from being sent at all).
+    for n in 0..40 {
+        let op = format!("warm-{n}");
+        let (status, _, charge) = send(
+            &http,
+            &a.url(),
+            &op,
+            &charge_body(&op, 100, "tok_visa"),
+            &[],
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 201, "{charge}");
+    }
+
+    proxy.hold();
+    let key = "held-claim";
+    let body = charge_body(key, 2000, "tok_visa");
+    let (status, _, problem) = send(&http, &a.url(), key, &body, &[]).await.unwrap();
+    assert_eq!(status, 503, "A cannot reach Postgres: {problem}");
+    assert_eq!(problem["code"], "request_timeout", "{problem}");
+    let (status, _, first) = send(&http, &b.url(), key, &body, &[]).await.unwrap();
+    assert_eq!(status, 201, "the retry on B charges: {first}");
+    eventually(
+        Instant::now() + TTL * 3,
+        "the retry's answer is older than the keys' lifetime",
+        || async {
+            let live: Option<bool> = sqlx::query_scalar(
+                "SELECT expires_at > now() FROM idempotency_keys WHERE key = $1",
+            )
+            .bind(key)
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            (live != Some(true)).then_some(())
+        },
+    )
+    .await;
+    proxy.release();
+    let count = "SELECT count(*) FROM charges WHERE metadata->>'op' = $1";
+    eventually(
+        Instant::now() + Duration::from_secs(20),
+        "A's held claim was refused, or charged again",
+        || async {
+            let records: i64 = sqlx::query_scalar(count)
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            (records > 1 || a.log_text().contains(GAVE_UP)).then_some(())
+        },
+    )
+    .await;
+
+    let charges: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM charges WHERE metadata->>'op' = $1")
+            .bind(key)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(charges, [first["id"].as_str().unwrap()], "one charge only");
+    let payments: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM operations WHERE kind = 'authorization'")
+            .fetch_one(&processor_pool(&pool).await)
+            .await
+            .unwrap();
+    assert_eq!(payments, 41, "the warm-up's 40 and this one's, no more");
 }

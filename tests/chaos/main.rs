@@ -29,6 +29,7 @@ mod gateway;
 mod harness;
 mod late_claims;
 mod pairing;
+mod proxy;
 mod refunds;
 mod waits;
 mod webhooks;
