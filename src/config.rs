@@ -1197,6 +1197,33 @@ mod tests {
     }
 
     #[test]
+    fn a_statement_timeout_shorter_than_the_check_interval_plus_its_timeout_is_refused() {
+        // The defaults: a 1 s interval plus a 2 s check, within 5 s.
+        assert_eq!(
+            config(&[]).unwrap().database_statement_timeout,
+            Duration::from_secs(5)
+        );
+        let err = config(&[("DATABASE_STATEMENT_TIMEOUT", "2900ms")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("DATABASE_STATEMENT_TIMEOUT")
+                && err.contains("DATABASE_PRIMARY_CHECK_INTERVAL (1s)")
+                && err.contains("2s"),
+            "{err}"
+        );
+        // The check's timeout is DATABASE_ACQUIRE_TIMEOUT below 2 s.
+        let short = config(&[
+            ("DATABASE_STATEMENT_TIMEOUT", "1500ms"),
+            ("DATABASE_PRIMARY_CHECK_INTERVAL", "200ms"),
+            ("DATABASE_ACQUIRE_TIMEOUT", "1s"),
+        ]);
+        assert!(short.is_ok(), "{:?}", short.err().map(|e| e.to_string()));
+        assert!(config(&[("DATABASE_STATEMENT_TIMEOUT", "3s")]).is_ok());
+        assert!(config(&[("DATABASE_STATEMENT_TIMEOUT", "0s")]).is_err());
+    }
+
+    #[test]
     fn a_keep_alive_longer_than_the_header_read_timeout_is_refused() {
         let err = config(&[
             ("HTTP_HEADER_READ_TIMEOUT", "2s"),
