@@ -92,6 +92,10 @@ pub struct Settings {
     /// The same wait once the queue has not been empty for DATABASE_QUEUE_TIMEOUT (overload); at most DATABASE_QUEUE_TIMEOUT.
     #[arg(long, help_heading = "Database", env = "DATABASE_QUEUE_OVERLOAD_TIMEOUT", default_value = "5ms", value_parser = positive_duration, global = true)]
     database_queue_overload_timeout: Duration,
+    // The bound on a statement's wait, live server or silent host.
+    /// The longest a database statement may go unanswered: the server cancels it then (statement_timeout), and every connection to a host silent that long is cut. At least DATABASE_PRIMARY_CHECK_INTERVAL plus the check's timeout (DATABASE_ACQUIRE_TIMEOUT, at most 2s).
+    #[arg(long, help_heading = "Database", env = "DATABASE_STATEMENT_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
+    database_statement_timeout: Duration,
     /// How long a key's saved answer is remembered; at least twice PROCESSING_TIMEOUT.
     #[arg(long, help_heading = "Idempotency", env = "IDEMPOTENCY_KEY_TTL", default_value = "24h", value_parser = positive_duration, global = true)]
     idempotency_key_ttl: Duration,
@@ -195,6 +199,9 @@ pub struct Config {
     pub database_queue_timeout: Duration,
     /// The same, once the queue has stood for `database_queue_timeout`.
     pub database_queue_overload_timeout: Duration,
+    /// The longest a statement may go unanswered, on a live server or a
+    /// silent host (see [`crate::postgres::liveness`]).
+    pub database_statement_timeout: Duration,
     pub bind_addr: IpAddr,
     pub port: u16,
     /// The demo merchant's secret key, created at start when set.
@@ -350,6 +357,7 @@ impl Config {
             database_primary_check_interval,
             database_queue_timeout,
             database_queue_overload_timeout,
+            database_statement_timeout,
             bind_addr,
             port,
             demo_api_key,
@@ -403,6 +411,7 @@ impl Config {
             database_primary_check_interval,
             database_queue_timeout,
             database_queue_overload_timeout,
+            database_statement_timeout,
             bind_addr,
             port,
             demo_api_key,
@@ -566,6 +575,7 @@ impl Config {
                 ),
             });
         }
+        check_statement_timeout(&config)?;
         Ok(config)
     }
 
@@ -573,6 +583,27 @@ impl Config {
     pub fn redacted_database_url(&self) -> String {
         redact_url(&self.database_url)
     }
+}
+
+/// A silent host's connections are cut within a check interval and a
+/// check's timeout ([`crate::postgres::Settings::silence_bound`]): no
+/// statement may be given less, or a wait on a silent host would outlast it.
+fn check_statement_timeout(config: &Config) -> Result<(), ConfigError> {
+    let pool = crate::db::settings(config);
+    if pool.statement_timeout < pool.silence_bound() {
+        return Err(ConfigError {
+            name: "DATABASE_STATEMENT_TIMEOUT".into(),
+            value: humantime::format_duration(pool.statement_timeout).to_string(),
+            reason: format!(
+                "must be at least DATABASE_PRIMARY_CHECK_INTERVAL ({}) plus the check's timeout \
+                 (DATABASE_ACQUIRE_TIMEOUT, at most 2s: {}), within which the connections to a \
+                 silent database host are cut",
+                humantime::format_duration(pool.check_interval),
+                humantime::format_duration(pool.connect_timeout())
+            ),
+        });
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for Config {
@@ -589,6 +620,10 @@ impl std::fmt::Debug for Config {
             .field(
                 "database_queue_overload_timeout",
                 &self.database_queue_overload_timeout,
+            )
+            .field(
+                "database_statement_timeout",
+                &self.database_statement_timeout,
             )
             .field("bind_addr", &self.bind_addr)
             .field("port", &self.port)
@@ -1183,6 +1218,33 @@ mod tests {
         .unwrap();
         assert!(off.database_queue_overload_timeout > off.request_timeout);
         assert!(config(&[("DATABASE_QUEUE_TIMEOUT", "0s")]).is_err());
+    }
+
+    #[test]
+    fn a_statement_timeout_shorter_than_the_check_interval_plus_its_timeout_is_refused() {
+        // The defaults: a 1 s interval plus a 2 s check, within 5 s.
+        assert_eq!(
+            config(&[]).unwrap().database_statement_timeout,
+            Duration::from_secs(5)
+        );
+        let err = config(&[("DATABASE_STATEMENT_TIMEOUT", "2900ms")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("DATABASE_STATEMENT_TIMEOUT")
+                && err.contains("DATABASE_PRIMARY_CHECK_INTERVAL (1s)")
+                && err.contains("2s"),
+            "{err}"
+        );
+        // The check's timeout is DATABASE_ACQUIRE_TIMEOUT below 2 s.
+        let short = config(&[
+            ("DATABASE_STATEMENT_TIMEOUT", "1500ms"),
+            ("DATABASE_PRIMARY_CHECK_INTERVAL", "200ms"),
+            ("DATABASE_ACQUIRE_TIMEOUT", "1s"),
+        ]);
+        assert!(short.is_ok(), "{:?}", short.err().map(|e| e.to_string()));
+        assert!(config(&[("DATABASE_STATEMENT_TIMEOUT", "3s")]).is_ok());
+        assert!(config(&[("DATABASE_STATEMENT_TIMEOUT", "0s")]).is_err());
     }
 
     #[test]

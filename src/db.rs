@@ -53,13 +53,16 @@ pub fn settings(config: &Config) -> postgres::Settings {
         max_connections: config.database_max_connections,
         acquire_timeout: config.database_acquire_timeout,
         check_interval: config.database_primary_check_interval,
+        statement_timeout: config.database_statement_timeout,
     }
 }
 
 /// Applies pending migrations; safe from several processes at once (sqlx
 /// takes an advisory lock).
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
-    MIGRATOR.run(pool).await.context("applying migrations")
+    postgres::migrate(pool, &MIGRATOR)
+        .await
+        .context("applying migrations")
 }
 
 /// Waits, at most `DATABASE_ACQUIRE_TIMEOUT`, until the database takes a

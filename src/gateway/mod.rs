@@ -61,6 +61,7 @@ impl Gateway {
             max_connections: config.database_max_connections,
             acquire_timeout: DATABASE_ACQUIRE_TIMEOUT,
             check_interval: DATABASE_PRIMARY_CHECK_INTERVAL,
+            statement_timeout: DATABASE_STATEMENT_TIMEOUT,
         };
         // No ping before every checkout, as in oncepay's pool: one round
         // trip per call saved (measured by scripts/bench). A connection the
@@ -88,8 +89,7 @@ impl Gateway {
 
     /// [`Gateway::build`] on a pool of the caller's.
     pub async fn build_with_pool(config: Config, pool: PgPool) -> anyhow::Result<Self> {
-        MIGRATOR
-            .run(&pool)
+        postgres::migrate(&pool, &MIGRATOR)
             .await
             .context("applying the processor's migrations")?;
         if config.fault_injection {
@@ -149,6 +149,12 @@ const DATABASE_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_
 /// With several hosts in `PROCESSOR_DATABASE_URL`, how often the host in
 /// use is asked whether it is still the primary (as oncepay's default).
 const DATABASE_PRIMARY_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The longest a ledger statement may go unanswered, as oncepay's default:
+/// cancelled by a live server, cut on a silent host (see
+/// [`crate::postgres::liveness`]); at least the check interval plus the
+/// check's timeout (2 s here).
+const DATABASE_STATEMENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Creates the database `url` names, unless it exists (several processes
 /// may race: a duplicate creation is fine). With several hosts, on the

@@ -15,6 +15,13 @@
 //! read that found nothing is the same atomic `INSERT ... ON CONFLICT` as
 //! ever, and a batch that fails (or a request that cannot wait for it)
 //! only sends the request to that claim without the read's answer.
+//!
+//! The queue of reads waiting for a batch is bounded ([`MOST_QUEUED`]): a
+//! database that answers more slowly than reads arrive (or not at all, until
+//! its connections are cut, see [`crate::postgres::liveness`]) would
+//! otherwise have requests pile up behind it without end. A read asked of a
+//! full queue is refused at once ([`Shed`]), and its request answered
+//! `503 overloaded` before it has begun anything.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -32,6 +39,13 @@ use crate::admission::Admission;
 /// The most reads one statement carries.
 const MOST_PER_BATCH: usize = 128;
 
+/// The most reads waiting for a batch: eight full batches.
+pub const MOST_QUEUED: usize = 8 * MOST_PER_BATCH;
+
+/// A read refused because [`MOST_QUEUED`] reads already wait.
+#[derive(Debug)]
+pub struct Shed;
+
 /// One request's read, waiting for its batch.
 struct Ask {
     merchant_id: Uuid,
@@ -45,7 +59,7 @@ struct Ask {
 /// The process's coalesced reads; cloning shares them.
 #[derive(Clone)]
 pub struct Reads {
-    asks: mpsc::UnboundedSender<Ask>,
+    asks: mpsc::Sender<Ask>,
     lately: Arc<Lately>,
 }
 
@@ -90,7 +104,7 @@ impl Reads {
     /// through `admission` as the requests it reads for would; it ends when
     /// the last clone of the returned handle is dropped.
     pub fn start(pool: PgPool, admission: Arc<Admission>) -> Self {
-        let (asks, queued) = mpsc::unbounded_channel();
+        let (asks, queued) = mpsc::channel(MOST_QUEUED);
         tokio::spawn(
             batch_reads(pool, admission, queued)
                 .instrument(tracing::info_span!("coalesced_key_reads")),
@@ -124,13 +138,14 @@ impl Reads {
     /// still `processing`), read with whatever other reads are asked for
     /// meanwhile; `None` if there is none, and also if the read could not
     /// be made before `deadline` or its batch failed: either way the caller
-    /// claims the key, and the claim finds a taken key itself.
+    /// claims the key, and the claim finds a taken key itself. [`Shed`] at
+    /// once when the queue is full.
     pub async fn find(
         &self,
         merchant_id: Uuid,
         key: &IdempotencyKey,
         deadline: tokio::time::Instant,
-    ) -> Option<StoredKey> {
+    ) -> Result<Option<StoredKey>, Shed> {
         let (answer, found) = oneshot::channel();
         let ask = Ask {
             merchant_id,
@@ -138,16 +153,20 @@ impl Reads {
             deadline,
             answer,
         };
-        self.asks.send(ask).ok()?;
-        tokio::time::timeout_at(deadline, found).await.ok()?.ok()?
+        match self.asks.try_send(ask) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => return Err(Shed),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Ok(None),
+        }
+        Ok(tokio::time::timeout_at(deadline, found)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten())
     }
 }
 
-async fn batch_reads(
-    pool: PgPool,
-    admission: Arc<Admission>,
-    mut queued: mpsc::UnboundedReceiver<Ask>,
-) {
+async fn batch_reads(pool: PgPool, admission: Arc<Admission>, mut queued: mpsc::Receiver<Ask>) {
     let mut batch = Vec::new();
     while let Some(first) = queued.recv().await {
         // Its connection waits in the admission queue, as the requests' own

@@ -16,6 +16,7 @@ use crate::admission::Refused;
 use crate::app::AppState;
 use crate::cache::CachedAnswer;
 use crate::error::{Error, overloaded};
+use crate::idempotency::reads::Shed;
 use crate::idempotency::wait::News;
 use crate::idempotency::{
     Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
@@ -205,19 +206,29 @@ pub async fn begin(
     // read, with no transaction and no row lock. The same read sends a
     // request willing to wait on a key in flight straight to the wait,
     // without a lock either.
-    let found = read(state, request, key).await;
+    let found = read(state, request, key).await?;
     after_read(state, request, route, resource, found).await
 }
 
 /// The request's `key` as [`keys::find`] reads it, read with the other
 /// requests' keys of the moment ([`crate::idempotency::reads`]); `None` when
 /// there is none, or when that read could not be made before the request's
-/// deadline (the claim that follows finds a taken key itself).
-pub async fn read(state: &AppState, request: &Request, key: &IdempotencyKey) -> Option<StoredKey> {
-    state
-        .reads
-        .find(request.merchant_id, key, request.deadline(state))
-        .await
+/// deadline (the claim that follows finds a taken key itself). `503
+/// overloaded` when the reads' queue is full: nothing was begun.
+pub async fn read(
+    state: &AppState,
+    request: &Request,
+    key: &IdempotencyKey,
+) -> Result<Option<StoredKey>, Error> {
+    let deadline = request.deadline(state);
+    match state.reads.find(request.merchant_id, key, deadline).await {
+        Ok(found) => Ok(found),
+        Err(Shed) => {
+            tracing::debug!("the queue of key reads is full; shed before any work");
+            metrics::shed(request.route);
+            Err(overloaded().into())
+        }
+    }
 }
 
 /// The answer a request's key has in this process's cache, if any: a

@@ -309,7 +309,7 @@ async fn claim_or_answer<O: Operation>(
         // key itself (see `crate::idempotency::reads`).
         (None, Some(key)) => {
             let read = if state.reads.worth_reading() {
-                claim::read(state, request, key).await
+                claim::read(state, request, key).await?
             } else {
                 None
             };

@@ -9,7 +9,8 @@
 //! `before_acquire` hook then drops every idle connection opened before the
 //! re-target (by its age: no round trip), and its `after_connect` hook
 //! refuses a new connection to a read-only server, so a write never runs on
-//! a standby.
+//! a standby. A host that does not answer the check in time is silent:
+//! every connection to it is cut first ([`super::liveness`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +20,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, PgPool};
 use tokio::sync::{Notify, watch};
 
+use super::liveness;
 use super::url::{Host, Target};
 
 /// The shortest time between two checks, however often the task is woken:
@@ -117,16 +119,24 @@ impl Primary {
             }
             let last_check = Instant::now();
             let still_serves = match checking.as_mut() {
-                Some((_, conn)) => {
-                    tokio::time::timeout(shared.connect_timeout, serves(conn, shared.target))
+                Some((at, conn)) => {
+                    match tokio::time::timeout(shared.connect_timeout, serves(conn, shared.target))
                         .await
-                        .is_ok_and(|r| r.is_ok_and(|serves| serves))
+                    {
+                        Ok(answer) => answer.is_ok_and(|serves| serves),
+                        // Silent, not gone: nothing would end the waits
+                        // on it (see `liveness`).
+                        Err(_) => {
+                            liveness::sever(&shared.hosts[*at], &shared.name).await;
+                            false
+                        }
+                    }
                 }
                 None => false,
             };
             if !still_serves {
                 let lost = checking.take().map(|(i, _)| i);
-                match self.scan().await {
+                match self.scan(targeted).await {
                     Some((found, conn)) => {
                         let was_known = shared.current.borrow().is_some();
                         if found != targeted || !was_known {
@@ -185,8 +195,9 @@ impl Primary {
     }
 
     /// Tries every host in order; the first that serves, with the
-    /// connection that asked it.
-    async fn scan(&self) -> Option<(usize, PgConnection)> {
+    /// connection that asked it. The pool's connections to `targeted` are
+    /// cut if it does not answer in time.
+    async fn scan(&self, targeted: usize) -> Option<(usize, PgConnection)> {
         let shared = &self.0;
         for (i, host) in shared.hosts.iter().enumerate() {
             match tokio::time::timeout(
@@ -204,6 +215,9 @@ impl Primary {
                 }
                 Err(_) => {
                     tracing::debug!(pool = %shared.name, host = %host.label, "host timed out");
+                    if i == targeted {
+                        liveness::sever(host, &shared.name).await;
+                    }
                 }
             }
         }

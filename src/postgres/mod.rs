@@ -8,14 +8,19 @@
 //! server is also refused). A URL with several hosts gives a pool that
 //! starts on the first and a [`Primary`] that moves it to the host that
 //! serves (see [`follow`]).
+//!
+//! Either way no statement waits longer than the pool's statement timeout:
+//! a live server cancels it, and every connection to a host that went
+//! silent is cut (see [`liveness`]).
 
 pub mod follow;
+pub mod liveness;
 pub mod url;
 
 use std::time::Duration;
 
-use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgPool};
 
 pub use follow::Primary;
 pub use url::{Host, PgUrl, Target, UrlError, redact};
@@ -28,8 +33,14 @@ pub struct Settings {
     pub name: &'static str,
     pub max_connections: u32,
     pub acquire_timeout: Duration,
-    /// How often the host in use is asked whether it still serves.
+    /// How often the host in use is asked whether it still serves (and,
+    /// with one host, whether it still answers).
     pub check_interval: Duration,
+    /// The longest a statement may go unanswered: the server's
+    /// `statement_timeout`, and at least `check_interval` plus
+    /// [`Settings::connect_timeout`], within which a silent host's
+    /// connections are cut.
+    pub statement_timeout: Duration,
 }
 
 impl Settings {
@@ -39,17 +50,35 @@ impl Settings {
     pub fn connect_timeout(&self) -> Duration {
         self.acquire_timeout.min(Duration::from_secs(2))
     }
+
+    /// How long after a host goes silent every connection to it is cut, at
+    /// the latest: a check interval, then a check that times out.
+    pub fn silence_bound(&self) -> Duration {
+        self.check_interval + self.connect_timeout()
+    }
 }
 
 /// A pool on `url`, made lazily (nothing is connected yet), without a ping
 /// before each checkout; and, when `url` names several hosts, the
 /// [`Primary`] that follows the host that serves, already at work in a task
-/// of its own (so call this inside a Tokio runtime). The task ends once the
-/// pool is closed.
+/// of its own (so call this inside a Tokio runtime); with one host, the
+/// [`liveness::watch`] on it instead. The task ends once the pool is closed.
 pub fn pool(url: &PgUrl, settings: &Settings) -> (PgPool, Option<Primary>) {
     let url = url.clone().with_default_application_name(settings.name);
     let target = url.target();
-    let hosts = url.hosts().to_vec();
+    // Sent with the startup message: no round trip.
+    let statement_timeout = settings.statement_timeout.as_millis().to_string();
+    let hosts: Vec<Host> = url
+        .hosts()
+        .iter()
+        .map(|host| Host {
+            label: host.label.clone(),
+            options: host
+                .options
+                .clone()
+                .options([("statement_timeout", &statement_timeout)]),
+        })
+        .collect();
     let primary = url.is_multi_host().then(|| {
         Primary::new(
             hosts.clone(),
@@ -94,8 +123,37 @@ pub fn pool(url: &PgUrl, settings: &Settings) -> (PgPool, Option<Primary>) {
         });
     }
     let pool = options.connect_lazy_with(hosts[0].options.clone());
-    if let Some(primary) = &primary {
-        tokio::spawn(primary.clone().follow(pool.clone()));
+    match &primary {
+        Some(primary) => {
+            tokio::spawn(primary.clone().follow(pool.clone()));
+        }
+        None => {
+            tokio::spawn(liveness::watch(
+                pool.clone(),
+                hosts[0].clone(),
+                settings.check_interval,
+                settings.connect_timeout(),
+                settings.name,
+            ));
+        }
     }
     (pool, primary)
+}
+
+/// Runs `migrator` on a connection of `pool`'s of its own, with no
+/// `statement_timeout`: a migration may rightly take longer than any
+/// request's statement (an index built, the migration lock waited for
+/// while another process migrates). The connection is closed after, so
+/// that the setting never reaches a request.
+pub async fn migrate(
+    pool: &PgPool,
+    migrator: &sqlx::migrate::Migrator,
+) -> Result<(), sqlx::migrate::MigrateError> {
+    let mut conn = pool.acquire().await?.detach();
+    sqlx::query("SET statement_timeout = 0")
+        .execute(&mut conn)
+        .await?;
+    let migrated = migrator.run(&mut conn).await;
+    let _ = conn.close().await;
+    migrated
 }

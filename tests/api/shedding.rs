@@ -186,3 +186,42 @@ async fn requests_past_what_the_pool_serves_are_shed_quickly_having_done_nothing
         "one charge per key"
     );
 }
+
+#[tokio::test]
+async fn a_read_of_a_key_asked_of_a_full_queue_of_reads_is_shed_at_once() {
+    use futures::FutureExt;
+    use oncepay::idempotency::IdempotencyKey;
+    use oncepay::idempotency::reads::{MOST_QUEUED, Reads};
+
+    let db = crate::database::TestDb::create().await;
+    // One connection, held here: the reads' first batch waits for it, and
+    // every read asked meanwhile waits in the queue.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let held = pool.acquire().await.unwrap();
+    let admission = Arc::new(oncepay::admission::Admission::new(
+        Duration::from_secs(3600),
+        Duration::from_secs(3600),
+    ));
+    let reads = Reads::start(pool.clone(), admission);
+    let key = IdempotencyKey::parse(b"queued").unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let merchant = uuid::Uuid::new_v4();
+    // Each read is asked (one poll), and left in the queue.
+    let mut shed = Vec::new();
+    for i in 0..MOST_QUEUED + 2 {
+        if let Some(answer) = reads.find(merchant, &key, deadline).now_or_never() {
+            assert!(answer.is_err(), "read {i} answered while its batch waits");
+            shed.push(i);
+        }
+    }
+    // The batch task may have taken the first read out of the queue.
+    assert!(
+        shed.first().is_some_and(|&i| i >= MOST_QUEUED) && shed.contains(&(MOST_QUEUED + 1)),
+        "shed: {shed:?}"
+    );
+    drop(held);
+}

@@ -18,7 +18,7 @@ use uuid::Uuid;
 use crate::database::TestDb as Database;
 use crate::harness::{
     API_KEY, ProcessorProcess, SLACK, Server, charge_body, client, eventually, free_port, is_root,
-    metric, pg_binary, scratch_dir, send,
+    metric, pg_binary, post, refund_body, scratch_dir, send,
 };
 
 /// A primary and a standby streaming from it (synchronously: a commit is
@@ -573,4 +573,225 @@ async fn the_card_gateway_follows_its_ledgers_primary_through_a_failover_too() {
     );
     drop(server);
     drop(processor);
+}
+
+/// The processes of the pair's primary, stopped with `SIGSTOP` as a hung
+/// host looks (its kernel still accepts and acknowledges every packet);
+/// continued on drop, so that the pair can be stopped.
+struct Frozen(Vec<String>);
+
+impl ReplicatedPair {
+    /// Freezes the primary: its postmaster first (so that it forks no new
+    /// backend), then every process it started.
+    fn freeze_primary(&self) -> Frozen {
+        let pid_file =
+            std::fs::read_to_string(self.data("primary").join("postmaster.pid")).unwrap();
+        let postmaster = pid_file.lines().next().unwrap().trim().to_owned();
+        signal("STOP", std::slice::from_ref(&postmaster));
+        let children = Command::new("ps")
+            .args(["-o", "pid=", "--ppid", &postmaster])
+            .output()
+            .unwrap();
+        let mut pids: Vec<String> = String::from_utf8_lossy(&children.stdout)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        assert!(!pids.is_empty(), "the primary has backends");
+        signal("STOP", &pids);
+        pids.push(postmaster);
+        Frozen(pids)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal("CONT", &self.0);
+    }
+}
+
+fn signal(name: &str, pids: &[String]) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .args(pids)
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pids:?}");
+}
+
+/// A charge left `processing` by a request whose answer was lost, long
+/// enough ago to be stale; its key.
+async fn plant_stale_charge(url: &str) -> String {
+    let mut conn = PgConnection::connect(url).await.unwrap();
+    sqlx::query(
+        "WITH m AS (SELECT id FROM merchants WHERE name = 'demo'),
+              c AS (INSERT INTO charges (id, merchant_id, amount, currency, source, metadata, status, created_at)
+                    SELECT 'ch_silent0000000000000000', m.id, 300, 'usd', 'tok_visa',
+                           jsonb_build_object('op', 'stale'), 'pending', now() - interval '1 minute'
+                      FROM m
+                    RETURNING id, merchant_id)
+         INSERT INTO idempotency_keys (merchant_id, key, status, request_method, request_path, fingerprint,
+                                       charge_id, created_at, locked_at, expires_at)
+         SELECT merchant_id, 'stale-silent', 'processing', 'POST', '/v1/charges', sha256(id::bytea), id,
+                now() - interval '1 minute', now() - interval '1 minute', now() + interval '1 day'
+           FROM c",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    "stale-silent".to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_primary_stalls_keyed_requests_and_the_sweeper_no_longer_than_the_statement_timeout()
+ {
+    let pair = ReplicatedPair::start();
+    pair.wait_streaming().await;
+    let name = create_database(&pair).await;
+    let ledger = Database::create_empty().await;
+    let processor = ProcessorProcess::start(&ledger.url, &[] as &[(&str, &str)]).await;
+    let request_timeout = Duration::from_secs(2);
+    let statement_timeout = Duration::from_millis(1500);
+    let server = Server::start(
+        &pair.multi_host_url(&name),
+        &[
+            ("PROCESSOR_URL", processor.url()),
+            ("PROCESSING_TIMEOUT", "4s".to_owned()),
+            ("REQUEST_TIMEOUT", "2s".to_owned()),
+            ("SWEEP_INTERVAL", "300ms".to_owned()),
+            ("DATABASE_ACQUIRE_TIMEOUT", "1s".to_owned()),
+            ("DATABASE_PRIMARY_CHECK_INTERVAL", "200ms".to_owned()),
+            ("DATABASE_STATEMENT_TIMEOUT", "1500ms".to_owned()),
+        ],
+    )
+    .await;
+    let http = client(Duration::from_secs(30));
+    let base = server.url();
+    let (status, _, charged) = send(
+        &http,
+        &base,
+        "to-refund",
+        &charge_body("to-refund", 5000, "tok_visa"),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 201, "{charged}");
+    let charge = charged["id"].as_str().unwrap().to_owned();
+    pair.wait_replayed().await;
+
+    // The primary hangs under load: keyed charges, refunds and the
+    // sweeper's passes have statements out to it when it stops answering.
+    let frozen = tokio::task::block_in_place(|| pair.freeze_primary());
+    let during = (0..4).map(|i| {
+        let (http, base, charge) = (&http, &base, &charge);
+        async move {
+            let key = format!("during-{i}");
+            let (status, _, body) =
+                send(http, base, &key, &charge_body(&key, 100, "tok_visa"), &[])
+                    .await
+                    .unwrap();
+            assert_ne!(status, 500, "{body}");
+            let key = format!("during-refund-{i}");
+            let (status, _, body) = post(
+                http,
+                base,
+                "/v1/refunds",
+                &key,
+                &refund_body(&key, charge, 10),
+                &[],
+            )
+            .await
+            .unwrap();
+            assert_ne!(status, 500, "{body}");
+        }
+    });
+    futures::future::join_all(during).await;
+
+    // The standby is promoted; oncepay re-targets to it.
+    tokio::task::block_in_place(|| pair.promote_standby());
+    eventually(
+        Instant::now() + Duration::from_secs(15),
+        "oncepay re-targets to the promoted standby",
+        || async {
+            let retargets =
+                metric(&http, &base, "db_primary_retargets_total{pool=\"oncepay\"}").await;
+            (retargets >= 1.0).then_some(())
+        },
+    )
+    .await;
+    let retargeted = Instant::now();
+    let standby_url = ReplicatedPair::url(pair.standby, &name);
+    let stale = plant_stale_charge(&standby_url).await;
+
+    // Within the bound after the re-target, keyed charges and refunds are
+    // served again, every one of them.
+    let bound = statement_timeout + request_timeout;
+    eventually(
+        retargeted + bound + SLACK,
+        "a keyed charge succeeds after the re-target",
+        || async {
+            let (status, _, body) = send(
+                &http,
+                &base,
+                "after-0",
+                &charge_body("after-0", 100, "tok_visa"),
+                &[],
+            )
+            .await
+            .ok()?;
+            assert!(status == 201 || status == 503, "{status} {body}");
+            (status == 201).then_some(())
+        },
+    )
+    .await;
+    for i in 1..=4 {
+        let key = format!("after-{i}");
+        let started = Instant::now();
+        let (status, _, body) = send(&http, &base, &key, &charge_body(&key, 100, "tok_visa"), &[])
+            .await
+            .unwrap();
+        assert_eq!(status, 201, "keyed charge {i}: {body}");
+        assert!(
+            started.elapsed() < request_timeout,
+            "answered in {:?}",
+            started.elapsed()
+        );
+        let key = format!("after-refund-{i}");
+        let (status, _, body) = post(
+            &http,
+            &base,
+            "/v1/refunds",
+            &key,
+            &refund_body(&key, &charge, 10),
+            &[],
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 201, "keyed refund {i}: {body}");
+    }
+    eprintln!(
+        "served again {:?} after the re-target",
+        retargeted.elapsed()
+    );
+
+    // The sweeper makes passes again: the stale key is settled.
+    eventually(
+        retargeted + bound + Duration::from_millis(300) + SLACK,
+        "the sweeper settles the stale key",
+        || async {
+            let mut conn = PgConnection::connect(&standby_url).await.ok()?;
+            let status: String =
+                sqlx::query_scalar("SELECT status FROM idempotency_keys WHERE key = $1")
+                    .bind(&stale)
+                    .fetch_one(&mut conn)
+                    .await
+                    .ok()?;
+            (status == "completed").then_some(())
+        },
+    )
+    .await;
+    assert!(!server.log_text().contains("panicked"));
+    drop(server);
+    drop(processor);
+    drop(frozen);
 }
