@@ -7,6 +7,8 @@
 
 use std::net::SocketAddr;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sqlx::postgres::PgConnectOptions;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,6 +21,8 @@ pub struct HoldingProxy {
     addr: SocketAddr,
     /// `true` while bytes flow.
     flowing: watch::Sender<bool>,
+    /// Bytes read from either side and not yet written to the other.
+    pending: Arc<AtomicUsize>,
     accept: JoinHandle<()>,
 }
 
@@ -31,13 +35,15 @@ impl HoldingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (flowing, _) = watch::channel(true);
-        let gate = flowing.clone();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let (gate, counted) = (flowing.clone(), pending.clone());
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let (upstream, gate) = (upstream.clone(), gate.subscribe());
+                let counted = counted.clone();
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(&upstream).await {
-                        pipe(client, server, gate).await;
+                        pipe(client, server, gate, counted).await;
                     }
                 });
             }
@@ -45,6 +51,7 @@ impl HoldingProxy {
         HoldingProxy {
             addr,
             flowing,
+            pending,
             accept,
         }
     }
@@ -73,6 +80,11 @@ impl HoldingProxy {
     pub fn release(&self) {
         self.flowing.send_replace(true);
     }
+
+    /// Whether every byte read has been passed on (none held or in transit).
+    pub fn drained(&self) -> bool {
+        self.pending.load(Ordering::SeqCst) == 0
+    }
 }
 
 impl Drop for HoldingProxy {
@@ -82,12 +94,19 @@ impl Drop for HoldingProxy {
 }
 
 /// Copies both ways between `client` and `server` until either side closes.
-async fn pipe(client: TcpStream, server: TcpStream, gate: watch::Receiver<bool>) {
+/// Bytes the client sent before it closed are still passed on, as a
+/// kernel still sends what a closed socket had queued.
+async fn pipe(
+    client: TcpStream,
+    server: TcpStream,
+    gate: watch::Receiver<bool>,
+    pending: Arc<AtomicUsize>,
+) {
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     tokio::select! {
-        _ = forward(client_read, server_write, gate.clone()) => {}
-        _ = forward(server_read, client_write, gate) => {}
+        _ = forward(client_read, server_write, gate.clone(), pending.clone()) => {}
+        _ = forward(server_read, client_write, gate, pending) => {}
     }
 }
 
@@ -96,6 +115,7 @@ async fn forward(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut gate: watch::Receiver<bool>,
+    pending: Arc<AtomicUsize>,
 ) {
     let mut buffer = vec![0u8; 16 * 1024];
     loop {
@@ -103,10 +123,11 @@ async fn forward(
             Ok(0) | Err(_) => return,
             Ok(read) => read,
         };
-        if gate.wait_for(|flowing| *flowing).await.is_err() {
-            return;
-        }
-        if to.write_all(&buffer[..read]).await.is_err() {
+        pending.fetch_add(read, Ordering::SeqCst);
+        let passed = gate.wait_for(|flowing| *flowing).await.is_ok()
+            && to.write_all(&buffer[..read]).await.is_ok();
+        pending.fetch_sub(read, Ordering::SeqCst);
+        if !passed {
             return;
         }
     }
