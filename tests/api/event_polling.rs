@@ -224,3 +224,130 @@ async fn a_forward_poller_sees_every_event_of_concurrent_charges_and_refunds_exa
     assert!(missed.is_empty(), "never shown: {missed:?}");
     assert_eq!(seen, written);
 }
+
+/// How long the long-run poller test writes: `EVENT_POLLING_SECONDS`, 3 by
+/// default (a few seconds in the suite; set it higher to hunt rare races).
+fn polling_run() -> Duration {
+    let seconds = std::env::var("EVENT_POLLING_SECONDS")
+        .ok()
+        .map(|s| {
+            s.parse()
+                .expect("EVENT_POLLING_SECONDS is a number of seconds")
+        })
+        .unwrap_or(3.0);
+    Duration::from_secs_f64(seconds)
+}
+
+/// One writer's loop until `stop`: a charge, then a refund of part of it,
+/// both with keys when `keyed` (three events a round). Returns the rounds.
+async fn charge_and_refund(app: &TestApp, keyed: bool, stop: &AtomicBool) -> usize {
+    let mut rounds = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let key = |what: &str| keyed.then(|| format!("{what}-{}", uuid::Uuid::new_v4()));
+        let charge = Answer::of(
+            app.post_charge(key("charge").as_deref(), &crate::helpers::visa(1000))
+                .await,
+        )
+        .await;
+        assert_eq!(charge.status, 201, "{:?}", charge.body);
+        let charge = charge.json()["id"].as_str().unwrap().to_owned();
+        let refund = Answer::of(
+            app.post_refund(
+                key("refund").as_deref(),
+                &json!({"charge": charge, "amount": 100}),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(refund.status, 201, "{:?}", refund.body);
+        rounds += 1;
+    }
+    rounds
+}
+
+/// Every event of the app's merchant the list shows, read back whole with
+/// `starting_after` from the newest.
+async fn whole_list(app: &TestApp) -> Vec<String> {
+    let mut all = Vec::new();
+    let mut query = "limit=100".to_owned();
+    loop {
+        let (data, has_more) = page(app, &query).await;
+        all.extend(data.iter().cloned());
+        match data.last() {
+            Some(oldest) if has_more => query = format!("limit=100&starting_after={oldest}"),
+            _ => return all,
+        }
+    }
+}
+
+/// What the database knows of the events in `ids`, to tell a missed one
+/// apart: its position, type, request and key.
+async fn described(app: &TestApp, ids: &[&String]) -> Vec<String> {
+    let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+    sqlx::query_as::<_, (i64, i64, String, Option<String>, Option<String>)>(
+        "SELECT txid, seq, type, request_id, idempotency_key FROM events
+          WHERE id = ANY($1) ORDER BY txid, seq",
+    )
+    .bind(&ids)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|e| format!("{e:?}"))
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_poller_misses_no_event_of_keyless_and_keyed_writers_over_a_long_run() {
+    const WRITERS: usize = 3;
+    let app = spawn_app().await;
+    app.paid_charge(100).await;
+    let mut poller = Poller::start(&app).await;
+    let before = stored_events(&app).await;
+
+    // Half the writers charge and refund without keys, half with them,
+    // for the run's length, while the poller pages forward without pause.
+    let stop = AtomicBool::new(false);
+    let done = AtomicBool::new(false);
+    let writers = async {
+        let keyless = (0..WRITERS).map(|_| charge_and_refund(&app, false, &stop));
+        let keyed = (0..WRITERS).map(|_| charge_and_refund(&app, true, &stop));
+        let rounds = join_all(keyless.chain(keyed)).await;
+        done.store(true, Ordering::SeqCst);
+        rounds.iter().sum::<usize>()
+    };
+    let timer = async {
+        tokio::time::sleep(polling_run()).await;
+        stop.store(true, Ordering::SeqCst);
+    };
+    let polling = async {
+        while !done.load(Ordering::SeqCst) {
+            poller.poll().await;
+        }
+    };
+    let (rounds, _, _) = tokio::join!(writers, timer, polling);
+
+    let written: HashSet<String> = stored_events(&app)
+        .await
+        .difference(&before)
+        .cloned()
+        .collect();
+    assert_eq!(written.len(), rounds * 3);
+    poller.catch_up(written.len()).await;
+    eprintln!(
+        "{} events written, {} seen",
+        written.len(),
+        poller.seen.len()
+    );
+    let listed: HashSet<String> = whole_list(&app).await.into_iter().collect();
+    let seen: HashSet<String> = poller.seen.iter().cloned().collect();
+    assert_eq!(seen.len(), poller.seen.len(), "an event was shown twice");
+    let missed: Vec<&String> = written.difference(&seen).collect();
+    assert!(
+        missed.is_empty(),
+        "of {} events, never shown to the poller: {:?}",
+        written.len(),
+        described(&app, &missed).await
+    );
+    assert!(written.is_subset(&listed), "the whole list lacks an event");
+}
