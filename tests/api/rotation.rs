@@ -9,7 +9,7 @@ use oncepay::cache::MERCHANT_TTL;
 use oncepay::merchants::{self, ApiKey};
 use oncepay::startup::Application;
 
-use crate::helpers::{Answer, TestApp, spawn_app, until, visa};
+use crate::helpers::{Answer, TestApp, TestDb, spawn_app, until, visa};
 
 async fn roll(app: &TestApp, expire_old_in: Duration) -> String {
     let rolled = merchants::roll_key(&app.pool, app.merchant_id, expire_old_in)
@@ -367,4 +367,80 @@ async fn instances_starting_while_the_demo_key_is_rolled_never_make_a_second_mer
         key = rolled;
         assert_eq!(app.count("SELECT count(*) FROM merchants").await, 1);
     }
+}
+
+#[tokio::test]
+async fn migrating_ends_a_previous_key_that_a_second_merchant_holds_in_use_and_keeps_every_request_as_it_was()
+ {
+    // The schema before `merchant_keys`, from the migrations before it.
+    let db = TestDb::create_empty().await;
+    let pool = db.pool().await;
+    let before = tempfile_dir("before-merchant-keys");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    for file in std::fs::read_dir(&source).unwrap() {
+        let file = file.unwrap();
+        if file.file_name().to_string_lossy().as_ref() < "20261210000700" {
+            std::fs::copy(file.path(), before.join(file.file_name())).unwrap();
+        }
+    }
+    let migrator = sqlx::migrate::Migrator::new(before.as_path())
+        .await
+        .unwrap();
+    migrator.run(&pool).await.unwrap();
+    std::fs::remove_dir_all(&before).unwrap();
+
+    // What a start with a rolled key did then: a second merchant `demo`
+    // holding, in use, the key the first still holds as its previous one.
+    let (rolled, old) = merchants::create(&pool, "demo").await.unwrap();
+    let new = merchants::roll_key(&pool, rolled.id, Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .unwrap()
+        .key;
+    let second: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO merchants (id, name, api_key_hash) VALUES (gen_random_uuid(), 'demo', $1)
+         RETURNING id",
+    )
+    .bind(old.hash())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_ne!(second, rolled.id);
+    let owner = |key: ApiKey| {
+        let pool = pool.clone();
+        async move {
+            merchants::authenticate(&pool, &key)
+                .await
+                .unwrap()
+                .map(|found| found.merchant.id)
+        }
+    };
+    let was = (owner(old.clone()).await, owner(new.clone()).await);
+    assert_eq!(was, (Some(second), Some(rolled.id)));
+
+    oncepay::db::migrate(&pool).await.unwrap();
+    assert_eq!((owner(old.clone()).await, owner(new).await), was);
+    let previous: Option<Vec<u8>> =
+        sqlx::query_scalar("SELECT previous_key_hash FROM merchants WHERE id = $1")
+            .bind(rolled.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(previous, None, "the previous key that was another's ended");
+    let held: Vec<(Vec<u8>, uuid::Uuid)> =
+        sqlx::query_as("SELECT hash, merchant_id FROM merchant_keys WHERE hash = $1")
+            .bind(old.hash())
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(held, vec![(old.hash(), second)]);
+    pool.close().await;
+}
+
+/// A fresh folder of its own under the system's temporary folder.
+fn tempfile_dir(what: &str) -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("oncepay-{what}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir(&dir).unwrap();
+    dir
 }
