@@ -11,6 +11,11 @@
 //! the one before it. Both name the same merchant, so charges and
 //! idempotency keys (which belong to the merchant, not to an API key) carry
 //! over from one to the other.
+//!
+//! A key hash names one merchant for good: `merchant_keys` keeps every hash
+//! a merchant has held, in use, previous or rolled away, under a primary
+//! key, so no merchant is ever made with, or given, a key another held, and
+//! a key rolled away is never revived (see [`ensure`]).
 
 use std::time::Duration;
 
@@ -87,24 +92,81 @@ pub async fn create(db: impl PgExecutor<'_>, name: &str) -> sqlx::Result<(Mercha
     Ok((merchant, key))
 }
 
-/// Makes sure a merchant with this key exists, named `name` if it is created.
-/// Safe to run any number of times, from any number of processes at once: the
-/// unique key hash decides, and the loser of a race simply reads the winner.
+/// What [`ensure`] found a key to be.
+#[derive(Clone, Debug)]
+pub enum Ensured {
+    /// The merchant's key in use, the merchant made now or before.
+    InUse(Merchant),
+    /// A key the merchant held and rolled away: it names this merchant,
+    /// which holds a newer key, and works until `works_until` if that is
+    /// set (a previous key not yet expired), else not at all.
+    RolledAway {
+        merchant: Merchant,
+        works_until: Option<DateTime<Utc>>,
+    },
+}
+
+impl Ensured {
+    /// The merchant the key names.
+    pub fn merchant(&self) -> &Merchant {
+        match self {
+            Ensured::InUse(merchant) | Ensured::RolledAway { merchant, .. } => merchant,
+        }
+    }
+}
+
+/// Makes sure the merchant `key` names exists: made, named `name`, if the
+/// key was never any merchant's; found if it was, and then never made
+/// twice nor its key revived, even if the key was rolled away. Safe to run
+/// any number of times, from any number of processes at once: the key
+/// hash's one owner in `merchant_keys` decides, and the loser of a race
+/// simply reads the winner.
 pub async fn ensure(
     db: impl PgExecutor<'_> + Copy,
     name: &str,
     key: &ApiKey,
-) -> sqlx::Result<Merchant> {
-    sqlx::query!(
-        "INSERT INTO merchants (id, name, api_key_hash) VALUES ($1, $2, $3)
+) -> sqlx::Result<Ensured> {
+    let hash = key.hash();
+    let made = sqlx::query!(
+        "INSERT INTO merchants (id, name, api_key_hash)
+         SELECT $1, $2, $3 WHERE NOT EXISTS (SELECT 1 FROM merchant_keys WHERE hash = $3)
          ON CONFLICT (api_key_hash) DO NOTHING",
         Uuid::now_v7(),
         name,
-        key.hash(),
+        hash,
     )
     .execute(db)
-    .await?;
-    find_by_key(db, key).await?.ok_or(sqlx::Error::RowNotFound)
+    .await;
+    match made {
+        // The hash was claimed since the statement's snapshot: read whose.
+        Err(sqlx::Error::Database(e)) if e.constraint() == Some("merchant_keys_pkey") => {}
+        made => {
+            made?;
+        }
+    }
+    let row = sqlx::query!(
+        r#"SELECT m.id, m.name, m.api_key_hash = k.hash AS "in_use!",
+                  CASE WHEN m.previous_key_hash = k.hash
+                        AND m.previous_key_expires_at > clock_timestamp()
+                       THEN m.previous_key_expires_at END AS works_until
+             FROM merchant_keys k JOIN merchants m ON m.id = k.merchant_id
+            WHERE k.hash = $1"#,
+        hash,
+    )
+    .fetch_optional(db)
+    .await?
+    .ok_or(sqlx::Error::RowNotFound)?;
+    let merchant = Merchant {
+        id: row.id,
+        name: row.name,
+    };
+    Ok(match row.in_use {
+        true => Ensured::InUse(merchant),
+        false => Ensured::RolledAway {
+            merchant,
+            works_until: row.works_until,
+        },
+    })
 }
 
 /// The merchant owning `key`, if any, its key in use or a previous one

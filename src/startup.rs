@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -125,8 +126,15 @@ impl Application {
         crate::db::migrate(&self.state.pool).await?;
         if let Some(key) = &self.state.config.demo_api_key {
             let key = ApiKey::parse(key).context("DEMO_API_KEY")?;
-            let merchant = merchants::ensure(&self.state.pool, "demo", &key).await?;
-            tracing::info!(merchant = %merchant.id, name = %merchant.name, "demo merchant ready");
+            match merchants::ensure(&self.state.pool, "demo", &key).await? {
+                merchants::Ensured::InUse(merchant) => {
+                    tracing::info!(merchant = %merchant.id, name = %merchant.name, "demo merchant ready");
+                }
+                merchants::Ensured::RolledAway {
+                    merchant,
+                    works_until,
+                } => demo_key_rolled_away(&merchant, works_until),
+            }
         }
         Ok(())
     }
@@ -343,4 +351,20 @@ pub async fn shutdown_signal() {
         _ = terminate => {},
     }
     tracing::info!("shutting down");
+}
+
+/// Says that `DEMO_API_KEY` is a key its merchant rolled away. The start goes
+/// on: the merchant and its key in use are as they should be, only this
+/// setting is stale, and a fleet restarting with it must keep serving. No
+/// merchant is made and the key is not revived: it works until
+/// `works_until` if it is the merchant's previous key, else not at all.
+fn demo_key_rolled_away(merchant: &merchants::Merchant, works_until: Option<DateTime<Utc>>) {
+    tracing::warn!(
+        merchant = %merchant.id,
+        name = %merchant.name,
+        works_until = works_until.map(|at| at.to_rfc3339()).as_deref().unwrap_or("expired"),
+        "DEMO_API_KEY is a key this merchant rolled away: no merchant is made and the key is not \
+         revived (it works until works_until, then not at all); set DEMO_API_KEY to the \
+         merchant's key in use, or unset it"
+    );
 }

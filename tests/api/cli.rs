@@ -496,3 +496,65 @@ async fn merchants_roll_key_prints_only_the_new_key_and_the_old_one_lives_as_ask
     assert!(out.stdout.is_empty());
     pool.close().await;
 }
+
+#[tokio::test]
+async fn serve_with_a_demo_key_rolled_away_starts_and_warns_naming_the_merchant_never_the_key() {
+    let db = TestDb::create().await;
+    let pool = db.pool().await;
+    let (merchant, old) = merchants::create(&pool, "demo").await.unwrap();
+    merchants::roll_key(&pool, merchant.id, std::time::Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let log = std::env::temp_dir().join(format!("oncepay-rolled-demo-{}.log", db.name));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncepay"))
+        .arg("serve")
+        .env_clear()
+        .current_dir(std::env::temp_dir())
+        .env("DATABASE_URL", &db.url)
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("BIND_ADDR", "127.0.0.1")
+        .env("PORT", "0")
+        .env("DEMO_API_KEY", old.expose())
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start oncepay serve");
+    // The start goes on past the warning: to the line that says it serves.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let stderr = loop {
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("oncepay serve exited ({status}): {stderr}");
+        }
+        if stderr.contains("oncepay listening") || std::time::Instant::now() > deadline {
+            break stderr;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&log);
+    let warning = stderr
+        .lines()
+        .find(|line| line.contains("rolled away"))
+        .unwrap_or_else(|| panic!("no warning: {stderr}"));
+    assert!(
+        warning.contains("WARN") && warning.contains(&merchant.id.to_string()),
+        "{warning}"
+    );
+    assert!(stderr.contains("oncepay listening"), "it serves: {stderr}");
+    assert!(
+        !stderr.contains(&old.expose()[8..]),
+        "the key never reaches the log"
+    );
+    let merchants: i64 = sqlx::query_scalar("SELECT count(*) FROM merchants")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(merchants, 1);
+    let revived = merchants::authenticate(&pool, &old).await.unwrap();
+    assert!(revived.is_none(), "the key stays revoked");
+    pool.close().await;
+}

@@ -125,7 +125,10 @@ async fn ensuring_the_demo_merchant_from_many_tasks_at_once_makes_one() {
     let key = ApiKey::generate();
     let tasks = (0..20).map(|_| merchants::ensure(&app.pool, "demo", &key));
     let merchants = join_all(tasks).await;
-    let ids: std::collections::HashSet<_> = merchants.into_iter().map(|m| m.unwrap().id).collect();
+    let ids: std::collections::HashSet<_> = merchants
+        .into_iter()
+        .map(|m| m.unwrap().merchant().id)
+        .collect();
     assert_eq!(ids.len(), 1);
     assert_eq!(
         app.count("SELECT count(*) FROM merchants WHERE name = 'demo'")

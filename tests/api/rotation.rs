@@ -4,10 +4,12 @@
 
 use std::time::Duration;
 
+use futures::future::join_all;
 use oncepay::cache::MERCHANT_TTL;
 use oncepay::merchants::{self, ApiKey};
+use oncepay::startup::Application;
 
-use crate::helpers::{Answer, TestApp, spawn_app, until, visa};
+use crate::helpers::{Answer, TestApp, TestDb, spawn_app, until, visa};
 
 async fn roll(app: &TestApp, expire_old_in: Duration) -> String {
     let rolled = merchants::roll_key(&app.pool, app.merchant_id, expire_old_in)
@@ -160,4 +162,285 @@ async fn rolling_the_key_of_no_merchant_finds_nothing() {
         .await
         .unwrap();
     assert!(rolled.is_none());
+}
+
+/// A second instance of the service on the test app's database and
+/// gateway, started as a fleet's instance starts: with `DEMO_API_KEY` set.
+struct Instance {
+    address: String,
+    shutdown: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+/// An instance built and through its start (migrations, the demo
+/// merchant), not yet serving; with a pool of its own, which it closes as
+/// it stops.
+async fn prepared(app: &TestApp, demo_api_key: &str) -> Application {
+    let mut config = app.config.clone();
+    config.demo_api_key = Some(demo_api_key.to_owned());
+    config.database_max_connections = 4;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(config.database_max_connections)
+        .connect(&config.database_url)
+        .await
+        .expect("connect the instance");
+    let built = Application::build(config, pool)
+        .await
+        .expect("build the instance");
+    built.prepare_database().await.expect("the instance starts");
+    built
+}
+
+impl Instance {
+    async fn start(app: &TestApp, demo_api_key: &str) -> Instance {
+        let built = prepared(app, demo_api_key).await;
+        let address = format!("http://127.0.0.1:{}", built.port());
+        let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            built
+                .run_until_stopped(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("the instance runs");
+        });
+        Instance {
+            address,
+            shutdown,
+            server,
+        }
+    }
+
+    async fn charge_as(&self, app: &TestApp, api_key: &str, key: &str) -> Answer {
+        let sent = app
+            .client
+            .post(format!("{}/v1/charges", self.address))
+            .bearer_auth(api_key)
+            .header("Idempotency-Key", key)
+            .json(&visa(2000))
+            .send()
+            .await
+            .unwrap();
+        Answer::of(sent).await
+    }
+
+    async fn stop(self) {
+        let _ = self.shutdown.send(());
+        self.server.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_start_with_a_demo_key_rolled_an_hour_ago_makes_no_second_merchant_and_the_retry_replays()
+{
+    let app = spawn_app().await;
+    let old = app.api_key.clone();
+    let first = charge_as(&app, &old, "order-1").await;
+    assert_eq!(first.status, 201);
+    roll(&app, Duration::from_secs(3600)).await;
+    assert!(charge_as(&app, &old, "order-1").await.replayed());
+
+    let restarted = Instance::start(&app, &old).await;
+    let retried = restarted.charge_as(&app, &old, "order-1").await;
+    assert_eq!(retried.status, 201);
+    assert!(retried.replayed(), "the retry after the restart replays");
+    assert_eq!(retried.body, first.body);
+    let owner = merchants::find_by_key(&app.pool, &ApiKey::parse(&old).unwrap())
+        .await
+        .unwrap()
+        .expect("the old key lives out its hour");
+    assert_eq!(owner.id, app.merchant_id, "the old key names its merchant");
+    assert_eq!(app.count("SELECT count(*) FROM merchants").await, 1);
+    assert_eq!((app.charges().await, app.keys().await), (1, 1));
+    assert_eq!(app.payments().await, 1);
+    restarted.stop().await;
+}
+
+#[tokio::test]
+async fn a_start_with_a_demo_key_revoked_at_once_neither_creates_a_merchant_nor_revives_the_key() {
+    let app = spawn_app().await;
+    let old = app.api_key.clone();
+    roll(&app, Duration::ZERO).await;
+    charge_as(&app, &old, "revoked")
+        .await
+        .assert_problem(401, "invalid_api_key");
+
+    // Once as the previous key, expired; once more rolled on, held by no
+    // column of the merchant any more.
+    for _ in 0..2 {
+        let restarted = Instance::start(&app, &old).await;
+        restarted
+            .charge_as(&app, &old, "revoked")
+            .await
+            .assert_problem(401, "invalid_api_key");
+        assert_eq!(app.count("SELECT count(*) FROM merchants").await, 1);
+        restarted.stop().await;
+        roll(&app, Duration::ZERO).await;
+    }
+    assert_eq!((app.charges().await, app.keys().await), (0, 0));
+}
+
+#[tokio::test]
+async fn one_key_hash_can_never_name_two_merchants_in_use_previous_or_retired() {
+    let app = spawn_app().await;
+    let old = ApiKey::parse(&app.api_key).unwrap();
+    let current = ApiKey::parse(&roll(&app, Duration::from_secs(3600)).await).unwrap();
+    let other = ApiKey::parse(&app.other_merchant().await).unwrap();
+    let other_id = merchants::find_by_key(&app.pool, &other)
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    // The code names the constraint that refuses: the one hash's one
+    // owner (23505), or a previous key the merchant never held (23503).
+    let refused = |sql: &'static str, hash: Vec<u8>, code: &'static str| {
+        let pool = app.pool.clone();
+        async move {
+            let err = sqlx::query(sql)
+                .bind(hash)
+                .bind(other_id)
+                .execute(&pool)
+                .await
+                .expect_err(sql);
+            let db = err.as_database_error().expect("a database error");
+            assert_eq!(db.code().as_deref(), Some(code), "{sql}: {db}");
+        }
+    };
+    // A previous key, live: neither a new merchant's key nor another's.
+    refused(
+        "INSERT INTO merchants (id, name, api_key_hash) VALUES (gen_random_uuid(), 'demo', $1)
+         RETURNING $2::uuid",
+        old.hash(),
+        "23505",
+    )
+    .await;
+    refused(
+        "UPDATE merchants SET api_key_hash = $1 WHERE id = $2",
+        old.hash(),
+        "23505",
+    )
+    .await;
+    // Another merchant's key in use, as a previous key.
+    refused(
+        "UPDATE merchants SET previous_key_hash = $1,
+                previous_key_expires_at = now() + interval '1 hour'
+          WHERE id = $2",
+        current.hash(),
+        "23503",
+    )
+    .await;
+    // Rolled twice more, the old key is in no column; still it is refused.
+    roll(&app, Duration::ZERO).await;
+    roll(&app, Duration::ZERO).await;
+    refused(
+        "INSERT INTO merchants (id, name, api_key_hash) VALUES (gen_random_uuid(), 'demo', $1)
+         RETURNING $2::uuid",
+        old.hash(),
+        "23505",
+    )
+    .await;
+    assert_eq!(app.count("SELECT count(*) FROM merchants").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_instances_starting_at_once_with_a_rolled_demo_key_make_no_merchant() {
+    let app = spawn_app().await;
+    let old = app.api_key.clone();
+    roll(&app, Duration::from_secs(3600)).await;
+    let instances = join_all((0..6).map(|_| Instance::start(&app, &old))).await;
+    assert_eq!(app.count("SELECT count(*) FROM merchants").await, 1);
+    for instance in instances {
+        let answer = instance.charge_as(&app, &old, "order-1").await;
+        assert_eq!(answer.status, 201);
+        instance.stop().await;
+    }
+    assert_eq!((app.charges().await, app.payments().await), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_starting_while_the_demo_key_is_rolled_never_make_a_second_merchant() {
+    let app = spawn_app().await;
+    let mut key = app.api_key.clone();
+    for _ in 0..5 {
+        let starts = join_all((0..4).map(|_| prepared(&app, &key)));
+        let (rolled, _) = tokio::join!(roll(&app, Duration::from_secs(3600)), starts);
+        key = rolled;
+        assert_eq!(app.count("SELECT count(*) FROM merchants").await, 1);
+    }
+}
+
+#[tokio::test]
+async fn migrating_ends_a_previous_key_that_a_second_merchant_holds_in_use_and_keeps_every_request_as_it_was()
+ {
+    // The schema before `merchant_keys`, from the migrations before it.
+    let db = TestDb::create_empty().await;
+    let pool = db.pool().await;
+    let before = tempfile_dir("before-merchant-keys");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    for file in std::fs::read_dir(&source).unwrap() {
+        let file = file.unwrap();
+        if file.file_name().to_string_lossy().as_ref() < "20261210000700" {
+            std::fs::copy(file.path(), before.join(file.file_name())).unwrap();
+        }
+    }
+    let migrator = sqlx::migrate::Migrator::new(before.as_path())
+        .await
+        .unwrap();
+    migrator.run(&pool).await.unwrap();
+    std::fs::remove_dir_all(&before).unwrap();
+
+    // What a start with a rolled key did then: a second merchant `demo`
+    // holding, in use, the key the first still holds as its previous one.
+    let (rolled, old) = merchants::create(&pool, "demo").await.unwrap();
+    let new = merchants::roll_key(&pool, rolled.id, Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .unwrap()
+        .key;
+    let second: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO merchants (id, name, api_key_hash) VALUES (gen_random_uuid(), 'demo', $1)
+         RETURNING id",
+    )
+    .bind(old.hash())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_ne!(second, rolled.id);
+    let owner = |key: ApiKey| {
+        let pool = pool.clone();
+        async move {
+            merchants::authenticate(&pool, &key)
+                .await
+                .unwrap()
+                .map(|found| found.merchant.id)
+        }
+    };
+    let was = (owner(old.clone()).await, owner(new.clone()).await);
+    assert_eq!(was, (Some(second), Some(rolled.id)));
+
+    oncepay::db::migrate(&pool).await.unwrap();
+    assert_eq!((owner(old.clone()).await, owner(new).await), was);
+    let previous: Option<Vec<u8>> =
+        sqlx::query_scalar("SELECT previous_key_hash FROM merchants WHERE id = $1")
+            .bind(rolled.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(previous, None, "the previous key that was another's ended");
+    let held: Vec<(Vec<u8>, uuid::Uuid)> =
+        sqlx::query_as("SELECT hash, merchant_id FROM merchant_keys WHERE hash = $1")
+            .bind(old.hash())
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(held, vec![(old.hash(), second)]);
+    pool.close().await;
+}
+
+/// A fresh folder of its own under the system's temporary folder.
+fn tempfile_dir(what: &str) -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("oncepay-{what}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir(&dir).unwrap();
+    dir
 }
