@@ -420,6 +420,45 @@ async fn oncepay_follows_the_primary_through_a_failover_without_a_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_host_url_without_a_target_starts_and_writes_on_the_primary_listed_second() {
+    let pair = ReplicatedPair::start();
+    pair.wait_streaming().await;
+    let name = create_database(&pair).await;
+    let ledger = Database::create_empty().await;
+    let processor = ProcessorProcess::start(&ledger.url, &[] as &[(&str, &str)]).await;
+    // The standby first, and no target_session_attrs: `serve` migrates at
+    // start, so taking the standby would stop it there.
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{name}",
+        pair.standby, pair.primary
+    );
+    let server = Server::start(
+        &url,
+        &[
+            ("PROCESSOR_URL", processor.url()),
+            ("DATABASE_PRIMARY_CHECK_INTERVAL", "200ms".to_owned()),
+        ],
+    )
+    .await;
+    let http = client(Duration::from_secs(15));
+    let (status, _, body) = send(
+        &http,
+        &server.url(),
+        "no-target",
+        &charge_body("no-target", 700, "tok_visa"),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 201, "{body}");
+    let primary_url = ReplicatedPair::url(pair.primary, &name);
+    assert_eq!(count(&primary_url, "SELECT count(*) FROM charges").await, 1);
+    assert_eq!(readyz(&http, &server.url()).await, 200);
+    drop(server);
+    drop(processor);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_url_naming_only_a_read_only_server_never_writes_and_answers_503() {
     let pair = ReplicatedPair::start();
     pair.wait_streaming().await;
