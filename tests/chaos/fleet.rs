@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,6 +42,32 @@ fn free_port_range() -> u16 {
     panic!("no 40 free ports in a row from 20000 to 50000");
 }
 
+/// The `CLUSTER_*` variables of `file` as `bash` sets them when it
+/// `source`s the file (the way the docs tell a reader to use it).
+fn sourced(file: &Path) -> HashMap<String, String> {
+    let out = Command::new("bash")
+        .args([
+            "-c",
+            r#"set -eu; source "$1"; for n in "${!CLUSTER_@}"; do printf '%s=%s\0' "$n" "${!n}"; done"#,
+            "_",
+        ])
+        .arg(file)
+        .output()
+        .expect("run bash");
+    assert!(
+        out.status.success(),
+        "source {}: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("the env file is UTF-8")
+        .split_terminator('\0')
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
 impl Fleet {
     /// Brings a fleet up with `settings` for its processes (every oncepay
     /// setting reaches the instances, `PROCESSOR_*` the gateway).
@@ -61,12 +87,16 @@ impl Fleet {
             "scripts/cluster up failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let env = std::fs::read_to_string(fleet.dir.join("env")).expect("the fleet's env file");
-        fleet.env = env
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
+        fleet.env = sourced(&fleet.dir.join("env"));
+        // The formation's URL, `&` and all, survives `source`.
+        let database = oncepay::postgres::PgUrl::parse(&fleet.var("CLUSTER_DATABASE_URL"))
+            .expect("CLUSTER_DATABASE_URL is a Postgres URL");
+        assert_eq!(
+            database.hosts().len(),
+            2,
+            "both nodes in CLUSTER_DATABASE_URL"
+        );
+        assert!(database.target_given(), "the formation's target in the URL");
         fleet
     }
 

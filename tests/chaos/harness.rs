@@ -37,6 +37,76 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// How long a process or a Postgres may take to start on a loaded machine: a
+/// budget for start-up only, never one a test measures.
+pub const START_BUDGET: Duration = Duration::from_secs(60);
+
+/// What a process that ended at start wrote when starting it again may
+/// succeed: its port was taken meanwhile (a restart on its old port), or the
+/// machine was too loaded for its database to answer within its
+/// `DATABASE_ACQUIRE_TIMEOUT`.
+const START_AGAIN: [&str; 2] = ["Address already in use", "within DATABASE_ACQUIRE_TIMEOUT"];
+
+/// The length of a log file now: where a new start's lines begin.
+fn log_end(log: &Path) -> u64 {
+    std::fs::metadata(log).map_or(0, |m| m.len())
+}
+
+/// The log's text from byte `from` on.
+fn log_since(log: &Path, from: u64) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let from = usize::try_from(from).unwrap_or(usize::MAX).min(text.len());
+    String::from_utf8_lossy(&text[from..]).into_owned()
+}
+
+/// The port in the `addr` of the first `message` line (`oncepay listening`,
+/// `processor listening`), in the text or the JSON log format.
+fn logged_port(log: &str, message: &str) -> Option<u16> {
+    let line = log.lines().find(|l| l.contains(message))?;
+    let (_, rest) = line
+        .split_once("addr=")
+        .or_else(|| line.split_once("\"addr\":\""))?;
+    let addr = rest.split(|c: char| c.is_whitespace() || c == '"').next()?;
+    addr.rsplit_once(':')?.1.parse().ok()
+}
+
+/// Waits until `child`, started with its port `*port` (0: one of its own
+/// choosing, read from `log` after byte `from`), answers `/healthz`; the exit
+/// status if it ends before that.
+async fn wait_started(
+    child: &mut Option<Child>,
+    port: &mut u16,
+    log: &Path,
+    from: u64,
+    message: &str,
+) -> Result<(), ExitStatus> {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + START_BUDGET;
+    loop {
+        if *port == 0 {
+            *port = logged_port(&log_since(log, from), message).unwrap_or(0);
+        }
+        if *port != 0 {
+            let url = format!("http://127.0.0.1:{port}/healthz");
+            if let Ok(r) = client.get(url).send().await {
+                if r.status() == 200 {
+                    return Ok(());
+                }
+            }
+        }
+        if let Some(status) = child.as_mut().unwrap().try_wait().unwrap() {
+            *child = None;
+            return Err(status);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{message}: not started within {START_BUDGET:?}: {}",
+            log_since(log, from)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub fn scratch_dir(what: &str) -> PathBuf {
     let dir =
         std::env::temp_dir().join(format!("oncepay-chaos-{what}-{}", Uuid::new_v4().simple()));
@@ -264,7 +334,8 @@ impl ProcessorProcess {
         );
         let mut processor = ProcessorProcess {
             child: None,
-            port: free_port(),
+            // Its own choice at the first start, kept for its restarts.
+            port: 0,
             env: vars,
             log: scratch_dir("log").join("processor.log"),
         };
@@ -273,43 +344,41 @@ impl ProcessorProcess {
     }
 
     async fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_oncepay"))
-            .arg("processor")
-            .env_clear()
-            .envs(self.env.iter().cloned())
-            .env("PROCESSOR_PORT", self.port.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start oncepay processor");
-        self.child = Some(child);
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + START_BUDGET;
         loop {
-            if let Ok(r) = client.get(format!("{}/healthz", self.url())).send().await {
-                if r.status() == 200 {
-                    return;
-                }
-            }
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                self.child = None;
-                panic!(
-                    "oncepay processor exited at start ({status}): {}",
-                    self.log_text()
-                );
-            }
+            let from = log_end(&self.log);
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.log)
+                .unwrap();
+            let child = Command::new(env!("CARGO_BIN_EXE_oncepay"))
+                .arg("processor")
+                .env_clear()
+                .envs(self.env.iter().cloned())
+                .env("PROCESSOR_PORT", self.port.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("start oncepay processor");
+            self.child = Some(child);
+            let started = wait_started(
+                &mut self.child,
+                &mut self.port,
+                &self.log,
+                from,
+                "processor listening",
+            )
+            .await;
+            let Err(status) = started else { return };
+            let text = log_since(&self.log, from);
             assert!(
-                Instant::now() < deadline,
-                "oncepay processor did not start: {}",
+                START_AGAIN.iter().any(|m| text.contains(m)) && Instant::now() < deadline,
+                "oncepay processor exited at start ({status}): {}",
                 self.log_text()
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
@@ -421,7 +490,8 @@ impl Server {
         let log = scratch_dir("log").join("server.log");
         let mut server = Server {
             child: None,
-            port: free_port(),
+            // Its own choice at the first start, kept for its restarts.
+            port: 0,
             env: vars,
             log,
             open_files,
@@ -437,9 +507,33 @@ impl Server {
         }
     }
 
-    /// Starts the process and waits until it answers `/healthz`; the exit
-    /// status if it ends before that.
+    /// Starts the process and waits until it answers `/healthz`, starting it
+    /// again while it ends at start for a cause of [`START_AGAIN`]; the exit
+    /// status if it ends before that for another.
     async fn try_spawn(&mut self) -> Result<(), ExitStatus> {
+        let deadline = Instant::now() + START_BUDGET;
+        loop {
+            let from = log_end(&self.log);
+            self.child = Some(self.command().spawn().expect("start oncepay"));
+            let started = wait_started(
+                &mut self.child,
+                &mut self.port,
+                &self.log,
+                from,
+                "oncepay listening",
+            )
+            .await;
+            let Err(status) = started else { return Ok(()) };
+            let text = log_since(&self.log, from);
+            if !START_AGAIN.iter().any(|m| text.contains(m)) || Instant::now() >= deadline {
+                return Err(status);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The command that starts the process, on its port (0 at first).
+    fn command(&self) -> Command {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -462,35 +556,14 @@ impl Server {
                 command
             }
         };
-        let child = command
+        command
             .env_clear()
             .envs(self.env.iter().cloned())
             .env("PORT", self.port.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start oncepay");
-        self.child = Some(child);
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = client.get(format!("{}/healthz", self.url())).send().await {
-                if r.status() == 200 {
-                    return Ok(());
-                }
-            }
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                self.child = None;
-                return Err(status);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "oncepay did not start: {}",
-                self.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            .stderr(log);
+        command
     }
 
     pub fn url(&self) -> String {
