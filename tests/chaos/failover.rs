@@ -17,8 +17,9 @@ use uuid::Uuid;
 
 use crate::database::TestDb as Database;
 use crate::harness::{
-    API_KEY, ProcessorProcess, SLACK, Server, charge_body, client, eventually, free_port, is_root,
-    metric, pg_binary, post, refund_body, scratch_dir, send,
+    API_KEY, ProcessorProcess, SLACK, START_BUDGET, Server, charge_body, client, eventually,
+    free_port, is_root, log_end, log_since, metric, pg_binary, port_taken, post, refund_body,
+    scratch_dir, send,
 };
 
 /// A primary and a standby streaming from it (synchronously: a commit is
@@ -42,11 +43,11 @@ impl ReplicatedPair {
                 .unwrap();
             assert!(status.success(), "chown the cluster folder");
         }
-        let pair = ReplicatedPair {
+        let mut pair = ReplicatedPair {
             dir,
             root,
-            primary: free_port(),
-            standby: free_port(),
+            primary: 0,
+            standby: 0,
         };
         let primary = pair.data("primary");
         pair.run(
@@ -63,7 +64,7 @@ impl ReplicatedPair {
         );
         // Every commit waits for the standby's flush: what is acknowledged
         // survives the promotion.
-        pair.start_server("primary", pair.primary, "-c synchronous_standby_names=*");
+        pair.primary = pair.start_server("primary", "-c synchronous_standby_names=*");
         let standby = pair.data("standby");
         let port = pair.primary.to_string();
         pair.run(
@@ -82,7 +83,7 @@ impl ReplicatedPair {
                 "stream",
             ],
         );
-        pair.start_server("standby", pair.standby, "");
+        pair.standby = pair.start_server("standby", "");
         pair
     }
 
@@ -112,28 +113,43 @@ impl ReplicatedPair {
         );
     }
 
-    fn start_server(&self, name: &str, port: u16, extra: &str) {
+    /// Starts the server `name` on a free port, and returns the port: a new
+    /// one when another process took the first before Postgres bound it.
+    fn start_server(&self, name: &str, extra: &str) -> u16 {
         let data = self.data(name);
-        let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {extra}",
-            self.dir.display()
-        );
         let log = self.dir.join(format!("{name}.log"));
-        self.run(
-            &pg_binary("pg_ctl"),
-            &[
+        let timeout = START_BUDGET.as_secs().to_string();
+        for _ in 0..5 {
+            let port = free_port();
+            let options = format!(
+                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {extra}",
+                self.dir.display()
+            );
+            let from = log_end(&log);
+            let args = [
                 "start",
                 "-D",
                 data.to_str().unwrap(),
                 "-w",
                 "-t",
-                "30",
+                &timeout,
                 "-o",
                 &options,
                 "-l",
                 log.to_str().unwrap(),
-            ],
-        );
+            ];
+            let out = self.command(&pg_binary("pg_ctl"), &args).output().unwrap();
+            if out.status.success() {
+                return port;
+            }
+            let said = log_since(&log, from);
+            assert!(
+                port_taken(&said),
+                "pg_ctl start {name}: {}{said}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        panic!("pg_ctl start {name}: five ports in a row were taken before Postgres bound them");
     }
 
     fn url(port: u16, database: &str) -> String {

@@ -18,8 +18,8 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::harness::{
-    API_KEY, Ledger, OpOutcome, Report, SLACK, charge_body, client, drive_observed, eventually,
-    refund_body, wait_until_settled,
+    API_KEY, Ledger, OpOutcome, Report, SLACK, START_BUDGET, charge_body, client, drive_observed,
+    eventually, port_taken, refund_body, wait_until_settled,
 };
 
 /// A fleet started by `scripts/cluster up` in a folder of its own; taken
@@ -71,22 +71,39 @@ fn sourced(file: &Path) -> HashMap<String, String> {
 impl Fleet {
     /// Brings a fleet up with `settings` for its processes (every oncepay
     /// setting reaches the instances, `PROCESSOR_*` the gateway).
+    ///
+    /// The ports are a free range when chosen, but another process may take
+    /// one before its part binds it: then the fleet is destroyed and brought
+    /// up again in a new folder on a new range.
     pub async fn up(settings: &[(&str, &str)]) -> Fleet {
-        let mut fleet = Fleet {
-            dir: std::env::temp_dir().join(format!("oncepay-fleet-{}", Uuid::new_v4().simple())),
-            port: free_port_range(),
-            settings: settings
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            env: HashMap::new(),
+        let mut tries = 0;
+        let mut fleet = loop {
+            tries += 1;
+            let fleet = Fleet {
+                dir: std::env::temp_dir()
+                    .join(format!("oncepay-fleet-{}", Uuid::new_v4().simple())),
+                port: free_port_range(),
+                settings: settings
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                env: HashMap::new(),
+            };
+            let out = fleet.cluster(&["up"]).await;
+            if out.status.success() {
+                break fleet;
+            }
+            let said = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stderr),
+                fleet.log_tails()
+            );
+            assert!(
+                port_taken(&said) && tries < 5,
+                "scripts/cluster up failed: {said}"
+            );
+            eprintln!("a port of the fleet's was taken before its part bound it; a new range");
         };
-        let out = fleet.cluster(&["up"]).await;
-        assert!(
-            out.status.success(),
-            "scripts/cluster up failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         fleet.env = sourced(&fleet.dir.join("env"));
         // The formation's URL, `&` and all, survives `source`.
         let database = oncepay::postgres::PgUrl::parse(&fleet.var("CLUSTER_DATABASE_URL"))
@@ -146,14 +163,22 @@ impl Fleet {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
-    /// `scripts/cluster up` again: starts what is not running.
+    /// `scripts/cluster up` again: starts what is not running, on its ports,
+    /// trying again while another process holds one of them.
     pub async fn bring_back(&self) {
-        let out = self.cluster(&["up"]).await;
-        assert!(
-            out.status.success(),
-            "scripts/cluster up (again): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let deadline = Instant::now() + START_BUDGET;
+        loop {
+            let out = self.cluster(&["up"]).await;
+            if out.status.success() {
+                return;
+            }
+            let said = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                port_taken(&said) && Instant::now() < deadline,
+                "scripts/cluster up (again): {said}"
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
 
     /// The node the monitor has as primary now, with its single-host URL.

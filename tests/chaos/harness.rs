@@ -47,13 +47,27 @@ pub const START_BUDGET: Duration = Duration::from_secs(60);
 /// `DATABASE_ACQUIRE_TIMEOUT`.
 const START_AGAIN: [&str; 2] = ["Address already in use", "within DATABASE_ACQUIRE_TIMEOUT"];
 
+/// Whether a failed start says its port was taken: the system's message
+/// (Postgres: `could not bind IPv4 address "127.0.0.1": Address already in
+/// use`, and pg_autoctl's), HAProxy's `cannot bind socket`, or
+/// scripts/cluster's `port N (for PART) is in use`.
+pub fn port_taken(output: &str) -> bool {
+    [
+        "Address already in use",
+        "cannot bind socket",
+        ") is in use",
+    ]
+    .iter()
+    .any(|m| output.contains(m))
+}
+
 /// The length of a log file now: where a new start's lines begin.
-fn log_end(log: &Path) -> u64 {
+pub fn log_end(log: &Path) -> u64 {
     std::fs::metadata(log).map_or(0, |m| m.len())
 }
 
 /// The log's text from byte `from` on.
-fn log_since(log: &Path, from: u64) -> String {
+pub fn log_since(log: &Path, from: u64) -> String {
     let text = std::fs::read(log).unwrap_or_default();
     let from = usize::try_from(from).unwrap_or(usize::MAX).min(text.len());
     String::from_utf8_lossy(&text[from..]).into_owned()
@@ -165,11 +179,7 @@ impl PrivateCluster {
                 .unwrap();
             assert!(status.success(), "chown the cluster folder");
         }
-        let cluster = PrivateCluster {
-            dir,
-            port: free_port(),
-            root,
-        };
+        let mut cluster = PrivateCluster { dir, port: 0, root };
         let data = cluster.dir.join("data");
         let out = cluster
             .pg(
@@ -191,8 +201,17 @@ impl PrivateCluster {
             "initdb: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        cluster.pg_ctl("start");
-        cluster
+        // Postgres must be told its port: another process may take the one
+        // chosen before Postgres binds it, and then a new one is chosen.
+        for _ in 0..5 {
+            cluster.port = free_port();
+            match cluster.try_pg_ctl("start") {
+                Ok(()) => return cluster,
+                Err(e) if port_taken(&e) => continue,
+                Err(e) => panic!("pg_ctl start: {e}"),
+            }
+        }
+        panic!("pg_ctl start: five ports in a row were taken before Postgres bound them");
     }
 
     fn pg(&self, binary: &Path, args: &[&str]) -> Command {
@@ -208,6 +227,13 @@ impl PrivateCluster {
     }
 
     fn pg_ctl(&self, action: &str) {
+        if let Err(e) = self.try_pg_ctl(action) {
+            panic!("pg_ctl {action}: {e}");
+        }
+    }
+
+    /// `pg_ctl ACTION`; what it and the server's log said if it failed.
+    fn try_pg_ctl(&self, action: &str) -> Result<(), String> {
         let data = self.dir.join("data");
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
@@ -215,13 +241,15 @@ impl PrivateCluster {
             self.dir.display()
         );
         let log = self.dir.join("postgres.log");
+        let from = log_end(&log);
+        let timeout = START_BUDGET.as_secs().to_string();
         let mut args = vec![
             action,
             "-D",
             data.to_str().unwrap(),
             "-w",
             "-t",
-            "30",
+            &timeout,
             "-m",
             "fast",
         ];
@@ -229,11 +257,14 @@ impl PrivateCluster {
             args.extend(["-o", &options, "-l", log.to_str().unwrap()]);
         }
         let out = self.pg(&pg_binary("pg_ctl"), &args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "pg_ctl {action}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stderr),
+            log_since(&log, from)
+        ))
     }
 
     pub fn admin_url(&self) -> String {
@@ -245,8 +276,19 @@ impl PrivateCluster {
         self.pg_ctl("stop");
     }
 
+    /// Starts the server again on its port, trying again while another
+    /// process holds the port (within [`START_BUDGET`]).
     pub fn start_again(&self) {
-        self.pg_ctl("start");
+        let deadline = Instant::now() + START_BUDGET;
+        loop {
+            match self.try_pg_ctl("start") {
+                Ok(()) => return,
+                Err(e) if port_taken(&e) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("pg_ctl start: {e}"),
+            }
+        }
     }
 }
 
