@@ -24,8 +24,10 @@
 //!
 //! A request turned away has done nothing: it held no connection, so it
 //! claimed no key and wrote no row, and its retry with the same key runs as
-//! if it were the first. Work already claimed is never turned away: the
-//! connections that settle a record are taken from the pool directly.
+//! if it were the first. Work already done is never turned away: the
+//! connections that settle a record are taken from the pool directly, and so
+//! is the next one of a request that settled its stale key (it has written;
+//! see `crate::operation::claim`), which waits until its deadline instead.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;

@@ -102,26 +102,38 @@ oncepay_redis_ensure() {
             return 0
         fi
     fi
-    local dir="${ONCEPAY_REDIS_DIR:-$ONCEPAY_ROOT/.redis}"
+    local dir="${ONCEPAY_REDIS_DIR:-$ONCEPAY_ROOT/.redis}" attempt log waited
     mkdir -p "$dir"
-    port="$(_oncepay_redis_free_port)" || return 1
-    say "starting a private Redis on 127.0.0.1:$port (log: $dir/redis-$port.log)"
-    redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" \
-        --save '' --appendonly no --daemonize no \
-        --logfile "$dir/redis-$port.log" >/dev/null 2>&1 &
-    _oncepay_redis_pid=$!
-    ONCEPAY_REDIS_STARTED=1
-    local waited
-    for ((waited = 0; waited < 50; waited++)); do
-        if _oncepay_redis_answers 127.0.0.1 "$port"; then
-            export REDIS_URL="redis://127.0.0.1:$port"
-            return 0
+    # The port is free when probed, but another process may bind it before
+    # Redis does: then Redis exits saying so, and another port is tried.
+    # Ready means this very process logged it is ready (not some other
+    # Redis answering on the port), within a budget a loaded machine keeps.
+    for attempt in 1 2 3 4 5; do
+        port="$(_oncepay_redis_free_port)" || return 1
+        log="$dir/redis-$port-$$.log"
+        say "starting a private Redis on 127.0.0.1:$port (log: $log)"
+        redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" \
+            --save '' --appendonly no --daemonize no \
+            --logfile "$log" >/dev/null 2>&1 &
+        _oncepay_redis_pid=$!
+        ONCEPAY_REDIS_STARTED=1
+        for ((waited = 0; waited < 300; waited++)); do
+            if grep -q "Ready to accept connections" "$log" 2>/dev/null &&
+                kill -0 "$_oncepay_redis_pid" 2>/dev/null &&
+                _oncepay_redis_answers 127.0.0.1 "$port"; then
+                export REDIS_URL="redis://127.0.0.1:$port"
+                return 0
+            fi
+            kill -0 "$_oncepay_redis_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        oncepay_redis_stop
+        if ! grep -q "Address already in use" "$log" 2>/dev/null; then
+            break
         fi
-        kill -0 "$_oncepay_redis_pid" 2>/dev/null || break
-        sleep 0.1
+        say "port $port was taken before Redis bound it (attempt $attempt); another port"
     done
-    say "the private Redis did not start; see $dir/redis-$port.log"
-    oncepay_redis_stop
+    say "the private Redis did not start; see $log"
     return 1
 }
 

@@ -93,11 +93,24 @@ impl Request {
     /// first: nothing was begun. An error once the request was answered
     /// (see [`Request::still_awaited`]).
     pub async fn connection(&self, state: &AppState) -> Result<PoolConnection<Postgres>, Error> {
+        self.connection_in(state, Queue::Bounded).await
+    }
+
+    /// [`Request::connection`], waited for as `queue` says.
+    async fn connection_in(
+        &self,
+        state: &AppState,
+        queue: Queue,
+    ) -> Result<PoolConnection<Postgres>, Error> {
         let asked = std::time::Instant::now();
-        let acquired = state
-            .admission
-            .connection(&state.pool, self.deadline(state))
-            .await;
+        let deadline = self.deadline(state);
+        let acquired = match queue {
+            Queue::Bounded => state.admission.connection(&state.pool, deadline).await,
+            Queue::Kept => match tokio::time::timeout_at(deadline, state.pool.acquire()).await {
+                Ok(acquired) => acquired.map_err(Refused::Pool),
+                Err(_) => Err(Refused::Deadline),
+            },
+        };
         self.waits.pool(asked.elapsed());
         if let Err(Refused::Shed { waited }) = &acquired {
             // One line per shed request would flood the log just when the
@@ -125,14 +138,30 @@ impl Request {
     /// inside a transaction nobody ends, and every statement run on it
     /// afterwards would be lost), so the check comes after it, and a late
     /// request rolls its empty transaction back.
-    async fn transaction(&self, state: &AppState) -> Result<Transaction<'static, Postgres>, Error> {
-        let connection = self.connection(state).await?;
+    async fn transaction(
+        &self,
+        state: &AppState,
+        queue: Queue,
+    ) -> Result<Transaction<'static, Postgres>, Error> {
+        let connection = self.connection_in(state, queue).await?;
         // `BEGIN` on a connection already taken, as `Pool::begin` itself
         // does after its own `acquire`.
         let tx = Transaction::begin(connection, None).await?;
         self.still_awaited(state)?;
         Ok(tx)
     }
+}
+
+/// How a request waits for a connection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    /// In the admission queue, shed once its bound passes: for a request
+    /// that has done nothing yet, so that being turned away costs nothing.
+    Bounded,
+    /// Straight from the pool, until the deadline, never shed: for a request
+    /// that has already written (it settled its stale key), which keeps its
+    /// admission for the rest of its steps.
+    Kept,
 }
 
 /// The error of a request whose work did not begin before it was answered
@@ -196,7 +225,9 @@ pub async fn begin(
     resource: Option<&Resource>,
 ) -> Result<Begun, Error> {
     let Some(key) = &request.key else {
-        return Ok(Begun::Claimed(request.transaction(state).await?));
+        return Ok(Begun::Claimed(
+            request.transaction(state, Queue::Bounded).await?,
+        ));
     };
     if let Some(begun) = from_cache(state, request, route)? {
         return Ok(begun);
@@ -259,7 +290,9 @@ pub async fn after_read(
     found: Option<StoredKey>,
 ) -> Result<Begun, Error> {
     let Some(key) = &request.key else {
-        return Ok(Begun::Claimed(request.transaction(state).await?));
+        return Ok(Begun::Claimed(
+            request.transaction(state, Queue::Bounded).await?,
+        ));
     };
     // A wait ends in time to answer `409` before `REQUEST_TIMEOUT` would
     // answer `503` in its place.
@@ -285,10 +318,13 @@ pub async fn after_read(
     }
     let mut waiter = None;
     let mut waited = false;
+    // Bounded until this request writes: once it has settled a stale key,
+    // its next steps are never shed.
+    let mut queue = Queue::Bounded;
     loop {
         step = match step {
             Step::Claim => {
-                let mut tx = request.transaction(state).await?;
+                let mut tx = request.transaction(state, queue).await?;
                 let claim = Claim {
                     merchant_id: request.merchant_id,
                     key,
@@ -348,6 +384,7 @@ pub async fn after_read(
                     .await
                     .map_err(|e| Error::from_recovery(e, &state.config))?;
                     metrics::idempotency("stale_recovered");
+                    queue = Queue::Kept;
                     Step::Claim
                 } else if Instant::now() < deadline {
                     Step::Wait

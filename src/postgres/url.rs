@@ -15,11 +15,13 @@ use sqlx::postgres::PgConnectOptions;
 /// `target_session_attrs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// Any server that accepts the connection (libpq's default, `any`).
+    /// Any server that accepts the connection (`any`; the default with one
+    /// host, as in libpq).
     Any,
     /// A server whose `transaction_read_only` is `off`: `read-write`, and
     /// `primary`, which is taken to mean the same here (a server that
-    /// cannot be written to is of no use to a service that writes).
+    /// cannot be written to is of no use to a service that writes); also
+    /// the default with several hosts, for the same reason.
     ReadWrite,
 }
 
@@ -48,7 +50,8 @@ pub struct UrlError(String);
 impl PgUrl {
     /// Parses `url`: `postgres://` or `postgresql://`, one host or a
     /// comma-separated list of `host[:port]` (each port optional), an
-    /// optional `target_session_attrs` of `any`, `read-write` or `primary`.
+    /// optional `target_session_attrs` of `any`, `read-write` or `primary`
+    /// (by default `any` for one host, `read-write` for several).
     pub fn parse(url: &str) -> Result<Self, UrlError> {
         let url = url.trim();
         let example = "write it like postgres://user:password@host:5432/database, \
@@ -93,6 +96,12 @@ impl PgUrl {
         }
 
         let entries: Vec<&str> = host_list.split(',').collect();
+        // Several hosts and no target: read-write, not libpq's `any`. Any
+        // would keep the first host that answers, a standby listed first
+        // included, and a service that writes cannot use one.
+        if entries.len() > 1 && !target_given {
+            target = Target::ReadWrite;
+        }
         if entries.len() > 1 {
             if entries.iter().any(|h| h.trim().is_empty()) {
                 return Err(UrlError(format!("a host of the list is empty ({example})")));
@@ -270,6 +279,17 @@ mod tests {
         let url = PgUrl::parse("postgres://db/x?target_session_attrs=primary").unwrap();
         assert_eq!(url.target(), Target::ReadWrite);
         assert!(!url.is_multi_host());
+    }
+
+    #[test]
+    fn a_multi_host_url_without_target_session_attrs_targets_read_write() {
+        let url = PgUrl::parse("postgres://standby:6002,primary:6001/oncepay").unwrap();
+        assert!(url.is_multi_host());
+        assert!(!url.target_given());
+        assert_eq!(url.target(), Target::ReadWrite);
+        // Said outright, `any` is still taken at its word.
+        let url = PgUrl::parse("postgres://a:1,b:2/x?target_session_attrs=any").unwrap();
+        assert_eq!(url.target(), Target::Any);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use sqlx::Connection;
 
 use crate::helpers::{Answer, Settings, spawn_app_with, until, visa};
+use crate::sweeper::stale_claim;
 
 /// Concurrent charges in the burst.
 const BURST: usize = 250;
@@ -224,4 +225,107 @@ async fn a_read_of_a_key_asked_of_a_full_queue_of_reads_is_shed_at_once() {
         "shed: {shed:?}"
     );
     drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_that_settled_its_stale_key_is_never_shed_at_its_next_step_and_gets_the_settled_answer()
+ {
+    let queue_timeout = Duration::from_millis(300);
+    let app = spawn_app_with(
+        Settings::new()
+            .set("DATABASE_MAX_CONNECTIONS", 2)
+            .set("DATABASE_QUEUE_TIMEOUT", "300ms")
+            .set("DATABASE_QUEUE_OVERLOAD_TIMEOUT", "300ms")
+            .set("REQUEST_TIMEOUT", "20s")
+            .set("PROCESSING_TIMEOUT", "30s"),
+    )
+    .await;
+    // The merchant cached: authentication needs no connection.
+    let warm = Answer::of(app.post_charge(Some("warm"), &visa(100)).await).await;
+    assert_eq!(warm.status, 201, "{:?}", warm.body);
+    let charge = "ch_shedafterrecovery000000001";
+    stale_claim(&app, "crashed", charge, "1 minute").await;
+
+    // The retry's settle of the stale charge waits on this row lock while
+    // it holds one of the server's two connections; the test holds the
+    // other.
+    let mut lock = sqlx::PgConnection::connect(&app.config.database_url)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN").execute(&mut lock).await.unwrap();
+    sqlx::query("SELECT 1 FROM charges WHERE id = $1 FOR UPDATE")
+        .bind(charge)
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    let first = app.pool.acquire().await.unwrap();
+    let retry = {
+        let (client, url, api_key) = (
+            app.client.clone(),
+            app.url("/v1/charges"),
+            app.api_key.clone(),
+        );
+        tokio::spawn(async move {
+            let response = client
+                .post(url)
+                .bearer_auth(api_key)
+                .header("Idempotency-Key", "crashed")
+                .json(&visa(2000))
+                .send()
+                .await
+                .expect("an answer");
+            Answer::of(response).await
+        })
+    };
+    let observer = sqlx::PgPool::connect(&app.config.database_url)
+        .await
+        .unwrap();
+    until(
+        SLACK * 5,
+        "the retry's settle waits on the row lock",
+        || {
+            let observer = observer.clone();
+            async move {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_one(&observer)
+                .await
+                .unwrap();
+                waiting == 1
+            }
+        },
+    )
+    .await;
+    // Queued for the pool before the settle gives its connection back, so
+    // it gets that one: the retry's next step then finds the pool full.
+    let second = tokio::spawn({
+        let pool = app.pool.clone();
+        async move { pool.acquire().await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    sqlx::query("COMMIT").execute(&mut lock).await.unwrap();
+    let second = second.await.unwrap();
+    let (status,): (String,) = sqlx::query_as("SELECT status::text FROM charges WHERE id = $1")
+        .bind(charge)
+        .fetch_one(&mut lock)
+        .await
+        .unwrap();
+    assert_eq!(status, "failed", "the retry settled the stale charge");
+    // Longer than any bound of the queue: a retry still in it would be shed.
+    tokio::time::sleep(queue_timeout + SLACK).await;
+    drop((first, second));
+
+    let answer = retry.await.unwrap();
+    answer.assert_problem(402, "processing_abandoned");
+    assert_eq!(answer.json()["charge"], charge);
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM idempotency_keys WHERE key = 'crashed' AND status = 'completed'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(app.payments().await, 1, "the warm charge's only");
 }

@@ -17,8 +17,9 @@ use uuid::Uuid;
 
 use crate::database::TestDb as Database;
 use crate::harness::{
-    API_KEY, ProcessorProcess, SLACK, Server, charge_body, client, eventually, free_port, is_root,
-    metric, pg_binary, post, refund_body, scratch_dir, send,
+    API_KEY, ProcessorProcess, SLACK, START_BUDGET, Server, charge_body, client, eventually,
+    free_port, is_root, log_end, log_since, metric, pg_binary, port_taken, post, refund_body,
+    scratch_dir, send,
 };
 
 /// A primary and a standby streaming from it (synchronously: a commit is
@@ -42,11 +43,11 @@ impl ReplicatedPair {
                 .unwrap();
             assert!(status.success(), "chown the cluster folder");
         }
-        let pair = ReplicatedPair {
+        let mut pair = ReplicatedPair {
             dir,
             root,
-            primary: free_port(),
-            standby: free_port(),
+            primary: 0,
+            standby: 0,
         };
         let primary = pair.data("primary");
         pair.run(
@@ -63,7 +64,7 @@ impl ReplicatedPair {
         );
         // Every commit waits for the standby's flush: what is acknowledged
         // survives the promotion.
-        pair.start_server("primary", pair.primary, "-c synchronous_standby_names=*");
+        pair.primary = pair.start_server("primary", "-c synchronous_standby_names=*");
         let standby = pair.data("standby");
         let port = pair.primary.to_string();
         pair.run(
@@ -82,7 +83,7 @@ impl ReplicatedPair {
                 "stream",
             ],
         );
-        pair.start_server("standby", pair.standby, "");
+        pair.standby = pair.start_server("standby", "");
         pair
     }
 
@@ -112,28 +113,43 @@ impl ReplicatedPair {
         );
     }
 
-    fn start_server(&self, name: &str, port: u16, extra: &str) {
+    /// Starts the server `name` on a free port, and returns the port: a new
+    /// one when another process took the first before Postgres bound it.
+    fn start_server(&self, name: &str, extra: &str) -> u16 {
         let data = self.data(name);
-        let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {extra}",
-            self.dir.display()
-        );
         let log = self.dir.join(format!("{name}.log"));
-        self.run(
-            &pg_binary("pg_ctl"),
-            &[
+        let timeout = START_BUDGET.as_secs().to_string();
+        for _ in 0..5 {
+            let port = free_port();
+            let options = format!(
+                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {extra}",
+                self.dir.display()
+            );
+            let from = log_end(&log);
+            let args = [
                 "start",
                 "-D",
                 data.to_str().unwrap(),
                 "-w",
                 "-t",
-                "30",
+                &timeout,
                 "-o",
                 &options,
                 "-l",
                 log.to_str().unwrap(),
-            ],
-        );
+            ];
+            let out = self.command(&pg_binary("pg_ctl"), &args).output().unwrap();
+            if out.status.success() {
+                return port;
+            }
+            let said = log_since(&log, from);
+            assert!(
+                port_taken(&said),
+                "pg_ctl start {name}: {}{said}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        panic!("pg_ctl start {name}: five ports in a row were taken before Postgres bound them");
     }
 
     fn url(port: u16, database: &str) -> String {
@@ -415,6 +431,45 @@ async fn oncepay_follows_the_primary_through_a_failover_without_a_restart() {
     );
     assert!(server.log_text().contains("re-targeted"));
     assert!(!server.log_text().contains("panicked"));
+    drop(server);
+    drop(processor);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_host_url_without_a_target_starts_and_writes_on_the_primary_listed_second() {
+    let pair = ReplicatedPair::start();
+    pair.wait_streaming().await;
+    let name = create_database(&pair).await;
+    let ledger = Database::create_empty().await;
+    let processor = ProcessorProcess::start(&ledger.url, &[] as &[(&str, &str)]).await;
+    // The standby first, and no target_session_attrs: `serve` migrates at
+    // start, so taking the standby would stop it there.
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{name}",
+        pair.standby, pair.primary
+    );
+    let server = Server::start(
+        &url,
+        &[
+            ("PROCESSOR_URL", processor.url()),
+            ("DATABASE_PRIMARY_CHECK_INTERVAL", "200ms".to_owned()),
+        ],
+    )
+    .await;
+    let http = client(Duration::from_secs(15));
+    let (status, _, body) = send(
+        &http,
+        &server.url(),
+        "no-target",
+        &charge_body("no-target", 700, "tok_visa"),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 201, "{body}");
+    let primary_url = ReplicatedPair::url(pair.primary, &name);
+    assert_eq!(count(&primary_url, "SELECT count(*) FROM charges").await, 1);
+    assert_eq!(readyz(&http, &server.url()).await, 200);
     drop(server);
     drop(processor);
 }

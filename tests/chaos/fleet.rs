@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,8 +18,8 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::harness::{
-    API_KEY, Ledger, OpOutcome, Report, SLACK, charge_body, client, drive_observed, eventually,
-    refund_body, wait_until_settled,
+    API_KEY, Ledger, OpOutcome, Report, SLACK, START_BUDGET, charge_body, client, drive_observed,
+    eventually, port_taken, refund_body, wait_until_settled,
 };
 
 /// A fleet started by `scripts/cluster up` in a folder of its own; taken
@@ -42,31 +42,78 @@ fn free_port_range() -> u16 {
     panic!("no 40 free ports in a row from 20000 to 50000");
 }
 
+/// The `CLUSTER_*` variables of `file` as `bash` sets them when it
+/// `source`s the file (the way the docs tell a reader to use it).
+fn sourced(file: &Path) -> HashMap<String, String> {
+    let out = Command::new("bash")
+        .args([
+            "-c",
+            r#"set -eu; source "$1"; for n in "${!CLUSTER_@}"; do printf '%s=%s\0' "$n" "${!n}"; done"#,
+            "_",
+        ])
+        .arg(file)
+        .output()
+        .expect("run bash");
+    assert!(
+        out.status.success(),
+        "source {}: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("the env file is UTF-8")
+        .split_terminator('\0')
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
 impl Fleet {
     /// Brings a fleet up with `settings` for its processes (every oncepay
     /// setting reaches the instances, `PROCESSOR_*` the gateway).
+    ///
+    /// The ports are a free range when chosen, but another process may take
+    /// one before its part binds it: then the fleet is destroyed and brought
+    /// up again in a new folder on a new range.
     pub async fn up(settings: &[(&str, &str)]) -> Fleet {
-        let mut fleet = Fleet {
-            dir: std::env::temp_dir().join(format!("oncepay-fleet-{}", Uuid::new_v4().simple())),
-            port: free_port_range(),
-            settings: settings
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            env: HashMap::new(),
+        let mut tries = 0;
+        let mut fleet = loop {
+            tries += 1;
+            let fleet = Fleet {
+                dir: std::env::temp_dir()
+                    .join(format!("oncepay-fleet-{}", Uuid::new_v4().simple())),
+                port: free_port_range(),
+                settings: settings
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                env: HashMap::new(),
+            };
+            let out = fleet.cluster(&["up"]).await;
+            if out.status.success() {
+                break fleet;
+            }
+            let said = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stderr),
+                fleet.log_tails()
+            );
+            assert!(
+                port_taken(&said) && tries < 5,
+                "scripts/cluster up failed: {said}"
+            );
+            eprintln!("a port of the fleet's was taken before its part bound it; a new range");
         };
-        let out = fleet.cluster(&["up"]).await;
-        assert!(
-            out.status.success(),
-            "scripts/cluster up failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        fleet.env = sourced(&fleet.dir.join("env"));
+        // The formation's URL, `&` and all, survives `source`.
+        let database = oncepay::postgres::PgUrl::parse(&fleet.var("CLUSTER_DATABASE_URL"))
+            .expect("CLUSTER_DATABASE_URL is a Postgres URL");
+        assert_eq!(
+            database.hosts().len(),
+            2,
+            "both nodes in CLUSTER_DATABASE_URL"
         );
-        let env = std::fs::read_to_string(fleet.dir.join("env")).expect("the fleet's env file");
-        fleet.env = env
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
+        assert!(database.target_given(), "the formation's target in the URL");
         fleet
     }
 
@@ -116,14 +163,22 @@ impl Fleet {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
-    /// `scripts/cluster up` again: starts what is not running.
+    /// `scripts/cluster up` again: starts what is not running, on its ports,
+    /// trying again while another process holds one of them.
     pub async fn bring_back(&self) {
-        let out = self.cluster(&["up"]).await;
-        assert!(
-            out.status.success(),
-            "scripts/cluster up (again): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let deadline = Instant::now() + START_BUDGET;
+        loop {
+            let out = self.cluster(&["up"]).await;
+            if out.status.success() {
+                return;
+            }
+            let said = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                port_taken(&said) && Instant::now() < deadline,
+                "scripts/cluster up (again): {said}"
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
 
     /// The node the monitor has as primary now, with its single-host URL.

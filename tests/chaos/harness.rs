@@ -37,6 +37,90 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// How long a process or a Postgres may take to start on a loaded machine: a
+/// budget for start-up only, never one a test measures.
+pub const START_BUDGET: Duration = Duration::from_secs(60);
+
+/// What a process that ended at start wrote when starting it again may
+/// succeed: its port was taken meanwhile (a restart on its old port), or the
+/// machine was too loaded for its database to answer within its
+/// `DATABASE_ACQUIRE_TIMEOUT`.
+const START_AGAIN: [&str; 2] = ["Address already in use", "within DATABASE_ACQUIRE_TIMEOUT"];
+
+/// Whether a failed start says its port was taken: the system's message
+/// (Postgres: `could not bind IPv4 address "127.0.0.1": Address already in
+/// use`, and pg_autoctl's), HAProxy's `cannot bind socket`, or
+/// scripts/cluster's `port N (for PART) is in use`.
+pub fn port_taken(output: &str) -> bool {
+    [
+        "Address already in use",
+        "cannot bind socket",
+        ") is in use",
+    ]
+    .iter()
+    .any(|m| output.contains(m))
+}
+
+/// The length of a log file now: where a new start's lines begin.
+pub fn log_end(log: &Path) -> u64 {
+    std::fs::metadata(log).map_or(0, |m| m.len())
+}
+
+/// The log's text from byte `from` on.
+pub fn log_since(log: &Path, from: u64) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let from = usize::try_from(from).unwrap_or(usize::MAX).min(text.len());
+    String::from_utf8_lossy(&text[from..]).into_owned()
+}
+
+/// The port in the `addr` of the first `message` line (`oncepay listening`,
+/// `processor listening`), in the text or the JSON log format.
+fn logged_port(log: &str, message: &str) -> Option<u16> {
+    let line = log.lines().find(|l| l.contains(message))?;
+    let (_, rest) = line
+        .split_once("addr=")
+        .or_else(|| line.split_once("\"addr\":\""))?;
+    let addr = rest.split(|c: char| c.is_whitespace() || c == '"').next()?;
+    addr.rsplit_once(':')?.1.parse().ok()
+}
+
+/// Waits until `child`, started with its port `*port` (0: one of its own
+/// choosing, read from `log` after byte `from`), answers `/healthz`; the exit
+/// status if it ends before that.
+async fn wait_started(
+    child: &mut Option<Child>,
+    port: &mut u16,
+    log: &Path,
+    from: u64,
+    message: &str,
+) -> Result<(), ExitStatus> {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + START_BUDGET;
+    loop {
+        if *port == 0 {
+            *port = logged_port(&log_since(log, from), message).unwrap_or(0);
+        }
+        if *port != 0 {
+            let url = format!("http://127.0.0.1:{port}/healthz");
+            if let Ok(r) = client.get(url).send().await {
+                if r.status() == 200 {
+                    return Ok(());
+                }
+            }
+        }
+        if let Some(status) = child.as_mut().unwrap().try_wait().unwrap() {
+            *child = None;
+            return Err(status);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{message}: not started within {START_BUDGET:?}: {}",
+            log_since(log, from)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub fn scratch_dir(what: &str) -> PathBuf {
     let dir =
         std::env::temp_dir().join(format!("oncepay-chaos-{what}-{}", Uuid::new_v4().simple()));
@@ -95,11 +179,7 @@ impl PrivateCluster {
                 .unwrap();
             assert!(status.success(), "chown the cluster folder");
         }
-        let cluster = PrivateCluster {
-            dir,
-            port: free_port(),
-            root,
-        };
+        let mut cluster = PrivateCluster { dir, port: 0, root };
         let data = cluster.dir.join("data");
         let out = cluster
             .pg(
@@ -121,8 +201,17 @@ impl PrivateCluster {
             "initdb: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        cluster.pg_ctl("start");
-        cluster
+        // Postgres must be told its port: another process may take the one
+        // chosen before Postgres binds it, and then a new one is chosen.
+        for _ in 0..5 {
+            cluster.port = free_port();
+            match cluster.try_pg_ctl("start") {
+                Ok(()) => return cluster,
+                Err(e) if port_taken(&e) => continue,
+                Err(e) => panic!("pg_ctl start: {e}"),
+            }
+        }
+        panic!("pg_ctl start: five ports in a row were taken before Postgres bound them");
     }
 
     fn pg(&self, binary: &Path, args: &[&str]) -> Command {
@@ -138,6 +227,13 @@ impl PrivateCluster {
     }
 
     fn pg_ctl(&self, action: &str) {
+        if let Err(e) = self.try_pg_ctl(action) {
+            panic!("pg_ctl {action}: {e}");
+        }
+    }
+
+    /// `pg_ctl ACTION`; what it and the server's log said if it failed.
+    fn try_pg_ctl(&self, action: &str) -> Result<(), String> {
         let data = self.dir.join("data");
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
@@ -145,13 +241,15 @@ impl PrivateCluster {
             self.dir.display()
         );
         let log = self.dir.join("postgres.log");
+        let from = log_end(&log);
+        let timeout = START_BUDGET.as_secs().to_string();
         let mut args = vec![
             action,
             "-D",
             data.to_str().unwrap(),
             "-w",
             "-t",
-            "30",
+            &timeout,
             "-m",
             "fast",
         ];
@@ -159,11 +257,14 @@ impl PrivateCluster {
             args.extend(["-o", &options, "-l", log.to_str().unwrap()]);
         }
         let out = self.pg(&pg_binary("pg_ctl"), &args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "pg_ctl {action}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stderr),
+            log_since(&log, from)
+        ))
     }
 
     pub fn admin_url(&self) -> String {
@@ -175,8 +276,19 @@ impl PrivateCluster {
         self.pg_ctl("stop");
     }
 
+    /// Starts the server again on its port, trying again while another
+    /// process holds the port (within [`START_BUDGET`]).
     pub fn start_again(&self) {
-        self.pg_ctl("start");
+        let deadline = Instant::now() + START_BUDGET;
+        loop {
+            match self.try_pg_ctl("start") {
+                Ok(()) => return,
+                Err(e) if port_taken(&e) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("pg_ctl start: {e}"),
+            }
+        }
     }
 }
 
@@ -264,7 +376,8 @@ impl ProcessorProcess {
         );
         let mut processor = ProcessorProcess {
             child: None,
-            port: free_port(),
+            // Its own choice at the first start, kept for its restarts.
+            port: 0,
             env: vars,
             log: scratch_dir("log").join("processor.log"),
         };
@@ -273,43 +386,41 @@ impl ProcessorProcess {
     }
 
     async fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_oncepay"))
-            .arg("processor")
-            .env_clear()
-            .envs(self.env.iter().cloned())
-            .env("PROCESSOR_PORT", self.port.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start oncepay processor");
-        self.child = Some(child);
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + START_BUDGET;
         loop {
-            if let Ok(r) = client.get(format!("{}/healthz", self.url())).send().await {
-                if r.status() == 200 {
-                    return;
-                }
-            }
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                self.child = None;
-                panic!(
-                    "oncepay processor exited at start ({status}): {}",
-                    self.log_text()
-                );
-            }
+            let from = log_end(&self.log);
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.log)
+                .unwrap();
+            let child = Command::new(env!("CARGO_BIN_EXE_oncepay"))
+                .arg("processor")
+                .env_clear()
+                .envs(self.env.iter().cloned())
+                .env("PROCESSOR_PORT", self.port.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("start oncepay processor");
+            self.child = Some(child);
+            let started = wait_started(
+                &mut self.child,
+                &mut self.port,
+                &self.log,
+                from,
+                "processor listening",
+            )
+            .await;
+            let Err(status) = started else { return };
+            let text = log_since(&self.log, from);
             assert!(
-                Instant::now() < deadline,
-                "oncepay processor did not start: {}",
+                START_AGAIN.iter().any(|m| text.contains(m)) && Instant::now() < deadline,
+                "oncepay processor exited at start ({status}): {}",
                 self.log_text()
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
@@ -421,7 +532,8 @@ impl Server {
         let log = scratch_dir("log").join("server.log");
         let mut server = Server {
             child: None,
-            port: free_port(),
+            // Its own choice at the first start, kept for its restarts.
+            port: 0,
             env: vars,
             log,
             open_files,
@@ -437,9 +549,33 @@ impl Server {
         }
     }
 
-    /// Starts the process and waits until it answers `/healthz`; the exit
-    /// status if it ends before that.
+    /// Starts the process and waits until it answers `/healthz`, starting it
+    /// again while it ends at start for a cause of [`START_AGAIN`]; the exit
+    /// status if it ends before that for another.
     async fn try_spawn(&mut self) -> Result<(), ExitStatus> {
+        let deadline = Instant::now() + START_BUDGET;
+        loop {
+            let from = log_end(&self.log);
+            self.child = Some(self.command().spawn().expect("start oncepay"));
+            let started = wait_started(
+                &mut self.child,
+                &mut self.port,
+                &self.log,
+                from,
+                "oncepay listening",
+            )
+            .await;
+            let Err(status) = started else { return Ok(()) };
+            let text = log_since(&self.log, from);
+            if !START_AGAIN.iter().any(|m| text.contains(m)) || Instant::now() >= deadline {
+                return Err(status);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The command that starts the process, on its port (0 at first).
+    fn command(&self) -> Command {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -462,35 +598,14 @@ impl Server {
                 command
             }
         };
-        let child = command
+        command
             .env_clear()
             .envs(self.env.iter().cloned())
             .env("PORT", self.port.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start oncepay");
-        self.child = Some(child);
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = client.get(format!("{}/healthz", self.url())).send().await {
-                if r.status() == 200 {
-                    return Ok(());
-                }
-            }
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                self.child = None;
-                return Err(status);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "oncepay did not start: {}",
-                self.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            .stderr(log);
+        command
     }
 
     pub fn url(&self) -> String {

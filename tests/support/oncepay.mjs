@@ -50,63 +50,79 @@ export function createDatabase(prefix) {
 /** A merchant key the server creates at start (`DEMO_API_KEY`). */
 export const newApiKey = (tag) => `sk_test_${tag}${randomBytes(20).toString("hex")}`;
 
-export function freePort() {
-  return new Promise((ok, fail) => {
-    const s = createServer();
-    s.once("error", fail);
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => ok(port));
-    });
-  });
+/** The port in the `addr` of the `oncepay listening` line of TEXT (text or JSON logs). */
+function listeningPort(text) {
+  const m = /oncepay listening.*?"?addr"?[=:]"?[^\s"]*:(\d+)/.exec(text);
+  return m ? Number(m[1]) : 0;
 }
 
 /**
- * Starts `oncepay serve` on DATABASE_URL and PORT (default: a free one), its
- * output in LOG_PATH, and waits for /healthz. Returns `{ proc, base, port }`.
+ * Starts `oncepay serve` on DATABASE_URL and PORT, its output in LOG_PATH,
+ * and waits for /healthz. Returns `{ proc, base, port }`. Without a PORT the
+ * server binds port 0 and says which it got (so no other process can take
+ * it between choice and use); with one (a restart), a start that finds it
+ * still taken (`Address already in use`) is tried again for up to 60 s.
  */
 export async function serve({ databaseUrl, apiKey, logPath, env = {}, cwd, port: fixedPort }) {
   if (!existsSync(BIN)) throw new Error(`${BIN} is missing: run cargo build --bin oncepay first`);
   mkdirSync(dirname(logPath), { recursive: true });
-  const port = fixedPort || (await freePort());
-  const base = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + 60_000;
   const log = createWriteStream(logPath);
-  const proc = spawn(BIN, ["serve"], {
-    cwd: cwd || dirname(logPath), // away from the repository's .env
-    env: {
-      PATH: process.env.PATH,
-      DATABASE_URL: databaseUrl,
-      PORT: String(port),
-      BIND_ADDR: "127.0.0.1",
-      DEMO_API_KEY: apiKey,
-      RUST_LOG: "info,sqlx=warn",
-      ...env,
-    },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  proc.stdout.pipe(log);
-  proc.stderr.pipe(log);
-  proc.exited = null;
-  proc.on("exit", (code, signal) => {
-    proc.exited = signal || `code ${code}`;
-  });
-  try {
-    const deadline = Date.now() + 60_000;
-    for (;;) {
-      if (proc.exited) throw new Error(`oncepay serve exited (${proc.exited}); see ${logPath}`);
-      try {
-        if ((await fetch(base + "/healthz")).ok) break;
-      } catch (_) {
-        // not listening yet
-      }
-      if (Date.now() > deadline) throw new Error(`oncepay did not answer /healthz; see ${logPath}`);
-      await sleep(100);
+  for (;;) {
+    const started = await start(fixedPort || 0, deadline);
+    if (started.proc) return started;
+    if (!(fixedPort && started.output.includes("Address already in use") && Date.now() < deadline)) {
+      throw new Error(`oncepay serve exited (${started.exited}); see ${logPath}`);
     }
-  } catch (e) {
-    proc.kill("SIGKILL");
-    throw e;
+    await sleep(200);
   }
-  return { proc, base, port };
+
+  // One start; `{ proc, base, port }` once it answers, or `{ exited, output }`.
+  async function start(port, deadline) {
+    let output = "";
+    const proc = spawn(BIN, ["serve"], {
+      cwd: cwd || dirname(logPath), // away from the repository's .env
+      env: {
+        PATH: process.env.PATH,
+        DATABASE_URL: databaseUrl,
+        PORT: String(port),
+        BIND_ADDR: "127.0.0.1",
+        DEMO_API_KEY: apiKey,
+        RUST_LOG: "info,sqlx=warn",
+        ...env,
+      },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    for (const stream of [proc.stdout, proc.stderr]) {
+      stream.on("data", (chunk) => {
+        output += chunk;
+        log.write(chunk);
+      });
+    }
+    proc.exited = null;
+    proc.on("exit", (code, signal) => {
+      proc.exited = signal || `code ${code}`;
+    });
+    try {
+      for (;;) {
+        if (proc.exited) return { exited: proc.exited, output };
+        if (!port) port = listeningPort(output);
+        if (port) {
+          try {
+            if ((await fetch(`http://127.0.0.1:${port}/healthz`)).ok) break;
+          } catch (_) {
+            // not listening yet
+          }
+        }
+        if (Date.now() > deadline) throw new Error(`oncepay did not answer /healthz; see ${logPath}`);
+        await sleep(100);
+      }
+    } catch (e) {
+      proc.kill("SIGKILL");
+      throw e;
+    }
+    return { proc, base: `http://127.0.0.1:${port}`, port };
+  }
 }
 
 /** SIGTERM, then SIGKILL after 10 s. */

@@ -15,6 +15,7 @@ user may create databases), ONCEPAY_BIN (default target/debug/oncepay).
 import http.server
 import json
 import os
+import re
 import secrets
 import socket
 import struct
@@ -54,10 +55,13 @@ def with_database(url, name):
     return urllib.parse.urlunsplit(parts._replace(path="/" + name))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def listening_port(log_path):
+    """The port in the `addr` of the `oncepay listening` line of the server's
+    log (text or JSON), or None yet: the server binds port 0 itself, so no
+    other process can take its port between choice and use."""
+    text = Path(log_path).read_text(errors="replace") if Path(log_path).exists() else ""
+    m = re.search(r'oncepay listening.*?"?addr"?[=:]"?[^\s"]*:(\d+)', text)
+    return int(m.group(1)) if m else None
 
 
 @dataclass
@@ -100,7 +104,6 @@ def serve(log_name, **settings):
     psql(SERVER_URL, f'CREATE DATABASE "{db_name}"')
     db_url = with_database(SERVER_URL, db_name)
     api_key = "sk_test_sdkpy" + secrets.token_hex(20)
-    port = free_port()
     log = open(OUT / log_name, "wb")
     server = subprocess.Popen(
         [str(BIN), "serve"],
@@ -108,7 +111,7 @@ def serve(log_name, **settings):
         env={
             "PATH": os.environ["PATH"],
             "DATABASE_URL": db_url,
-            "PORT": str(port),
+            "PORT": "0",
             "BIND_ADDR": "127.0.0.1",
             "DEMO_API_KEY": api_key,
             "PROCESSING_TIMEOUT": PROCESSING_TIMEOUT,
@@ -123,15 +126,18 @@ def serve(log_name, **settings):
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    base = f"http://127.0.0.1:{port}"
+    base = None
     try:
         deadline = time.monotonic() + 60
         while True:
             assert server.poll() is None, f"oncepay serve exited; see {OUT}/{log_name}"
+            port = listening_port(OUT / log_name)
+            base = port and f"http://127.0.0.1:{port}"
             try:
-                with urllib.request.urlopen(base + "/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        break
+                if base:
+                    with urllib.request.urlopen(base + "/healthz", timeout=1) as r:
+                        if r.status == 200:
+                            break
             except OSError:
                 pass
             assert time.monotonic() < deadline, "oncepay did not answer /healthz within 60 s"

@@ -18,7 +18,7 @@ pub mod receiver;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
@@ -77,6 +77,17 @@ pub fn random_hex(bytes: usize) -> String {
     s
 }
 
+/// The port in the `addr` of the `oncepay listening` line of a log (text or
+/// JSON).
+fn listening_port(log: &str) -> Option<u16> {
+    let line = log.lines().find(|l| l.contains("oncepay listening"))?;
+    let (_, rest) = line
+        .split_once("addr=")
+        .or_else(|| line.split_once("\"addr\":\""))?;
+    let addr = rest.split(|c: char| c.is_whitespace() || c == '"').next()?;
+    addr.rsplit_once(':')?.1.parse().ok()
+}
+
 fn start() -> Oncepay {
     let root = root();
     let bin = std::env::var_os("ONCEPAY_BIN")
@@ -97,12 +108,6 @@ fn start() -> Oncepay {
     let db_url = with_database(&server, &db);
     let processor_url = with_database(&server, &format!("{db}_processor"));
     let api_key = format!("sk_test_sdkrust{}", random_hex(20));
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-
     // The server runs under a shell that waits for its standard input to
     // close (this process ending, however it ends), then stops the server
     // and drops both databases.
@@ -127,7 +132,9 @@ fn start() -> Oncepay {
         .env("DB", &db)
         .env("SERVER_URL", &server)
         .env("DATABASE_URL", &db_url)
-        .env("PORT", port.to_string())
+        // Its own choice, read from its log: no other process can take a
+        // port between choice and use.
+        .env("PORT", "0")
         .env("BIND_ADDR", "127.0.0.1")
         .env("DEMO_API_KEY", &api_key)
         .env("PROCESSING_TIMEOUT", "2s")
@@ -145,14 +152,17 @@ fn start() -> Oncepay {
         .expect("sh runs");
     let stdin = child.stdin.take().unwrap();
 
-    let base = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let base = loop {
         if let Some(status) = child.try_wait().unwrap() {
             panic!("oncepay serve exited ({status}); see {}", log.display());
         }
-        if matches!(http("GET", &base, "/healthz", None), Ok((200, _))) {
-            break;
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(port) = listening_port(&text) {
+            let base = format!("http://127.0.0.1:{port}");
+            if matches!(http("GET", &base, "/healthz", None), Ok((200, _))) {
+                break base;
+            }
         }
         assert!(
             Instant::now() < deadline,
@@ -160,7 +170,7 @@ fn start() -> Oncepay {
             log.display()
         );
         std::thread::sleep(Duration::from_millis(100));
-    }
+    };
     Oncepay {
         base,
         api_key,
