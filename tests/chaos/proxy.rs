@@ -21,7 +21,7 @@ pub struct HoldingProxy {
     addr: SocketAddr,
     /// `true` while bytes flow.
     flowing: watch::Sender<bool>,
-    /// Bytes read from either side and not yet written to the other.
+    /// Bytes the server's side sent and not yet passed on to Postgres.
     pending: Arc<AtomicUsize>,
     accept: JoinHandle<()>,
 }
@@ -81,7 +81,8 @@ impl HoldingProxy {
         self.flowing.send_replace(true);
     }
 
-    /// Whether every byte read has been passed on (none held or in transit).
+    /// Whether every byte sent towards Postgres has been passed on to it
+    /// (none held or in transit); what Postgres answers is not counted.
     pub fn drained(&self) -> bool {
         self.pending.load(Ordering::SeqCst) == 0
     }
@@ -105,8 +106,8 @@ async fn pipe(
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     tokio::select! {
-        _ = forward(client_read, server_write, gate.clone(), pending.clone()) => {}
-        _ = forward(server_read, client_write, gate, pending) => {}
+        _ = forward(client_read, server_write, gate.clone(), pending) => {}
+        _ = forward(server_read, client_write, gate, Arc::default()) => {}
     }
 }
 
