@@ -39,9 +39,9 @@ pub struct Cli {
     command: Option<Command>,
     #[command(flatten)]
     settings: Settings,
-    /// `oncepay processor`'s own settings, parsed by its own parser.
+    /// `oncepay processor`'s own command line, parsed by its own parser.
     #[arg(skip)]
-    processor: Option<gateway::config::Settings>,
+    processor: Option<gateway::config::Cli>,
 }
 
 /// Why the command line was not parsed.
@@ -64,8 +64,8 @@ enum Command {
         #[command(subcommand)]
         command: MerchantsCommand,
     },
-    /// Run the card gateway simulator, with its own PROCESSOR_* settings
-    /// (see `oncepay processor --help`).
+    /// Run the card gateway simulator, with its own PROCESSOR_* settings, or
+    /// manage the accounts that call it (see `oncepay processor --help`).
     Processor,
     /// Run the background sweeper.
     Sweep {
@@ -136,7 +136,7 @@ impl Cli {
             return Ok(Cli {
                 command: Some(Command::Processor),
                 settings: Settings::parse_defaults(),
-                processor: Some(cli.settings),
+                processor: Some(cli),
             });
         }
         let command = Settings::blank_is_unset(Self::command());
@@ -153,10 +153,20 @@ impl Cli {
 
     /// Runs the command; its exit status (a failure is an `Err`).
     pub async fn run(self) -> anyhow::Result<ExitCode> {
-        if let Some(settings) = self.processor {
-            let config = gateway::Config::from_settings(settings)?;
-            let gateway = Gateway::build(config).await?;
-            gateway.run_until_stopped(shutdown_signal()).await;
+        if let Some(cli) = self.processor {
+            let config = gateway::Config::from_settings(cli.settings)?;
+            match cli.command {
+                None => {
+                    let gateway = Gateway::build(config).await?;
+                    gateway.run_until_stopped(shutdown_signal()).await;
+                }
+                Some(gateway::config::Command::Accounts {
+                    command: gateway::config::AccountsCommand::Create { name },
+                }) => {
+                    let secret = gateway::create_account(&config, &name).await?;
+                    println!("{}", secret.expose());
+                }
+            }
             return Ok(ExitCode::SUCCESS);
         }
         let config = Config::from_settings(self.settings)?;
@@ -303,7 +313,9 @@ impl EmbeddedProcessor {
 /// a gateway started here on `127.0.0.1` and a free port, every call still
 /// crossing HTTP, with its ledger in `PROCESSOR_DATABASE_URL` or, unset, in
 /// the database `<oncepay's database>_processor` on the same server
-/// (created if missing). With several hosts in `DATABASE_URL` and neither
+/// (created if missing), and called under an account named after oncepay's
+/// database with a key made now (`PROCESSOR_API_KEY` is for a gateway of
+/// one's own). With several hosts in `DATABASE_URL` and neither
 /// `PROCESSOR_URL` nor `PROCESSOR_DATABASE_URL`, it refuses: the card
 /// gateway's ledger would fail over with oncepay's own database, and the
 /// two are meant to be two systems that fail apart.
@@ -347,6 +359,9 @@ pub async fn with_processor(
     let gateway = Gateway::build(gateway_config)
         .await
         .context("starting the embedded processor (set PROCESSOR_URL to use one of your own)")?;
+    let secret = gateway
+        .own_account(&embedded_account_name(&config.database_url))
+        .await?;
     let url = gateway.url();
     tracing::info!(processor = %url, "no PROCESSOR_URL: started an embedded processor");
     let (stop, stopped) = oneshot::channel::<()>();
@@ -354,7 +369,19 @@ pub async fn with_processor(
         let _ = stopped.await;
     }));
     config.processor_url = Some(url);
+    config.processor_api_key = Some(secret.expose().to_owned());
     Ok((config, Some(EmbeddedProcessor { stop, task })))
+}
+
+/// The embedded gateway's account of the oncepay on `database_url`: one
+/// per oncepay database, so that two sharing a ledger never meet in it.
+fn embedded_account_name(database_url: &str) -> String {
+    let name = url::Url::parse(database_url)
+        .ok()
+        .map(|url| url.path().trim_start_matches('/').to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "oncepay".to_owned());
+    format!("oncepay embedded ({name})")
 }
 
 /// `database_url` with its database name suffixed `_processor`.

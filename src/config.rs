@@ -126,6 +126,9 @@ pub struct Settings {
     /// The card gateway's base URL (unset: `serve` starts one of its own on a loopback port).
     #[arg(long, help_heading = "Processor", env = "PROCESSOR_URL", value_parser = http_url, global = true)]
     processor_url: Option<String>,
+    /// The secret key of oncepay's account at the card gateway (`oncepay processor accounts create` prints one); required with PROCESSOR_URL.
+    #[arg(long, help_heading = "Processor", env = "PROCESSOR_API_KEY", hide_env_values = true, value_parser = secret, global = true)]
+    processor_api_key: Option<String>,
     /// The longest a connection to the processor may take to open.
     #[arg(long, help_heading = "Processor", env = "PROCESSOR_CONNECT_TIMEOUT", default_value = "1s", value_parser = positive_duration, global = true)]
     processor_connect_timeout: Duration,
@@ -221,6 +224,10 @@ pub struct Config {
     pub reconcile_window: Duration,
     /// The card gateway's base URL; `None` until `serve` starts its own.
     pub processor_url: Option<String>,
+    /// oncepay's secret key at the card gateway, sent as `Authorization:
+    /// Bearer` on every call; `None` until `serve` starts its own gateway.
+    /// Never logged: `Debug` hides it.
+    pub processor_api_key: Option<String>,
     /// The longest a connection to the processor may take to open.
     pub processor_connect_timeout: Duration,
     /// The longest one processor call may take.
@@ -370,6 +377,7 @@ impl Config {
             reconcile_interval,
             reconcile_window,
             processor_url,
+            processor_api_key,
             processor_connect_timeout,
             processor_timeout,
             processor_retries,
@@ -424,6 +432,7 @@ impl Config {
             reconcile_interval,
             reconcile_window,
             processor_url,
+            processor_api_key,
             processor_connect_timeout,
             processor_timeout,
             processor_retries,
@@ -643,6 +652,10 @@ impl std::fmt::Debug for Config {
                 "processor_url",
                 &self.processor_url.as_deref().map(redact_url),
             )
+            .field(
+                "processor_api_key",
+                &self.processor_api_key.as_ref().map(|_| "***"),
+            )
             .field("processor_connect_timeout", &self.processor_connect_timeout)
             .field("processor_timeout", &self.processor_timeout)
             .field("processor_retries", &self.processor_retries)
@@ -780,6 +793,15 @@ fn check_interval(value: &str) -> Result<Duration, String> {
         return Err("must be from 100ms to 1m".into());
     }
     Ok(duration)
+}
+
+/// A secret key to send as a header: 1 to 255 visible ASCII characters.
+fn secret(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    if value.is_empty() || value.len() > 255 || !value.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("must be 1 to 255 visible ASCII characters".into());
+    }
+    Ok(value.to_owned())
 }
 
 fn demo_api_key(value: &str) -> Result<String, String> {

@@ -304,8 +304,13 @@ pub fn processor_settings(config: &Config) -> anyhow::Result<HttpSettings> {
         "PROCESSOR_URL is unset: set it to the card gateway's URL (oncepay processor), \
          or let oncepay serve start its own",
     )?;
+    let api_key = config.processor_api_key.clone().context(
+        "PROCESSOR_API_KEY is unset: set it to oncepay's secret key at the card gateway \
+         at PROCESSOR_URL (`oncepay processor accounts create --name oncepay` prints one)",
+    )?;
     Ok(HttpSettings {
         url,
+        api_key,
         connect_timeout: config.processor_connect_timeout,
         timeout: config.processor_timeout,
         retries: config.processor_retries,

@@ -57,8 +57,31 @@ pub struct Config {
                   a flag wins over both."
 )]
 pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
     #[command(flatten)]
     pub settings: Settings,
+}
+
+/// What `oncepay processor` does: serve (the default), or manage accounts.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Manage the accounts that may call the gateway.
+    Accounts {
+        #[command(subcommand)]
+        command: AccountsCommand,
+    },
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum AccountsCommand {
+    /// Create an account; prints its secret key, and only it, on stdout,
+    /// once (set it as the caller's PROCESSOR_API_KEY).
+    Create {
+        /// The account's name, 1 to 200 characters, unique.
+        #[arg(long, value_parser = account_name)]
+        name: String,
+    },
 }
 
 impl Config {
@@ -127,6 +150,15 @@ fn postgres_url(value: &str) -> Result<String, String> {
     crate::postgres::PgUrl::parse(value)
         .map(|_| value.to_owned())
         .map_err(|e| e.to_string())
+}
+
+/// An account's name as the `accounts` table takes it.
+fn account_name(value: &str) -> Result<String, String> {
+    let name = value.trim();
+    if name.is_empty() || name.chars().count() > 200 {
+        return Err("an account's name must be 1 to 200 characters, not blank".into());
+    }
+    Ok(name.to_owned())
 }
 
 fn ip_addr(value: &str) -> Result<IpAddr, String> {

@@ -1,7 +1,9 @@
-//! What the gateway does with money, whoever asks: authorize, void, refund,
-//! look up and list, each idempotent on its key and each deciding its
-//! outcome from the card's test token ([`crate::test_cards`]). No HTTP here:
-//! the handlers in [`super::http`] parse, call one of these and render.
+//! What the gateway does with an account's money: authorize, void, refund,
+//! look up and list, each idempotent on its key within the account, each
+//! seeing that account's operations only, and each deciding its outcome
+//! from the card's test token ([`crate::test_cards`]). No HTTP here: the
+//! handlers in [`super::http`] authenticate the caller ([`super::accounts`]),
+//! parse, call one of these and render.
 
 use std::time::Duration;
 
@@ -85,7 +87,11 @@ impl Ledger {
     /// same parameters returns the first outcome and moves no more money; a
     /// void recorded first stands (no money can move under the key any
     /// more); other parameters under the key are refused.
-    pub async fn authorize(&self, request: &Authorize) -> Result<Recorded, GatewayError> {
+    pub async fn authorize(
+        &self,
+        account: &str,
+        request: &Authorize,
+    ) -> Result<Recorded, GatewayError> {
         check_key(&request.key)?;
         check_amount(request.amount)?;
         check_currency(&request.currency)?;
@@ -104,6 +110,7 @@ impl Ledger {
         };
         let inserted = store::insert_authorization(
             &self.pool,
+            account,
             &NewAuthorization {
                 key: &request.key,
                 outcome,
@@ -118,7 +125,7 @@ impl Ledger {
         let fresh = inserted.is_some();
         let operation = match inserted {
             Some(operation) => operation,
-            None => self.recorded(&request.key).await?,
+            None => self.recorded(account, &request.key).await?,
         };
         let same = operation.kind == "void"
             || (operation.kind == "authorization"
@@ -129,7 +136,7 @@ impl Ledger {
             return Err(GatewayError::KeyReused(request.key.clone()));
         }
         if fresh {
-            tracing::info!(key = %operation.key, outcome = %operation.outcome, amount = request.amount, "authorization recorded");
+            tracing::info!(account, key = %operation.key, outcome = %operation.outcome, amount = request.amount, "authorization recorded");
         }
         Ok(Recorded {
             answer_lost: token == TestToken::ProcessorTimeoutAfterCapture,
@@ -142,12 +149,12 @@ impl Ledger {
     /// technical cancel): records a void unless the key already holds an
     /// outcome, and returns what stands. After it, no authorization under
     /// the key can move money.
-    pub async fn void(&self, key: &str) -> Result<Recorded, GatewayError> {
+    pub async fn void(&self, account: &str, key: &str) -> Result<Recorded, GatewayError> {
         check_key(key)?;
-        let fresh = store::insert_void(&self.pool, key).await?;
-        let operation = self.recorded(key).await?;
+        let fresh = store::insert_void(&self.pool, account, key).await?;
+        let operation = self.recorded(account, key).await?;
         if fresh {
-            tracing::info!(key = %key, "void recorded");
+            tracing::info!(account, key = %key, "void recorded");
         }
         Ok(Recorded {
             operation,
@@ -156,11 +163,16 @@ impl Ledger {
         })
     }
 
-    /// Refunds part or all of the payment `request.payment`, once under
-    /// `request.key`; a refund larger than the payment is refused. A `tok_refundFail` card's issuer refuses the first
-    /// refund of a payment, for good: that refusal is recorded, and a repeat
-    /// gets it again.
-    pub async fn refund(&self, request: &RefundPayment) -> Result<Recorded, GatewayError> {
+    /// Refunds part or all of the account's payment `request.payment`, once
+    /// under `request.key`; a refund larger than the payment is refused, and
+    /// another account's payment is not found. A `tok_refundFail` card's
+    /// issuer refuses the first refund of a payment, for good: that refusal
+    /// is recorded, and a repeat gets it again.
+    pub async fn refund(
+        &self,
+        account: &str,
+        request: &RefundPayment,
+    ) -> Result<Recorded, GatewayError> {
         check_key(&request.key)?;
         check_amount(request.amount)?;
         check_currency(&request.currency)?;
@@ -172,11 +184,11 @@ impl Ledger {
             });
         }
         self.wait().await;
-        if let Some(existing) = store::find(&self.pool, &request.key).await? {
+        if let Some(existing) = store::find(&self.pool, account, &request.key).await? {
             return self.repeated_refund(request, existing);
         }
         let mut tx = self.pool.begin().await?;
-        let payment = store::lock_payment(&mut tx, &request.payment)
+        let payment = store::lock_payment(&mut tx, account, &request.payment)
             .await?
             .ok_or_else(|| GatewayError::NotFound {
                 what: "payment",
@@ -207,10 +219,11 @@ impl Ledger {
             });
         }
         let refused = payment.source.as_deref() == Some(TestToken::RefundFail.as_str())
-            && store::refund_attempts(&mut tx, &request.payment).await? == 0;
+            && store::refund_attempts(&mut tx, account, &request.payment).await? == 0;
         let outcome = if refused { "refund_failed" } else { "refunded" };
         let fresh = store::insert_refund(
             &mut tx,
+            account,
             &NewRefund {
                 key: &request.key,
                 payment_key: &request.payment,
@@ -221,12 +234,12 @@ impl Ledger {
         )
         .await?;
         tx.commit().await?;
-        let operation = self.recorded(&request.key).await?;
+        let operation = self.recorded(account, &request.key).await?;
         if !fresh {
             // A racing request under the same key wrote first.
             return self.repeated_refund(request, operation);
         }
-        tracing::info!(key = %request.key, payment = %request.payment, outcome, amount = request.amount, "refund recorded");
+        tracing::info!(account, key = %request.key, payment = %request.payment, outcome, amount = request.amount, "refund recorded");
         Ok(Recorded {
             operation,
             fresh,
@@ -234,9 +247,9 @@ impl Ledger {
         })
     }
 
-    /// The operation under `key`.
-    pub async fn lookup(&self, key: &str) -> Result<Operation, GatewayError> {
-        store::find(&self.pool, key)
+    /// The account's operation under `key`.
+    pub async fn lookup(&self, account: &str, key: &str) -> Result<Operation, GatewayError> {
+        store::find(&self.pool, account, key)
             .await?
             .ok_or_else(|| GatewayError::NotFound {
                 what: "operation",
@@ -244,11 +257,12 @@ impl Ledger {
             })
     }
 
-    /// A page of the ledger: operations created in `[from, until)`, oldest
+    /// A page of the account's ledger: its operations created in `[from, until)`, oldest
     /// first, after the operation `after` (the last key of the previous
     /// page); whether more follow.
     pub async fn list(
         &self,
+        account: &str,
         from: Option<DateTime<Utc>>,
         until: Option<DateTime<Utc>>,
         after: Option<&str>,
@@ -263,24 +277,25 @@ impl Ledger {
         }
         let after =
             match after {
-                Some(key) => Some(store::find(&self.pool, key).await?.ok_or_else(|| {
-                    GatewayError::Invalid {
+                Some(key) => Some(store::find(&self.pool, account, key).await?.ok_or_else(
+                    || GatewayError::Invalid {
                         code: "resource_missing",
                         param: Some("starting_after"),
                         message: format!("No operation under the key {key:?} to start after."),
-                    }
-                })?),
+                    },
+                )?),
                 None => None,
             };
-        let mut page = store::list(&self.pool, from, until, after.as_ref(), limit + 1).await?;
+        let mut page =
+            store::list(&self.pool, account, from, until, after.as_ref(), limit + 1).await?;
         let more = page.len() as i64 > limit;
         page.truncate(limit as usize);
         Ok((page, more))
     }
 
-    async fn recorded(&self, key: &str) -> Result<Operation, GatewayError> {
+    async fn recorded(&self, account: &str, key: &str) -> Result<Operation, GatewayError> {
         // Written by this call or an earlier one; it never goes away.
-        store::find(&self.pool, key)
+        store::find(&self.pool, account, key)
             .await?
             .ok_or_else(|| GatewayError::Database(sqlx::Error::RowNotFound))
     }

@@ -1,10 +1,13 @@
 //! The gateway's HTTP API (JSON), the `Processor-Fault` hook and the
-//! connection loop. Handlers parse, call one [`Ledger`] function and render
-//! its outcome; every error is `{"error": {"type", "code", "message",
-//! "param"}}` with a status that says whether anything was recorded:
+//! connection loop. Every `/v1/` call names its account with
+//! `Authorization: Bearer <secret>` ([`Caller`]); handlers parse, call one
+//! [`Ledger`] function on the caller's account and render its outcome;
+//! every error is `{"error": {"type", "code", "message", "param"}}` with a
+//! status that says whether anything was recorded:
 //!
 //! | status | meaning |
 //! | --- | --- |
+//! | `401` `api_key_missing`, `api_key_invalid` | no account named, nothing read or recorded |
 //! | `200`, `201` | the outcome stands (`201`: this call recorded it; `200` with `Idempotent-Replayed: true`: an earlier one did) |
 //! | `400`, `404`, `409`, `415`, `422` | refused, nothing recorded; repeating the same request gets the same refusal |
 //! | `503` `processor_unavailable` | nothing recorded; the same request may be repeated |
@@ -16,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{MatchedPath, Path, RawQuery, Request, State};
+use axum::extract::{FromRequestParts, MatchedPath, Path, RawQuery, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -31,6 +35,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
+use super::accounts::Accounts;
 use super::domain::{Authorize, GatewayError, Ledger, Recorded, RefundPayment, decline_message};
 use super::store::Operation;
 
@@ -79,6 +84,8 @@ impl Fault {
 #[derive(Clone)]
 pub struct GatewayState {
     pub ledger: Ledger,
+    /// Who the callers are.
+    pub accounts: Accounts,
     pub fault_injection: bool,
     pub fault_delay: Duration,
     /// The gateway's own metrics: not the process's global recorder, which
@@ -89,6 +96,7 @@ pub struct GatewayState {
 impl GatewayState {
     pub fn new(ledger: Ledger, fault_injection: bool, fault_delay: Duration) -> Self {
         GatewayState {
+            accounts: Accounts::new(ledger.pool.clone()),
             ledger,
             fault_injection,
             fault_delay,
@@ -187,6 +195,7 @@ impl From<GatewayError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let kind = match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable_error",
             StatusCode::INTERNAL_SERVER_ERROR => "api_error",
             StatusCode::UNPROCESSABLE_ENTITY => "idempotency_error",
@@ -198,7 +207,53 @@ impl IntoResponse for ApiError {
             "message": self.message,
             "param": self.param,
         }});
-        (self.status, axum::Json(body)).into_response()
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"oncepay processor\""),
+            );
+        }
+        response
+    }
+}
+
+/// The account a call is made for, from its `Authorization: Bearer
+/// <secret>`; a call without a secret of a key is refused `401` before
+/// anything is read or recorded.
+pub struct Caller(pub String);
+
+impl FromRequestParts<GatewayState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &GatewayState,
+    ) -> Result<Self, Self::Rejection> {
+        let presented = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|v| !v.is_empty());
+        let Some(presented) = presented else {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "api_key_missing",
+                "Send your account's secret key as Authorization: Bearer <secret> \
+                 (oncepay processor accounts create makes one).",
+            ));
+        };
+        match state.accounts.authenticate(presented).await {
+            Ok(Some(account)) => Ok(Caller(account)),
+            Ok(None) => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "api_key_invalid",
+                "The secret key is not one of any account's.",
+            )),
+            Err(e) => Err(GatewayError::Database(e).into()),
+        }
     }
 }
 
@@ -240,6 +295,7 @@ struct RefundBody {
 
 async fn authorize(
     State(state): State<GatewayState>,
+    Caller(account): Caller,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -249,18 +305,22 @@ async fn authorize(
     fail_before_record(fault)?;
     let recorded = state
         .ledger
-        .authorize(&Authorize {
-            key,
-            amount: body.amount,
-            currency: body.currency,
-            source: body.source,
-        })
+        .authorize(
+            &account,
+            &Authorize {
+                key,
+                amount: body.amount,
+                currency: body.currency,
+                source: body.source,
+            },
+        )
         .await?;
     Ok(answer(&state, recorded, fault).await)
 }
 
 async fn void(
     State(state): State<GatewayState>,
+    Caller(account): Caller,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Bytes,
@@ -270,12 +330,13 @@ async fn void(
         let _: serde_json::Map<String, Value> = json_body(&headers, &body)?;
     }
     fail_before_record(fault)?;
-    let recorded = state.ledger.void(&key).await?;
+    let recorded = state.ledger.void(&account, &key).await?;
     Ok(answer(&state, recorded, fault).await)
 }
 
 async fn refund(
     State(state): State<GatewayState>,
+    Caller(account): Caller,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -285,30 +346,35 @@ async fn refund(
     fail_before_record(fault)?;
     let recorded = state
         .ledger
-        .refund(&RefundPayment {
-            key,
-            payment: body.payment,
-            amount: body.amount,
-            currency: body.currency,
-        })
+        .refund(
+            &account,
+            &RefundPayment {
+                key,
+                payment: body.payment,
+                amount: body.amount,
+                currency: body.currency,
+            },
+        )
         .await?;
     Ok(answer(&state, recorded, fault).await)
 }
 
 async fn lookup(
     State(state): State<GatewayState>,
+    Caller(account): Caller,
     Path(key): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     no_query(query.as_deref())?;
-    let operation = state.ledger.lookup(&key).await?;
+    let operation = state.ledger.lookup(&account, &key).await?;
     Ok(axum::Json(operation_json(&operation)).into_response())
 }
 
 /// `GET /v1/operations?created[gte]=&created[lt]=&starting_after=&limit=`:
-/// the ledger oldest first, a page at a time, for reconciliation.
+/// the caller's ledger oldest first, a page at a time, for reconciliation.
 async fn list(
     State(state): State<GatewayState>,
+    Caller(account): Caller,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let (mut from, mut until, mut after, mut limit) = (None, None, None, 100);
@@ -338,7 +404,7 @@ async fn list(
     }
     let (page, has_more) = state
         .ledger
-        .list(from, until, after.as_deref(), limit)
+        .list(&account, from, until, after.as_deref(), limit)
         .await?;
     let next = page
         .last()

@@ -3,14 +3,17 @@
 //! `oncepay processor` runs it (or `oncepay serve` embeds it on a loopback
 //! port when no `PROCESSOR_URL` is set): its own configuration
 //! ([`config`], `PROCESSOR_*`), its own database and migrations
-//! (`src/gateway/migrations/`), its own HTTP API ([`http`]). It authorizes
-//! payments, voids attempts whose answer was lost, refunds, and lists its
-//! ledger, each idempotent on the caller's `Idempotency-Key`, deciding
+//! (`src/gateway/migrations/`), its own HTTP API ([`http`]), its own
+//! callers ([`accounts`]: every call is made for an account, by its secret
+//! key, and sees that account's ledger only). It authorizes payments, voids
+//! attempts whose answer was lost, refunds, and lists an account's ledger,
+//! each idempotent on the caller's `Idempotency-Key`, deciding
 //! outcomes from the test card tokens ([`crate::test_cards`]). Besides that
 //! module it shares only [`crate::postgres`], the connection pools that
 //! follow a primary, with oncepay. It imports nothing else of oncepay's, and
 //! oncepay imports nothing of it: oncepay's `HttpProcessor` speaks its API.
 
+pub mod accounts;
 pub mod config;
 pub mod domain;
 pub mod http;
@@ -42,56 +45,13 @@ impl Gateway {
     /// Creates the gateway's database if it is missing, migrates it, and
     /// binds `PROCESSOR_BIND_ADDR:PROCESSOR_PORT`.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        create_database_if_missing(&config.database_url)
-            .await
-            .with_context(|| {
-                format!(
-                    "creating the processor's database at PROCESSOR_DATABASE_URL={}",
-                    config.redacted_database_url()
-                )
-            })?;
-        let url = PgUrl::parse(&config.database_url).with_context(|| {
-            format!(
-                "invalid PROCESSOR_DATABASE_URL {}",
-                config.redacted_database_url()
-            )
-        })?;
-        let settings = postgres::Settings {
-            name: "oncepay-processor",
-            max_connections: config.database_max_connections,
-            acquire_timeout: DATABASE_ACQUIRE_TIMEOUT,
-            check_interval: DATABASE_PRIMARY_CHECK_INTERVAL,
-            statement_timeout: DATABASE_STATEMENT_TIMEOUT,
-        };
-        // No ping before every checkout, as in oncepay's pool: one round
-        // trip per call saved (measured by scripts/bench). A connection the
-        // database dropped fails its statement instead and is discarded; the
-        // call answers 500 (outcome unknown) and the caller repeats it under
-        // the same key. With several hosts, the pool follows the primary.
-        let (pool, primary) = postgres::pool(&url, &settings);
-        let reachable = match &primary {
-            Some(primary) => primary.wait_known(DATABASE_ACQUIRE_TIMEOUT).await,
-            None => true,
-        };
-        let connected = if reachable {
-            pool.acquire().await.map(drop).map_err(anyhow::Error::new)
-        } else {
-            Err(anyhow::anyhow!("no host is writable"))
-        };
-        connected.with_context(|| {
-            format!(
-                "connecting to the processor's database at PROCESSOR_DATABASE_URL={}",
-                config.redacted_database_url()
-            )
-        })?;
+        let pool = connect(&config).await?;
         Self::build_with_pool(config, pool).await
     }
 
     /// [`Gateway::build`] on a pool of the caller's.
     pub async fn build_with_pool(config: Config, pool: PgPool) -> anyhow::Result<Self> {
-        postgres::migrate(&pool, &MIGRATOR)
-            .await
-            .context("applying the processor's migrations")?;
+        migrate(&pool).await?;
         if config.fault_injection {
             tracing::warn!(
                 "PROCESSOR_FAULT_INJECTION=true: requests may drop, stall or crash the processor on purpose"
@@ -113,6 +73,17 @@ impl Gateway {
             listener,
             state: GatewayState::new(ledger, config.fault_injection, config.fault_delay),
         })
+    }
+
+    /// The account `name`, made unless it exists, and a new secret key of
+    /// it: for the one who runs this gateway and calls it too (oncepay's
+    /// embedded gateway).
+    pub async fn own_account(&self, name: &str) -> anyhow::Result<accounts::Secret> {
+        let (account, secret) = accounts::ensure(self.pool(), name)
+            .await
+            .with_context(|| format!("making the processor account {name:?}"))?;
+        tracing::info!(account = %account, name, "processor account ready, with a new key");
+        Ok(secret)
     }
 
     /// The address actually bound.
@@ -140,6 +111,75 @@ impl Gateway {
         pool.close().await;
         tracing::info!("processor stopped");
     }
+}
+
+/// Creates the database `PROCESSOR_DATABASE_URL` names if it is missing,
+/// and a pool on it that follows its primary, once a connection is made.
+pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
+    create_database_if_missing(&config.database_url)
+        .await
+        .with_context(|| {
+            format!(
+                "creating the processor's database at PROCESSOR_DATABASE_URL={}",
+                config.redacted_database_url()
+            )
+        })?;
+    let url = PgUrl::parse(&config.database_url).with_context(|| {
+        format!(
+            "invalid PROCESSOR_DATABASE_URL {}",
+            config.redacted_database_url()
+        )
+    })?;
+    let settings = postgres::Settings {
+        name: "oncepay-processor",
+        max_connections: config.database_max_connections,
+        acquire_timeout: DATABASE_ACQUIRE_TIMEOUT,
+        check_interval: DATABASE_PRIMARY_CHECK_INTERVAL,
+        statement_timeout: DATABASE_STATEMENT_TIMEOUT,
+    };
+    // No ping before every checkout, as in oncepay's pool: one round
+    // trip per call saved (measured by scripts/bench). A connection the
+    // database dropped fails its statement instead and is discarded; the
+    // call answers 500 (outcome unknown) and the caller repeats it under
+    // the same key. With several hosts, the pool follows the primary.
+    let (pool, primary) = postgres::pool(&url, &settings);
+    let reachable = match &primary {
+        Some(primary) => primary.wait_known(DATABASE_ACQUIRE_TIMEOUT).await,
+        None => true,
+    };
+    let connected = if reachable {
+        pool.acquire().await.map(drop).map_err(anyhow::Error::new)
+    } else {
+        Err(anyhow::anyhow!("no host is writable"))
+    };
+    connected.with_context(|| {
+        format!(
+            "connecting to the processor's database at PROCESSOR_DATABASE_URL={}",
+            config.redacted_database_url()
+        )
+    })?;
+    Ok(pool)
+}
+
+/// Applies the gateway's migrations.
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    postgres::migrate(pool, &MIGRATOR)
+        .await
+        .context("applying the processor's migrations")
+}
+
+/// `oncepay processor accounts create`: makes the account `name` in the
+/// ledger's database (created and migrated if need be) and returns its
+/// first secret key.
+pub async fn create_account(config: &Config, name: &str) -> anyhow::Result<accounts::Secret> {
+    let pool = connect(config).await?;
+    migrate(&pool).await?;
+    let (account, secret) = accounts::create(&pool, name)
+        .await
+        .with_context(|| format!("creating the processor account {name:?}"))?;
+    tracing::info!(account = %account, name, "processor account created");
+    pool.close().await;
+    Ok(secret)
 }
 
 /// How long a call waits for a ledger connection (sqlx's default), and how

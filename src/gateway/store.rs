@@ -1,6 +1,7 @@
 //! The gateway's SQL, on its own database: the `operations` ledger. One
-//! row per idempotency key, inserted once (`ON CONFLICT DO NOTHING`): the
-//! first writer under a key wins, and everyone after reads its row.
+//! row per account and idempotency key, inserted once (`ON CONFLICT DO
+//! NOTHING`): the first writer under a key wins, and everyone after reads
+//! its row. Every statement names the account: no call sees another's rows.
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
@@ -42,15 +43,17 @@ pub struct NewAuthorization<'a> {
 /// One statement: a fresh authorization has no refunds yet.
 pub async fn insert_authorization(
     db: impl PgExecutor<'_>,
+    account: &str,
     new: &NewAuthorization<'_>,
 ) -> sqlx::Result<Option<Operation>> {
     sqlx::query_as!(
         Operation,
-        r#"INSERT INTO operations (key, kind, outcome, amount, currency, source, decline_code)
-           VALUES ($1, 'authorization', $2, $3, $4, $5, $6)
-           ON CONFLICT (key) DO NOTHING
+        r#"INSERT INTO operations (account, key, kind, outcome, amount, currency, source, decline_code)
+           VALUES ($1, $2, 'authorization', $3, $4, $5, $6, $7)
+           ON CONFLICT (account, key) DO NOTHING
            RETURNING key, kind, outcome, amount, currency, source, decline_code, payment_key,
                      created, 0::bigint AS "refunds!", 0::bigint AS "amount_refunded!""#,
+        account,
         new.key,
         new.outcome,
         new.amount,
@@ -63,10 +66,11 @@ pub async fn insert_authorization(
 }
 
 /// Records a void unless the key holds something; whether it did.
-pub async fn insert_void(db: impl PgExecutor<'_>, key: &str) -> sqlx::Result<bool> {
+pub async fn insert_void(db: impl PgExecutor<'_>, account: &str, key: &str) -> sqlx::Result<bool> {
     let done = sqlx::query!(
-        "INSERT INTO operations (key, kind, outcome) VALUES ($1, 'void', 'voided')
-         ON CONFLICT (key) DO NOTHING",
+        "INSERT INTO operations (account, key, kind, outcome) VALUES ($1, $2, 'void', 'voided')
+         ON CONFLICT (account, key) DO NOTHING",
+        account,
         key,
     )
     .execute(db)
@@ -74,8 +78,12 @@ pub async fn insert_void(db: impl PgExecutor<'_>, key: &str) -> sqlx::Result<boo
     Ok(done.rows_affected() == 1)
 }
 
-/// The operation recorded under `key`.
-pub async fn find(db: impl PgExecutor<'_>, key: &str) -> sqlx::Result<Option<Operation>> {
+/// The operation `account` recorded under `key`.
+pub async fn find(
+    db: impl PgExecutor<'_>,
+    account: &str,
+    key: &str,
+) -> sqlx::Result<Option<Operation>> {
     sqlx::query_as!(
         Operation,
         r#"SELECT o.key, o.kind, o.outcome, o.amount, o.currency, o.source, o.decline_code,
@@ -84,18 +92,21 @@ pub async fn find(db: impl PgExecutor<'_>, key: &str) -> sqlx::Result<Option<Ope
              CROSS JOIN LATERAL (
                    SELECT count(*) AS refunds, coalesce(sum(x.amount), 0)::bigint AS refunded
                      FROM operations x
-                    WHERE x.payment_key = o.key AND x.outcome = 'refunded') r
-            WHERE o.key = $1"#,
+                    WHERE x.account = o.account AND x.payment_key = o.key
+                      AND x.outcome = 'refunded') r
+            WHERE o.account = $1 AND o.key = $2"#,
+        account,
         key,
     )
     .fetch_optional(db)
     .await
 }
 
-/// A page of the ledger in `[from, until)`, oldest first (by `created`,
+/// A page of `account`'s ledger in `[from, until)`, oldest first (by `created`,
 /// then key), after the operation `after` when given: at most `limit` rows.
 pub async fn list(
     db: impl PgExecutor<'_>,
+    account: &str,
     from: Option<DateTime<Utc>>,
     until: Option<DateTime<Utc>>,
     after: Option<&Operation>,
@@ -110,12 +121,15 @@ pub async fn list(
              CROSS JOIN LATERAL (
                    SELECT count(*) AS refunds, coalesce(sum(x.amount), 0)::bigint AS refunded
                      FROM operations x
-                    WHERE x.payment_key = o.key AND x.outcome = 'refunded') r
-            WHERE o.created >= coalesce($1, '-infinity'::timestamptz)
-              AND o.created < coalesce($2, 'infinity'::timestamptz)
-              AND ($3::timestamptz IS NULL OR (o.created, o.key) > ($3, $4::text))
+                    WHERE x.account = o.account AND x.payment_key = o.key
+                      AND x.outcome = 'refunded') r
+            WHERE o.account = $1
+              AND o.created >= coalesce($2, '-infinity'::timestamptz)
+              AND o.created < coalesce($3, 'infinity'::timestamptz)
+              AND ($4::timestamptz IS NULL OR (o.created, o.key) > ($4, $5::text))
             ORDER BY o.created, o.key
-            LIMIT $5"#,
+            LIMIT $6"#,
+        account,
         from,
         until,
         after_created,
@@ -126,19 +140,32 @@ pub async fn list(
     .await
 }
 
-/// The payment `key`, locked until the transaction ends, so refunds of it
-/// are checked one after the other.
-pub async fn lock_payment(tx: &mut PgConnection, key: &str) -> sqlx::Result<Option<Operation>> {
-    sqlx::query!("SELECT key FROM operations WHERE key = $1 FOR UPDATE", key)
-        .fetch_optional(&mut *tx)
-        .await?;
-    find(&mut *tx, key).await
+/// `account`'s payment `key`, locked until the transaction ends, so
+/// refunds of it are checked one after the other.
+pub async fn lock_payment(
+    tx: &mut PgConnection,
+    account: &str,
+    key: &str,
+) -> sqlx::Result<Option<Operation>> {
+    sqlx::query!(
+        "SELECT key FROM operations WHERE account = $1 AND key = $2 FOR UPDATE",
+        account,
+        key
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    find(&mut *tx, account, key).await
 }
 
 /// How many refunds of `payment_key` were recorded, failed ones included.
-pub async fn refund_attempts(tx: &mut PgConnection, payment_key: &str) -> sqlx::Result<i64> {
+pub async fn refund_attempts(
+    tx: &mut PgConnection,
+    account: &str,
+    payment_key: &str,
+) -> sqlx::Result<i64> {
     sqlx::query_scalar!(
-        r#"SELECT count(*) AS "n!" FROM operations WHERE payment_key = $1"#,
+        r#"SELECT count(*) AS "n!" FROM operations WHERE account = $1 AND payment_key = $2"#,
+        account,
         payment_key,
     )
     .fetch_one(tx)
@@ -156,11 +183,16 @@ pub struct NewRefund<'a> {
 }
 
 /// Records a refund unless the key holds something; whether it did.
-pub async fn insert_refund(tx: &mut PgConnection, new: &NewRefund<'_>) -> sqlx::Result<bool> {
+pub async fn insert_refund(
+    tx: &mut PgConnection,
+    account: &str,
+    new: &NewRefund<'_>,
+) -> sqlx::Result<bool> {
     let done = sqlx::query!(
-        "INSERT INTO operations (key, kind, outcome, amount, currency, payment_key)
-         VALUES ($1, 'refund', $2, $3, $4, $5)
-         ON CONFLICT (key) DO NOTHING",
+        "INSERT INTO operations (account, key, kind, outcome, amount, currency, payment_key)
+         VALUES ($1, $2, 'refund', $3, $4, $5, $6)
+         ON CONFLICT (account, key) DO NOTHING",
+        account,
         new.key,
         new.outcome,
         new.amount,

@@ -7,6 +7,7 @@
 //! | --- | --- |
 //! | the connection was refused or not made in `PROCESSOR_CONNECT_TIMEOUT` | nothing was sent: `Unavailable` |
 //! | `503` with `processor_unavailable` (the gateway's "nothing recorded") | `Unavailable` |
+//! | `401` (no account for `PROCESSOR_API_KEY`: refused before anything is read) | `Unavailable` |
 //! | a timeout (`PROCESSOR_TIMEOUT`), a dropped connection, a cut body | the request was sent: outcome unknown |
 //! | `500` or any other `5xx` | outcome unknown |
 //! | `4xx` (a refusal: unknown payment, a key reused) | outcome unknown, not repeated: a bug to look at |
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use async_trait::async_trait;
-use reqwest::header::{CONTENT_TYPE, HeaderMap};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use reqwest::{RequestBuilder, StatusCode};
 use serde::Deserialize;
 use serde_json::json;
@@ -34,10 +35,13 @@ use super::{
 };
 
 /// How to reach the gateway.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct HttpSettings {
     /// The gateway's base URL, `http://host:port`.
     pub url: String,
+    /// oncepay's secret key at the gateway (`PROCESSOR_API_KEY`), sent as
+    /// `Authorization: Bearer` on every call; `Debug` hides it.
+    pub api_key: String,
     /// The longest a connection may take to open (`PROCESSOR_CONNECT_TIMEOUT`).
     pub connect_timeout: Duration,
     /// The longest one attempt may take, answer included (`PROCESSOR_TIMEOUT`).
@@ -50,6 +54,32 @@ pub struct HttpSettings {
     /// No repeat begins later than this after the call began
     /// (`REQUEST_TIMEOUT`), so that its outcome can still reach the client.
     pub retry_window: Duration,
+}
+
+impl std::fmt::Debug for HttpSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpSettings")
+            .field("url", &self.url)
+            .field("api_key", &"***")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("timeout", &self.timeout)
+            .field("retries", &self.retries)
+            .field("budget", &self.budget)
+            .field("retry_window", &self.retry_window)
+            .finish()
+    }
+}
+
+impl HttpSettings {
+    /// `Authorization: Bearer <api_key>`, marked sensitive (never logged).
+    pub(super) fn authorization(&self) -> anyhow::Result<HeaderMap> {
+        let mut value = HeaderValue::from_str(&format!("Bearer {}", self.api_key))
+            .map_err(|_| anyhow!("PROCESSOR_API_KEY is not a valid header value"))?;
+        value.set_sensitive(true);
+        let mut headers = HeaderMap::new();
+        headers.insert(AUTHORIZATION, value);
+        Ok(headers)
+    }
 }
 
 /// The first wait between two attempts; it doubles after each.
@@ -68,9 +98,11 @@ impl HttpProcessor {
         Self::with_headers(settings, HeaderMap::new())
     }
 
-    /// [`HttpProcessor::new`], sending `headers` with every call (a
-    /// gateway's account header, or `Processor-Fault` in tests).
-    pub fn with_headers(settings: HttpSettings, headers: HeaderMap) -> anyhow::Result<Self> {
+    /// [`HttpProcessor::new`], sending `headers` too with every call
+    /// (`Processor-Fault` in tests).
+    pub fn with_headers(settings: HttpSettings, extra: HeaderMap) -> anyhow::Result<Self> {
+        let mut headers = settings.authorization()?;
+        headers.extend(extra);
         let client = reqwest::Client::builder()
             .connect_timeout(settings.connect_timeout)
             .redirect(reqwest::redirect::Policy::none())
@@ -188,6 +220,11 @@ impl HttpProcessor {
             StatusCode::NOT_FOUND if not_found_is_none && code == "operation_not_found" => {
                 Attempt::Answer(None)
             }
+            // The gateway refuses a call it cannot name an account for
+            // before reading or recording anything.
+            StatusCode::UNAUTHORIZED => Attempt::NothingRecorded(
+                described.context("the processor refused PROCESSOR_API_KEY"),
+            ),
             // The gateway's contract: 503 processor_unavailable recorded nothing.
             StatusCode::SERVICE_UNAVAILABLE if code == "processor_unavailable" => {
                 Attempt::NothingRecorded(described)

@@ -1,6 +1,7 @@
-//! The gateway's ledger, read over HTTP for reconciliation: `GET
-//! /v1/operations` a page at a time, oldest first, and `GET
-//! /v1/operations/{key}`. Reads move nothing, so a read that fails
+//! oncepay's account's ledger at the gateway, read over HTTP for
+//! reconciliation: `GET /v1/operations` a page at a time, oldest first, and
+//! `GET /v1/operations/{key}`, each under `PROCESSOR_API_KEY` (the gateway
+//! shows an account its own operations only). Reads move nothing, so a read that fails
 //! transiently is simply repeated.
 
 use std::time::Duration;
@@ -73,6 +74,7 @@ impl LedgerClient {
         let client = reqwest::Client::builder()
             .connect_timeout(settings.connect_timeout)
             .redirect(reqwest::redirect::Policy::none())
+            .default_headers(settings.authorization()?)
             .build()?;
         Ok(LedgerClient {
             client,

@@ -556,5 +556,58 @@ async fn serve_with_a_demo_key_rolled_away_starts_and_warns_naming_the_merchant_
     assert_eq!(merchants, 1);
     let revived = merchants::authenticate(&pool, &old).await.unwrap();
     assert!(revived.is_none(), "the key stays revoked");
+}
+
+#[tokio::test]
+async fn processor_accounts_create_prints_a_secret_once_that_the_gateway_accepts() {
+    let db = TestDb::create_empty().await;
+    let create = |name: &str| {
+        Command::new(env!("CARGO_BIN_EXE_oncepay"))
+            .args(["processor", "accounts", "create", "--name", name])
+            .env_clear()
+            .current_dir(std::env::temp_dir())
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("PROCESSOR_DATABASE_URL", &db.url)
+            .env("RUST_LOG", "info")
+            .output()
+            .expect("run oncepay processor accounts create")
+    };
+    let out = create("shop one");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let secret = stdout.trim_end();
+    assert!(secret.starts_with("gwsk_"), "{secret}");
+    assert!(
+        !stderr.contains(secret),
+        "the secret is never logged: {stderr}"
+    );
+    let again = create("shop one");
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("exists already"));
+    assert!(again.stdout.is_empty());
+
+    let pool = db.pool().await;
+    let (stored, plain): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE hash = sha256($1::bytea)),
+                count(*) FILTER (WHERE position($2 in encode(hash, 'escape')) > 0)
+           FROM api_keys",
+    )
+    .bind(secret.as_bytes())
+    .bind(secret)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((stored, plain), (1, 0), "only the secret's hash is stored");
+    let accounts = oncepay::gateway::accounts::Accounts::new(pool.clone());
+    let account = accounts.authenticate(secret).await.unwrap();
+    let named: Option<String> =
+        sqlx::query_scalar("SELECT id FROM accounts WHERE name = 'shop one'")
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+    assert_eq!(account, named);
+    assert_eq!(accounts.authenticate("gwsk_nothing").await.unwrap(), None);
     pool.close().await;
 }

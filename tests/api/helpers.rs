@@ -65,6 +65,8 @@ impl Settings {
 pub struct TestGateway {
     pub url: String,
     pub pool: PgPool,
+    /// The secret key of an account made at start, for the tests' calls.
+    pub secret: String,
     shutdown: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<()>,
     _db: TestDb,
@@ -75,9 +77,11 @@ impl TestGateway {
     pub async fn start(vars: &[(&'static str, String)]) -> Self {
         let db = TestDb::create_empty().await;
         let (url, pool, shutdown, server) = start_gateway(&db.url, vars).await;
+        let (_, secret) = new_account(&pool, "test caller").await;
         TestGateway {
             url,
             pool,
+            secret,
             shutdown: Some(shutdown),
             server,
             _db: db,
@@ -92,6 +96,14 @@ impl Drop for TestGateway {
         }
         self.server.abort();
     }
+}
+
+/// A new account at the gateway whose ledger is `pool`: its id and secret.
+pub async fn new_account(pool: &PgPool, name: &str) -> (String, String) {
+    let (id, secret) = gateway::accounts::create(pool, name)
+        .await
+        .expect("an account at the gateway");
+    (id, secret.expose().to_owned())
 }
 
 /// Starts a gateway on the database `url` (migrating it) and a free port,
@@ -144,6 +156,10 @@ pub fn http_processor(
         HttpProcessor::with_headers(
             HttpSettings {
                 url: url.to_owned(),
+                api_key: config
+                    .processor_api_key
+                    .clone()
+                    .expect("a test app has a PROCESSOR_API_KEY"),
                 connect_timeout: config.processor_connect_timeout,
                 timeout: config.processor_timeout,
                 retries: config.processor_retries,
@@ -175,16 +191,42 @@ pub struct TestApp {
     pub processor_pool: PgPool,
     /// The server's gateway, `http://127.0.0.1:port`.
     pub processor_url: String,
+    /// The app's account at the gateway (every ledger row it makes is
+    /// that account's) and its secret, the app's `PROCESSOR_API_KEY`.
+    pub processor_account: String,
+    pub processor_api_key: String,
+    /// The tests' own gateway on the same ledger.
+    own_processor_url: String,
     shutdown: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<()>,
     gateways: Vec<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
     // Last, so the server and pool go before the databases are dropped.
     _db: TestDb,
-    _processor_db: TestDb,
+    /// `None` for an app beside another, on that one's gateway.
+    _processor_db: Option<TestDb>,
 }
 
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(Settings::new()).await
+}
+
+/// A second oncepay, with a database of its own and an account of its own,
+/// on the gateway of `app` (as two deployments calling one processor).
+/// Drop it before `app`.
+pub async fn spawn_app_beside(app: &TestApp) -> TestApp {
+    let beside = Beside {
+        processor_url: app.processor_url.clone(),
+        own_url: app.own_processor_url.clone(),
+        pool: app.processor_pool.clone(),
+    };
+    spawn_on(Settings::new(), None, Some(beside)).await
+}
+
+/// The gateway of an app started earlier, for one started beside it.
+struct Beside {
+    processor_url: String,
+    own_url: String,
+    pool: PgPool,
 }
 
 /// Starts the server with `settings`. Its own sweeper is set to a long
@@ -206,18 +248,42 @@ pub async fn spawn_app_with_processor(
 type MakeProcessor = Box<dyn FnOnce(PgPool, Arc<dyn Processor>) -> Arc<dyn Processor>>;
 
 async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> TestApp {
+    spawn_on(settings, make_processor, None).await
+}
+
+async fn spawn_on(
+    settings: Settings,
+    make_processor: Option<MakeProcessor>,
+    beside: Option<Beside>,
+) -> TestApp {
     let db = TestDb::create().await;
-    let processor_db = TestDb::create_empty().await;
-    let mut gateway_vars = settings.vars.clone();
-    gateway_vars.extend(settings.processor_vars.iter().cloned());
-    let (processor_url, processor_pool, stop_gateway, gateway) =
-        start_gateway(&processor_db.url, &gateway_vars).await;
-    // The tests' own gateway on the same ledger, without the latency.
-    gateway_vars.push(("PROCESSOR_LATENCY_MS", "0".to_owned()));
-    let (own_url, _, stop_own, own) = start_gateway(&processor_db.url, &gateway_vars).await;
+    let (processor_db, processor_url, own_url, processor_pool, gateways) = match beside {
+        Some(b) => (None, b.processor_url, b.own_url, b.pool, Vec::new()),
+        None => {
+            let processor_db = TestDb::create_empty().await;
+            let mut gateway_vars = settings.vars.clone();
+            gateway_vars.extend(settings.processor_vars.iter().cloned());
+            let (processor_url, processor_pool, stop_gateway, gateway) =
+                start_gateway(&processor_db.url, &gateway_vars).await;
+            // The tests' own gateway on the same ledger, without the latency.
+            gateway_vars.push(("PROCESSOR_LATENCY_MS", "0".to_owned()));
+            let (own_url, _, stop_own, own) = start_gateway(&processor_db.url, &gateway_vars).await;
+            let gateways = vec![(stop_gateway, gateway), (stop_own, own)];
+            (
+                Some(processor_db),
+                processor_url,
+                own_url,
+                processor_pool,
+                gateways,
+            )
+        }
+    };
+    let (processor_account, processor_api_key) =
+        new_account(&processor_pool, &format!("oncepay {}", db.url)).await;
     let mut vars = vec![
         ("DATABASE_URL", db.url.clone()),
         ("PROCESSOR_URL", processor_url.clone()),
+        ("PROCESSOR_API_KEY", processor_api_key.clone()),
         ("PORT", "0".to_owned()),
         ("SWEEP_INTERVAL", "1h".to_owned()),
         ("DATABASE_MAX_CONNECTIONS", "20".to_owned()),
@@ -247,7 +313,6 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
     let (merchant, key) = merchants::create(&pool, "test merchant").await.unwrap();
     // By default the server's gateway honours PROCESSOR_LATENCY_MS, and
     // the tests' own (for `sweep_once` and direct calls) answers at once.
-    let own = (stop_own, own);
     let working_processor = http_processor(&config, &own_url, Default::default());
     let (app, processor) = match make_processor {
         Some(make) => {
@@ -296,9 +361,12 @@ async fn spawn(settings: Settings, make_processor: Option<MakeProcessor>) -> Tes
         working_processor,
         processor_pool,
         processor_url,
+        processor_account,
+        processor_api_key,
+        own_processor_url: own_url,
         shutdown: Some(shutdown),
         server,
-        gateways: vec![(stop_gateway, gateway), own],
+        gateways,
         _db: db,
         _processor_db: processor_db,
     }
@@ -326,6 +394,7 @@ impl TestApp {
                 .or_else(|| match name {
                     "DATABASE_URL" => Some(base.database_url.clone()),
                     "PROCESSOR_URL" => base.processor_url.clone(),
+                    "PROCESSOR_API_KEY" => base.processor_api_key.clone(),
                     "PORT" => Some("0".to_owned()),
                     "SWEEP_INTERVAL" => Some("1h".to_owned()),
                     _ => None,

@@ -22,7 +22,7 @@ async fn post(
     body: &Value,
     fault: Option<&str>,
 ) -> Answer {
-    let mut request = reqwest::Client::new()
+    let mut request = client(gateway)
         .post(format!("{}{path}", gateway.url))
         .json(body);
     if let Some(key) = key {
@@ -36,11 +36,31 @@ async fn post(
 
 async fn get(gateway: &TestGateway, path: &str) -> Answer {
     Answer::of(
-        reqwest::get(format!("{}{path}", gateway.url))
+        client(gateway)
+            .get(format!("{}{path}", gateway.url))
+            .send()
             .await
             .expect("the gateway answers"),
     )
     .await
+}
+
+/// A client that calls as the gateway's test account.
+fn client(gateway: &TestGateway) -> reqwest::Client {
+    as_account(&gateway.secret)
+}
+
+/// A client that sends `secret` as its bearer token on every call.
+fn as_account(secret: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {secret}").parse().unwrap(),
+    );
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap()
 }
 
 async fn rows(gateway: &TestGateway, sql: &str) -> i64 {
@@ -404,7 +424,7 @@ async fn malformed_requests_are_refused_with_json_errors_and_record_nothing() {
     .await;
     assert_error(&extra, 400, "invalid_body");
     let text = Answer::of(
-        reqwest::Client::new()
+        client(&gateway)
             .post(format!("{}/v1/authorizations", gateway.url))
             .header("Idempotency-Key", "auth:x")
             .header("Content-Type", "text/plain")
@@ -416,7 +436,7 @@ async fn malformed_requests_are_refused_with_json_errors_and_record_nothing() {
     .await;
     assert_error(&text, 415, "unsupported_media_type");
     let broken = Answer::of(
-        reqwest::Client::new()
+        client(&gateway)
             .post(format!("{}/v1/authorizations", gateway.url))
             .header("Idempotency-Key", "auth:x")
             .header("Content-Type", "application/json")
@@ -451,7 +471,7 @@ async fn an_unavailable_card_network_is_503_with_nothing_recorded() {
 #[tokio::test]
 async fn an_answer_dropped_after_recording_is_lost_once_and_the_repeat_gets_the_outcome() {
     let gateway = gateway().await;
-    let client = reqwest::Client::new();
+    let client = client(&gateway);
     let send = || {
         client
             .post(format!("{}/v1/authorizations", gateway.url))
@@ -531,4 +551,120 @@ async fn the_gateway_reports_health_readiness_and_metrics() {
     let text = String::from_utf8_lossy(&metrics.body);
     assert!(text.contains("gateway_operations_total"), "{text}");
     assert!(text.contains("gateway_requests_total"), "{text}");
+}
+
+#[tokio::test]
+async fn calls_without_a_known_secret_are_refused_401_and_read_or_record_nothing() {
+    let gateway = gateway().await;
+    authorize(&gateway, "auth:ch_paid", &card(5000, "tok_visa")).await;
+    let anonymous = reqwest::Client::new();
+    let impostor = as_account("gwsk_0000000000000000_00000000000000000000000000000000");
+    let (_, other) = crate::helpers::new_account(&gateway.pool, "someone else").await;
+    let mut wrong = other.clone();
+    wrong.replace_range(wrong.len() - 4.., "zzzz");
+    let wrong = as_account(&wrong);
+    for (client, code) in [
+        (&anonymous, "api_key_missing"),
+        (&impostor, "api_key_invalid"),
+        (&wrong, "api_key_invalid"),
+    ] {
+        let listed = Answer::of(
+            client
+                .get(format!("{}/v1/operations", gateway.url))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_error(&listed, 401, code);
+        assert!(!String::from_utf8_lossy(&listed.body).contains("auth:ch_paid"));
+        let looked_up = Answer::of(
+            client
+                .get(format!("{}/v1/operations/auth:ch_paid", gateway.url))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_error(&looked_up, 401, code);
+        let refunded = Answer::of(
+            client
+                .post(format!("{}/v1/refunds", gateway.url))
+                .header("Idempotency-Key", "refund:stolen")
+                .json(&json!({"payment": "auth:ch_paid", "amount": 5000, "currency": "usd"}))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_error(&refunded, 401, code);
+        let paid = Answer::of(
+            client
+                .post(format!("{}/v1/authorizations", gateway.url))
+                .header("Idempotency-Key", "auth:ch_free")
+                .json(&card(100, "tok_visa"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_error(&paid, 401, code);
+    }
+    assert_eq!(rows(&gateway, "SELECT count(*) FROM operations").await, 1);
+    let secrets: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM api_keys WHERE hash = sha256($1::bytea)")
+            .bind(other.as_bytes())
+            .fetch_one(&gateway.pool)
+            .await
+            .unwrap();
+    assert_eq!(secrets, 1, "the key is stored as the SHA-256 of its secret");
+}
+
+#[tokio::test]
+async fn another_accounts_payment_is_invisible_unrefundable_and_its_key_stays_free() {
+    let gateway = gateway().await;
+    authorize(&gateway, "auth:ch_1", &card(5000, "tok_visa")).await;
+    let (_, secret) = crate::helpers::new_account(&gateway.pool, "another oncepay").await;
+    let other = as_account(&secret);
+    let call = |request: reqwest::RequestBuilder| async move {
+        Answer::of(request.send().await.unwrap()).await
+    };
+    let looked_up = call(other.get(format!("{}/v1/operations/auth:ch_1", gateway.url))).await;
+    assert_error(&looked_up, 404, "operation_not_found");
+    let listed = call(other.get(format!("{}/v1/operations", gateway.url))).await;
+    assert_eq!(listed.status, 200, "{:?}", listed.body);
+    assert_eq!(listed.json()["data"], json!([]));
+    let refund = json!({"payment": "auth:ch_1", "amount": 5000, "currency": "usd"});
+    let refunded = call(
+        other
+            .post(format!("{}/v1/refunds", gateway.url))
+            .header("Idempotency-Key", "reconcile-refund:auth:ch_1")
+            .json(&refund),
+    )
+    .await;
+    assert_error(&refunded, 404, "payment_not_found");
+    let voided =
+        call(other.post(format!("{}/v1/authorizations/auth:ch_1/void", gateway.url))).await;
+    assert_eq!(voided.json()["outcome"], "voided", "a void of its own key");
+    // The owner's payment is untouched, and its own listing shows it alone.
+    let own = get(&gateway, "/v1/operations/auth:ch_1").await;
+    assert_eq!(own.json()["outcome"], "succeeded");
+    assert_eq!(own.json()["amount_refunded"], 0);
+    let mine = get(&gateway, "/v1/operations").await;
+    let mine = mine.json();
+    let keys: Vec<&str> = mine["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["auth:ch_1"]);
+    assert_eq!(
+        rows(
+            &gateway,
+            "SELECT count(*) FROM operations WHERE kind = 'refund'"
+        )
+        .await,
+        0
+    );
 }

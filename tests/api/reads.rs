@@ -211,6 +211,7 @@ async fn without_a_database_readiness_and_requests_are_503_problems() {
             "DATABASE_ACQUIRE_TIMEOUT" => "300ms",
             "SWEEP_INTERVAL" => "1h",
             "PROCESSOR_URL" => "http://127.0.0.1:1",
+            "PROCESSOR_API_KEY" => "gwsk_unused",
             _ => return None,
         };
         Some(value.to_owned())

@@ -53,13 +53,14 @@ fn only_difference<'a>(r: &'a Reconciliation, kind: Kind, key: &str) -> &'a Diff
 /// A payment at the processor, `ago` (an interval) old.
 async fn plant_payment(app: &TestApp, key: &str, amount: i64, currency: &str, ago: &str) {
     sqlx::query(
-        "INSERT INTO operations (key, kind, outcome, amount, currency, source, created)
-         VALUES ($1, 'authorization', 'succeeded', $2, $3, 'tok_visa', now() - $4::interval)",
+        "INSERT INTO operations (account, key, kind, outcome, amount, currency, source, created)
+         VALUES ($5, $1, 'authorization', 'succeeded', $2, $3, 'tok_visa', now() - $4::interval)",
     )
     .bind(key)
     .bind(amount)
     .bind(currency)
     .bind(ago)
+    .bind(&app.processor_account)
     .execute(&app.processor_pool)
     .await
     .unwrap();
@@ -68,13 +69,14 @@ async fn plant_payment(app: &TestApp, key: &str, amount: i64, currency: &str, ag
 /// A refund at the processor of `payment`, `ago` old.
 async fn plant_processor_refund(app: &TestApp, key: &str, payment: &str, amount: i64, ago: &str) {
     sqlx::query(
-        "INSERT INTO operations (key, kind, outcome, amount, currency, payment_key, created)
-         VALUES ($1, 'refund', 'refunded', $2, 'usd', $3, now() - $4::interval)",
+        "INSERT INTO operations (account, key, kind, outcome, amount, currency, payment_key, created)
+         VALUES ($5, $1, 'refund', 'refunded', $2, 'usd', $3, now() - $4::interval)",
     )
     .bind(key)
     .bind(amount)
     .bind(payment)
     .bind(ago)
+    .bind(&app.processor_account)
     .execute(&app.processor_pool)
     .await
     .unwrap();
@@ -559,6 +561,7 @@ fn oncepay_reconcile(app: &TestApp, args: &[&str]) -> std::process::Output {
         .current_dir(std::env::temp_dir())
         .env("DATABASE_URL", &app.config.database_url)
         .env("PROCESSOR_URL", &app.processor_url)
+        .env("PROCESSOR_API_KEY", &app.processor_api_key)
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("RUST_LOG", "warn")
         .output()

@@ -646,10 +646,11 @@ async fn a_retry_finding_its_refund_key_stale_rolls_the_refund_forward_once() {
     // The crashed request had reached the processor already: the roll-forward
     // repeats that refund under the same processor key, adding none.
     sqlx::query(
-        "INSERT INTO operations (key, kind, outcome, amount, currency, payment_key)
-         VALUES ('refund:re_stuckrefund0000000000001', 'refund', 'refunded', 700, 'usd', 'auth:' || $1)",
+        "INSERT INTO operations (account, key, kind, outcome, amount, currency, payment_key)
+         VALUES ($2, 'refund:re_stuckrefund0000000000001', 'refund', 'refunded', 700, 'usd', 'auth:' || $1)",
     )
     .bind(&charge)
+    .bind(&app.processor_account)
     .execute(&app.processor_pool)
     .await
     .unwrap();

@@ -193,6 +193,7 @@ async fn answering(status: StatusCode, body: &'static str) -> String {
 fn client(url: String) -> HttpProcessor {
     HttpProcessor::new(HttpSettings {
         url,
+        api_key: "gwsk_test".to_owned(),
         connect_timeout: Duration::from_secs(1),
         timeout: Duration::from_secs(2),
         retries: 1,
