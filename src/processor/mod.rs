@@ -31,8 +31,11 @@ pub fn refund_key(refund_id: &str) -> String {
 /// an orphan payment: derived from the payment's key, so running the fix
 /// again finds that refund instead of making another.
 pub fn reconcile_refund_key(payment_key: &str) -> String {
-    format!("reconcile-refund:{payment_key}")
+    format!("{RECONCILE_REFUND_PREFIX}{payment_key}")
 }
+
+/// How a key of [`reconcile_refund_key`] begins.
+pub const RECONCILE_REFUND_PREFIX: &str = "reconcile-refund:";
 
 /// A request to move money.
 #[derive(Clone, Debug)]

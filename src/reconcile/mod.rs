@@ -3,8 +3,16 @@
 //! kind (see [`Kind`]), and the one with a compensating action, an orphan
 //! payment, refunded on request.
 //!
-//! Records are paired by processor key (`auth:<charge id>`,
-//! `refund:<refund id>`). A record in the window whose other half lies
+//! The ledger read is oncepay's account's only (`PROCESSOR_API_KEY`): the
+//! gateway shows no other caller's operations, so another deployment's
+//! payments are never taken for orphans. Records are paired by processor
+//! key (`auth:<charge id>`, `refund:<refund id>`); a refund under
+//! `reconcile-refund:<payment key>` is reconciliation's own only when it
+//! checks out against the orphan payment it claims to give back (see
+//! [`compensates`]), and is reported like any other refund otherwise. Each
+//! succeeded charge's refunds are also compared, as a sum, with what its
+//! payment's refunds gave back at the processor.
+//! A record in the window whose other half lies
 //! outside it is looked up by key or id, so a window's edge never makes a
 //! difference. Pending records, and pairs younger than `PROCESSING_TIMEOUT`,
 //! are still in flight (a request or the sweeper settles them): they are
@@ -25,8 +33,8 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::processor::{
-    LedgerClient, LedgerOperation, Processor, Refund, RefundOutcome, authorization_key,
-    reconcile_refund_key, refund_key,
+    LedgerClient, LedgerOperation, Processor, RECONCILE_REFUND_PREFIX, Refund, RefundOutcome,
+    authorization_key, reconcile_refund_key, refund_key,
 };
 use store::{ChargeRow, RefundRow};
 
@@ -46,16 +54,21 @@ pub enum Kind {
     OrphanRefund,
     /// A refund and the processor's differ: amount, currency, payment or outcome.
     RefundMismatch,
+    /// A succeeded charge's refunds and its payment's at the processor gave
+    /// back different sums (a refund at the processor oncepay does not know
+    /// of, say, made under a key that is no refund's).
+    RefundedAmountMismatch,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::OrphanPayment,
         Kind::MissingPayment,
         Kind::PaymentMismatch,
         Kind::MissingProcessorRefund,
         Kind::OrphanRefund,
         Kind::RefundMismatch,
+        Kind::RefundedAmountMismatch,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -66,6 +79,7 @@ impl Kind {
             Kind::MissingProcessorRefund => "missing_processor_refund",
             Kind::OrphanRefund => "orphan_refund",
             Kind::RefundMismatch => "refund_mismatch",
+            Kind::RefundedAmountMismatch => "refunded_amount_mismatch",
         }
     }
 }
@@ -366,6 +380,25 @@ impl Reconciler {
             processor_operations: checked_operations,
         };
 
+        // The payment a refund of reconciliation's names, and the one it
+        // claims to give back, when they fell outside the window.
+        let claimed_payments: BTreeSet<String> = operations
+            .values()
+            .filter(|o| o.kind == "refund")
+            .filter_map(|o| {
+                let named = o.key.strip_prefix(RECONCILE_REFUND_PREFIX)?;
+                Some([Some(named.to_owned()), o.payment.clone()])
+            })
+            .flatten()
+            .flatten()
+            .filter(|key| !operations.contains_key(key))
+            .collect();
+        for key in claimed_payments {
+            if let Some(operation) = self.ledger.find(&key).await? {
+                operations.insert(key, operation);
+            }
+        }
+
         // The other half of each pair, when it fell outside the window.
         let outside = |prefix: &str, known: &dyn Fn(&str) -> bool| -> Vec<String> {
             operations
@@ -398,6 +431,10 @@ impl Reconciler {
         let mut differences = Vec::new();
         let mut orphans = Vec::new();
         let mut in_flight = 0;
+        // Refunds of reconciliation's that an orphan accounts for.
+        let mut claimed: BTreeSet<String> = BTreeSet::new();
+        // Succeeded charges and their payments, to compare refunded sums.
+        let mut settled: Vec<(&ChargeRow, &LedgerOperation)> = Vec::new();
 
         // Charges and the payments behind them.
         let mut paired: BTreeSet<String> = charges.keys().cloned().collect();
@@ -439,6 +476,7 @@ impl Reconciler {
                         && (p.amount != Some(c.amount)
                             || p.currency.as_deref() != Some(&c.currency)) =>
                 {
+                    settled.push((c, p));
                     differences.push(difference(
                         Kind::PaymentMismatch,
                         format!(
@@ -449,7 +487,7 @@ impl Reconciler {
                         ),
                     ));
                 }
-                (Some(c), Some(_)) if c.status == "succeeded" => {}
+                (Some(c), Some(p)) if c.status == "succeeded" => settled.push((c, p)),
                 (Some(c), None) if c.status == "succeeded" => {
                     differences.push(difference(
                         Kind::MissingPayment,
@@ -465,7 +503,7 @@ impl Reconciler {
                 }
                 (charge, Some(p)) => {
                     if let Some(orphan) = self
-                        .orphan(p, &operations, differences.len(), || {
+                        .orphan(p, &operations, &mut claimed, differences.len(), || {
                             difference(
                                 Kind::OrphanPayment,
                                 match charge {
@@ -500,7 +538,7 @@ impl Reconciler {
                 fix: None,
             };
             if let Some(orphan) = self
-                .orphan(o, &operations, differences.len(), difference)
+                .orphan(o, &operations, &mut claimed, differences.len(), difference)
                 .await?
             {
                 differences.push(orphan.0);
@@ -513,21 +551,26 @@ impl Reconciler {
         for o in operations.values().filter(|o| o.kind == "refund") {
             if let Some(id) = o.key.strip_prefix("refund:") {
                 paired.insert(id.to_owned());
-            } else if o.key.starts_with("reconcile-refund:") {
-                // Reconciliation's own: it gave back an orphan payment.
+            } else if claimed.contains(&o.key) {
+                // Reconciliation's own, told with the orphan it gave back.
             } else if o.refunded() {
                 if young(o.created) {
                     in_flight += 1;
                     continue;
                 }
+                let detail = if o.key.starts_with(RECONCILE_REFUND_PREFIX) {
+                    "money given back under reconciliation's key, for no orphan payment"
+                } else {
+                    "money given back under a key that names no refund"
+                };
                 differences.push(Difference {
                     kind: Kind::OrphanRefund,
                     key: o.key.clone(),
-                    charge: None,
+                    charge: charge_of(o),
                     refund: None,
                     oncepay: None,
                     processor: Some(Side::processor(o)),
-                    detail: "money given back under a key that names no refund".to_owned(),
+                    detail: detail.to_owned(),
                     fix: None,
                 });
             }
@@ -588,7 +631,9 @@ impl Reconciler {
                 differences.push(Difference {
                     kind,
                     key,
-                    charge: refund.map(|r| r.charge_id.clone()),
+                    charge: refund
+                        .map(|r| r.charge_id.clone())
+                        .or_else(|| operation.and_then(charge_of)),
                     refund: Some(id.clone()),
                     oncepay: refund.map(Side::refund),
                     processor: operation.map(Side::processor),
@@ -596,6 +641,31 @@ impl Reconciler {
                     fix: None,
                 });
             }
+        }
+
+        // Refunded sums, for the charges no refund's difference names
+        // already: what is left is a refund the pairs did not show.
+        let named: BTreeSet<String> = differences
+            .iter()
+            .filter_map(|d| d.charge.clone())
+            .collect();
+        for (c, p) in settled {
+            if c.refund_pending || c.amount_refunded == p.amount_refunded || named.contains(&c.id) {
+                continue;
+            }
+            differences.push(Difference {
+                kind: Kind::RefundedAmountMismatch,
+                key: p.key.clone(),
+                charge: Some(c.id.clone()),
+                refund: None,
+                oncepay: Some(Side::charge(c)),
+                processor: Some(Side::processor(p)),
+                detail: format!(
+                    "refunds gave back {} here, {} at the processor",
+                    c.amount_refunded, p.amount_refunded
+                ),
+                fix: None,
+            });
         }
 
         if fix {
@@ -624,6 +694,7 @@ impl Reconciler {
         &self,
         payment: &LedgerOperation,
         operations: &HashMap<String, LedgerOperation>,
+        claimed: &mut BTreeSet<String>,
         index: usize,
         difference: impl FnOnce() -> Difference,
     ) -> anyhow::Result<Option<(Difference, Option<Orphan>)>> {
@@ -634,8 +705,20 @@ impl Reconciler {
         };
         let left = payment.amount.unwrap_or(0) - payment.amount_refunded;
         let mut difference = difference();
+        if compensation.is_some() {
+            claimed.insert(key.clone());
+        }
         match compensation {
-            Some(o) if o.refunded() => Ok(None),
+            Some(o) if o.refunded() => match compensates(&o, payment) {
+                Ok(()) => Ok(None),
+                Err(why) => {
+                    difference.detail = format!(
+                        "{}; reconciliation's refund under {key} does not give it back: {why}",
+                        difference.detail
+                    );
+                    Ok(Some((difference, None)))
+                }
+            },
             Some(o) => {
                 difference.detail = format!(
                     "{}; reconciliation's refund under {key} was {}",
@@ -694,4 +777,40 @@ impl Reconciler {
             }
         }
     }
+}
+
+/// Whether the refund `refund` made under `payment`'s
+/// [`reconcile_refund_key`] gives that orphan back, and nothing else: it
+/// refunds that payment, in its currency, and the payment's refunds (it
+/// among them) gave back exactly what it took. Why not, otherwise.
+pub fn compensates(refund: &LedgerOperation, payment: &LedgerOperation) -> Result<(), String> {
+    if refund.payment.as_deref() != Some(payment.key.as_str()) {
+        return Err(format!(
+            "it refunds {}",
+            refund.payment.as_deref().unwrap_or("no payment")
+        ));
+    }
+    if refund.currency != payment.currency {
+        return Err(format!(
+            "it is in {}",
+            refund.currency.as_deref().unwrap_or("no currency")
+        ));
+    }
+    let paid = payment.amount.unwrap_or(0);
+    if payment.amount_refunded != paid {
+        return Err(format!(
+            "the payment's refunds gave back {} of {paid}",
+            payment.amount_refunded
+        ));
+    }
+    Ok(())
+}
+
+/// The charge a processor refund's payment key names, if it names one.
+fn charge_of(refund: &LedgerOperation) -> Option<String> {
+    refund
+        .payment
+        .as_deref()
+        .and_then(|p| p.strip_prefix("auth:"))
+        .map(str::to_owned)
 }

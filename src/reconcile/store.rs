@@ -17,6 +17,9 @@ pub struct ChargeRow {
     /// `pending`, `succeeded` or `failed`.
     pub status: String,
     pub created_at: DateTime<Utc>,
+    /// What its succeeded refunds gave back, and whether one is pending.
+    pub amount_refunded: i64,
+    pub refund_pending: bool,
 }
 
 /// A refund as reconciliation compares it.
@@ -39,8 +42,15 @@ pub async fn charges_in(
 ) -> sqlx::Result<Vec<ChargeRow>> {
     sqlx::query_as!(
         ChargeRow,
-        "SELECT id, amount, currency, status, created_at FROM charges
-          WHERE created_at >= $1 AND created_at < $2",
+        r#"SELECT c.id, c.amount, c.currency, c.status, c.created_at,
+                  r.refunded AS "amount_refunded!", r.pending AS "refund_pending!"
+             FROM charges c
+            CROSS JOIN LATERAL (
+                  SELECT coalesce(sum(amount) FILTER (WHERE status = 'succeeded'), 0)::bigint
+                             AS refunded,
+                         coalesce(bool_or(status = 'pending'), false) AS pending
+                    FROM refunds WHERE charge_id = c.id) r
+            WHERE c.created_at >= $1 AND c.created_at < $2"#,
         from,
         until,
     )
@@ -55,7 +65,15 @@ pub async fn charges_by_id(
 ) -> sqlx::Result<Vec<ChargeRow>> {
     sqlx::query_as!(
         ChargeRow,
-        "SELECT id, amount, currency, status, created_at FROM charges WHERE id = ANY($1)",
+        r#"SELECT c.id, c.amount, c.currency, c.status, c.created_at,
+                  r.refunded AS "amount_refunded!", r.pending AS "refund_pending!"
+             FROM charges c
+            CROSS JOIN LATERAL (
+                  SELECT coalesce(sum(amount) FILTER (WHERE status = 'succeeded'), 0)::bigint
+                             AS refunded,
+                         coalesce(bool_or(status = 'pending'), false) AS pending
+                    FROM refunds WHERE charge_id = c.id) r
+            WHERE c.id = ANY($1)"#,
         ids,
     )
     .fetch_all(db)

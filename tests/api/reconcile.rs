@@ -13,7 +13,9 @@ use oncepay::reconcile::job::{JobRun, ReconcileJob};
 use oncepay::reconcile::{Difference, Fix, Kind, Reconciler, Reconciliation, Window};
 use serde_json::{Value, json};
 
-use crate::helpers::{Answer, Settings, TestApp, spawn_app, spawn_app_with, until};
+use crate::helpers::{
+    Answer, Settings, TestApp, spawn_app, spawn_app_beside, spawn_app_with, until,
+};
 
 /// A reconciler of the app's databases; `in_flight` is the age below which
 /// a pair is left for later.
@@ -804,4 +806,208 @@ async fn two_serving_instances_share_the_periodic_reconciliation() {
         text.contains("reconcile_last_run_timestamp_seconds"),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn a_refund_under_reconciliations_key_of_a_succeeded_charge_is_reported() {
+    let app = spawn_app().await;
+    paid(&app, "ch_reconcileprefix00000000001", 5000).await;
+    plant_processor_refund(
+        &app,
+        "reconcile-refund:auth:ch_reconcileprefix00000000001",
+        "auth:ch_reconcileprefix00000000001",
+        5000,
+        "1 minute",
+    )
+    .await;
+
+    let r = reconcile(&app, true).await;
+    let d = only_difference(
+        &r,
+        Kind::OrphanRefund,
+        "reconcile-refund:auth:ch_reconcileprefix00000000001",
+    );
+    assert_eq!(d.charge.as_deref(), Some("ch_reconcileprefix00000000001"));
+    assert_eq!(d.processor.as_ref().unwrap().amount, Some(5000));
+    assert_eq!(d.fix, None);
+    assert_eq!(app.processor_refunds().await, 1, "--fix added no refund");
+}
+
+#[tokio::test]
+async fn a_compensating_refund_is_checked_against_the_orphan_it_claims_to_give_back() {
+    let app = spawn_app().await;
+    // Under the orphan's key, but giving back 1000 of its 5000.
+    plant_payment(
+        &app,
+        "auth:ch_reconcileshort00000001",
+        5000,
+        "usd",
+        "2 minutes",
+    )
+    .await;
+    plant_processor_refund(
+        &app,
+        "reconcile-refund:auth:ch_reconcileshort00000001",
+        "auth:ch_reconcileshort00000001",
+        1000,
+        "1 minute",
+    )
+    .await;
+    // Under another orphan's key, but refunding a good charge's payment.
+    plant_payment(
+        &app,
+        "auth:ch_reconcileaimed00000001",
+        3000,
+        "usd",
+        "2 minutes",
+    )
+    .await;
+    paid(&app, "ch_reconcilegood0000000000001", 3000).await;
+    plant_processor_refund(
+        &app,
+        "reconcile-refund:auth:ch_reconcileaimed00000001",
+        "auth:ch_reconcilegood0000000000001",
+        3000,
+        "1 minute",
+    )
+    .await;
+
+    let r = reconcile(&app, false).await;
+    let mut found: Vec<(&str, &str)> = r
+        .differences
+        .iter()
+        .map(|d| (d.kind.as_str(), d.key.as_str()))
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            ("orphan_payment", "auth:ch_reconcileaimed00000001"),
+            ("orphan_payment", "auth:ch_reconcileshort00000001"),
+            (
+                "refunded_amount_mismatch",
+                "auth:ch_reconcilegood0000000000001"
+            ),
+        ],
+        "{}",
+        r.table()
+    );
+    assert_eq!(r.remaining, 3);
+    let short = r
+        .differences
+        .iter()
+        .find(|d| d.key == "auth:ch_reconcileshort00000001")
+        .unwrap();
+    assert!(short.detail.contains("1000 of 5000"), "{}", short.detail);
+}
+
+#[tokio::test]
+async fn refunded_amounts_are_compared_on_both_sides_even_for_a_refund_outside_the_window() {
+    let app = spawn_app().await;
+    plant_charge(
+        &app,
+        "ch_reconcilesums0000000000001",
+        5000,
+        "succeeded",
+        "2 hours",
+    )
+    .await;
+    plant_payment(
+        &app,
+        "auth:ch_reconcilesums0000000000001",
+        5000,
+        "usd",
+        "2 hours",
+    )
+    .await;
+    // A refund oncepay knows nothing of, made after the window.
+    plant_processor_refund(
+        &app,
+        "refund:re_reconcilelate00000000001",
+        "auth:ch_reconcilesums0000000000001",
+        2000,
+        "30 minutes",
+    )
+    .await;
+
+    let now = Utc::now();
+    let window = Window::new(
+        now - chrono::Duration::hours(3),
+        now - chrono::Duration::hours(1),
+    )
+    .unwrap();
+    let r = reconciler(&app, app.config.processing_timeout)
+        .run(window, false)
+        .await
+        .unwrap();
+    assert_eq!(r.differences.len(), 1, "{}", r.table());
+    let d = &r.differences[0];
+    assert_eq!(
+        (d.kind.as_str(), d.key.as_str(), d.charge.as_deref()),
+        (
+            "refunded_amount_mismatch",
+            "auth:ch_reconcilesums0000000000001",
+            Some("ch_reconcilesums0000000000001")
+        )
+    );
+    assert!(
+        d.detail.contains("0 here, 2000 at the processor"),
+        "{}",
+        d.detail
+    );
+}
+
+#[tokio::test]
+async fn two_oncepay_databases_on_one_gateway_never_touch_each_others_payments() {
+    let a = spawn_app().await;
+    let b = spawn_app_beside(&a).await;
+    for amount in [5000, 3000, 2000] {
+        b.paid_charge(amount).await;
+    }
+    let mine = a.paid_charge(1500).await;
+
+    // Nothing is in flight: every payment is compared at once.
+    let fixed = reconciler(&a, Duration::ZERO)
+        .run(last_day(), true)
+        .await
+        .unwrap();
+    assert_eq!(fixed.differences, vec![], "{}", fixed.table());
+    assert_eq!(
+        fixed.checked.processor_operations, 1,
+        "A sees its own payment only"
+    );
+    let refunds: i64 = sqlx::query_scalar("SELECT count(*) FROM operations WHERE kind = 'refund'")
+        .fetch_one(&a.processor_pool)
+        .await
+        .unwrap();
+    assert_eq!(refunds, 0, "A's --fix refunded nothing of B's");
+    let theirs = reconciler(&b, Duration::ZERO)
+        .run(last_day(), true)
+        .await
+        .unwrap();
+    assert_eq!(theirs.differences, vec![], "{}", theirs.table());
+    assert_eq!(theirs.checked.processor_operations, 3);
+
+    // A refund of B's payment under A's account is refused at the gateway.
+    use oncepay::processor::Processor as _;
+    let b_payment: String = sqlx::query_scalar(
+        "SELECT key FROM operations WHERE account = $1 ORDER BY created LIMIT 1",
+    )
+    .bind(&b.processor_account)
+    .fetch_one(&b.processor_pool)
+    .await
+    .unwrap();
+    let refused = a
+        .working_processor
+        .refund(oncepay::processor::Refund {
+            processor_key: &format!("reconcile-refund:{b_payment}"),
+            payment_key: &b_payment,
+            amount: 5000,
+            currency: "usd",
+            fault: None,
+        })
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(!mine.is_empty());
+    drop(b);
 }
