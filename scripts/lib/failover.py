@@ -340,6 +340,16 @@ class Lab:
         )
         processor_url = f"http://127.0.0.1:{processor_port}"
         self.healthy("oncepay processor", processor, processor_url)
+        # oncepay's account at the gateway: a new one for this scenario.
+        processor_api_key = subprocess.run(
+            [self.oncepay, "processor", "accounts", "create", "--name", f"oncepay failover {name} {time.time_ns()}"],
+            env={**os.environ, "PROCESSOR_DATABASE_URL": ledger},
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+            check=True,
+            cwd=folder,
+        ).stdout.strip()
 
         def paid():
             """The payments in the ledger (money moved), and what they took."""
@@ -368,6 +378,7 @@ class Lab:
                 "DATABASE_URL": database_url,
                 "DATABASE_PRIMARY_CHECK_INTERVAL": "100ms",
                 "PROCESSOR_URL": processor_url,
+                "PROCESSOR_API_KEY": processor_api_key,
                 "PORT": str(port),
                 "BIND_ADDR": "127.0.0.1",
                 "DEMO_API_KEY": self.api_key,
@@ -476,6 +487,7 @@ class Lab:
                 **os.environ,
                 "DATABASE_URL": database_url,
                 "PROCESSOR_URL": processor_url,
+                "PROCESSOR_API_KEY": processor_api_key,
                 "PROCESSING_TIMEOUT": f"{int(IN_FLIGHT_AGE * 1000)}ms",
             },
             capture_output=True,

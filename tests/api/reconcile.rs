@@ -989,7 +989,6 @@ async fn two_oncepay_databases_on_one_gateway_never_touch_each_others_payments()
     assert_eq!(theirs.checked.processor_operations, 3);
 
     // A refund of B's payment under A's account is refused at the gateway.
-    use oncepay::processor::Processor as _;
     let b_payment: String = sqlx::query_scalar(
         "SELECT key FROM operations WHERE account = $1 ORDER BY created LIMIT 1",
     )

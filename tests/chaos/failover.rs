@@ -299,6 +299,7 @@ async fn oncepay_follows_the_primary_through_a_failover_without_a_restart() {
         &pair.multi_host_url(&name),
         &[
             ("PROCESSOR_URL", processor.url()),
+            ("PROCESSOR_API_KEY", processor.api_key.clone()),
             ("PROCESSING_TIMEOUT", "5s".to_owned()),
             ("REQUEST_TIMEOUT", "2s".to_owned()),
             ("DATABASE_ACQUIRE_TIMEOUT", "1s".to_owned()),
@@ -506,6 +507,7 @@ async fn a_url_naming_only_a_read_only_server_never_writes_and_answers_503() {
         let config = oncepay::config::Config::from_lookup(|variable| match variable {
             "DATABASE_URL" => Some(url.clone()),
             "PROCESSOR_URL" => Some(processor.url()),
+            "PROCESSOR_API_KEY" => Some(processor.api_key.clone()),
             "PORT" => Some("0".to_owned()),
             "PROCESSING_TIMEOUT" => Some("4s".to_owned()),
             "DATABASE_ACQUIRE_TIMEOUT" => Some("500ms".to_owned()),
@@ -557,6 +559,7 @@ async fn the_card_gateway_follows_its_ledgers_primary_through_a_failover_too() {
         &url,
         &[
             ("PROCESSOR_URL", processor.url()),
+            ("PROCESSOR_API_KEY", processor.api_key.clone()),
             ("PROCESSING_TIMEOUT", "4s".to_owned()),
             ("SWEEP_INTERVAL", "500ms".to_owned()),
             ("DATABASE_ACQUIRE_TIMEOUT", "1s".to_owned()),

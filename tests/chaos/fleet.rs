@@ -218,6 +218,7 @@ impl Fleet {
             .env_clear()
             .env("DATABASE_URL", primary_url)
             .env("PROCESSOR_URL", self.var("CLUSTER_PROCESSOR_URL"))
+            .env("PROCESSOR_API_KEY", self.var("CLUSTER_PROCESSOR_API_KEY"))
             .env("RUST_LOG", "warn")
             .current_dir("/")
             .stdin(Stdio::null());

@@ -349,10 +349,15 @@ pub async fn processor_pool(pool: &PgPool) -> PgPool {
     ledger
 }
 
+/// The card gateway account oncepay calls under in these tests.
+pub const ACCOUNT: &str = "chaos oncepay";
+
 /// One `oncepay processor` process: the card gateway, fault injection on.
 pub struct ProcessorProcess {
     child: Option<Child>,
     pub port: u16,
+    /// A secret key of [`ACCOUNT`], for oncepay's `PROCESSOR_API_KEY`.
+    pub api_key: String,
     env: Vec<(String, String)>,
     pub log: PathBuf,
 }
@@ -378,11 +383,30 @@ impl ProcessorProcess {
             child: None,
             // Its own choice at the first start, kept for its restarts.
             port: 0,
+            api_key: String::new(),
             env: vars,
             log: scratch_dir("log").join("processor.log"),
         };
         processor.spawn().await;
+        processor.api_key = processor.account_key().await;
         processor
+    }
+
+    /// A new secret key of [`ACCOUNT`] in the running gateway's ledger.
+    async fn account_key(&self) -> String {
+        let env = self.env.clone();
+        let config = oncepay::gateway::Config::from_lookup(|name| {
+            env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+        .expect("the gateway's configuration");
+        let pool = oncepay::gateway::connect(&config)
+            .await
+            .expect("connect to the gateway's ledger");
+        let (_, secret) = oncepay::gateway::accounts::ensure(&pool, ACCOUNT)
+            .await
+            .expect("an account at the gateway");
+        pool.close().await;
+        secret.expose().to_owned()
     }
 
     async fn spawn(&mut self) {
@@ -527,6 +551,7 @@ impl Server {
                 .collect();
             let processor = ProcessorProcess::start(database_url, &gateway_env).await;
             vars.push(("PROCESSOR_URL".into(), processor.url()));
+            vars.push(("PROCESSOR_API_KEY".into(), processor.api_key.clone()));
             Some(processor)
         };
         let log = scratch_dir("log").join("server.log");
@@ -1322,8 +1347,13 @@ pub async fn reconciliation_differences_with(pool: &PgPool, ledger: PgPool) -> V
     let gateway = oncepay::gateway::Gateway::build_with_pool(config, ledger)
         .await
         .expect("a gateway on the scenario's ledger");
+    let api_key = gateway
+        .own_account(ACCOUNT)
+        .await
+        .expect("the tests' account at the gateway");
     let settings = HttpSettings {
         url: gateway.url(),
+        api_key: api_key.expose().to_owned(),
         connect_timeout: Duration::from_secs(1),
         timeout: Duration::from_secs(10),
         retries: 2,
