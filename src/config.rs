@@ -998,6 +998,18 @@ mod tests {
     }
 
     #[test]
+    fn the_processor_api_key_is_read_and_never_shown() {
+        let secret = "gwsk_abcdefghijklmnop_ABCDEFGHIJKLMNOPQRSTUVWXYZ012345";
+        let c = config(&[("PROCESSOR_API_KEY", secret)]).unwrap();
+        assert_eq!(c.processor_api_key.as_deref(), Some(secret));
+        assert!(!format!("{c:?}").contains(secret));
+        let err = config(&[("PROCESSOR_API_KEY", "two words")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("PROCESSOR_API_KEY") && !err.contains("two words"), "{err}");
+    }
+
+    #[test]
     fn the_readme_and_env_example_give_every_setting_its_actual_default() {
         // Every variable the configuration reads, in the order it reads them.
         let read = std::sync::Mutex::new(Vec::new());
@@ -1028,6 +1040,10 @@ mod tests {
                 "PROCESSOR_URL" => {
                     assert!(cell.starts_with("unset"), "{cell}");
                     assert!(config(&[]).unwrap().processor_url.is_none());
+                }
+                "PROCESSOR_API_KEY" => {
+                    assert!(cell.starts_with("unset"), "{cell}");
+                    assert!(config(&[]).unwrap().processor_api_key.is_none());
                 }
                 _ => {
                     // The last value in backquotes: `REQUEST_TIMEOUT`'s cell
