@@ -90,6 +90,7 @@ async fn a_card_gateway_aborted_right_after_recording_keeps_the_payment() {
     let http = reqwest::Client::new();
     let lost = http
         .post(format!("{}/v1/authorizations", gateway.url()))
+        .bearer_auth(&gateway.api_key)
         .header("Idempotency-Key", "auth:ch_crashed")
         .header("Processor-Fault", "crash-after-record")
         .json(&json!({"amount": 500, "currency": "usd", "source": "tok_visa"}))
@@ -104,6 +105,7 @@ async fn a_card_gateway_aborted_right_after_recording_keeps_the_payment() {
     gateway.restart().await;
     let found: serde_json::Value = http
         .get(format!("{}/v1/operations/auth:ch_crashed", gateway.url()))
+        .bearer_auth(&gateway.api_key)
         .send()
         .await
         .unwrap()
