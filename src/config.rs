@@ -1006,7 +1006,10 @@ mod tests {
         let err = config(&[("PROCESSOR_API_KEY", "two words")])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("PROCESSOR_API_KEY") && !err.contains("two words"), "{err}");
+        assert!(
+            err.contains("PROCESSOR_API_KEY") && !err.contains("two words"),
+            "{err}"
+        );
     }
 
     #[test]
