@@ -453,6 +453,7 @@ async fn a_multi_host_url_without_a_target_starts_and_writes_on_the_primary_list
         &url,
         &[
             ("PROCESSOR_URL", processor.url()),
+            ("PROCESSOR_API_KEY", processor.api_key.clone()),
             ("DATABASE_PRIMARY_CHECK_INTERVAL", "200ms".to_owned()),
         ],
     )
@@ -713,6 +714,7 @@ async fn a_frozen_primary_stalls_keyed_requests_and_the_sweeper_no_longer_than_t
         &pair.multi_host_url(&name),
         &[
             ("PROCESSOR_URL", processor.url()),
+            ("PROCESSOR_API_KEY", processor.api_key.clone()),
             ("PROCESSING_TIMEOUT", "4s".to_owned()),
             ("REQUEST_TIMEOUT", "2s".to_owned()),
             ("SWEEP_INTERVAL", "300ms".to_owned()),

@@ -466,14 +466,25 @@ async fn report_and_reconcile(
     let pool = fleet.primary_pool(deadline).await;
     wait_until_swept(&pool, deadline).await;
     // A pool each: the reconciliation's gateway closes its pool as it stops.
+    // The instances' account at the gateway, which scripts/cluster made.
+    let account_key = fleet.var("CLUSTER_PROCESSOR_API_KEY");
+    let gateway = |ledger| (ledger, Some(account_key.as_str()));
     let ledger = fleet.ledger_pool().await;
-    let report = Report::measure_with(Ledger::Charges, scenario.0, &pool, &ledger, charges).await;
+    let report = Report::measure_with(
+        Ledger::Charges,
+        scenario.0,
+        &pool,
+        gateway(&ledger),
+        charges,
+    )
+    .await;
     report.publish();
     report.assert_exactly_once();
     assert!(report.succeeded > 0, "charges succeeded: {report:?}");
     if let Some(name) = scenario.1 {
         let ledger = fleet.ledger_pool().await;
-        let report = Report::measure_with(Ledger::Refunds, name, &pool, &ledger, refunds).await;
+        let report =
+            Report::measure_with(Ledger::Refunds, name, &pool, gateway(&ledger), refunds).await;
         report.publish();
         report.assert_exactly_once();
         assert!(report.succeeded > 0, "refunds succeeded: {report:?}");

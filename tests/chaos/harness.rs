@@ -1103,7 +1103,14 @@ impl Report {
     /// The row of a scenario of charges.
     pub async fn measure(scenario: &'static str, pool: &PgPool, outcomes: &[OpOutcome]) -> Self {
         let ledger_pool = processor_pool(pool).await;
-        Self::measure_with(Ledger::Charges, scenario, pool, &ledger_pool, outcomes).await
+        Self::measure_with(
+            Ledger::Charges,
+            scenario,
+            pool,
+            (&ledger_pool, None),
+            outcomes,
+        )
+        .await
     }
 
     /// The row of a scenario of refunds.
@@ -1113,19 +1120,28 @@ impl Report {
         outcomes: &[OpOutcome],
     ) -> Self {
         let ledger_pool = processor_pool(pool).await;
-        Self::measure_with(Ledger::Refunds, scenario, pool, &ledger_pool, outcomes).await
+        Self::measure_with(
+            Ledger::Refunds,
+            scenario,
+            pool,
+            (&ledger_pool, None),
+            outcomes,
+        )
+        .await
     }
 
     /// The row of a scenario of `ledger`'s records, the gateway's ledger in
-    /// `ledger_pool`, wherever that database is (closed by the
-    /// reconciliation at the end).
+    /// `gateway.0`, wherever that database is (closed by the reconciliation
+    /// at the end), read as the account whose secret key is `gateway.1`
+    /// ([`ACCOUNT`] when `None`).
     pub async fn measure_with(
         ledger: Ledger,
         scenario: &'static str,
         pool: &PgPool,
-        ledger_pool: &PgPool,
+        gateway: (&PgPool, Option<&str>),
         outcomes: &[OpOutcome],
     ) -> Self {
+        let (ledger_pool, account_key) = gateway;
         let table = ledger.table();
         let count = |sql: String| async move {
             sqlx::query_scalar::<_, i64>(&sql)
@@ -1243,7 +1259,8 @@ impl Report {
             five_xx: outcomes.iter().map(|o| o.five_xx).sum(),
             hung: outcomes.iter().map(|o| o.hung).sum(),
             undecided: outcomes.iter().filter(|o| o.answers.is_empty()).count(),
-            reconciliation: reconciliation_differences_with(pool, ledger_pool.clone()).await,
+            reconciliation: reconciliation_differences_with(pool, ledger_pool.clone(), account_key)
+                .await,
         }
     }
 
@@ -1330,8 +1347,13 @@ impl Report {
 /// the scenario's): each difference found, described. The scenario is over,
 /// so nothing counts as in flight by age; pending records still do.
 /// The ledger is `ledger`, wherever that database is (beside the scenario's,
-/// or on a server of its own in a fleet).
-pub async fn reconciliation_differences_with(pool: &PgPool, ledger: PgPool) -> Vec<String> {
+/// or on a server of its own in a fleet), read as the account whose secret
+/// key is `account_key`, or else as [`ACCOUNT`].
+pub async fn reconciliation_differences_with(
+    pool: &PgPool,
+    ledger: PgPool,
+    account_key: Option<&str>,
+) -> Vec<String> {
     use oncepay::processor::{HttpProcessor, HttpSettings, LedgerClient};
     use oncepay::reconcile::{Reconciler, Window};
 
@@ -1347,13 +1369,18 @@ pub async fn reconciliation_differences_with(pool: &PgPool, ledger: PgPool) -> V
     let gateway = oncepay::gateway::Gateway::build_with_pool(config, ledger)
         .await
         .expect("a gateway on the scenario's ledger");
-    let api_key = gateway
-        .own_account(ACCOUNT)
-        .await
-        .expect("the tests' account at the gateway");
+    let api_key = match account_key {
+        Some(key) => key.to_owned(),
+        None => gateway
+            .own_account(ACCOUNT)
+            .await
+            .expect("the tests' account at the gateway")
+            .expose()
+            .to_owned(),
+    };
     let settings = HttpSettings {
         url: gateway.url(),
-        api_key: api_key.expose().to_owned(),
+        api_key,
         connect_timeout: Duration::from_secs(1),
         timeout: Duration::from_secs(10),
         retries: 2,

@@ -301,8 +301,9 @@ async fn a_claim_held_on_the_wire_past_the_retry_s_expiry_never_charges_twice() 
     let b = Server::start(&db.url, &settings()).await;
     let proxy = HoldingProxy::to_database(&db.url).await;
     let mut a_settings = settings();
-    let gateway = b.processor.as_ref().expect("B's card gateway").url();
-    a_settings.push(("PROCESSOR_URL", gateway));
+    let gateway = b.processor.as_ref().expect("B's card gateway");
+    a_settings.push(("PROCESSOR_URL", gateway.url()));
+    a_settings.push(("PROCESSOR_API_KEY", gateway.api_key.clone()));
     let a = Server::start(&proxy.url(&db.url), &a_settings).await;
     let pool = db.pool().await;
     let http = client(Duration::from_secs(15));
