@@ -55,9 +55,9 @@ pub struct Services {
     /// [`crate::idempotency::reads`].
     pub reads: crate::idempotency::reads::Reads,
     /// The watch on the primary when `DATABASE_URL` names several hosts
-    /// (see [`crate::postgres::follow`]); `/readyz` consults it, and a
+    /// (see [`pg_follow::follow`]); `/readyz` consults it, and a
     /// request that finds the database unavailable wakes it.
-    pub primary: Option<crate::postgres::Primary>,
+    pub primary: Option<pg_follow::Primary>,
     /// The workshop's Redis (`REDIS_URL`), for `POST /demo/redis/charges`
     /// only; nothing on the real path uses it.
     pub redis: Option<redis::Client>,

@@ -20,11 +20,11 @@ use anyhow::Context;
 use tokio::sync::oneshot;
 
 use crate::config::{Config, ConfigError, Settings};
-use crate::gateway::{self, Gateway};
 use crate::reconcile::Window;
 use crate::startup::{Application, http_processor, reconciler, shutdown_signal};
 use crate::sweeper::{SweepSettings, Sweeper};
 use crate::{db, merchants};
+use card_gateway::{self as gateway, Gateway};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -329,7 +329,7 @@ pub async fn with_processor(
         .ok()
         .filter(|v| !v.trim().is_empty());
     let multi_host =
-        crate::postgres::PgUrl::parse(&config.database_url).is_ok_and(|url| url.is_multi_host());
+        pg_follow::PgUrl::parse(&config.database_url).is_ok_and(|url| url.is_multi_host());
     if multi_host && processor_database.is_none() {
         anyhow::bail!(
             "DATABASE_URL names several hosts, and neither PROCESSOR_URL nor \

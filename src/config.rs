@@ -195,7 +195,7 @@ pub struct Config {
     /// `503` (also while the database is away).
     pub database_acquire_timeout: Duration,
     /// With several hosts in `DATABASE_URL`, how often the host in use is
-    /// asked whether it still serves (see [`crate::postgres::follow`]).
+    /// asked whether it still serves (see [`pg_follow::follow`]).
     pub database_primary_check_interval: Duration,
     /// The longest a request queues for a connection before its work
     /// begins, while the queue keeps emptying (see [`crate::admission`]).
@@ -203,7 +203,7 @@ pub struct Config {
     /// The same, once the queue has stood for `database_queue_timeout`.
     pub database_queue_overload_timeout: Duration,
     /// The longest a statement may go unanswered, on a live server or a
-    /// silent host (see [`crate::postgres::liveness`]).
+    /// silent host (see [`pg_follow::liveness`]).
     pub database_statement_timeout: Duration,
     pub bind_addr: IpAddr,
     pub port: u16,
@@ -595,7 +595,7 @@ impl Config {
 }
 
 /// A silent host's connections are cut within a check interval and a
-/// check's timeout ([`crate::postgres::Settings::silence_bound`]): no
+/// check's timeout ([`pg_follow::Settings::silence_bound`]): no
 /// statement may be given less, or a wait on a silent host would outlast it.
 fn check_statement_timeout(config: &Config) -> Result<(), ConfigError> {
     let pool = crate::db::settings(config);
@@ -693,9 +693,9 @@ impl std::fmt::Debug for Config {
 }
 
 /// Replaces the password of a `scheme://user:password@host/...?password=...`
-/// URL (several hosts included, see [`crate::postgres::redact`]).
+/// URL (several hosts included, see [`pg_follow::redact`]).
 pub fn redact_url(url: &str) -> String {
-    crate::postgres::redact(url)
+    pg_follow::redact(url)
 }
 
 impl ConfigError {
@@ -776,10 +776,10 @@ fn port(value: &str) -> Result<u16, String> {
 }
 
 /// A Postgres URL: `postgres://` or `postgresql://`, one host or several
-/// (see [`crate::postgres::PgUrl`]).
+/// (see [`pg_follow::PgUrl`]).
 fn postgres_url(value: &str) -> Result<String, String> {
     let value = value.trim();
-    crate::postgres::PgUrl::parse(value)
+    pg_follow::PgUrl::parse(value)
         .map(|_| value.to_owned())
         .map_err(|e| e.to_string())
 }

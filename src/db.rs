@@ -6,7 +6,7 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use crate::config::Config;
-use crate::postgres::{self, PgUrl, Primary};
+use pg_follow::{self as postgres, PgUrl, Primary};
 
 /// The migrations under `migrations/`, built into the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");

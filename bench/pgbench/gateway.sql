@@ -1,6 +1,6 @@
 -- The gateway's record of a new payment, on the gateway's own database (the
 -- `operations` ledger): the one statement `oncepay processor` runs for an
--- authorization under a fresh key (src/gateway/store.rs::insert_authorization),
+-- authorization under a fresh key (crates/card-gateway/src/store.rs::insert_authorization),
 -- its own implicit transaction. A key that holds an operation already would
 -- cost one more statement, the read of what stands; a new charge's key never
 -- does. The least any ledger that records each payment once can do, and the

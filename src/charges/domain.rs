@@ -12,7 +12,7 @@ use crate::params::{Encoding, ParamError, Params, shorten};
 use crate::problem::ProblemCode;
 use crate::processor::TestToken;
 use crate::refunds::Refund;
-use crate::test_cards::{Card, Decline};
+use test_cards::{Card, Decline};
 
 /// Smallest and largest amount, in minor units (cents for USD).
 pub const MIN_AMOUNT: i64 = 1;

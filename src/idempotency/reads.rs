@@ -18,7 +18,7 @@
 //!
 //! The queue of reads waiting for a batch is bounded ([`MOST_QUEUED`]): a
 //! database that answers more slowly than reads arrive (or not at all, until
-//! its connections are cut, see [`crate::postgres::liveness`]) would
+//! its connections are cut, see [`pg_follow::liveness`]) would
 //! otherwise have requests pile up behind it without end. A read asked of a
 //! full queue is refused at once ([`Shed`]), and its request answered
 //! `503 overloaded` before it has begun anything.

@@ -12,9 +12,9 @@ pub mod ledger;
 
 use async_trait::async_trait;
 
-pub use crate::test_cards::TestToken;
 pub use http::{HttpProcessor, HttpSettings};
 pub use ledger::{LedgerClient, LedgerOperation};
+pub use test_cards::TestToken;
 
 /// The processor key for authorizing a charge.
 pub fn authorization_key(charge_id: &str) -> String {

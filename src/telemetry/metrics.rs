@@ -15,7 +15,7 @@
 //! | `sweeper_runs_total`, `sweeper_settled_total` (`outcome`), `sweeper_keys_deleted_total`, `sweeper_leased_total` | |
 //! | `reconcile_runs_total` (`result`), `reconcile_differences` (`kind`), `reconcile_last_run_timestamp_seconds` | see `crate::reconcile::job` |
 //! | `db_pool_connections` (`state`: `idle`, `in_use`), `db_pool_max_connections`, `db_pool_timeouts_total` | |
-//! | `db_primary_known` (1 while a writable host is known), `db_primary_retargets_total`, with several database hosts only | `pool`: `oncepay`, `oncepay-processor`; see `crate::postgres::follow` |
+//! | `db_primary_known` (1 while a writable host is known), `db_primary_retargets_total`, with several database hosts only | `pool`: `oncepay`, `oncepay-processor`; see `pg_follow::follow` |
 //! | `webhook_attempts_total` (`result`), `webhook_attempt_duration_seconds`, `webhook_deliveries_total` (`outcome`, `reason`), `webhook_oldest_pending_event_age_seconds`, `webhook_endpoints_disabled_total`, `webhook_leases_lost_total` | see `docs/webhooks.md` |
 
 use std::sync::{Arc, OnceLock};

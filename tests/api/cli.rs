@@ -600,7 +600,7 @@ async fn processor_accounts_create_prints_a_secret_once_that_the_gateway_accepts
     .await
     .unwrap();
     assert_eq!((stored, plain), (1, 0), "only the secret's hash is stored");
-    let accounts = oncepay::gateway::accounts::Accounts::new(pool.clone());
+    let accounts = card_gateway::accounts::Accounts::new(pool.clone());
     let account = accounts.authenticate(secret).await.unwrap();
     let named: Option<String> =
         sqlx::query_scalar("SELECT id FROM accounts WHERE name = 'shop one'")

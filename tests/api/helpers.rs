@@ -7,8 +7,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use card_gateway::{self as gateway, Gateway};
 use oncepay::config::Config;
-use oncepay::gateway::{self, Gateway};
 use oncepay::merchants;
 use oncepay::processor::{HttpProcessor, HttpSettings, Processor};
 use oncepay::startup::Application;

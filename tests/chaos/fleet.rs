@@ -106,7 +106,7 @@ impl Fleet {
         };
         fleet.env = sourced(&fleet.dir.join("env"));
         // The formation's URL, `&` and all, survives `source`.
-        let database = oncepay::postgres::PgUrl::parse(&fleet.var("CLUSTER_DATABASE_URL"))
+        let database = pg_follow::PgUrl::parse(&fleet.var("CLUSTER_DATABASE_URL"))
             .expect("CLUSTER_DATABASE_URL is a Postgres URL");
         assert_eq!(
             database.hosts().len(),

@@ -334,7 +334,7 @@ pub async fn processor_pool(pool: &PgPool) -> PgPool {
     );
     let options = (*options).clone().database(&name);
     let url = sqlx::ConnectOptions::to_url_lossy(&options).to_string();
-    oncepay::gateway::create_database_if_missing(&url)
+    card_gateway::create_database_if_missing(&url)
         .await
         .expect("create the processor's ledger");
     let ledger = sqlx::postgres::PgPoolOptions::new()
@@ -342,7 +342,7 @@ pub async fn processor_pool(pool: &PgPool) -> PgPool {
         .connect_with(options)
         .await
         .expect("connect to the processor's ledger");
-    oncepay::gateway::MIGRATOR
+    card_gateway::MIGRATOR
         .run(&ledger)
         .await
         .expect("migrate the processor's ledger");
@@ -395,14 +395,14 @@ impl ProcessorProcess {
     /// A new secret key of [`ACCOUNT`] in the running gateway's ledger.
     async fn account_key(&self) -> String {
         let env = self.env.clone();
-        let config = oncepay::gateway::Config::from_lookup(|name| {
+        let config = card_gateway::Config::from_lookup(|name| {
             env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
         })
         .expect("the gateway's configuration");
-        let pool = oncepay::gateway::connect(&config)
+        let pool = card_gateway::connect(&config)
             .await
             .expect("connect to the gateway's ledger");
-        let (_, secret) = oncepay::gateway::accounts::ensure(&pool, ACCOUNT)
+        let (_, secret) = card_gateway::accounts::ensure(&pool, ACCOUNT)
             .await
             .expect("an account at the gateway");
         pool.close().await;
@@ -1357,7 +1357,7 @@ pub async fn reconciliation_differences_with(
     use oncepay::processor::{HttpProcessor, HttpSettings, LedgerClient};
     use oncepay::reconcile::{Reconciler, Window};
 
-    let config = oncepay::gateway::Config::from_lookup(|name| match name {
+    let config = card_gateway::Config::from_lookup(|name| match name {
         "PROCESSOR_DATABASE_URL" => {
             Some(sqlx::ConnectOptions::to_url_lossy(&*ledger.connect_options()).to_string())
         }
@@ -1366,7 +1366,7 @@ pub async fn reconciliation_differences_with(
         _ => None,
     })
     .expect("a gateway configuration");
-    let gateway = oncepay::gateway::Gateway::build_with_pool(config, ledger)
+    let gateway = card_gateway::Gateway::build_with_pool(config, ledger)
         .await
         .expect("a gateway on the scenario's ledger");
     let api_key = match account_key {

@@ -94,7 +94,7 @@ fn idempotent(key: &str) -> RequestStrategy {
 // ---------------------------------------------------------------------------
 // One charge per test token
 
-/// How a test token's charge is declined, as src/test_cards.rs and
+/// How a test token's charge is declined, as crates/test-cards/src/lib.rs and
 /// docs/api.md say (Stripe's documented codes for the token).
 #[derive(Clone, Copy, Debug)]
 struct Decline {
@@ -324,7 +324,7 @@ token_tests! {
 
 #[test]
 fn every_test_token_oncepay_accepts_has_a_charge_test_here() {
-    let source = std::fs::read_to_string(root().join("src/test_cards.rs")).unwrap();
+    let source = std::fs::read_to_string(root().join("crates/test-cards/src/lib.rs")).unwrap();
     // The table, not the module's own tests below it.
     let table = source.split("#[cfg(test)]").next().unwrap();
     let tokens: Vec<&str> = table
@@ -335,7 +335,7 @@ fn every_test_token_oncepay_accepts_has_a_charge_test_here() {
         .collect();
     assert!(
         tokens.contains(&"tok_visa"),
-        "tokens read from src/test_cards.rs: {tokens:?}"
+        "tokens read from crates/test-cards/src/lib.rs: {tokens:?}"
     );
     let untested: Vec<&&str> = tokens
         .iter()

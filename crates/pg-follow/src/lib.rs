@@ -1,7 +1,7 @@
 //! Connection pools on a Postgres URL that may name several hosts (a
-//! primary and its standbys), following the primary when it moves. Shared
-//! by both systems, oncepay ([`crate::db`]) and the card gateway
-//! ([`crate::gateway`]), each with a database of its own; it knows neither.
+//! primary and its standbys), following the primary when it moves. A library
+//! both systems use, oncepay (its `db` module) and the card gateway
+//! (crates/card-gateway), each with a database of its own; it knows neither.
 //!
 //! A URL with one host gives a pool exactly as sqlx makes it (with
 //! `target_session_attrs=read-write`, a new connection to a read-only

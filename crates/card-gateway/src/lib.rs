@@ -3,15 +3,17 @@
 //! `oncepay processor` runs it (or `oncepay serve` embeds it on a loopback
 //! port when no `PROCESSOR_URL` is set): its own configuration
 //! ([`config`], `PROCESSOR_*`), its own database and migrations
-//! (`src/gateway/migrations/`), its own HTTP API ([`http`]), its own
+//! (`migrations/` beside this crate), its own HTTP API ([`http`]), its own
 //! callers ([`accounts`]: every call is made for an account, by its secret
 //! key, and sees that account's ledger only). It authorizes payments, voids
 //! attempts whose answer was lost, refunds, and lists an account's ledger,
 //! each idempotent on the caller's `Idempotency-Key`, deciding
-//! outcomes from the test card tokens ([`crate::test_cards`]). Besides that
-//! module it shares only [`crate::postgres`], the connection pools that
-//! follow a primary, with oncepay. It imports nothing else of oncepay's, and
-//! oncepay imports nothing of it: oncepay's `HttpProcessor` speaks its API.
+//! outcomes from the test card tokens ([`test_cards`]). Besides that table
+//! it shares only [`pg_follow`], the connection pools that follow a primary,
+//! with oncepay: two libraries of the workspace that know neither system.
+//! It depends on no crate of oncepay's, and oncepay's domain imports nothing
+//! of it: oncepay's `HttpProcessor` speaks its API. Only oncepay's binary
+//! starts it (`oncepay processor`, or embedded in `serve`).
 
 pub mod accounts;
 pub mod config;
@@ -26,14 +28,14 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgPool};
 use tokio::net::TcpListener;
 
-use crate::postgres::{self, PgUrl};
+use pg_follow::{self as postgres, PgUrl};
 
 pub use config::Config;
 use domain::Ledger;
 use http::GatewayState;
 
-/// The gateway's migrations, under `src/gateway/migrations/`.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./src/gateway/migrations");
+/// The gateway's migrations, under `migrations/` beside this crate.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
 /// A bound gateway, its database migrated.
 pub struct Gateway {
@@ -192,7 +194,7 @@ const DATABASE_PRIMARY_CHECK_INTERVAL: std::time::Duration = std::time::Duration
 
 /// The longest a ledger statement may go unanswered, as oncepay's default:
 /// cancelled by a live server, cut on a silent host (see
-/// [`crate::postgres::liveness`]); at least the check interval plus the
+/// [`pg_follow::liveness`]); at least the check interval plus the
 /// check's timeout (2 s here).
 const DATABASE_STATEMENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 

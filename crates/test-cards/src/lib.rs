@@ -1,8 +1,8 @@
 //! The test card tokens, with Stripe's names, and what each card does.
 //!
-//! The one module both systems read: oncepay accepts these names as a
+//! The one table both systems read: oncepay accepts these names as a
 //! charge's `source` (and refuses any other, as it always has), and the card
-//! gateway (`crate::gateway`) decides each authorization's and refund's
+//! gateway (crates/card-gateway) decides each authorization's and refund's
 //! outcome from them. Like a real gateway's published test cards, the table
 //! is a contract both sides know, not code of either; it imports nothing.
 //! The card behind each token (brand, last four digits, funding, country)

@@ -126,7 +126,7 @@ impl Config {
 
     /// The database URL with its password hidden, for logs.
     pub fn redacted_database_url(&self) -> String {
-        crate::postgres::redact(&self.database_url)
+        pg_follow::redact(&self.database_url)
     }
 }
 
@@ -144,10 +144,10 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// A Postgres URL with one host or several (see [`crate::postgres::PgUrl`]).
+/// A Postgres URL with one host or several (see [`pg_follow::PgUrl`]).
 fn postgres_url(value: &str) -> Result<String, String> {
     let value = value.trim();
-    crate::postgres::PgUrl::parse(value)
+    pg_follow::PgUrl::parse(value)
         .map(|_| value.to_owned())
         .map_err(|e| e.to_string())
 }

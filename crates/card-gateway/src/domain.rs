@@ -1,7 +1,7 @@
 //! What the gateway does with an account's money: authorize, void, refund,
 //! look up and list, each idempotent on its key within the account, each
 //! seeing that account's operations only, and each deciding its outcome
-//! from the card's test token ([`crate::test_cards`]). No HTTP here: the
+//! from the card's test token ([`test_cards`]). No HTTP here: the
 //! handlers in [`super::http`] authenticate the caller ([`super::accounts`]),
 //! parse, call one of these and render.
 
@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use super::store::{self, NewAuthorization, NewRefund, Operation};
-use crate::test_cards::TestToken;
+use test_cards::TestToken;
 
 /// The most a list page holds.
 pub const MAX_PAGE: i64 = 1000;
