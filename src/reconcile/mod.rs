@@ -32,10 +32,12 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::charges::ChargeStatus;
 use crate::processor::{
     LedgerClient, LedgerOperation, Processor, RECONCILE_REFUND_PREFIX, Refund, RefundOutcome,
     authorization_key, reconcile_refund_key, refund_key,
 };
+use crate::refunds::RefundStatus;
 use store::{ChargeRow, RefundRow};
 
 /// What kind of difference.
@@ -98,7 +100,7 @@ pub struct Side {
 impl Side {
     fn charge(c: &ChargeRow) -> Self {
         Side {
-            status: c.status.clone(),
+            status: c.status.as_str().to_owned(),
             amount: Some(c.amount),
             currency: Some(c.currency.clone()),
             created: c.created_at,
@@ -107,7 +109,7 @@ impl Side {
 
     fn refund(r: &RefundRow) -> Self {
         Side {
-            status: r.status.clone(),
+            status: r.status.as_str().to_owned(),
             amount: Some(r.amount),
             currency: Some(r.currency.clone()),
             created: r.created_at,
@@ -451,7 +453,7 @@ impl Reconciler {
             let key = authorization_key(id);
             let charge = charges.get(id);
             let operation = operations.get(&key).filter(|o| o.kind != "refund");
-            if charge.is_some_and(|c| c.status == "pending" || young(c.created_at))
+            if charge.is_some_and(|c| c.status == ChargeStatus::Pending || young(c.created_at))
                 || operation.is_some_and(|o| young(o.created))
             {
                 in_flight += 1;
@@ -472,7 +474,7 @@ impl Reconciler {
             };
             match (charge, payment) {
                 (Some(c), Some(p))
-                    if c.status == "succeeded"
+                    if c.status == ChargeStatus::Succeeded
                         && (p.amount != Some(c.amount)
                             || p.currency.as_deref() != Some(&c.currency)) =>
                 {
@@ -487,8 +489,8 @@ impl Reconciler {
                         ),
                     ));
                 }
-                (Some(c), Some(p)) if c.status == "succeeded" => settled.push((c, p)),
-                (Some(c), None) if c.status == "succeeded" => {
+                (Some(c), Some(p)) if c.status == ChargeStatus::Succeeded => settled.push((c, p)),
+                (Some(c), None) if c.status == ChargeStatus::Succeeded => {
                     differences.push(difference(
                         Kind::MissingPayment,
                         match operation {
@@ -508,7 +510,9 @@ impl Reconciler {
                                 Kind::OrphanPayment,
                                 match charge {
                                     None => "money moved; oncepay has no such charge".to_owned(),
-                                    Some(c) => format!("money moved; the charge {}", c.status),
+                                    Some(c) => {
+                                        format!("money moved; the charge {}", c.status.as_str())
+                                    }
                                 },
                             )
                         })
@@ -579,14 +583,14 @@ impl Reconciler {
             let key = refund_key(id);
             let refund = refunds.get(id);
             let operation = operations.get(&key).filter(|o| o.kind == "refund");
-            if refund.is_some_and(|r| r.status == "pending" || young(r.created_at))
+            if refund.is_some_and(|r| r.status == RefundStatus::Pending || young(r.created_at))
                 || operation.is_some_and(|o| young(o.created))
             {
                 in_flight += 1;
                 continue;
             }
             let kind_detail = match (refund, operation) {
-                (Some(r), None) if r.status == "succeeded" => Some((
+                (Some(r), None) if r.status == RefundStatus::Succeeded => Some((
                     Kind::MissingProcessorRefund,
                     "the refund succeeded; the processor has nothing under its key".to_owned(),
                 )),
@@ -596,10 +600,11 @@ impl Reconciler {
                 )),
                 (Some(r), Some(o)) => {
                     let mut what = Vec::new();
-                    if (r.status == "succeeded") != o.refunded() {
+                    if (r.status == RefundStatus::Succeeded) != o.refunded() {
                         what.push(format!(
                             "the refund {}, the processor's {}",
-                            r.status, o.outcome
+                            r.status.as_str(),
+                            o.outcome
                         ));
                     }
                     if o.amount != Some(r.amount) {

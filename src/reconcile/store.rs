@@ -8,14 +8,16 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 
+use crate::charges::ChargeStatus;
+use crate::refunds::RefundStatus;
+
 /// A charge as reconciliation compares it.
 #[derive(Clone, Debug)]
 pub struct ChargeRow {
     pub id: String,
     pub amount: i64,
     pub currency: String,
-    /// `pending`, `succeeded` or `failed`.
-    pub status: String,
+    pub status: ChargeStatus,
     pub created_at: DateTime<Utc>,
     /// What its succeeded refunds gave back, and whether one is pending.
     pub amount_refunded: i64,
@@ -29,8 +31,7 @@ pub struct RefundRow {
     pub charge_id: String,
     pub amount: i64,
     pub currency: String,
-    /// `pending`, `succeeded` or `failed`.
-    pub status: String,
+    pub status: RefundStatus,
     pub created_at: DateTime<Utc>,
 }
 
@@ -42,7 +43,7 @@ pub async fn charges_in(
 ) -> sqlx::Result<Vec<ChargeRow>> {
     sqlx::query_as!(
         ChargeRow,
-        r#"SELECT c.id, c.amount, c.currency, c.status, c.created_at,
+        r#"SELECT c.id, c.amount, c.currency, c.status AS "status: ChargeStatus", c.created_at,
                   r.refunded AS "amount_refunded!", r.pending AS "refund_pending!"
              FROM charges c
             CROSS JOIN LATERAL (
@@ -65,7 +66,7 @@ pub async fn charges_by_id(
 ) -> sqlx::Result<Vec<ChargeRow>> {
     sqlx::query_as!(
         ChargeRow,
-        r#"SELECT c.id, c.amount, c.currency, c.status, c.created_at,
+        r#"SELECT c.id, c.amount, c.currency, c.status AS "status: ChargeStatus", c.created_at,
                   r.refunded AS "amount_refunded!", r.pending AS "refund_pending!"
              FROM charges c
             CROSS JOIN LATERAL (
@@ -88,8 +89,8 @@ pub async fn refunds_in(
 ) -> sqlx::Result<Vec<RefundRow>> {
     sqlx::query_as!(
         RefundRow,
-        "SELECT id, charge_id, amount, currency, status, created_at FROM refunds
-          WHERE created_at >= $1 AND created_at < $2",
+        r#"SELECT id, charge_id, amount, currency, status AS "status: RefundStatus", created_at
+             FROM refunds WHERE created_at >= $1 AND created_at < $2"#,
         from,
         until,
     )
@@ -104,8 +105,8 @@ pub async fn refunds_by_id(
 ) -> sqlx::Result<Vec<RefundRow>> {
     sqlx::query_as!(
         RefundRow,
-        "SELECT id, charge_id, amount, currency, status, created_at FROM refunds
-          WHERE id = ANY($1)",
+        r#"SELECT id, charge_id, amount, currency, status AS "status: RefundStatus", created_at
+             FROM refunds WHERE id = ANY($1)"#,
         ids,
     )
     .fetch_all(db)
