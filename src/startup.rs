@@ -8,7 +8,7 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::app::AppState;
 use crate::config::Config;
@@ -156,24 +156,21 @@ impl Application {
         let config = self.state.config.clone();
         let tasks = self.state.tasks.clone();
         let pool = self.state.pool.clone();
-        let (stop_tx, stop_rx) = watch::channel(false);
+        // One stop signal for every task beside the server, given when
+        // `shutdown` resolves.
+        let stop = CancellationToken::new();
         let sweeper = Sweeper::new(
             self.state.pool.clone(),
             self.state.processor.clone(),
             SweepSettings::from_config(&config),
         );
-        let mut sweeper_stop = stop_rx.clone();
-        let sweeper = tokio::spawn(sweeper.run(config.sweep_interval, async move {
-            let _ = sweeper_stop.wait_for(|stop| *stop).await;
-        }));
+        let sweeper =
+            tokio::spawn(sweeper.run(config.sweep_interval, stop.clone().cancelled_owned()));
         let worker = Worker::new(
             self.state.pool.clone(),
             DeliverySettings::from_config(&config),
         )?;
-        let mut worker_stop = stop_rx.clone();
-        let worker = tokio::spawn(worker.run(async move {
-            let _ = worker_stop.wait_for(|stop| *stop).await;
-        }));
+        let worker = tokio::spawn(worker.run(stop.clone().cancelled_owned()));
         // The periodic reconciliation, on one instance at a time.
         let reconciling = match (config.reconcile_enabled, config.processor_url.is_some()) {
             (true, true) => {
@@ -189,10 +186,7 @@ impl Application {
                     config.reconcile_interval,
                     config.reconcile_window,
                 );
-                let mut job_stop = stop_rx.clone();
-                Some(tokio::spawn(job.run(async move {
-                    let _ = job_stop.wait_for(|stop| *stop).await;
-                })))
+                Some(tokio::spawn(job.run(stop.clone().cancelled_owned())))
             }
             (true, false) => {
                 tracing::warn!("no PROCESSOR_URL: the periodic reconciliation does not run");
@@ -200,16 +194,13 @@ impl Application {
             }
             (false, _) => None,
         };
-        let mut upkeep_stop = stop_rx.clone();
-        tokio::spawn(metrics::upkeep(self.state.metrics.clone(), async move {
-            let _ = upkeep_stop.wait_for(|stop| *stop).await;
-        }));
-        let mut limits_stop = stop_rx.clone();
+        tokio::spawn(metrics::upkeep(
+            self.state.metrics.clone(),
+            stop.clone().cancelled_owned(),
+        ));
         tokio::spawn(crate::rate_limit::upkeep(
             self.state.rate_limits.clone(),
-            async move {
-                let _ = limits_stop.wait_for(|stop| *stop).await;
-            },
+            stop.clone().cancelled_owned(),
         ));
         tracing::info!(addr = %self.listener.local_addr()?, "oncepay listening");
         tracing::info!(
@@ -218,7 +209,7 @@ impl Application {
             keep_alive_timeout = ?self.limits.keep_alive_timeout,
             "connection cap and timeouts"
         );
-        let mut stopping = stop_rx.clone();
+        let stopping = stop.clone();
         let server = http::server::serve(
             self.listener,
             http::router(self.state),
@@ -226,7 +217,7 @@ impl Application {
             async move {
                 shutdown.await;
                 tracing::info!("shutting down: no new connections; finishing requests in flight");
-                let _ = stop_tx.send(true);
+                stop.cancel();
             },
         );
         // Serve until the signal, then give requests in flight (and the work
@@ -237,7 +228,7 @@ impl Application {
         let grace_period = config.shutdown_grace;
         let (deadline_tx, deadline_rx) = tokio::sync::oneshot::channel();
         let grace = async move {
-            let _ = stopping.wait_for(|stop| *stop).await;
+            stopping.cancelled().await;
             let deadline = tokio::time::Instant::now() + grace_period;
             let _ = deadline_tx.send(deadline);
             tokio::time::sleep_until(deadline).await;
