@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use crate::config::{Config, ConfigError, Settings};
 use crate::reconcile::Window;
 use crate::startup::{Application, http_processor, reconciler, shutdown_signal};
-use crate::sweeper::{SweepSettings, Sweeper};
+use crate::sweeper::Sweeper;
 use crate::{db, merchants};
 use card_gateway::{self as gateway, Gateway};
 
@@ -237,7 +237,7 @@ impl Cli {
             Command::Sweep { once } => {
                 let (config, embedded) = with_processor(config).await?;
                 let processor = Arc::new(http_processor(&config)?);
-                let sweeper = Sweeper::new(pool, processor, SweepSettings::from_config(&config));
+                let sweeper = Sweeper::new(pool, processor, config.sweep_settings());
                 let _embedded = embedded;
                 if once {
                     let report = sweeper.sweep_once().await?;

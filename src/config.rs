@@ -326,6 +326,16 @@ impl Settings {
 }
 
 impl Config {
+    /// The sweeper's settings in a `serve` or `sweep` process.
+    pub fn sweep_settings(&self) -> crate::sweeper::SweepSettings {
+        crate::sweeper::SweepSettings {
+            processing_timeout: self.processing_timeout,
+            key_ttl: self.idempotency_key_ttl,
+            batch_size: self.sweep_batch_size,
+            delete_budget: crate::sweeper::DELETE_BUDGET,
+        }
+    }
+
     /// Reads the configuration through `lookup`, so tests need not touch the
     /// process environment: each variable `lookup` knows is given to the same
     /// parser as the command line's (blank counts as unset).

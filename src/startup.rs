@@ -19,7 +19,7 @@ use crate::merchants::{self, ApiKey};
 use crate::processor::{HttpProcessor, HttpSettings, LedgerClient, Processor};
 use crate::reconcile::Reconciler;
 use crate::reconcile::job::{self, ReconcileJob};
-use crate::sweeper::{SweepSettings, Sweeper};
+use crate::sweeper::Sweeper;
 use crate::telemetry::metrics;
 use crate::webhooks::deliver::{DeliverySettings, Worker};
 
@@ -162,7 +162,7 @@ impl Application {
         let sweeper = Sweeper::new(
             self.state.pool.clone(),
             self.state.processor.clone(),
-            SweepSettings::from_config(&config),
+            config.sweep_settings(),
         );
         let sweeper =
             tokio::spawn(sweeper.run(config.sweep_interval, stop.clone().cancelled_owned()));

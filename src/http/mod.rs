@@ -73,12 +73,17 @@ pub fn router(state: AppState) -> Router {
     let (routes, _) = api(&state.config).split_for_parts();
     let routes = routes
         .merge(openapi::swagger_ui())
-        .fallback(|| async { Problem::new(ProblemCode::RouteNotFound, "There is no such route.") })
+        .fallback(|| async {
+            problem::respond(Problem::new(
+                ProblemCode::RouteNotFound,
+                "There is no such route.",
+            ))
+        })
         .method_not_allowed_fallback(|| async {
-            Problem::new(
+            problem::respond(Problem::new(
                 ProblemCode::MethodNotAllowed,
                 "This route does not accept that method.",
-            )
+            ))
         })
         // On every route and fallback, after the router has matched the
         // path (a method the route lacks included).
@@ -106,11 +111,10 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(state, observe::finish))
         .layer(CatchPanicLayer::custom(|_| {
             tracing::error!("a handler panicked");
-            Problem::new(
+            problem::respond(Problem::new(
                 ProblemCode::InternalError,
                 "Something went wrong on our side.",
-            )
-            .into_response()
+            ))
         }))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,

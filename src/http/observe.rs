@@ -213,7 +213,7 @@ fn finish_problem(response: Response, id: Option<&HeaderValue>, stripe_client: b
         if code == ProblemCode::RequestTimeout {
             problem = problem.with_retry_after(crate::retry_after::SOON);
         }
-        let mut fresh = problem.into_response();
+        let mut fresh = super::problem::respond(problem);
         for (name, value) in response.headers() {
             if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
                 fresh.headers_mut().append(name.clone(), value.clone());

@@ -8,22 +8,23 @@ use crate::error::{Error, service_unavailable};
 use crate::problem::{CONTENT_TYPE, Problem, ProblemCode};
 use crate::retry_after;
 
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let body = self.body();
-        let mut response = (
-            self.status,
-            [(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE))],
-            body,
-        )
-            .into_response();
-        for (name, value) in &self.headers {
-            response.headers_mut().append(name.clone(), value.clone());
-        }
-        // For `observe::finish`, which adds the request id.
-        response.extensions_mut().insert(self);
-        response
+/// A problem as its response: `application/problem+json`, with the
+/// problem's status and headers. (The core's [`Problem`] knows no HTTP
+/// server; this is where it becomes a response.)
+pub fn respond(problem: Problem) -> Response {
+    let body = problem.body();
+    let mut response = (
+        problem.status,
+        [(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE))],
+        body,
+    )
+        .into_response();
+    for (name, value) in &problem.headers {
+        response.headers_mut().append(name.clone(), value.clone());
     }
+    // For `observe::finish`, which adds the request id.
+    response.extensions_mut().insert(problem);
+    response
 }
 
 /// `resource_missing` for a `noun` (`charge`, `event`, ...) with `id`, named
@@ -70,18 +71,17 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self.0 {
-            Error::Problem(problem) => problem.into_response(),
+            Error::Problem(problem) => respond(*problem),
             Error::Unavailable(error) => {
                 tracing::warn!(error = format!("{error:#}"), "database unavailable");
-                service_unavailable(retry_after::SOON).into_response()
+                respond(service_unavailable(retry_after::SOON))
             }
             Error::Internal(error) => {
                 tracing::error!(error = format!("{error:#}"), "internal error");
-                Problem::new(
+                respond(Problem::new(
                     ProblemCode::InternalError,
                     "Something went wrong on our side. Retry shortly (a POST with the same Idempotency-Key).",
-                )
-                .into_response()
+                ))
             }
         }
     }

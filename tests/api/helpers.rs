@@ -537,7 +537,7 @@ impl TestApp {
     pub async fn sweep_once_with_budget(&self, budget: Duration) -> SweepReport {
         self.sweeper(SweepSettings {
             delete_budget: budget,
-            ..SweepSettings::from_config(&self.config)
+            ..self.config.sweep_settings()
         })
         .sweep_once()
         .await
@@ -548,7 +548,7 @@ impl TestApp {
     pub async fn sweep_once_with_timeout(&self, timeout: Duration) -> SweepReport {
         self.sweeper(SweepSettings {
             processing_timeout: timeout,
-            ..SweepSettings::from_config(&self.config)
+            ..self.config.sweep_settings()
         })
         .sweep_once()
         .await

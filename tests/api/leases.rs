@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use oncepay::processor::{
     Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
 };
-use oncepay::sweeper::{SweepSettings, Sweeper};
+use oncepay::sweeper::Sweeper;
 
 use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, visa};
 
@@ -96,7 +96,7 @@ async fn a_record_whose_lease_lapsed_mid_batch_is_recovered_by_one_sweeper_only(
         delay: Duration::from_millis(700),
         calls: Mutex::default(),
     });
-    let settings = SweepSettings::from_config(&app.config);
+    let settings = app.config.sweep_settings();
     let first = Sweeper::new(app.pool.clone(), processor.clone(), settings);
     let second = Sweeper::new(app.pool.clone(), processor.clone(), settings);
     // The first takes all four; each refund takes 0.7 s, so the keys it has

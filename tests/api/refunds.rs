@@ -795,7 +795,7 @@ async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_roll
     let working: Arc<dyn oncepay::processor::Processor> = app.working_processor.clone();
     let settings = oncepay::sweeper::SweepSettings {
         processing_timeout: Duration::from_secs(60),
-        ..oncepay::sweeper::SweepSettings::from_config(&app.config)
+        ..app.config.sweep_settings()
     };
     let report = oncepay::sweeper::Sweeper::new(app.pool.clone(), working, settings)
         .sweep_once()
@@ -890,7 +890,7 @@ async fn a_refund_refused_while_its_request_was_lost_is_failed_by_recovery() {
     let working: Arc<dyn oncepay::processor::Processor> = app.working_processor.clone();
     let settings = oncepay::sweeper::SweepSettings {
         processing_timeout: Duration::from_secs(60),
-        ..oncepay::sweeper::SweepSettings::from_config(&app.config)
+        ..app.config.sweep_settings()
     };
     let report = oncepay::sweeper::Sweeper::new(app.pool.clone(), working, settings)
         .sweep_once()

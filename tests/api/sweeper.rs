@@ -312,7 +312,7 @@ fn two_sweepers(
     let settings = SweepSettings {
         processing_timeout: Duration::from_secs(1),
         batch_size,
-        ..SweepSettings::from_config(&app.config)
+        ..app.config.sweep_settings()
     };
     let sweepers = processors
         .clone()

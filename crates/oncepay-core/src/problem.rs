@@ -8,7 +8,6 @@ use std::borrow::Cow;
 
 use http::{HeaderName, HeaderValue, StatusCode, header};
 use serde_json::{Map, Value, json};
-use utoipa::ToSchema;
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
@@ -90,8 +89,9 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `request_timeout` (503): the request took longer than `REQUEST_TIMEOUT`.
 /// - `redis_unavailable` (503): the workshop's Redis variant has no Redis (`REDIS_URL` unset, or Redis does not answer).
 /// - `http_error`: An error status raised by a layer with no more specific code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ToSchema)]
-#[schema(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(rename_all = "snake_case"))]
 pub enum ProblemCode {
     /// 400: a required parameter is absent.
     ParameterMissing,
@@ -512,7 +512,7 @@ impl Problem {
         self
     }
 
-    /// `Retry-After: seconds`, a value from [`crate::retry_after`].
+    /// `Retry-After: seconds`, a value from the server's `retry_after`.
     pub fn with_retry_after(mut self, seconds: u64) -> Self {
         self.headers
             .push((header::RETRY_AFTER, HeaderValue::from(seconds)));
@@ -599,6 +599,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "openapi")]
     #[test]
     fn all_lists_every_code_once_in_the_order_of_the_enum() {
         // The derived schema lists every variant, so a code missing from

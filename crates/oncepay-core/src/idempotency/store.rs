@@ -233,7 +233,7 @@ impl Claim<'_> {
     /// before the statement is sent. The statement compares it with
     /// `statement_timestamp()`, the moment the database received it, so a
     /// statement held on the wire however long is refused once it arrives
-    /// late. Clocks agree within [`crate::config::MAX_CLOCK_SKEW`]; the
+    /// late. Clocks agree within the server's `config::MAX_CLOCK_SKEW`; the
     /// configuration keeps a key's lifetime longer than the deadline plus
     /// that bound, so no answer can expire before a claim made in time.
     fn deadline_at(&self) -> DateTime<Utc> {

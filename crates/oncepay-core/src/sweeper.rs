@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use crate::charges::store as charges;
-use crate::config::Config;
 use crate::idempotency::{Resource, store as keys};
 use crate::processor::{Outcome, Processor, RefundOutcome};
 use crate::recovery::{Recovered, recover};
@@ -37,18 +36,6 @@ pub struct SweepSettings {
     pub batch_size: i64,
     /// See [`DELETE_BUDGET`].
     pub delete_budget: Duration,
-}
-
-impl SweepSettings {
-    /// The settings of a `serve` or `sweep` process.
-    pub fn from_config(config: &Config) -> Self {
-        SweepSettings {
-            processing_timeout: config.processing_timeout,
-            key_ttl: config.idempotency_key_ttl,
-            batch_size: config.sweep_batch_size,
-            delete_budget: DELETE_BUDGET,
-        }
-    }
 }
 
 /// What one pass did.

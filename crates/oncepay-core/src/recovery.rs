@@ -1,7 +1,7 @@
 //! Recovery of one stale record: a charge or refund whose request went
 //! quiet (crashed, lost the processor's answer, or is just slow). Shared by
 //! the sweeper, which finds such records, and by a retry that finds its own
-//! key stale ([`crate::operation::claim`]), so both settle a record the
+//! key stale (the server's `operation::claim`), so both settle a record the
 //! same way and whichever comes second changes nothing.
 
 use std::time::Duration;
