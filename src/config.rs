@@ -326,6 +326,41 @@ impl Settings {
 }
 
 impl Config {
+    /// How oncepay's pool is made, from `DATABASE_*`.
+    pub fn pool_settings(&self) -> pg_follow::Settings {
+        pg_follow::Settings {
+            name: "oncepay",
+            max_connections: self.database_max_connections,
+            acquire_timeout: self.database_acquire_timeout,
+            check_interval: self.database_primary_check_interval,
+            statement_timeout: self.database_statement_timeout,
+        }
+    }
+
+    /// How the server's `HttpProcessor` (and the ledger client) reach the
+    /// gateway at `PROCESSOR_URL`, from `PROCESSOR_*` and the request
+    /// deadlines.
+    pub fn processor_settings(&self) -> anyhow::Result<crate::processor::HttpSettings> {
+        use anyhow::Context as _;
+        let url = self.processor_url.clone().context(
+            "PROCESSOR_URL is unset: set it to the card gateway's URL (oncepay processor), \
+             or let oncepay serve start its own",
+        )?;
+        let api_key = self.processor_api_key.clone().context(
+            "PROCESSOR_API_KEY is unset: set it to oncepay's secret key at the card gateway \
+             at PROCESSOR_URL (`oncepay processor accounts create --name oncepay` prints one)",
+        )?;
+        Ok(crate::processor::HttpSettings {
+            url,
+            api_key,
+            connect_timeout: self.processor_connect_timeout,
+            timeout: self.processor_timeout,
+            retries: self.processor_retries,
+            budget: self.processing_timeout,
+            retry_window: self.request_timeout,
+        })
+    }
+
     /// The sweeper's settings in a `serve` or `sweep` process.
     pub fn sweep_settings(&self) -> crate::sweeper::SweepSettings {
         crate::sweeper::SweepSettings {
@@ -608,7 +643,7 @@ impl Config {
 /// check's timeout ([`pg_follow::Settings::silence_bound`]): no
 /// statement may be given less, or a wait on a silent host would outlast it.
 fn check_statement_timeout(config: &Config) -> Result<(), ConfigError> {
-    let pool = crate::db::settings(config);
+    let pool = config.pool_settings();
     if pool.statement_timeout < pool.silence_bound() {
         return Err(ConfigError {
             name: "DATABASE_STATEMENT_TIMEOUT".into(),

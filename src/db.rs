@@ -36,7 +36,7 @@ impl From<PgPool> for Database {
 pub fn connect(config: &Config) -> anyhow::Result<Database> {
     let url = PgUrl::parse(&config.database_url)
         .with_context(|| format!("invalid DATABASE_URL {}", config.redacted_database_url()))?;
-    let (pool, primary) = postgres::pool(&url, &settings(config));
+    let (pool, primary) = postgres::pool(&url, &config.pool_settings());
     Ok(Database { pool, primary })
 }
 
@@ -44,17 +44,6 @@ pub fn connect(config: &Config) -> anyhow::Result<Database> {
 /// [`Database`] also gives the watch `/readyz` consults).
 pub fn pool(config: &Config) -> anyhow::Result<PgPool> {
     Ok(connect(config)?.pool)
-}
-
-/// How oncepay's pool is made, from `DATABASE_*`.
-pub fn settings(config: &Config) -> postgres::Settings {
-    postgres::Settings {
-        name: "oncepay",
-        max_connections: config.database_max_connections,
-        acquire_timeout: config.database_acquire_timeout,
-        check_interval: config.database_primary_check_interval,
-        statement_timeout: config.database_statement_timeout,
-    }
 }
 
 /// Applies pending migrations; safe from several processes at once (sqlx

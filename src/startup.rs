@@ -16,7 +16,7 @@ use crate::db::Database;
 use crate::http;
 use crate::idempotency::wait::Waits;
 use crate::merchants::{self, ApiKey};
-use crate::processor::{HttpProcessor, HttpSettings, LedgerClient, Processor};
+use crate::processor::{HttpProcessor, LedgerClient, Processor};
 use crate::reconcile::Reconciler;
 use crate::reconcile::job::{self, ReconcileJob};
 use crate::sweeper::Sweeper;
@@ -285,29 +285,7 @@ impl Application {
 /// The card gateway at `PROCESSOR_URL`, over HTTP, each call within
 /// `PROCESSING_TIMEOUT` (the time a request's key is its own).
 pub fn http_processor(config: &Config) -> anyhow::Result<HttpProcessor> {
-    HttpProcessor::new(processor_settings(config)?)
-}
-
-/// How [`http_processor`] reaches the gateway at `PROCESSOR_URL`, from
-/// `PROCESSOR_*` and the request deadlines.
-pub fn processor_settings(config: &Config) -> anyhow::Result<HttpSettings> {
-    let url = config.processor_url.clone().context(
-        "PROCESSOR_URL is unset: set it to the card gateway's URL (oncepay processor), \
-         or let oncepay serve start its own",
-    )?;
-    let api_key = config.processor_api_key.clone().context(
-        "PROCESSOR_API_KEY is unset: set it to oncepay's secret key at the card gateway \
-         at PROCESSOR_URL (`oncepay processor accounts create --name oncepay` prints one)",
-    )?;
-    Ok(HttpSettings {
-        url,
-        api_key,
-        connect_timeout: config.processor_connect_timeout,
-        timeout: config.processor_timeout,
-        retries: config.processor_retries,
-        budget: config.processing_timeout,
-        retry_window: config.request_timeout,
-    })
+    HttpProcessor::new(config.processor_settings()?)
 }
 
 /// A reconciler of `pool`'s records with the ledger of the gateway at
@@ -317,7 +295,7 @@ pub fn reconciler(
     pool: PgPool,
     processor: Arc<dyn Processor>,
 ) -> anyhow::Result<Reconciler> {
-    let ledger = LedgerClient::new(&processor_settings(config)?)?;
+    let ledger = LedgerClient::new(&config.processor_settings()?)?;
     Ok(Reconciler::new(
         pool,
         ledger,

@@ -103,7 +103,7 @@ pub async fn pay(
     run: &str,
     amount: i64,
 ) -> anyhow::Result<Vec<Attempt>> {
-    let mut settings = crate::startup::processor_settings(config)?;
+    let mut settings = config.processor_settings()?;
     settings.retries = 0;
     let processor = HttpProcessor::new(settings)?;
     let mut attempts = Vec::new();

@@ -20,8 +20,8 @@ use crate::helpers::{
 /// A reconciler of the app's databases; `in_flight` is the age below which
 /// a pair is left for later.
 fn reconciler(app: &TestApp, in_flight: Duration) -> Reconciler {
-    let ledger = LedgerClient::new(&oncepay::startup::processor_settings(&app.config).unwrap())
-        .expect("a ledger client");
+    let ledger =
+        LedgerClient::new(&app.config.processor_settings().unwrap()).expect("a ledger client");
     Reconciler::new(
         app.pool.clone(),
         ledger,
