@@ -18,8 +18,8 @@ use super::auth::Authenticated;
 use super::extract::{QueryParams, RawBody, decode};
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::charges::domain::{required, string};
 use crate::params::{ParamError, Params};
+use crate::params::{required, string};
 use crate::problem::{Problem, ProblemCode};
 use crate::webhooks::signature;
 use crate::workshop::receiver::{

@@ -5,9 +5,9 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::charges::domain::{new_id, required, string};
 use crate::events::EventType;
 use crate::params::{Encoding, ParamError, Params, shorten};
+use crate::params::{new_id, required, string};
 use crate::problem::ProblemCode;
 use crate::webhooks::guard::AddressGuard;
 

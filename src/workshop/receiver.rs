@@ -18,9 +18,9 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgExecutor, PgPool};
 use uuid::Uuid;
 
-use crate::charges::domain::{required, string};
 use crate::error::Error;
 use crate::params::{Encoding, ParamError, Params, shorten};
+use crate::params::{required, string};
 use crate::problem::{Problem, ProblemCode};
 use crate::webhooks::signature;
 

@@ -15,6 +15,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -434,6 +435,94 @@ impl<'de> Visitor<'de> for StrictValue<'_> {
         Ok(Value::Object(object))
     }
 }
+
+// Helpers shared by every resource's parameters and objects.
+
+const MAX_METADATA_KEYS: usize = 50;
+const MAX_METADATA_KEY_CHARS: usize = 40;
+const MAX_METADATA_VALUE_CHARS: usize = 500;
+
+/// Takes a parameter that must be there.
+pub fn required(params: &mut Params, name: &str) -> Result<Value, ParamError> {
+    params.take(name).ok_or_else(|| {
+        ParamError::new(
+            ProblemCode::ParameterMissing,
+            name,
+            format!("Missing required param: {name}"),
+        )
+    })
+}
+
+/// A parameter that must be a string.
+pub fn string(value: Value, name: &str) -> Result<String, ParamError> {
+    match value {
+        Value::String(s) => Ok(s),
+        _ => Err(ParamError::new(
+            ProblemCode::ParameterInvalidType,
+            name,
+            format!("{name} must be a string"),
+        )),
+    }
+}
+
+/// Validates `metadata`: up to 50 keys of 1 to 40 characters, string values
+/// of up to 500.
+pub fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {
+    let invalid = |param: String, message: String| {
+        ParamError::new(ProblemCode::MetadataInvalid, param, message)
+    };
+    let Value::Object(entries) = value else {
+        return Err(invalid(
+            "metadata".into(),
+            "metadata must be an object of string keys and string values".into(),
+        ));
+    };
+    if entries.len() > MAX_METADATA_KEYS {
+        return Err(invalid(
+            "metadata".into(),
+            format!("metadata can have at most {MAX_METADATA_KEYS} keys"),
+        ));
+    }
+    entries
+        .into_iter()
+        .map(|(key, value)| {
+            let param = format!("metadata[{}]", shorten(&key));
+            let key_chars = key.chars().count();
+            if key_chars == 0 || key_chars > MAX_METADATA_KEY_CHARS {
+                return Err(invalid(
+                    param,
+                    format!("metadata keys must be 1 to {MAX_METADATA_KEY_CHARS} characters"),
+                ));
+            }
+            let Value::String(value) = value else {
+                return Err(invalid(param, "metadata values must be strings".into()));
+            };
+            if value.chars().count() > MAX_METADATA_VALUE_CHARS {
+                return Err(invalid(
+                    param,
+                    format!(
+                        "metadata values must be at most {MAX_METADATA_VALUE_CHARS} characters"
+                    ),
+                ));
+            }
+            Ok((key, value))
+        })
+        .collect()
+}
+
+/// A new id: `prefix`, `_` and 24 random letters and digits.
+pub fn new_id(prefix: &str) -> String {
+    use rand::Rng;
+    let random: String = rand::rng()
+        .sample_iter(&rand::distr::Alphanumeric)
+        .take(24)
+        .map(char::from)
+        .collect();
+    format!("{prefix}_{random}")
+}
+
+/// A field Stripe has and oncepay does not model: always `null`.
+pub type Unmodelled = Option<&'static str>;
 
 #[cfg(test)]
 mod tests {

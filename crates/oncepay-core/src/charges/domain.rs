@@ -8,7 +8,9 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::currency::Currency;
-use crate::params::{Encoding, ParamError, Params, shorten};
+use crate::params::{
+    Encoding, ParamError, Params, Unmodelled, metadata, new_id, required, shorten, string,
+};
 use crate::problem::ProblemCode;
 use crate::processor::TestToken;
 use crate::refunds::Refund;
@@ -18,9 +20,6 @@ use test_cards::{Card, Decline};
 pub const MIN_AMOUNT: i64 = 1;
 pub const MAX_AMOUNT: i64 = 99_999_999;
 const MAX_DESCRIPTION_CHARS: usize = 1000;
-const MAX_METADATA_KEYS: usize = 50;
-const MAX_METADATA_KEY_CHARS: usize = 40;
-const MAX_METADATA_VALUE_CHARS: usize = 500;
 
 /// An amount in integer minor units, within the accepted range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -166,74 +165,6 @@ impl NewCharge {
     }
 }
 
-/// Takes a parameter that must be there.
-pub fn required(params: &mut Params, name: &str) -> Result<Value, ParamError> {
-    params.take(name).ok_or_else(|| {
-        ParamError::new(
-            ProblemCode::ParameterMissing,
-            name,
-            format!("Missing required param: {name}"),
-        )
-    })
-}
-
-/// A parameter that must be a string.
-pub fn string(value: Value, name: &str) -> Result<String, ParamError> {
-    match value {
-        Value::String(s) => Ok(s),
-        _ => Err(ParamError::new(
-            ProblemCode::ParameterInvalidType,
-            name,
-            format!("{name} must be a string"),
-        )),
-    }
-}
-
-/// Validates `metadata`: up to 50 keys of 1 to 40 characters, string values
-/// of up to 500.
-pub fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {
-    let invalid = |param: String, message: String| {
-        ParamError::new(ProblemCode::MetadataInvalid, param, message)
-    };
-    let Value::Object(entries) = value else {
-        return Err(invalid(
-            "metadata".into(),
-            "metadata must be an object of string keys and string values".into(),
-        ));
-    };
-    if entries.len() > MAX_METADATA_KEYS {
-        return Err(invalid(
-            "metadata".into(),
-            format!("metadata can have at most {MAX_METADATA_KEYS} keys"),
-        ));
-    }
-    entries
-        .into_iter()
-        .map(|(key, value)| {
-            let param = format!("metadata[{}]", shorten(&key));
-            let key_chars = key.chars().count();
-            if key_chars == 0 || key_chars > MAX_METADATA_KEY_CHARS {
-                return Err(invalid(
-                    param,
-                    format!("metadata keys must be 1 to {MAX_METADATA_KEY_CHARS} characters"),
-                ));
-            }
-            let Value::String(value) = value else {
-                return Err(invalid(param, "metadata values must be strings".into()));
-            };
-            if value.chars().count() > MAX_METADATA_VALUE_CHARS {
-                return Err(invalid(
-                    param,
-                    format!(
-                        "metadata values must be at most {MAX_METADATA_VALUE_CHARS} characters"
-                    ),
-                ));
-            }
-            Ok((key, value))
-        })
-        .collect()
-}
-
 /// A charge's lifecycle: `pending` until the processor's outcome is recorded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
@@ -277,9 +208,6 @@ pub struct Charge {
     pub amount_refunded: i64,
     pub created_at: DateTime<Utc>,
 }
-
-/// A field Stripe has and oncepay does not model: always `null`.
-pub type Unmodelled = Option<&'static str>;
 
 /// Stripe's empty form of an object oncepay does not model: `{}`.
 #[derive(Debug, Serialize)]
@@ -665,17 +593,6 @@ impl Charge {
 /// A new charge id: `ch_` and 24 random letters and digits.
 pub fn new_charge_id() -> String {
     new_id("ch")
-}
-
-/// A new id: `prefix`, `_` and 24 random letters and digits.
-pub fn new_id(prefix: &str) -> String {
-    use rand::Rng;
-    let random: String = rand::rng()
-        .sample_iter(&rand::distr::Alphanumeric)
-        .take(24)
-        .map(char::from)
-        .collect();
-    format!("{prefix}_{random}")
 }
 
 #[cfg(test)]

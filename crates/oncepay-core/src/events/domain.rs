@@ -4,8 +4,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::charges::domain::{new_id, string};
 use crate::params::{ParamError, Params, shorten};
+use crate::params::{new_id, string};
 use crate::problem::ProblemCode;
 
 /// The most types one `types` filter may name, as Stripe allows.

@@ -7,8 +7,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::charges::Amount;
-use crate::charges::domain::{Unmodelled, metadata, new_id, required, string};
 use crate::params::{ParamError, Params, shorten};
+use crate::params::{Unmodelled, metadata, new_id, required, string};
 use crate::problem::ProblemCode;
 
 /// Why a refund was asked for, with Stripe's names.
