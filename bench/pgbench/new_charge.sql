@@ -1,6 +1,6 @@
 -- A new charge with a fresh Idempotency-Key: the statements oncepay runs on
--- its own database for POST /v1/charges (src/idempotency/store.rs::claim_with_charge,
--- src/charges/store.rs::settle_and_complete), each its own implicit
+-- its own database for POST /v1/charges (crates/oncepay-core/src/idempotency/store.rs::claim_with_charge,
+-- crates/oncepay-core/src/charges/store.rs::settle_and_complete), each its own implicit
 -- transaction. Between the two, the gateway records the payment on its own
 -- database (gateway.sql), reached over HTTP. It is minimum.sql with the one
 -- thing the service adds: the claim's statement also reads the key (the

@@ -1,6 +1,6 @@
 -- A replay of one of the completed keys seed-1 .. seed-NSEED: the plain read
 -- of a key that oncepay runs for a replay when its cache misses
--- (src/idempotency/store.rs::find; the service sends several requests' keys
+-- (crates/oncepay-core/src/idempotency/store.rs::find; the service sends several requests' keys
 -- in one statement, store.rs::find_many, see src/idempotency/reads.rs).
 -- The merchant comes from the in-process cache (src/cache.rs), so there is no
 -- authentication statement; a cache hit runs no statement at all.

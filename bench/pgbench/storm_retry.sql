@@ -1,7 +1,7 @@
 -- A retry of one of the NHOT hot keys pghot-1 .. pghot-NHOT (completed): 9 in
 -- 10 transactions of the retry storm (the other one is new_charge.sql). The
 -- statement oncepay runs for a replay when its cache misses
--- (src/idempotency/store.rs::find); no authentication statement, as
+-- (crates/oncepay-core/src/idempotency/store.rs::find); no authentication statement, as
 -- the merchant is cached (src/cache.rs).
 \set r random(1, :nhot)
 SELECT key, status, request_method, request_path, fingerprint, charge_id,

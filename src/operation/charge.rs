@@ -162,7 +162,7 @@ impl Operation for CreateCharge {
             tx.rollback().await?;
             return Ok(None);
         }
-        keys::release(&mut tx, &self.resource()).await?;
+        keys::release(&mut tx, self.id()).await?;
         tx.commit().await?;
         Ok(Some(
             Problem::new(

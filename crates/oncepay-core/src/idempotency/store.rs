@@ -512,9 +512,11 @@ pub async fn claim_with_charge(
     ))
 }
 
-/// Marks the key that guards `resource` completed with its saved response.
-/// Returns the key it completed: `None` when the record had no key, or when
-/// its key is no longer `processing` (someone else completed it first).
+/// Marks the key that guards the refund `refund_id` completed with its saved
+/// response. Returns the key it completed: `None` when the refund had no
+/// key, or when its key is no longer `processing` (someone else completed it
+/// first). (A charge's key is completed by the charge's one-statement settle,
+/// [`crate::charges::store::settle_and_complete`], with the same rule.)
 ///
 /// The answer must stay replayable for a full `ttl` from the moment it
 /// exists, so `expires_at` moves to at least `now() + ttl`. Without that, an
@@ -523,48 +525,26 @@ pub async fn claim_with_charge(
 /// over and charge again.
 pub async fn complete_for(
     tx: &mut PgConnection,
-    resource: &Resource,
+    refund_id: &str,
     response: &SavedResponse,
     ttl: Duration,
 ) -> sqlx::Result<Option<String>> {
-    let status = response.status as i16;
-    let location = response.location.as_deref();
-    let ttl_ms = ttl.as_millis() as f64;
-    let completed = match resource {
-        Resource::Charge(id) => sqlx::query_scalar!(
-            "UPDATE idempotency_keys
-                SET status = 'completed', response_status = $2, response_content_type = $3,
-                    response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL,
-                    expires_at = greatest(expires_at, now() + $6::float8 * interval '1 millisecond')
-              WHERE charge_id = $1 AND status = 'processing'
-              RETURNING key",
-            id,
-            status,
-            response.content_type,
-            location,
-            &response.body[..],
-            ttl_ms,
-        )
-        .fetch_optional(tx)
-        .await?,
-        Resource::Refund(id) => sqlx::query_scalar!(
-            "UPDATE idempotency_keys
-                SET status = 'completed', response_status = $2, response_content_type = $3,
-                    response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL,
-                    expires_at = greatest(expires_at, now() + $6::float8 * interval '1 millisecond')
-              WHERE refund_id = $1 AND status = 'processing'
-              RETURNING key",
-            id,
-            status,
-            response.content_type,
-            location,
-            &response.body[..],
-            ttl_ms,
-        )
-        .fetch_optional(tx)
-        .await?,
-    };
-    Ok(completed)
+    sqlx::query_scalar!(
+        "UPDATE idempotency_keys
+            SET status = 'completed', response_status = $2, response_content_type = $3,
+                response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL,
+                expires_at = greatest(expires_at, now() + $6::float8 * interval '1 millisecond')
+          WHERE refund_id = $1 AND status = 'processing'
+          RETURNING key",
+        refund_id,
+        response.status as i16,
+        response.content_type,
+        response.location.as_deref(),
+        &response.body[..],
+        ttl.as_millis() as f64,
+    )
+    .fetch_optional(tx)
+    .await
 }
 
 /// Marks the key `merchant_id` holds as `key` completed with its saved
@@ -597,27 +577,16 @@ pub async fn complete(
     Ok(completed.rows_affected() == 1)
 }
 
-/// Gives a key back when the work could not start: the claim is deleted, so a
-/// retry runs anew. Only the holder's own claim, still processing, is deleted.
-pub async fn release(tx: &mut PgConnection, resource: &Resource) -> sqlx::Result<u64> {
-    let released = match resource {
-        Resource::Charge(id) => {
-            sqlx::query!(
-                "DELETE FROM idempotency_keys WHERE charge_id = $1 AND status = 'processing'",
-                id
-            )
-            .execute(tx)
-            .await?
-        }
-        Resource::Refund(id) => {
-            sqlx::query!(
-                "DELETE FROM idempotency_keys WHERE refund_id = $1 AND status = 'processing'",
-                id
-            )
-            .execute(tx)
-            .await?
-        }
-    };
+/// Gives a charge's key back when its work could not start (the processor
+/// recorded nothing): the claim is deleted, so a retry runs anew. Only the
+/// holder's own claim, still processing, is deleted.
+pub async fn release(tx: &mut PgConnection, charge_id: &str) -> sqlx::Result<u64> {
+    let released = sqlx::query!(
+        "DELETE FROM idempotency_keys WHERE charge_id = $1 AND status = 'processing'",
+        charge_id
+    )
+    .execute(tx)
+    .await?;
     Ok(released.rows_affected())
 }
 

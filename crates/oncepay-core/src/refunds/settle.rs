@@ -16,7 +16,7 @@ use super::{Refund, store};
 use crate::charges::settle::Settled;
 use crate::events::{EventType, NewEvent, store as events};
 use crate::faults::{Fault, crash_if};
-use crate::idempotency::{Resource, SavedResponse, store as keys};
+use crate::idempotency::{SavedResponse, store as keys};
 use crate::processor::{self, Processor, RefundOutcome};
 
 /// Settles `refund_id` with the processor's `outcome` if it is still
@@ -79,13 +79,7 @@ pub async fn settle_or_crash(
     // The update above decided: only this transaction settled the refund,
     // so only it writes the refund's events.
     let response = response_for(&refund);
-    let key = keys::complete_for(
-        &mut tx,
-        &Resource::Refund(refund.id.clone()),
-        &response,
-        key_ttl,
-    )
-    .await?;
+    let key = keys::complete_for(&mut tx, &refund.id, &response, key_ttl).await?;
     events::insert(
         &mut tx,
         refund.merchant_id,
