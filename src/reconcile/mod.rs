@@ -336,6 +336,29 @@ struct Orphan {
     currency: String,
 }
 
+/// What a run compares: the ledger's operations by key, oncepay's charges
+/// and refunds by id, and how many of each the window held.
+struct Records {
+    operations: HashMap<String, LedgerOperation>,
+    charges: HashMap<String, ChargeRow>,
+    refunds: HashMap<String, RefundRow>,
+    checked: Checked,
+}
+
+/// What a run has found so far.
+#[derive(Default)]
+struct Findings<'r> {
+    differences: Vec<Difference>,
+    /// The orphan payments `--fix` would refund, by their difference's index.
+    orphans: Vec<Orphan>,
+    /// Pairs left for a later run.
+    in_flight: usize,
+    /// Refunds of reconciliation's that an orphan accounts for.
+    claimed: BTreeSet<String>,
+    /// Succeeded charges and their payments, to compare refunded sums.
+    settled: Vec<(&'r ChargeRow, &'r LedgerOperation)>,
+}
+
 impl Reconciler {
     /// `in_flight`: pairs younger than this are left for a later run
     /// (`PROCESSING_TIMEOUT`: until then a request may still be at work).
@@ -360,6 +383,37 @@ impl Reconciler {
         let in_flight_age = chrono::Duration::from_std(self.in_flight).unwrap_or_default();
         let young = |at: DateTime<Utc>| now - at < in_flight_age;
 
+        let records = self.load(&window).await?;
+        let mut found = Findings::default();
+        self.pair_charges(&records, &young, &mut found).await?;
+        self.unowned_payments(&records, &young, &mut found).await?;
+        pair_refunds(&records, &young, &mut found);
+        compare_refunded_sums(&mut found);
+
+        let mut differences = found.differences;
+        if fix {
+            for orphan in found.orphans {
+                let fixed = self.refund_orphan(&orphan).await;
+                differences[orphan.index].fix = Some(fixed);
+            }
+        }
+        let fixed = differences.iter().filter(|d| d.fixed()).count();
+        let remaining = differences.len() - fixed;
+        Ok(Reconciliation {
+            since: window.since,
+            until: window.until,
+            checked: records.checked,
+            in_flight: found.in_flight,
+            differences,
+            fixed,
+            remaining,
+        })
+    }
+
+    /// The ledger's operations and oncepay's charges and refunds of
+    /// `window`, each completed with the other half of its pairs (and the
+    /// payments reconciliation's refunds name) where those fell outside it.
+    async fn load(&self, window: &Window) -> anyhow::Result<Records> {
         let listed = self.ledger.list(window.since, window.until).await?;
         let checked_operations = listed.len();
         let mut operations: HashMap<String, LedgerOperation> =
@@ -429,26 +483,36 @@ impl Reconciler {
                 operations.insert(key, operation);
             }
         }
+        Ok(Records {
+            operations,
+            charges,
+            refunds,
+            checked,
+        })
+    }
 
-        let mut differences = Vec::new();
-        let mut orphans = Vec::new();
-        let mut in_flight = 0;
-        // Refunds of reconciliation's that an orphan accounts for.
-        let mut claimed: BTreeSet<String> = BTreeSet::new();
-        // Succeeded charges and their payments, to compare refunded sums.
-        let mut settled: Vec<(&ChargeRow, &LedgerOperation)> = Vec::new();
-
-        // Charges and the payments behind them.
+    /// Each charge with the payment under its key: a succeeded charge
+    /// without its payment, a payment that differs, and money moved for a
+    /// charge that did not succeed (an orphan payment).
+    async fn pair_charges<'r>(
+        &self,
+        records: &'r Records,
+        young: &impl Fn(DateTime<Utc>) -> bool,
+        found: &mut Findings<'r>,
+    ) -> anyhow::Result<()> {
+        let Records {
+            operations,
+            charges,
+            ..
+        } = records;
         let mut paired: BTreeSet<String> = charges.keys().cloned().collect();
-        let mut unowned: Vec<&LedgerOperation> = Vec::new();
-        for o in operations.values().filter(|o| o.kind != "refund") {
-            match o.key.strip_prefix("auth:") {
-                Some(id) => {
-                    paired.insert(id.to_owned());
-                }
-                None => unowned.push(o),
-            }
-        }
+        paired.extend(
+            operations
+                .values()
+                .filter(|o| o.kind != "refund")
+                .filter_map(|o| o.key.strip_prefix("auth:"))
+                .map(str::to_owned),
+        );
         for id in &paired {
             let key = authorization_key(id);
             let charge = charges.get(id);
@@ -456,7 +520,7 @@ impl Reconciler {
             if charge.is_some_and(|c| c.status == ChargeStatus::Pending || young(c.created_at))
                 || operation.is_some_and(|o| young(o.created))
             {
-                in_flight += 1;
+                found.in_flight += 1;
                 continue;
             }
             let payment = operation.filter(|o| o.moved_money());
@@ -478,8 +542,8 @@ impl Reconciler {
                         && (p.amount != Some(c.amount)
                             || p.currency.as_deref() != Some(&c.currency)) =>
                 {
-                    settled.push((c, p));
-                    differences.push(difference(
+                    found.settled.push((c, p));
+                    found.differences.push(difference(
                         Kind::PaymentMismatch,
                         format!(
                             "the charge is {} {}, the payment {}",
@@ -489,9 +553,11 @@ impl Reconciler {
                         ),
                     ));
                 }
-                (Some(c), Some(p)) if c.status == ChargeStatus::Succeeded => settled.push((c, p)),
+                (Some(c), Some(p)) if c.status == ChargeStatus::Succeeded => {
+                    found.settled.push((c, p))
+                }
                 (Some(c), None) if c.status == ChargeStatus::Succeeded => {
-                    differences.push(difference(
+                    found.differences.push(difference(
                         Kind::MissingPayment,
                         match operation {
                             None => "the charge succeeded; the processor has nothing under its key"
@@ -505,30 +571,51 @@ impl Reconciler {
                 }
                 (charge, Some(p)) => {
                     if let Some(orphan) = self
-                        .orphan(p, &operations, &mut claimed, differences.len(), || {
-                            difference(
-                                Kind::OrphanPayment,
-                                match charge {
-                                    None => "money moved; oncepay has no such charge".to_owned(),
-                                    Some(c) => {
-                                        format!("money moved; the charge {}", c.status.as_str())
-                                    }
-                                },
-                            )
-                        })
+                        .orphan(
+                            p,
+                            operations,
+                            &mut found.claimed,
+                            found.differences.len(),
+                            || {
+                                difference(
+                                    Kind::OrphanPayment,
+                                    match charge {
+                                        None => {
+                                            "money moved; oncepay has no such charge".to_owned()
+                                        }
+                                        Some(c) => {
+                                            format!("money moved; the charge {}", c.status.as_str())
+                                        }
+                                    },
+                                )
+                            },
+                        )
                         .await?
                     {
-                        differences.push(orphan.0);
-                        orphans.extend(orphan.1);
+                        found.differences.push(orphan.0);
+                        found.orphans.extend(orphan.1);
                     }
                 }
                 _ => {}
             }
         }
-        // Payments under keys that name no charge of oncepay's.
-        for o in unowned.into_iter().filter(|o| o.moved_money()) {
+        Ok(())
+    }
+
+    /// Payments under keys that name no charge of oncepay's: orphans.
+    async fn unowned_payments(
+        &self,
+        records: &Records,
+        young: &impl Fn(DateTime<Utc>) -> bool,
+        found: &mut Findings<'_>,
+    ) -> anyhow::Result<()> {
+        let unowned = records
+            .operations
+            .values()
+            .filter(|o| o.kind != "refund" && !o.key.starts_with("auth:") && o.moved_money());
+        for o in unowned {
             if young(o.created) {
-                in_flight += 1;
+                found.in_flight += 1;
                 continue;
             }
             let difference = || Difference {
@@ -542,154 +629,20 @@ impl Reconciler {
                 fix: None,
             };
             if let Some(orphan) = self
-                .orphan(o, &operations, &mut claimed, differences.len(), difference)
+                .orphan(
+                    o,
+                    &records.operations,
+                    &mut found.claimed,
+                    found.differences.len(),
+                    difference,
+                )
                 .await?
             {
-                differences.push(orphan.0);
-                orphans.extend(orphan.1);
+                found.differences.push(orphan.0);
+                found.orphans.extend(orphan.1);
             }
         }
-
-        // Refunds and the processor's refunds.
-        let mut paired: BTreeSet<String> = refunds.keys().cloned().collect();
-        for o in operations.values().filter(|o| o.kind == "refund") {
-            if let Some(id) = o.key.strip_prefix("refund:") {
-                paired.insert(id.to_owned());
-            } else if claimed.contains(&o.key) {
-                // Reconciliation's own, told with the orphan it gave back.
-            } else if o.refunded() {
-                if young(o.created) {
-                    in_flight += 1;
-                    continue;
-                }
-                let detail = if o.key.starts_with(RECONCILE_REFUND_PREFIX) {
-                    "money given back under reconciliation's key, for no orphan payment"
-                } else {
-                    "money given back under a key that names no refund"
-                };
-                differences.push(Difference {
-                    kind: Kind::OrphanRefund,
-                    key: o.key.clone(),
-                    charge: charge_of(o),
-                    refund: None,
-                    oncepay: None,
-                    processor: Some(Side::processor(o)),
-                    detail: detail.to_owned(),
-                    fix: None,
-                });
-            }
-        }
-        for id in &paired {
-            let key = refund_key(id);
-            let refund = refunds.get(id);
-            let operation = operations.get(&key).filter(|o| o.kind == "refund");
-            if refund.is_some_and(|r| r.status == RefundStatus::Pending || young(r.created_at))
-                || operation.is_some_and(|o| young(o.created))
-            {
-                in_flight += 1;
-                continue;
-            }
-            let kind_detail = match (refund, operation) {
-                (Some(r), None) if r.status == RefundStatus::Succeeded => Some((
-                    Kind::MissingProcessorRefund,
-                    "the refund succeeded; the processor has nothing under its key".to_owned(),
-                )),
-                (None, Some(o)) if o.refunded() => Some((
-                    Kind::OrphanRefund,
-                    "money given back; oncepay has no such refund".to_owned(),
-                )),
-                (Some(r), Some(o)) => {
-                    let mut what = Vec::new();
-                    if (r.status == RefundStatus::Succeeded) != o.refunded() {
-                        what.push(format!(
-                            "the refund {}, the processor's {}",
-                            r.status.as_str(),
-                            o.outcome
-                        ));
-                    }
-                    if o.amount != Some(r.amount) {
-                        what.push(format!(
-                            "amount {} here, {} there",
-                            r.amount,
-                            o.amount.unwrap_or(0)
-                        ));
-                    }
-                    if o.currency.as_deref() != Some(&r.currency) {
-                        what.push(format!(
-                            "currency {} here, {} there",
-                            r.currency,
-                            o.currency.as_deref().unwrap_or("none")
-                        ));
-                    }
-                    let payment = authorization_key(&r.charge_id);
-                    if o.payment.as_deref() != Some(&payment) {
-                        what.push(format!(
-                            "payment {payment} here, {} there",
-                            o.payment.as_deref().unwrap_or("none")
-                        ));
-                    }
-                    (!what.is_empty()).then(|| (Kind::RefundMismatch, what.join("; ")))
-                }
-                _ => None,
-            };
-            if let Some((kind, detail)) = kind_detail {
-                differences.push(Difference {
-                    kind,
-                    key,
-                    charge: refund
-                        .map(|r| r.charge_id.clone())
-                        .or_else(|| operation.and_then(charge_of)),
-                    refund: Some(id.clone()),
-                    oncepay: refund.map(Side::refund),
-                    processor: operation.map(Side::processor),
-                    detail,
-                    fix: None,
-                });
-            }
-        }
-
-        // Refunded sums, for the charges no refund's difference names
-        // already: what is left is a refund the pairs did not show.
-        let named: BTreeSet<String> = differences
-            .iter()
-            .filter_map(|d| d.charge.clone())
-            .collect();
-        for (c, p) in settled {
-            if c.refund_pending || c.amount_refunded == p.amount_refunded || named.contains(&c.id) {
-                continue;
-            }
-            differences.push(Difference {
-                kind: Kind::RefundedAmountMismatch,
-                key: p.key.clone(),
-                charge: Some(c.id.clone()),
-                refund: None,
-                oncepay: Some(Side::charge(c)),
-                processor: Some(Side::processor(p)),
-                detail: format!(
-                    "refunds gave back {} here, {} at the processor",
-                    c.amount_refunded, p.amount_refunded
-                ),
-                fix: None,
-            });
-        }
-
-        if fix {
-            for orphan in orphans {
-                let fixed = self.refund_orphan(&orphan).await;
-                differences[orphan.index].fix = Some(fixed);
-            }
-        }
-        let fixed = differences.iter().filter(|d| d.fixed()).count();
-        let remaining = differences.len() - fixed;
-        Ok(Reconciliation {
-            since: window.since,
-            until: window.until,
-            checked,
-            in_flight,
-            differences,
-            fixed,
-            remaining,
-        })
+        Ok(())
     }
 
     /// An orphan payment's difference (made by `difference`), and the fix
@@ -781,6 +734,145 @@ impl Reconciler {
                 Fix::Failed { key, error }
             }
         }
+    }
+}
+
+/// Each refund with the processor's refund under its key, and money given
+/// back under a key that names no refund (unless it is reconciliation's
+/// own, told with the orphan it gave back).
+fn pair_refunds(
+    records: &Records,
+    young: &impl Fn(DateTime<Utc>) -> bool,
+    found: &mut Findings<'_>,
+) {
+    let Records {
+        operations,
+        refunds,
+        ..
+    } = records;
+    let mut paired: BTreeSet<String> = refunds.keys().cloned().collect();
+    for o in operations.values().filter(|o| o.kind == "refund") {
+        if let Some(id) = o.key.strip_prefix("refund:") {
+            paired.insert(id.to_owned());
+        } else if found.claimed.contains(&o.key) {
+            // Reconciliation's own, told with the orphan it gave back.
+        } else if o.refunded() {
+            if young(o.created) {
+                found.in_flight += 1;
+                continue;
+            }
+            let detail = if o.key.starts_with(RECONCILE_REFUND_PREFIX) {
+                "money given back under reconciliation's key, for no orphan payment"
+            } else {
+                "money given back under a key that names no refund"
+            };
+            found.differences.push(Difference {
+                kind: Kind::OrphanRefund,
+                key: o.key.clone(),
+                charge: charge_of(o),
+                refund: None,
+                oncepay: None,
+                processor: Some(Side::processor(o)),
+                detail: detail.to_owned(),
+                fix: None,
+            });
+        }
+    }
+    for id in &paired {
+        let key = refund_key(id);
+        let refund = refunds.get(id);
+        let operation = operations.get(&key).filter(|o| o.kind == "refund");
+        if refund.is_some_and(|r| r.status == RefundStatus::Pending || young(r.created_at))
+            || operation.is_some_and(|o| young(o.created))
+        {
+            found.in_flight += 1;
+            continue;
+        }
+        let kind_detail = match (refund, operation) {
+            (Some(r), None) if r.status == RefundStatus::Succeeded => Some((
+                Kind::MissingProcessorRefund,
+                "the refund succeeded; the processor has nothing under its key".to_owned(),
+            )),
+            (None, Some(o)) if o.refunded() => Some((
+                Kind::OrphanRefund,
+                "money given back; oncepay has no such refund".to_owned(),
+            )),
+            (Some(r), Some(o)) => {
+                let mut what = Vec::new();
+                if (r.status == RefundStatus::Succeeded) != o.refunded() {
+                    what.push(format!(
+                        "the refund {}, the processor's {}",
+                        r.status.as_str(),
+                        o.outcome
+                    ));
+                }
+                if o.amount != Some(r.amount) {
+                    what.push(format!(
+                        "amount {} here, {} there",
+                        r.amount,
+                        o.amount.unwrap_or(0)
+                    ));
+                }
+                if o.currency.as_deref() != Some(&r.currency) {
+                    what.push(format!(
+                        "currency {} here, {} there",
+                        r.currency,
+                        o.currency.as_deref().unwrap_or("none")
+                    ));
+                }
+                let payment = authorization_key(&r.charge_id);
+                if o.payment.as_deref() != Some(&payment) {
+                    what.push(format!(
+                        "payment {payment} here, {} there",
+                        o.payment.as_deref().unwrap_or("none")
+                    ));
+                }
+                (!what.is_empty()).then(|| (Kind::RefundMismatch, what.join("; ")))
+            }
+            _ => None,
+        };
+        if let Some((kind, detail)) = kind_detail {
+            found.differences.push(Difference {
+                kind,
+                key,
+                charge: refund
+                    .map(|r| r.charge_id.clone())
+                    .or_else(|| operation.and_then(charge_of)),
+                refund: Some(id.clone()),
+                oncepay: refund.map(Side::refund),
+                processor: operation.map(Side::processor),
+                detail,
+                fix: None,
+            });
+        }
+    }
+}
+
+/// Refunded sums, for the charges no refund's difference names already:
+/// what is left is a refund the pairs did not show.
+fn compare_refunded_sums(found: &mut Findings<'_>) {
+    let named: BTreeSet<String> = found
+        .differences
+        .iter()
+        .filter_map(|d| d.charge.clone())
+        .collect();
+    for (c, p) in std::mem::take(&mut found.settled) {
+        if c.refund_pending || c.amount_refunded == p.amount_refunded || named.contains(&c.id) {
+            continue;
+        }
+        found.differences.push(Difference {
+            kind: Kind::RefundedAmountMismatch,
+            key: p.key.clone(),
+            charge: Some(c.id.clone()),
+            refund: None,
+            oncepay: Some(Side::charge(c)),
+            processor: Some(Side::processor(p)),
+            detail: format!(
+                "refunds gave back {} here, {} at the processor",
+                c.amount_refunded, p.amount_refunded
+            ),
+            fix: None,
+        });
     }
 }
 
