@@ -36,6 +36,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
 use tokio::time::Instant;
 
+pub use crate::speed::Refused;
+
 /// The bounded queue in front of a pool.
 pub struct Admission {
     /// The longest wait while the queue keeps emptying; also how long the
@@ -48,20 +50,6 @@ pub struct Admission {
     /// When the queue was last empty, in milliseconds since `epoch`.
     last_empty: AtomicU64,
     epoch: Instant,
-}
-
-/// Why a request got no connection.
-#[derive(Debug)]
-pub enum Refused {
-    /// Its wait in the queue passed its bound: it is to be shed.
-    Shed {
-        /// How long it waited.
-        waited: Duration,
-    },
-    /// The deadline passed first.
-    Deadline,
-    /// The pool failed (its own acquire timeout, closed, the database away).
-    Pool(sqlx::Error),
 }
 
 impl Admission {

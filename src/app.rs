@@ -1,16 +1,15 @@
-//! The services an operation needs, whoever calls it: the database pool, the
-//! configuration, the processor, the caches, the shared waits, the task
-//! tracker and the workshop's Redis. One `Arc` around a plain struct: every
+//! The services every handler can reach: the database pool, the
+//! configuration, the processor, the engine that runs guarded operations,
+//! the caches, the rate limits and the workshop's Redis. One `Arc` around a plain struct: every
 //! request clones the state (each middleware with state, each handler), and
 //! a clone is then one reference count, not one per service.
 
 use std::sync::Arc;
 
 use sqlx::PgPool;
-use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::idempotency::wait::Waits;
+use crate::operation::Engine;
 use crate::processor::Processor;
 
 /// What every operation (and every handler) can reach; its fields are
@@ -35,25 +34,18 @@ impl std::ops::Deref for AppState {
 /// The services themselves.
 pub struct Services {
     pub pool: PgPool,
-    /// The bounded queue for the pool's connections in front of every
-    /// guarded operation's first statement, see [`crate::admission`].
-    pub admission: Arc<crate::admission::Admission>,
     pub config: Arc<Config>,
     pub processor: Arc<dyn Processor>,
     pub metrics: crate::telemetry::metrics::Metrics,
-    /// The work a request hands to its own task (steps 2 to 4); shutdown
-    /// waits for it, within `SHUTDOWN_GRACE`.
-    pub tasks: TaskTracker,
+    /// What runs guarded operations: the pool, the processor and the
+    /// timeouts again, the tasks the work runs in (shutdown waits for them,
+    /// within `SHUTDOWN_GRACE`) and the fast paths ([`crate::fast_paths`]).
+    pub engine: Engine,
     /// Completed answers and merchants, see [`crate::cache`].
     pub caches: Arc<crate::cache::Caches>,
     /// Each merchant's reads and writes on this instance, see
     /// [`crate::rate_limit`].
     pub rate_limits: Arc<crate::rate_limit::RateLimits>,
-    /// Requests waiting on keys in flight, see [`crate::idempotency::wait`].
-    pub waits: Waits,
-    /// Reads of keys that missed the replay cache, see
-    /// [`crate::idempotency::reads`].
-    pub reads: crate::idempotency::reads::Reads,
     /// The watch on the primary when `DATABASE_URL` names several hosts
     /// (see [`pg_follow::follow`]); `/readyz` consults it, and a
     /// request that finds the database unavailable wakes it.

@@ -26,8 +26,8 @@ use quick_cache::sync::Cache;
 use quick_cache::{OptionsBuilder, Weighter};
 use uuid::Uuid;
 
-use crate::idempotency::{Fingerprint, SavedResponse};
 use crate::merchants::{KeyHolder, Merchant};
+pub use crate::speed::CachedAnswer;
 
 /// How long a merchant read from the database is trusted: a key rolled at
 /// once stops working on every instance within it. One lookup per key and
@@ -54,18 +54,6 @@ const ENTRY_OVERHEAD: u64 = 512;
 const ANSWER_SHARDS: usize = 8;
 /// A guess at the average entry, only to size the shards' bookkeeping.
 const TYPICAL_ENTRY_BYTES: u64 = 4096;
-
-/// A completed key's answer.
-#[derive(Debug)]
-pub struct CachedAnswer {
-    pub route: String,
-    pub fingerprint: Fingerprint,
-    pub response: SavedResponse,
-    /// The monotonic instant after which the answer is not served: the
-    /// instant taken before the row was read plus the lifetime the database
-    /// gave the row in that read ([`crate::idempotency::StoredKey::deadline`]).
-    pub deadline: Instant,
-}
 
 type AnswerKey = (Uuid, String);
 
@@ -219,6 +207,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use crate::idempotency::{Fingerprint, SavedResponse};
 
     fn answer(body_bytes: usize, lives: Duration) -> Arc<CachedAnswer> {
         Arc::new(CachedAnswer {

@@ -361,6 +361,16 @@ impl Config {
         })
     }
 
+    /// The durations guarded operations run by.
+    pub fn timeouts(&self) -> oncepay_core::settings::Timeouts {
+        oncepay_core::settings::Timeouts {
+            key_ttl: self.idempotency_key_ttl,
+            processing: self.processing_timeout,
+            request: self.request_timeout,
+            sweep_interval: self.sweep_interval,
+        }
+    }
+
     /// The sweeper's settings in a `serve` or `sweep` process.
     pub fn sweep_settings(&self) -> crate::sweeper::SweepSettings {
         crate::sweeper::SweepSettings {

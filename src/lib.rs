@@ -7,19 +7,20 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod db;
-pub mod error;
+pub mod fast_paths;
 pub mod http;
 pub mod idempotency;
 pub mod merchants;
-pub mod operation;
 pub mod processor;
 pub mod rate_limit;
 pub mod reconcile;
-pub mod retry_after;
 pub mod startup;
 pub mod telemetry;
 pub mod webhooks;
 pub mod workshop;
 
 // The core's modules, under the names the server has always used.
-pub use oncepay_core::{charges, events, faults, params, problem, recovery, refunds, sweeper};
+pub use oncepay_core::{
+    charges, error, events, faults, operation, params, problem, recovery, refunds, retry_after,
+    speed, sweeper,
+};

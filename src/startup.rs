@@ -13,9 +13,12 @@ use tokio_util::sync::CancellationToken;
 use crate::app::AppState;
 use crate::config::Config;
 use crate::db::Database;
+use crate::fast_paths::ServerPaths;
 use crate::http;
+use crate::idempotency::reads::Reads;
 use crate::idempotency::wait::Waits;
 use crate::merchants::{self, ApiKey};
+use crate::operation::{Engine, Parts};
 use crate::processor::{HttpProcessor, LedgerClient, Processor};
 use crate::reconcile::Reconciler;
 use crate::reconcile::job::{self, ReconcileJob};
@@ -81,18 +84,28 @@ impl Application {
             config.database_queue_timeout,
             config.database_queue_overload_timeout,
         ));
-        let reads = crate::idempotency::reads::Reads::start(pool.clone(), admission.clone());
+        let reads = Reads::start(pool.clone(), admission.clone());
+        let processor = crate::telemetry::metrics::MeteredProcessor::wrap(processor);
+        let engine = Engine::new(Parts {
+            pool: pool.clone(),
+            processor: processor.clone(),
+            timeouts: config.timeouts(),
+            tasks: tokio_util::task::TaskTracker::new(),
+            fast: Arc::new(ServerPaths {
+                caches: caches.clone(),
+                reads,
+                waits,
+                admission,
+            }),
+        });
         let state = AppState::new(crate::app::Services {
             pool,
-            admission,
             config: Arc::new(config),
-            processor: crate::telemetry::metrics::MeteredProcessor::wrap(processor),
+            processor,
             metrics: crate::telemetry::metrics::handle(),
-            tasks: tokio_util::task::TaskTracker::new(),
+            engine,
             caches,
             rate_limits,
-            waits,
-            reads,
             primary,
             redis,
         });
@@ -154,7 +167,7 @@ impl Application {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let config = self.state.config.clone();
-        let tasks = self.state.tasks.clone();
+        let tasks = self.state.engine.tasks.clone();
         let pool = self.state.pool.clone();
         // One stop signal for every task beside the server, given when
         // `shutdown` resolves.

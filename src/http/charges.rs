@@ -61,7 +61,7 @@ async fn create(
 ) -> Result<Response, ApiError> {
     let (guard, params) = post.split(merchant.id);
     let charge = NewCharge::from_params(params)?;
-    let ran = operation::run(&state, guard, CreateCharge::new(merchant.id, charge)).await;
+    let ran = operation::run(&state.engine, guard, CreateCharge::new(merchant.id, charge)).await;
     Ok(idempotent::respond(ran))
 }
 

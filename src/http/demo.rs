@@ -192,7 +192,7 @@ async fn naive_charge(
         .and_then(|v| v.to_str().ok());
     let (charge_id, saved) = workshop::naive_charge(&state, merchant.id, &charge, request_id)
         .await
-        .map_err(|e| crate::error::Error::from_recovery(e, &state.config))?;
+        .map_err(|e| crate::error::Error::from_recovery(e, &state.engine.timeouts))?;
     // 3. Write the key, after the work. (Bug: too late to stop a duplicate.)
     workshop::naive_remember(&state.pool, merchant.id, key.as_str(), &charge_id, &saved).await?;
     Ok(idempotent::send(saved))
@@ -439,7 +439,7 @@ async fn redis_charge(
         Ok((_, saved)) => saved,
         Err(e) => {
             let _ = redis_keys::release(&mut redis, merchant.id, &key).await;
-            return Err(Error::from_recovery(e, &state.config).into());
+            return Err(Error::from_recovery(e, &state.engine.timeouts).into());
         }
     };
     // 3. Committed in Postgres, not yet in Redis: a crash here is the bug.

@@ -61,7 +61,7 @@ async fn create(
 ) -> Result<Response, ApiError> {
     let (guard, params) = post.split(merchant.id);
     let refund = NewRefund::from_params(params)?;
-    let ran = operation::run(&state, guard, CreateRefund::new(merchant.id, refund)).await;
+    let ran = operation::run(&state.engine, guard, CreateRefund::new(merchant.id, refund)).await;
     Ok(idempotent::respond(ran))
 }
 

@@ -16,8 +16,8 @@ use super::extract::{IdempotentPost, NoQuery, PageParams, PathParam, QueryParams
 use super::idempotent;
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::operation::webhook_endpoint::CreateEndpoint;
 use crate::operation::write::{self, Write};
+use crate::webhooks::create_endpoint::CreateEndpoint;
 use crate::webhooks::domain::{DeliveryEnd, NewEndpoint};
 use crate::webhooks::guard::AddressGuard;
 use crate::webhooks::store;
@@ -66,7 +66,12 @@ async fn create(
     endpoint
         .check_address(AddressGuard::new(state.config.webhook_allow_private))
         .await?;
-    let ran = write::run(&state, guard, CreateEndpoint::new(merchant.id, endpoint)).await;
+    let ran = write::run(
+        &state.engine,
+        guard,
+        CreateEndpoint::new(merchant.id, endpoint),
+    )
+    .await;
     Ok(idempotent::respond(ran))
 }
 

@@ -35,16 +35,13 @@ use uuid::Uuid;
 use super::IdempotencyKey;
 use super::store::{self, StoredKey};
 use crate::admission::Admission;
+pub use crate::speed::Shed;
 
 /// The most reads one statement carries.
 const MOST_PER_BATCH: usize = 128;
 
 /// The most reads waiting for a batch: eight full batches.
 pub const MOST_QUEUED: usize = 8 * MOST_PER_BATCH;
-
-/// A read refused because [`MOST_QUEUED`] reads already wait.
-#[derive(Debug)]
-pub struct Shed;
 
 /// One request's read, waiting for its batch.
 struct Ask {

@@ -19,26 +19,13 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::IdempotencyKey;
-use super::store::{self, KeyStatus, StoredKey};
+use super::store;
+use crate::speed::KeyWatch;
+pub use crate::speed::News;
 
 /// The first interval between polls; it doubles up to [`LONGEST_INTERVAL`].
 const FIRST_INTERVAL: Duration = Duration::from_millis(20);
 const LONGEST_INTERVAL: Duration = Duration::from_millis(250);
-
-/// What a poll saw of a key.
-#[derive(Clone, Debug)]
-pub enum News {
-    /// Still `processing`, and younger than `PROCESSING_TIMEOUT`.
-    InFlight,
-    /// `processing` for longer than `PROCESSING_TIMEOUT`: its request may be
-    /// gone, and someone should lease and settle it.
-    Stale,
-    /// Completed: the row, with its saved answer.
-    Completed(Arc<StoredKey>),
-    /// No such key (given back after a failure before the work, or expired):
-    /// the next claim may win it.
-    Gone,
-}
 
 /// One poll's result, and when the poll began.
 #[derive(Clone, Debug)]
@@ -149,12 +136,7 @@ impl Waits {
             )
             .await;
             let news = match seen {
-                Ok(None) => News::Gone,
-                Ok(Some((stored, _))) if stored.status == KeyStatus::Completed => {
-                    News::Completed(Arc::new(stored))
-                }
-                Ok(Some((_, true))) => News::Stale,
-                Ok(Some((_, false))) => News::InFlight,
+                Ok(seen) => News::of(seen),
                 Err(e) => {
                     // The waiters keep waiting; their deadline bounds it.
                     tracing::warn!(error = %e, "a shared wait could not read its key");
@@ -193,13 +175,14 @@ pub struct Waiter {
     news: watch::Receiver<Observation>,
 }
 
-impl Waiter {
+#[async_trait::async_trait]
+impl KeyWatch for Waiter {
     /// Waits for news of the key, other than "still in flight", from a poll
     /// that began after `since` (the moment this request last read the key
     /// itself): older news is already known, so each waiter acts on each
     /// poll at most once. `None` if the poller died: the caller then reads
     /// the key itself and joins anew.
-    pub async fn news_since(&mut self, since: Instant) -> Option<News> {
+    async fn news_since(&mut self, since: Instant) -> Option<News> {
         let fresh = self.news.wait_for(|observation| {
             observation.polled_at > since && !matches!(observation.news, News::InFlight)
         });

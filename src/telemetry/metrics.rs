@@ -19,7 +19,7 @@
 //! | `webhook_attempts_total` (`result`), `webhook_attempt_duration_seconds`, `webhook_deliveries_total` (`outcome`, `reason`), `webhook_oldest_pending_event_age_seconds`, `webhook_endpoints_disabled_total`, `webhook_leases_lost_total` | see `docs/webhooks.md` |
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -103,40 +103,6 @@ pub fn render(handle: &PrometheusHandle, pool: &PgPool) -> String {
     metrics::gauge!("db_pool_connections", "state" => "in_use").set(size - idle);
     metrics::gauge!("db_pool_max_connections").set(pool.options().get_max_connections() as f64);
     handle.render()
-}
-
-/// Counts one outcome of the idempotency check.
-pub fn idempotency(outcome: &'static str) {
-    metrics::counter!("idempotency_outcomes_total", "outcome" => outcome).increment(1);
-}
-
-/// Counts a request shed before its work began, by the route template of
-/// its operation (a closed set).
-pub fn shed(route: &'static str) {
-    metrics::counter!("requests_shed_total", "route" => route).increment(1);
-}
-
-/// Records one guarded operation on `route` that ended with `outcome`: how
-/// long it took, then how long each of `phases` took. The whole comes
-/// first, so that a scrape never sees the phases of a request whose whole
-/// it does not. Labels are static strings: nothing is allocated.
-pub fn operation(
-    route: &'static str,
-    outcome: &'static str,
-    took: Duration,
-    phases: impl Iterator<Item = (&'static str, Duration)>,
-) {
-    metrics::histogram!("operation_duration_seconds", "route" => route, "outcome" => outcome)
-        .record(took.as_secs_f64());
-    for (phase, took) in phases {
-        metrics::histogram!(
-            "operation_phase_duration_seconds",
-            "route" => route,
-            "phase" => phase,
-            "outcome" => outcome
-        )
-        .record(took.as_secs_f64());
-    }
 }
 
 /// A processor that measures every call of the one it wraps.

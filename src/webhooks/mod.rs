@@ -10,6 +10,7 @@
 //! - [`deliver`]: the worker in every `serve` process.
 //! - [`guard`]: the address guard, which keeps endpoints out of the network.
 
+pub mod create_endpoint;
 pub mod deliver;
 pub mod domain;
 pub mod guard;

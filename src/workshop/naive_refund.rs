@@ -154,7 +154,7 @@ pub async fn refund(
             fault: None,
         })
         .await
-        .map_err(|e| Error::from_recovery(e.into(), &state.config))?;
+        .map_err(|e| Error::from_recovery(e.into(), &state.engine.timeouts))?;
     let status = match outcome {
         RefundOutcome::Refunded => RefundStatus::Succeeded,
         RefundOutcome::Failed { .. } => RefundStatus::Failed,

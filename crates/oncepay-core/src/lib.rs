@@ -19,12 +19,17 @@
 //! docs/design.md for the reading order.
 
 pub mod charges;
+pub mod error;
 pub mod events;
 pub mod faults;
 pub mod idempotency;
+pub mod operation;
 pub mod params;
 pub mod problem;
 pub mod processor;
 pub mod recovery;
 pub mod refunds;
+pub mod retry_after;
+pub mod settings;
+pub mod speed;
 pub mod sweeper;

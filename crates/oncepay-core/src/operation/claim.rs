@@ -9,22 +9,18 @@ use std::time::Duration;
 use sqlx::pool::PoolConnection;
 use sqlx::{Postgres, Transaction};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
-use crate::admission::Refused;
-use crate::app::AppState;
-use crate::cache::CachedAnswer;
 use crate::error::{Error, overloaded};
-use crate::idempotency::reads::Shed;
-use crate::idempotency::wait::News;
 use crate::idempotency::{
     Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
     StoredKey, store as keys,
 };
-use crate::operation::timing::Waits;
+use crate::operation::timing::{Waits, count_outcome, count_shed};
+use crate::operation::{Engine, Guard};
 use crate::problem::{Problem, ProblemCode};
-use crate::telemetry::metrics;
+use crate::speed::{CachedAnswer, News, Refused, Shed};
 
 /// How long before `REQUEST_TIMEOUT` a wait gives up, so that its `409`
 /// still goes out.
@@ -54,9 +50,30 @@ pub struct Request {
 }
 
 impl Request {
+    /// The request that `guard` describes, for the operation on `route`
+    /// whose parameters have `fingerprint`; with the guard that marks its
+    /// client gone when dropped (as the handler's future is when the client
+    /// hangs up, see [`crate::operation::run`]).
+    pub fn of(route: &'static str, guard: Guard, fingerprint: Fingerprint) -> (Self, DropGuard) {
+        let client_gone = CancellationToken::new();
+        let hang_up = client_gone.clone().drop_guard();
+        let request = Request {
+            route,
+            merchant_id: guard.merchant_id,
+            request_id: guard.request_id,
+            key: guard.key,
+            fingerprint,
+            wait: guard.wait,
+            client_gone,
+            arrived: guard.arrived,
+            waits: Waits::default(),
+        };
+        (request, hang_up)
+    }
+
     /// When `REQUEST_TIMEOUT` answers the request at the latest.
-    pub fn deadline(&self, state: &AppState) -> Instant {
-        Instant::from_std(self.arrived) + state.config.request_timeout
+    pub fn deadline(&self, engine: &Engine) -> Instant {
+        Instant::from_std(self.arrived) + engine.timeouts.request
     }
 
     /// Whether this request may still begin work: its client still waits
@@ -66,8 +83,8 @@ impl Request {
     /// the key expired or deleted meanwhile, it would do it a second time.
     /// So whatever claims or writes checks this first, on a connection
     /// already in hand, with nothing left to wait for before it is sent.
-    fn still_awaited(&self, state: &AppState) -> Result<(), Error> {
-        if self.client_gone.is_cancelled() || Instant::now() >= self.deadline(state) {
+    fn still_awaited(&self, engine: &Engine) -> Result<(), Error> {
+        if self.client_gone.is_cancelled() || Instant::now() >= self.deadline(engine) {
             return Err(self.answered_before_claim());
         }
         Ok(())
@@ -81,7 +98,7 @@ impl Request {
             waited_ms = self.arrived.elapsed().as_millis() as u64,
             "the request was answered before its work could begin; nothing claimed"
         );
-        metrics::idempotency("answered_before_claim");
+        count_outcome("answered_before_claim");
         too_late()
     }
 
@@ -92,21 +109,21 @@ impl Request {
     /// had half handed over). `503 overloaded` when the queue's bound passed
     /// first: nothing was begun. An error once the request was answered
     /// (see [`Request::still_awaited`]).
-    pub async fn connection(&self, state: &AppState) -> Result<PoolConnection<Postgres>, Error> {
-        self.connection_in(state, Queue::Bounded).await
+    pub async fn connection(&self, engine: &Engine) -> Result<PoolConnection<Postgres>, Error> {
+        self.connection_in(engine, Queue::Bounded).await
     }
 
     /// [`Request::connection`], waited for as `queue` says.
     async fn connection_in(
         &self,
-        state: &AppState,
+        engine: &Engine,
         queue: Queue,
     ) -> Result<PoolConnection<Postgres>, Error> {
         let asked = std::time::Instant::now();
-        let deadline = self.deadline(state);
+        let deadline = self.deadline(engine);
         let acquired = match queue {
-            Queue::Bounded => state.admission.connection(&state.pool, deadline).await,
-            Queue::Kept => match tokio::time::timeout_at(deadline, state.pool.acquire()).await {
+            Queue::Bounded => engine.fast.connection(&engine.pool, deadline).await,
+            Queue::Kept => match tokio::time::timeout_at(deadline, engine.pool.acquire()).await {
                 Ok(acquired) => acquired.map_err(Refused::Pool),
                 Err(_) => Err(Refused::Deadline),
             },
@@ -119,11 +136,11 @@ impl Request {
                 waited_ms = waited.as_millis() as u64,
                 "no connection within the queue's bound; shed before any work"
             );
-            metrics::shed(self.route);
+            count_shed(self.route);
             return Err(overloaded().into());
         }
         // A wait cut at the deadline fails the check below, which says so.
-        self.still_awaited(state)?;
+        self.still_awaited(engine)?;
         match acquired {
             Ok(connection) => Ok(connection),
             Err(Refused::Pool(e)) => Err(e.into()),
@@ -140,14 +157,14 @@ impl Request {
     /// request rolls its empty transaction back.
     async fn transaction(
         &self,
-        state: &AppState,
+        engine: &Engine,
         queue: Queue,
     ) -> Result<Transaction<'static, Postgres>, Error> {
-        let connection = self.connection_in(state, queue).await?;
+        let connection = self.connection_in(engine, queue).await?;
         // `BEGIN` on a connection already taken, as `Pool::begin` itself
         // does after its own `acquire`.
         let tx = Transaction::begin(connection, None).await?;
-        self.still_awaited(state)?;
+        self.still_awaited(engine)?;
         Ok(tx)
     }
 }
@@ -219,17 +236,17 @@ enum Step {
 /// procedure ([`crate::recovery::recover`]); then it answers from the key.
 /// Every other request that tried the lease in vain goes back to waiting.
 pub async fn begin(
-    state: &AppState,
+    engine: &Engine,
     request: &Request,
     route: &'static str,
     resource: Option<&Resource>,
 ) -> Result<Begun, Error> {
     let Some(key) = &request.key else {
         return Ok(Begun::Claimed(
-            request.transaction(state, Queue::Bounded).await?,
+            request.transaction(engine, Queue::Bounded).await?,
         ));
     };
-    if let Some(begun) = from_cache(state, request, route)? {
+    if let Some(begun) = from_cache(engine, request, route)? {
         return Ok(begun);
     }
     // The fast path for a retry of a finished operation: a completed key
@@ -237,8 +254,8 @@ pub async fn begin(
     // read, with no transaction and no row lock. The same read sends a
     // request willing to wait on a key in flight straight to the wait,
     // without a lock either.
-    let found = read(state, request, key).await?;
-    after_read(state, request, route, resource, found).await
+    let found = read(engine, request, key).await?;
+    after_read(engine, request, route, resource, found).await
 }
 
 /// The request's `key` as [`keys::find`] reads it, read with the other
@@ -247,16 +264,20 @@ pub async fn begin(
 /// deadline (the claim that follows finds a taken key itself). `503
 /// overloaded` when the reads' queue is full: nothing was begun.
 pub async fn read(
-    state: &AppState,
+    engine: &Engine,
     request: &Request,
     key: &IdempotencyKey,
 ) -> Result<Option<StoredKey>, Error> {
-    let deadline = request.deadline(state);
-    match state.reads.find(request.merchant_id, key, deadline).await {
+    let deadline = request.deadline(engine);
+    match engine
+        .fast
+        .read(&engine.pool, request.merchant_id, key, deadline)
+        .await
+    {
         Ok(found) => Ok(found),
         Err(Shed) => {
             tracing::debug!("the queue of key reads is full; shed before any work");
-            metrics::shed(request.route);
+            count_shed(request.route);
             Err(overloaded().into())
         }
     }
@@ -266,14 +287,14 @@ pub async fn read(
 /// completed key cannot change until it expires, so it is answered from
 /// memory. `None` for a request without a key.
 pub fn from_cache(
-    state: &AppState,
+    engine: &Engine,
     request: &Request,
     route: &'static str,
 ) -> Result<Option<Begun>, Error> {
     let Some(key) = &request.key else {
         return Ok(None);
     };
-    match state.caches.answer(request.merchant_id, key.as_str()) {
+    match engine.fast.cached(request.merchant_id, key) {
         Some(answer) => answer_from(request, route, &answer, false).map(Some),
         None => Ok(None),
     }
@@ -283,7 +304,7 @@ pub fn from_cache(
 /// without a lock, by [`keys::find`] or by the statement that tried to
 /// claim it with its record).
 pub async fn after_read(
-    state: &AppState,
+    engine: &Engine,
     request: &Request,
     route: &'static str,
     resource: Option<&Resource>,
@@ -291,13 +312,13 @@ pub async fn after_read(
 ) -> Result<Begun, Error> {
     let Some(key) = &request.key else {
         return Ok(Begun::Claimed(
-            request.transaction(state, Queue::Bounded).await?,
+            request.transaction(engine, Queue::Bounded).await?,
         ));
     };
     // A wait ends in time to answer `409` before `REQUEST_TIMEOUT` would
     // answer `503` in its place.
     let deadline = (Instant::now() + request.wait)
-        .min(request.deadline(state) - WAIT_MARGIN.min(state.config.request_timeout));
+        .min(request.deadline(engine) - WAIT_MARGIN.min(engine.timeouts.request));
     let wait = deadline.saturating_duration_since(Instant::now());
     let mut step = Step::Claim;
     // When this request last had a read of the key of its own finished: only
@@ -306,7 +327,7 @@ pub async fn after_read(
     if let Some(stored) = found {
         match stored.status {
             KeyStatus::Completed => {
-                if let Some(answer) = remember(state, request.merchant_id, key, stored) {
+                if let Some(answer) = remember(engine, request.merchant_id, key, stored) {
                     return answer_from(request, route, &answer, false);
                 }
             }
@@ -324,7 +345,7 @@ pub async fn after_read(
     loop {
         step = match step {
             Step::Claim => {
-                let mut tx = request.transaction(state, queue).await?;
+                let mut tx = request.transaction(engine, queue).await?;
                 let claim = Claim {
                     merchant_id: request.merchant_id,
                     key,
@@ -332,15 +353,15 @@ pub async fn after_read(
                     path: route,
                     fingerprint: request.fingerprint,
                     resource,
-                    ttl: state.config.idempotency_key_ttl,
+                    ttl: engine.timeouts.key_ttl,
                     arrived: request.arrived,
-                    deadline: request.deadline(state).into_std(),
+                    deadline: request.deadline(engine).into_std(),
                 };
                 let claimed = keys::claim(&mut tx, claim).await?;
                 known_at = Instant::now();
                 let stored = match claimed {
                     ClaimOutcome::Claimed { took_over } => {
-                        metrics::idempotency(if took_over {
+                        count_outcome(if took_over {
                             "expired_taken_over"
                         } else {
                             "executed"
@@ -352,68 +373,75 @@ pub async fn after_read(
                 };
                 tx.rollback().await?;
                 if stored.status == KeyStatus::Completed {
-                    let answer = remember(state, request.merchant_id, key, stored)
+                    let answer = remember(engine, request.merchant_id, key, stored)
                         .ok_or_else(|| Error::internal("a completed key without its response"))?;
                     return answer_from(request, route, &answer, waited);
                 }
                 if !same(&stored, request, route) {
-                    metrics::idempotency("reused");
+                    count_outcome("reused");
                     return Ok(Begun::Reused);
                 }
                 Step::Lease
             }
             Step::Lease => {
-                request.still_awaited(state)?;
+                request.still_awaited(engine)?;
                 let stale = keys::lease_one(
-                    &state.pool,
+                    &engine.pool,
                     request.merchant_id,
                     key,
-                    state.config.processing_timeout,
+                    engine.timeouts.processing,
                 )
                 .await?;
                 known_at = Instant::now();
                 if let Some(stale) = stale {
                     tracing::info!(resource = ?stale, "a retry found its key stale; settling it");
                     crate::recovery::recover(
-                        &state.pool,
-                        state.processor.as_ref(),
+                        &engine.pool,
+                        engine.processor.as_ref(),
                         &stale,
-                        state.config.idempotency_key_ttl,
+                        engine.timeouts.key_ttl,
                         request.request_id.as_deref(),
                     )
                     .await
-                    .map_err(|e| Error::from_recovery(e, &state.config))?;
-                    metrics::idempotency("stale_recovered");
+                    .map_err(|e| Error::from_recovery(e, &engine.timeouts))?;
+                    count_outcome("stale_recovered");
                     queue = Queue::Kept;
                     Step::Claim
                 } else if Instant::now() < deadline {
                     Step::Wait
                 } else {
-                    metrics::idempotency("in_use");
+                    count_outcome("in_use");
                     return Ok(Begun::InUse { waited });
                 }
             }
             Step::Wait => {
                 waited = true;
-                let shared =
-                    waiter.get_or_insert_with(|| state.waits.join(request.merchant_id, key));
+                let shared = waiter.get_or_insert_with(|| {
+                    engine.fast.watch(
+                        &engine.pool,
+                        engine.timeouts.processing,
+                        request.merchant_id,
+                        key,
+                    )
+                });
                 let waiting = std::time::Instant::now();
                 let news = tokio::select! {
                     news = tokio::time::timeout_at(deadline, shared.news_since(known_at)) => news,
                     () = request.client_gone.cancelled() => {
                         tracing::info!("the client hung up; stopped waiting for the key in flight");
-                        metrics::idempotency("wait_abandoned");
+                        count_outcome("wait_abandoned");
                         return Ok(Begun::InUse { waited });
                     }
                 };
                 request.waits.key(waiting.elapsed());
                 match news {
                     Err(_) => {
-                        metrics::idempotency("in_use");
+                        count_outcome("in_use");
                         return Ok(Begun::InUse { waited });
                     }
                     Ok(Some(News::Completed(stored))) => {
-                        match remember(state, request.merchant_id, key, StoredKey::clone(&stored)) {
+                        match remember(engine, request.merchant_id, key, StoredKey::clone(&stored))
+                        {
                             Some(answer) => {
                                 return answer_from(request, route, &answer, waited);
                             }
@@ -438,9 +466,9 @@ pub async fn after_read(
 /// Notes that the request holding `request`'s key has finished its work here
 /// (completed, or given the key back): requests waiting on the key in this
 /// process hear of it at once instead of at the next poll.
-pub fn finished(state: &AppState, request: &Request) {
+pub fn finished(engine: &Engine, request: &Request) {
     if let Some(key) = &request.key {
-        state.waits.wake(request.merchant_id, key);
+        engine.fast.wake(request.merchant_id, key);
     }
 }
 
@@ -452,7 +480,7 @@ fn same(stored: &StoredKey, request: &Request, route: &str) -> bool {
 /// The saved answer of a key just read from the database, if it is
 /// completed; it is remembered in the cache until the row's deadline.
 fn remember(
-    state: &AppState,
+    engine: &Engine,
     merchant_id: Uuid,
     key: &IdempotencyKey,
     stored: StoredKey,
@@ -466,9 +494,7 @@ fn remember(
         }),
         _ => return None,
     };
-    state
-        .caches
-        .remember_answer(merchant_id, key.as_str(), answer.clone());
+    engine.fast.remember(merchant_id, key, answer.clone());
     Some(answer)
 }
 
@@ -481,10 +507,10 @@ fn answer_from(
     waited: bool,
 ) -> Result<Begun, Error> {
     if answer.fingerprint != request.fingerprint || answer.route != route {
-        metrics::idempotency("reused");
+        count_outcome("reused");
         return Ok(Begun::Reused);
     }
-    metrics::idempotency("replayed");
+    count_outcome("replayed");
     // The clone shares the body with the cache.
     Ok(Begun::Replay {
         saved: answer.response.clone(),
@@ -495,8 +521,8 @@ fn answer_from(
 /// What the key of a resource someone else (the sweeper, a retry) settled
 /// while this request was working saved, if it has a key.
 pub async fn saved_answer(
-    state: &AppState,
+    engine: &Engine,
     resource: &Resource,
 ) -> Result<Option<SavedResponse>, Error> {
-    Ok(keys::saved_for_resource(&state.pool, resource).await?)
+    Ok(keys::saved_for_resource(&engine.pool, resource).await?)
 }

@@ -8,12 +8,12 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::app::AppState;
 use crate::charges::settle::Settled;
 use crate::charges::{ChargeStatus, store as charges};
 use crate::error::Error;
 use crate::faults::Fault;
 use crate::idempotency::{Resource, SavedResponse};
+use crate::operation::Engine;
 use crate::operation::{Operation, Written};
 use crate::params::shorten;
 use crate::problem::{Problem, ProblemCode};
@@ -90,8 +90,8 @@ impl Operation for CreateRefund {
         Ok(Written::Pending)
     }
 
-    async fn refusal(&self, state: &AppState) -> Error {
-        refused(state, self.merchant_id, &self.refund).await
+    async fn refusal(&self, engine: &Engine) -> Error {
+        refused(engine, self.merchant_id, &self.refund).await
     }
 
     async fn call_processor(
@@ -104,7 +104,7 @@ impl Operation for CreateRefund {
 
     async fn settle(
         &self,
-        state: &AppState,
+        engine: &Engine,
         db: &mut PgConnection,
         outcome: &RefundOutcome,
         request_id: Option<&str>,
@@ -114,21 +114,21 @@ impl Operation for CreateRefund {
             db,
             &self.id,
             outcome,
-            state.config.idempotency_key_ttl,
+            engine.timeouts.key_ttl,
             request_id,
             fault,
         )
         .await
     }
 
-    async fn render(&self, state: &AppState, _: Option<&str>) -> Result<SavedResponse, Error> {
-        let refund = store::find_any(&state.pool, &self.id)
+    async fn render(&self, engine: &Engine, _: Option<&str>) -> Result<SavedResponse, Error> {
+        let refund = store::find_any(&engine.pool, &self.id)
             .await?
             .ok_or_else(|| Error::internal(format!("settled refund {} vanished", self.id)))?;
         Ok(settle::response_for(&refund))
     }
 
-    async fn processor_unavailable(&self, state: &AppState) -> Result<Option<Problem>, Error> {
+    async fn processor_unavailable(&self, engine: &Engine) -> Result<Option<Problem>, Error> {
         // Unlike a charge, a reserved refund is never given back: the money
         // was promised, and a recovery may already be re-driving the
         // idempotent refund call, so giving the amount back here could leave
@@ -142,7 +142,7 @@ impl Operation for CreateRefund {
                 "The card processor is unavailable. The refund is reserved and will be completed; retry with the same Idempotency-Key to get it.",
             )
             .with_extra("refund", self.id.clone())
-            .with_retry_after(retry_after::until_recovered(&state.config)),
+            .with_retry_after(retry_after::until_recovered(&engine.timeouts)),
         ))
     }
 }
@@ -150,8 +150,8 @@ impl Operation for CreateRefund {
 /// Why nothing could be reserved, read after the update decided. The charge
 /// may have changed since; the answer describes what the update saw as well
 /// as a later read can.
-async fn refused(state: &AppState, merchant_id: Uuid, refund: &NewRefund) -> Error {
-    let charge = match charges::find(&state.pool, merchant_id, &refund.charge).await {
+async fn refused(engine: &Engine, merchant_id: Uuid, refund: &NewRefund) -> Error {
+    let charge = match charges::find(&engine.pool, merchant_id, &refund.charge).await {
         Ok(Some(charge)) => charge,
         Ok(None) => {
             return Problem::new(

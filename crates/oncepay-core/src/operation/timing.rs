@@ -1,7 +1,7 @@
 //! Where a guarded operation's time goes: each phase measured with
 //! `Instant::now()` at its boundaries, the durations kept in a small array
 //! that travels with the request, and recorded once, as its response is
-//! ready ([`crate::telemetry::metrics::operation`]). Nothing is allocated
+//! ready ([`crate::operation::timing::operation`]). Nothing is allocated
 //! per phase. A replay answered from the cache records its whole duration
 //! only: it is a hot path, and it has no phases worth the histograms.
 
@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use super::Answer;
 use crate::error::Error;
 use crate::problem::ProblemCode;
-use crate::telemetry::metrics;
 
 /// A phase of a guarded operation, in the order a request meets them. The
 /// phases never overlap, so their durations add up to at most the whole
@@ -218,7 +217,7 @@ impl Ran {
         let done = timing.phases.since(Phase::Render, rendering);
         let took = done.saturating_duration_since(timing.arrived);
         let phases = (!timing.cached).then_some(&timing.phases);
-        metrics::operation(
+        record(
             timing.route,
             outcome,
             took,
@@ -246,6 +245,40 @@ pub fn outcome(answer: &Result<Answer, Error>) -> &'static str {
             _ => "error",
         },
         Err(_) => "error",
+    }
+}
+
+/// Counts one outcome of the idempotency check.
+pub fn count_outcome(outcome: &'static str) {
+    metrics::counter!("idempotency_outcomes_total", "outcome" => outcome).increment(1);
+}
+
+/// Counts a request shed before its work began, by the route template of
+/// its operation (a closed set).
+pub fn count_shed(route: &'static str) {
+    metrics::counter!("requests_shed_total", "route" => route).increment(1);
+}
+
+/// Records one guarded operation on `route` that ended with `outcome`: how
+/// long it took, then how long each of `phases` took. The whole comes
+/// first, so that a scrape never sees the phases of a request whose whole
+/// it does not. Labels are static strings: nothing is allocated.
+fn record(
+    route: &'static str,
+    outcome: &'static str,
+    took: Duration,
+    phases: impl Iterator<Item = (&'static str, Duration)>,
+) {
+    metrics::histogram!("operation_duration_seconds", "route" => route, "outcome" => outcome)
+        .record(took.as_secs_f64());
+    for (phase, took) in phases {
+        metrics::histogram!(
+            "operation_phase_duration_seconds",
+            "route" => route,
+            "phase" => phase,
+            "outcome" => outcome
+        )
+        .record(took.as_secs_f64());
     }
 }
 

@@ -4,11 +4,11 @@
 
 use http::StatusCode;
 
-use crate::config::Config;
 use crate::params::{DecodeError, ParamError};
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::ProcessorError;
 use crate::retry_after;
+use crate::settings::Timeouts;
 
 /// What a request could not do.
 #[derive(Debug, thiserror::Error)]
@@ -87,9 +87,9 @@ impl Error {
     /// it fails: recovering a stale key, or the naive demo path. A processor
     /// failure is a `503` to retry once recovery can have settled the
     /// record, not a bug.
-    pub fn from_recovery(e: anyhow::Error, config: &Config) -> Self {
+    pub fn from_recovery(e: anyhow::Error, timeouts: &Timeouts) -> Self {
         let Some(processor) = e.downcast_ref::<ProcessorError>() else {
-            return Error::from(e).awaiting_recovery(config);
+            return Error::from(e).awaiting_recovery(timeouts);
         };
         tracing::warn!(error = format!("{e:#}"), "processor call failed");
         let (code, detail) = match processor {
@@ -103,7 +103,7 @@ impl Error {
             ),
         };
         Problem::new(code, detail)
-            .with_retry_after(retry_after::until_recovered(config))
+            .with_retry_after(retry_after::until_recovered(timeouts))
             .into()
     }
 
@@ -111,14 +111,14 @@ impl Error {
     /// pending until recovery settles it, so a database outage's `503`
     /// tells the client to come back once that can have happened, not in a
     /// second (when it would only get `409`).
-    pub fn awaiting_recovery(self, config: &Config) -> Self {
+    pub fn awaiting_recovery(self, timeouts: &Timeouts) -> Self {
         match self {
             Error::Unavailable(error) => {
                 tracing::warn!(
                     error = format!("{error:#}"),
                     "database unavailable after the processor call; the record stays pending"
                 );
-                service_unavailable(retry_after::until_recovered(config)).into()
+                service_unavailable(retry_after::until_recovered(timeouts)).into()
             }
             other => other,
         }

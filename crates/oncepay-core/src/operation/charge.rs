@@ -8,7 +8,6 @@ use std::sync::OnceLock;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::app::AppState;
 use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
 use crate::charges::{Charge, ChargeStatus, NewCharge, store};
@@ -16,6 +15,7 @@ use crate::error::Error;
 use crate::faults::Fault;
 use crate::idempotency::store::{FirstClaim, PendingCharge};
 use crate::idempotency::{Claim, Resource, SavedResponse, store as keys};
+use crate::operation::Engine;
 use crate::operation::{Operation, Written, claim};
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{self, Authorization, Outcome, Processor, ProcessorError, WireFault};
@@ -66,7 +66,7 @@ impl Operation for CreateCharge {
 
     async fn claim_with_record(
         &mut self,
-        state: &AppState,
+        engine: &Engine,
         request: &claim::Request,
         claim: &Claim<'_>,
     ) -> Result<Option<FirstClaim>, Error> {
@@ -79,7 +79,7 @@ impl Operation for CreateCharge {
             description: self.charge.description.as_deref(),
             metadata: &metadata,
         };
-        let mut db = request.connection(state).await?;
+        let mut db = request.connection(engine).await?;
         let first = keys::claim_with_charge(&mut *db, claim, &pending).await?;
         if let FirstClaim::Claimed { created_at, .. } = &first {
             self.pending = Some(Charge {
@@ -125,13 +125,13 @@ impl Operation for CreateCharge {
 
     async fn settle(
         &self,
-        state: &AppState,
+        engine: &Engine,
         db: &mut PgConnection,
         outcome: &Outcome,
         request_id: Option<&str>,
         fault: Option<Fault>,
     ) -> sqlx::Result<Settled> {
-        let ttl = state.config.idempotency_key_ttl;
+        let ttl = engine.timeouts.key_ttl;
         match &self.pending {
             Some(pending) => {
                 settle::settle_or_crash(db, pending, outcome, ttl, request_id, fault).await
@@ -143,21 +143,21 @@ impl Operation for CreateCharge {
 
     async fn render(
         &self,
-        state: &AppState,
+        engine: &Engine,
         request_id: Option<&str>,
     ) -> Result<SavedResponse, Error> {
-        let charge = store::find_any(&state.pool, self.id())
+        let charge = store::find_any(&engine.pool, self.id())
             .await?
             .ok_or_else(|| Error::internal(format!("settled charge {} vanished", self.id())))?;
         Ok(settle::response_for(&charge, request_id))
     }
 
-    async fn processor_unavailable(&self, state: &AppState) -> Result<Option<Problem>, Error> {
+    async fn processor_unavailable(&self, engine: &Engine) -> Result<Option<Problem>, Error> {
         // Nothing was recorded: give the key back so a retry runs anew. The
         // charge goes first, in the same lock order as settling; if it is no
         // longer pending, the sweeper settled it meanwhile and that answer
         // stands.
-        let mut tx = state.pool.begin().await?;
+        let mut tx = engine.pool.begin().await?;
         if store::delete_pending(&mut tx, self.id()).await? == 0 {
             tx.rollback().await?;
             return Ok(None);

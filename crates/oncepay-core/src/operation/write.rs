@@ -8,14 +8,13 @@ use std::future::Future;
 use std::time::Instant;
 
 use sqlx::{PgConnection, Postgres, Transaction};
-use tokio_util::sync::CancellationToken;
 
 use super::claim::{self, Begun};
-use super::timing::{Phase, Phases, Ran, Timing, Waits};
+use super::timing::{Phase, Phases, Ran, Timing};
 use super::{Answer, Guard};
-use crate::app::AppState;
 use crate::error::Error;
 use crate::idempotency::{Fingerprint, SavedResponse, store as keys};
+use crate::operation::Engine;
 
 /// The work of one kind of record, plugged into [`run`].
 pub trait Write: Send + Sync {
@@ -35,30 +34,18 @@ pub trait Write: Send + Sync {
 /// Runs `write` for a request guarded by `guard`: claims the key or answers
 /// from it; writes, saves the answer on the key, and commits, all at once.
 ///
-/// The work runs in a task of [`AppState::tasks`], as a guarded operation's
+/// The work runs in a task of [`Engine::tasks`], as a guarded operation's
 /// does: a request dropped by `REQUEST_TIMEOUT` or a client hanging up must
 /// not cancel a transaction half-way (sqlx cannot cancel a `BEGIN` in flight
 /// safely); a wait for the key in flight still stops when the client goes.
 /// The answer comes with its timing, recorded when it is rendered.
-pub async fn run<W: Write + 'static>(state: &AppState, guard: Guard, write: W) -> Ran {
+pub async fn run<W: Write + 'static>(engine: &Engine, guard: Guard, write: W) -> Ran {
     let (mut timing, started) = Timing::begin(W::ROUTE, guard.arrived);
     let fingerprint = Fingerprint::of("POST", W::ROUTE, &write.canonical());
     timing.phases.since(Phase::Fingerprint, started);
-    let client_gone = CancellationToken::new();
-    let _hang_up = client_gone.clone().drop_guard();
-    let request = claim::Request {
-        route: W::ROUTE,
-        merchant_id: guard.merchant_id,
-        request_id: guard.request_id,
-        key: guard.key,
-        fingerprint,
-        wait: guard.wait,
-        client_gone,
-        arrived: guard.arrived,
-        waits: Waits::default(),
-    };
-    let owned = state.clone();
-    let answer = super::in_task(state, &mut timing, "write", async move {
+    let (request, _hang_up) = claim::Request::of(W::ROUTE, guard, fingerprint);
+    let owned = engine.clone();
+    let answer = super::in_task(engine, &mut timing, "write", async move {
         let mut phases = Phases::default();
         let answer = claim_and_write(&owned, request, write, &mut phases).await;
         (answer, phases)
@@ -68,13 +55,13 @@ pub async fn run<W: Write + 'static>(state: &AppState, guard: Guard, write: W) -
 }
 
 async fn claim_and_write<W: Write>(
-    state: &AppState,
+    engine: &Engine,
     request: claim::Request,
     write: W,
     phases: &mut Phases,
 ) -> Result<Answer, Error> {
     let claiming = Instant::now();
-    let begun = claim::begin(state, &request, W::ROUTE, None).await;
+    let begun = claim::begin(engine, &request, W::ROUTE, None).await;
     phases.claimed(claiming, &request.waits);
     let tx = match begun? {
         Begun::Claimed(tx) => tx,
@@ -86,17 +73,17 @@ async fn claim_and_write<W: Write>(
         }
     };
     let writing = Instant::now();
-    let written = write_and_commit(state, &request, &write, tx).await;
+    let written = write_and_commit(engine, &request, &write, tx).await;
     phases.since(Phase::Write, writing);
     let saved = written?;
-    claim::finished(state, &request);
+    claim::finished(engine, &request);
     Ok(Answer::Fresh(saved))
 }
 
 /// Writes the record, saves its answer on the request's key and commits,
 /// in the claim's transaction `tx`.
 async fn write_and_commit<W: Write>(
-    state: &AppState,
+    engine: &Engine,
     request: &claim::Request,
     write: &W,
     mut tx: Transaction<'static, Postgres>,
@@ -109,7 +96,7 @@ async fn write_and_commit<W: Write>(
         }
     };
     if let Some(key) = &request.key {
-        let ttl = state.config.idempotency_key_ttl;
+        let ttl = engine.timeouts.key_ttl;
         if !keys::complete(&mut tx, request.merchant_id, key, &saved, ttl).await? {
             return Err(Error::internal(
                 "the key claimed in this transaction is no longer its to complete",

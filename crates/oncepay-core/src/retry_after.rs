@@ -1,4 +1,4 @@
-//! Every `Retry-After` the API sends, computed here from the configuration:
+//! Every `Retry-After` the API sends, computed here from the [`Timeouts`]:
 //! how long until a retry with the same key can get the answer.
 //!
 //! | answer | why the client waits | seconds |
@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::settings::Timeouts;
 
 /// A retry may get the answer at once; one second keeps clients from
 /// spinning.
@@ -29,8 +29,8 @@ pub const SOON: u64 = 1;
 /// Seconds until recovery has settled a record left pending now:
 /// `PROCESSING_TIMEOUT` plus one `SWEEP_INTERVAL`, rounded up to whole
 /// seconds (35 with the defaults).
-pub fn until_recovered(config: &Config) -> u64 {
-    whole_seconds(config.processing_timeout + config.sweep_interval)
+pub fn until_recovered(timeouts: &Timeouts) -> u64 {
+    whole_seconds(timeouts.processing + timeouts.sweep_interval)
 }
 
 /// `duration` rounded up to whole seconds, at least one.
@@ -43,23 +43,22 @@ fn whole_seconds(duration: Duration) -> u64 {
 mod tests {
     use super::*;
 
-    fn config(processing_timeout: Duration, sweep_interval: Duration) -> Config {
-        let mut config = Config::from_lookup(|name| {
-            (name == "DATABASE_URL").then(|| "postgres://localhost/x".to_owned())
-        })
-        .unwrap();
-        config.processing_timeout = processing_timeout;
-        config.sweep_interval = sweep_interval;
-        config
+    fn timeouts(processing: Duration, sweep_interval: Duration) -> Timeouts {
+        Timeouts {
+            key_ttl: Duration::from_secs(86_400),
+            processing,
+            request: Duration::from_secs(10),
+            sweep_interval,
+        }
     }
 
     #[test]
     fn a_pending_record_is_answered_after_the_timeout_and_one_sweep_rounded_up() {
-        let defaults = config(Duration::from_secs(30), Duration::from_secs(5));
+        let defaults = timeouts(Duration::from_secs(30), Duration::from_secs(5));
         assert_eq!(until_recovered(&defaults), 35);
-        let short = config(Duration::from_millis(1500), Duration::from_millis(700));
+        let short = timeouts(Duration::from_millis(1500), Duration::from_millis(700));
         assert_eq!(until_recovered(&short), 3);
-        let exact = config(Duration::from_millis(1500), Duration::from_millis(500));
+        let exact = timeouts(Duration::from_millis(1500), Duration::from_millis(500));
         assert_eq!(until_recovered(&exact), 2);
         assert_eq!(whole_seconds(Duration::from_millis(1)), 1);
         assert_eq!(whole_seconds(Duration::ZERO), 1);

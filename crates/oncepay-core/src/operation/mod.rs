@@ -23,20 +23,23 @@ pub mod charge;
 pub mod claim;
 pub mod refund;
 pub mod timing;
-pub mod webhook_endpoint;
 pub mod write;
 
+#[cfg(test)]
+mod plain;
+
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::PgConnection;
-use tokio_util::sync::CancellationToken;
+use sqlx::PgPool;
+use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 use uuid::Uuid;
 
 use self::claim::Begun;
-use self::timing::{Phase, Phases, Ran, Timing, Waits};
-use crate::app::AppState;
+use self::timing::{Phase, Phases, Ran, Timing, count_outcome};
 use crate::charges::settle::Settled;
 use crate::error::Error;
 use crate::faults::{Fault, crash_if};
@@ -45,7 +48,39 @@ use crate::idempotency::{Claim, Fingerprint, IdempotencyKey, Resource, SavedResp
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{Processor, ProcessorError, WireFault};
 use crate::retry_after;
-use crate::telemetry::metrics;
+use crate::settings::Timeouts;
+use crate::speed::FastPaths;
+
+/// What guarded operations run on; cloning shares it. Its fields are
+/// [`Parts`]'s, reached through `Deref`.
+#[derive(Clone)]
+pub struct Engine(Arc<Parts>);
+
+impl Engine {
+    pub fn new(parts: Parts) -> Self {
+        Engine(Arc::new(parts))
+    }
+}
+
+impl std::ops::Deref for Engine {
+    type Target = Parts;
+
+    fn deref(&self) -> &Parts {
+        &self.0
+    }
+}
+
+/// The database, the processor, the timeouts, the tasks the work runs in,
+/// and the fast paths plugged in ([`crate::speed`]).
+pub struct Parts {
+    pub pool: PgPool,
+    pub processor: Arc<dyn Processor>,
+    pub timeouts: Timeouts,
+    /// The work a request hands to its own task (steps 2 to 4); a shutdown
+    /// waits for it.
+    pub tasks: TaskTracker,
+    pub fast: Arc<dyn FastPaths>,
+}
 
 /// Who asks, with which key, and how: everything about a request that is
 /// not the operation's own parameters.
@@ -113,11 +148,11 @@ pub trait Operation: Send + Sync + 'static {
     /// so that it is never sent once the request was answered.
     fn claim_with_record(
         &mut self,
-        state: &AppState,
+        engine: &Engine,
         request: &claim::Request,
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<Option<FirstClaim>, Error>> + Send {
-        let _ = (state, request, claim);
+        let _ = (engine, request, claim);
         async { Ok(None) }
     }
     /// Step 2: writes the pending record in the claim's transaction.
@@ -126,8 +161,8 @@ pub trait Operation: Send + Sync + 'static {
         tx: &mut PgConnection,
     ) -> impl Future<Output = Result<Written, Error>> + Send;
     /// Why the operation was [`Written::Refused`], read after the rollback.
-    fn refusal(&self, state: &AppState) -> impl Future<Output = Error> + Send {
-        let _ = state;
+    fn refusal(&self, engine: &Engine) -> impl Future<Output = Error> + Send {
+        let _ = engine;
         async { Error::internal(format!("{} refused without a reason", Self::NOUN)) }
     }
     /// Step 3: the processor call, idempotent on the record's processor
@@ -144,7 +179,7 @@ pub trait Operation: Send + Sync + 'static {
     /// before that transaction commits.
     fn settle(
         &self,
-        state: &AppState,
+        engine: &Engine,
         db: &mut PgConnection,
         outcome: &Self::Outcome,
         request_id: Option<&str>,
@@ -155,7 +190,7 @@ pub trait Operation: Send + Sync + 'static {
     /// settled).
     fn render(
         &self,
-        state: &AppState,
+        engine: &Engine,
         request_id: Option<&str>,
     ) -> impl Future<Output = Result<SavedResponse, Error>> + Send;
     /// The processor was unavailable and recorded nothing: the problem to
@@ -163,25 +198,25 @@ pub trait Operation: Send + Sync + 'static {
     /// requires; `None` when someone else settled the record meanwhile.
     fn processor_unavailable(
         &self,
-        state: &AppState,
+        engine: &Engine,
     ) -> impl Future<Output = Result<Option<Problem>, Error>> + Send;
 }
 
 /// Runs `operation` for a request guarded by `guard`: claims the key or
 /// answers from it, does the work, settles. Steps 2 to 4 run in a task of
-/// [`AppState::tasks`]; if this future is dropped (the client hung up, or
+/// [`Engine::tasks`]; if this future is dropped (the client hung up, or
 /// `REQUEST_TIMEOUT` passed), a wait for a key in flight stops, while claimed
 /// work goes on to the end. Work not yet claimed by then never is: the
 /// client was told to retry, and its retry may already have done it.
 /// The answer comes with its timing, recorded when it is rendered.
-pub async fn run<O: Operation>(state: &AppState, guard: Guard, operation: O) -> Ran {
+pub async fn run<O: Operation>(engine: &Engine, guard: Guard, operation: O) -> Ran {
     let (mut timing, started) = Timing::begin(O::ROUTE, guard.arrived);
-    let answer = guarded(state, guard, operation, &mut timing, started).await;
+    let answer = guarded(engine, guard, operation, &mut timing, started).await;
     Ran { answer, timing }
 }
 
 async fn guarded<O: Operation>(
-    state: &AppState,
+    engine: &Engine,
     guard: Guard,
     operation: O,
     timing: &mut Timing,
@@ -189,23 +224,11 @@ async fn guarded<O: Operation>(
 ) -> Result<Answer, Error> {
     let fingerprint = Fingerprint::of("POST", O::ROUTE, &operation.canonical());
     timing.phases.since(Phase::Fingerprint, started);
-    let client_gone = CancellationToken::new();
-    // Cancels `client_gone` when this future is dropped.
-    let _hang_up = client_gone.clone().drop_guard();
-    let request = claim::Request {
-        route: O::ROUTE,
-        merchant_id: guard.merchant_id,
-        request_id: guard.request_id,
-        key: guard.key,
-        fingerprint,
-        wait: guard.wait,
-        client_gone,
-        arrived: guard.arrived,
-        waits: Waits::default(),
-    };
+    let fault = guard.fault;
+    let (request, _hang_up) = claim::Request::of(O::ROUTE, guard, fingerprint);
     // A retry of a finished operation is answered from memory here, with
     // no task: there is no work that a hang-up could cut short.
-    match claim::from_cache(state, &request, O::ROUTE)? {
+    match claim::from_cache(engine, &request, O::ROUTE)? {
         Some(Begun::Replay { saved, waited }) => {
             timing.cached = true;
             return Ok(Answer::Replayed { saved, waited });
@@ -216,28 +239,27 @@ async fn guarded<O: Operation>(
         }
         _ => {}
     }
-    let fault = guard.fault;
-    let state_owned = state.clone();
-    in_task(state, timing, O::NOUN, async move {
+    let engine_owned = engine.clone();
+    in_task(engine, timing, O::NOUN, async move {
         let mut phases = Phases::default();
-        let answer = claim_and_work(state_owned, request, operation, fault, &mut phases).await;
+        let answer = claim_and_work(engine_owned, request, operation, fault, &mut phases).await;
         (answer, phases)
     })
     .await
 }
 
-/// Runs `work` in a task of [`AppState::tasks`] and returns its answer,
+/// Runs `work` in a task of [`Engine::tasks`] and returns its answer,
 /// adding its phases to `timing`, and the time its start and the handler's
 /// waking waited for the scheduler as [`Phase::TaskHandoff`]. `noun` names
 /// the task in the error of one that failed.
 pub(crate) async fn in_task(
-    state: &AppState,
+    engine: &Engine,
     timing: &mut Timing,
     noun: &str,
     work: impl Future<Output = (Result<Answer, Error>, Phases)> + Send + 'static,
 ) -> Result<Answer, Error> {
     let spawned = Instant::now();
-    let task = state.tasks.clone().spawn(
+    let task = engine.tasks.clone().spawn(
         async move {
             let started = Instant::now();
             let (answer, mut phases) = work.await;
@@ -262,14 +284,14 @@ pub(crate) async fn in_task(
 }
 
 async fn claim_and_work<O: Operation>(
-    state: AppState,
+    engine: Engine,
     request: claim::Request,
     mut operation: O,
     fault: Option<Fault>,
     phases: &mut Phases,
 ) -> Result<Answer, Error> {
     let claiming = Instant::now();
-    let claimed = claim_or_answer(&state, &request, &mut operation).await;
+    let claimed = claim_or_answer(&engine, &request, &mut operation).await;
     phases.claimed(claiming, &request.waits);
     if let Some(answer) = claimed? {
         return Ok(answer);
@@ -279,15 +301,15 @@ async fn claim_and_work<O: Operation>(
     // 3 and 4. From here on the record is pending: a failure leaves it to
     // recovery.
     let answer = work_and_settle(
-        &state,
+        &engine,
         &operation,
         request.request_id.as_deref(),
         fault,
         phases,
     )
     .await
-    .map_err(|e| e.awaiting_recovery(&state.config));
-    claim::finished(&state, &request);
+    .map_err(|e| e.awaiting_recovery(&engine.timeouts));
+    claim::finished(&engine, &request);
     answer
 }
 
@@ -295,31 +317,31 @@ async fn claim_and_work<O: Operation>(
 /// when the kind has one, else in one transaction; `None` once the record
 /// is pending, or the answer the key already had.
 async fn claim_or_answer<O: Operation>(
-    state: &AppState,
+    engine: &Engine,
     request: &claim::Request,
     operation: &mut O,
 ) -> Result<Option<Answer>, Error> {
     let resource = operation.resource();
-    let begun = match (claim::from_cache(state, request, O::ROUTE)?, &request.key) {
+    let begun = match (claim::from_cache(engine, request, O::ROUTE)?, &request.key) {
         (Some(begun), _) => begun,
-        (None, None) => claim::begin(state, request, O::ROUTE, Some(&resource)).await?,
+        (None, None) => claim::begin(engine, request, O::ROUTE, Some(&resource)).await?,
         // While retries are common, a retry of a finished operation (or of
         // one in flight) is answered from a plain read of its key, and only
         // a key found free is claimed; else the claim's statement reads the
         // key itself (see `crate::idempotency::reads`).
         (None, Some(key)) => {
-            let read = if state.reads.worth_reading() {
-                claim::read(state, request, key).await?
+            let read = if engine.fast.worth_reading() {
+                claim::read(engine, request, key).await?
             } else {
                 None
             };
             match read {
                 Some(found) => {
-                    state.reads.learn(true);
-                    claim::after_read(state, request, O::ROUTE, Some(&resource), Some(found))
+                    engine.fast.learn(true);
+                    claim::after_read(engine, request, O::ROUTE, Some(&resource), Some(found))
                         .await?
                 }
-                None => claim_new(state, request, operation, key, &resource).await?,
+                None => claim_new(engine, request, operation, key, &resource).await?,
             }
         }
     };
@@ -328,7 +350,7 @@ async fn claim_or_answer<O: Operation>(
         Begun::Claimed(mut tx) => {
             if operation.write_pending(&mut tx).await? == Written::Refused {
                 tx.rollback().await?;
-                return Err(operation.refusal(state).await);
+                return Err(operation.refusal(engine).await);
             }
             tx.commit().await?;
             Ok(None)
@@ -342,7 +364,7 @@ async fn claim_or_answer<O: Operation>(
 /// Claims `key`, which a read just found free (or did not read), with the
 /// record in one statement when the kind has one.
 async fn claim_new<O: Operation>(
-    state: &AppState,
+    engine: &Engine,
     request: &claim::Request,
     operation: &mut O,
     key: &IdempotencyKey,
@@ -355,18 +377,18 @@ async fn claim_new<O: Operation>(
         path: O::ROUTE,
         fingerprint: request.fingerprint,
         resource: Some(resource),
-        ttl: state.config.idempotency_key_ttl,
+        ttl: engine.timeouts.key_ttl,
         arrived: request.arrived,
-        deadline: request.deadline(state).into_std(),
+        deadline: request.deadline(engine).into_std(),
     };
-    let claimed = operation.claim_with_record(state, request, &first).await?;
+    let claimed = operation.claim_with_record(engine, request, &first).await?;
     if let Some(first) = &claimed {
-        state.reads.learn(matches!(first, FirstClaim::Taken(_)));
+        engine.fast.learn(matches!(first, FirstClaim::Taken(_)));
     }
     Ok(match claimed {
-        None => claim::after_read(state, request, O::ROUTE, Some(resource), None).await?,
+        None => claim::after_read(engine, request, O::ROUTE, Some(resource), None).await?,
         Some(FirstClaim::Claimed { took_over, .. }) => {
-            metrics::idempotency(if took_over {
+            count_outcome(if took_over {
                 "expired_taken_over"
             } else {
                 "executed"
@@ -376,13 +398,13 @@ async fn claim_new<O: Operation>(
         Some(FirstClaim::TooLate) => return Err(request.answered_before_claim()),
         Some(FirstClaim::Taken(found)) => {
             let found = found.map(|stored| *stored);
-            claim::after_read(state, request, O::ROUTE, Some(resource), found).await?
+            claim::after_read(engine, request, O::ROUTE, Some(resource), found).await?
         }
     })
 }
 
 async fn work_and_settle<O: Operation>(
-    state: &AppState,
+    engine: &Engine,
     operation: &O,
     request_id: Option<&str>,
     fault: Option<Fault>,
@@ -390,7 +412,7 @@ async fn work_and_settle<O: Operation>(
 ) -> Result<Answer, Error> {
     let calling = Instant::now();
     let outcome = operation
-        .call_processor(state.processor.as_ref(), Fault::at_processor(fault))
+        .call_processor(engine.processor.as_ref(), Fault::at_processor(fault))
         .await;
     let called = phases.since(Phase::Processor, calling);
     crash_if(fault, Fault::CrashAfterProcessor);
@@ -400,10 +422,10 @@ async fn work_and_settle<O: Operation>(
             let settled = {
                 // Taken from the pool directly, not through the admission
                 // queue: claimed work is never turned away.
-                let mut db = state.pool.acquire().await?;
+                let mut db = engine.pool.acquire().await?;
                 let settling = phases.since(Phase::SettlePoolWait, called);
                 let settled = operation
-                    .settle(state, &mut db, &outcome, request_id, fault)
+                    .settle(engine, &mut db, &outcome, request_id, fault)
                     .await;
                 phases.since(Phase::Settle, settling);
                 settled?
@@ -415,16 +437,16 @@ async fn work_and_settle<O: Operation>(
                 // processor record.
                 Settled::Already => {
                     let reading = Instant::now();
-                    let answer = settled_elsewhere(state, operation, request_id).await;
+                    let answer = settled_elsewhere(engine, operation, request_id).await;
                     phases.since(Phase::Settle, reading);
                     answer
                 }
             }
         }
         Err(ProcessorError::Unavailable) => {
-            let answer = match operation.processor_unavailable(state).await {
+            let answer = match operation.processor_unavailable(engine).await {
                 Ok(Some(problem)) => Err(problem.into()),
-                Ok(None) => settled_elsewhere(state, operation, request_id).await,
+                Ok(None) => settled_elsewhere(engine, operation, request_id).await,
                 Err(e) => Err(e),
             };
             phases.since(Phase::Settle, called);
@@ -442,7 +464,7 @@ async fn work_and_settle<O: Operation>(
             Err(
                 Problem::new(ProblemCode::ProcessingOutcomeUnknown, O::OUTCOME_UNKNOWN)
                     .with_extra(O::NOUN, operation.id().to_owned())
-                    .with_retry_after(retry_after::until_recovered(&state.config))
+                    .with_retry_after(retry_after::until_recovered(&engine.timeouts))
                     .into(),
             )
         }
@@ -452,14 +474,14 @@ async fn work_and_settle<O: Operation>(
 /// The answer for a record someone else settled: its key's saved response,
 /// or, for a record made without a key, the record rendered afresh.
 async fn settled_elsewhere<O: Operation>(
-    state: &AppState,
+    engine: &Engine,
     operation: &O,
     request_id: Option<&str>,
 ) -> Result<Answer, Error> {
-    if let Some(saved) = claim::saved_answer(state, &operation.resource()).await? {
+    if let Some(saved) = claim::saved_answer(engine, &operation.resource()).await? {
         return Ok(Answer::Fresh(saved));
     }
-    Ok(Answer::Fresh(operation.render(state, request_id).await?))
+    Ok(Answer::Fresh(operation.render(engine, request_id).await?))
 }
 
 /// `422`: the key was used with other parameters.

@@ -5,9 +5,9 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::write::Write;
 use crate::error::Error;
 use crate::idempotency::SavedResponse;
+use crate::operation::write::Write;
 use crate::problem::{Problem, ProblemCode};
 use crate::webhooks::domain::{MAX_ENDPOINTS, NewEndpoint, new_endpoint_id, new_secret};
 use crate::webhooks::store;
