@@ -15,6 +15,7 @@ use super::extract::{IdempotentPost, NoQuery, PageParams, PathParam, QueryParams
 use super::idempotent;
 use super::problem::ApiError;
 use crate::app::AppState;
+use crate::charges::domain::ChargeObject;
 use crate::charges::{Charge, NewCharge, store};
 use crate::operation::charge::CreateCharge;
 use crate::operation::{self, Operation};
@@ -28,7 +29,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(retrieve))
 }
 
-/// Charges a card, exactly once per `Idempotency-Key`.
+/// Charges a card, exactly once per idempotency key.
 #[utoipa::path(
     post,
     path = "/v1/charges",
@@ -40,18 +41,12 @@ pub fn router() -> OpenApiRouter<AppState> {
         (super::openapi::CreateCharge = "application/x-www-form-urlencoded")
     )),
     responses(
-        (status = 201, description = "Charged (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::Charge,
+        (status = 201, description = "Charged (or the saved answer, with `Idempotent-Replayed: true`)", body = ChargeObject,
          headers(("Location" = String, description = "/v1/charges/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
         (status = 402, response = super::openapi::PaymentFailed),
-        (status = 409, response = super::openapi::InFlight),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::KeyReused),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors,
+        super::openapi::KeyErrors
     )
 )]
 async fn create(
@@ -73,13 +68,9 @@ async fn create(
     security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "A charge id, `ch_...`")),
     responses(
-        (status = 200, description = "The charge", body = super::openapi::Charge),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 200, description = "The charge", body = ChargeObject),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn retrieve(
@@ -123,11 +114,7 @@ enum Page {
     ),
     responses(
         (status = 200, description = "A list object", body = super::openapi::ChargeList),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn list(

@@ -22,6 +22,7 @@ use super::idempotent::{self, REPLAYED};
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::charges::NewCharge;
+use crate::charges::domain::ChargeObject;
 use crate::error::Error;
 use crate::faults::{self, CRASH_AFTER_COMMIT, Fault};
 use crate::idempotency::SavedResponse;
@@ -29,6 +30,7 @@ use crate::params::{ParamError, Params};
 use crate::params::{required, string};
 use crate::problem::{Problem, ProblemCode};
 use crate::refunds::NewRefund;
+use crate::refunds::domain::RefundObject;
 use crate::retry_after;
 use crate::workshop;
 use crate::workshop::processor_keys::{self, KeyPer};
@@ -67,11 +69,12 @@ async fn lab() -> Html<&'static str> {
     Html(LAB_PAGE)
 }
 
+/// Payments, refunds and charges in the database for a workshop run.
+///
 /// `GET /demo/effects?run=TAG`: what the database holds for the merchant's
 /// charges tagged `metadata[demo_run]=TAG`: payments recorded by the
 /// processor (money moved) and charges by status. `run` is required: a count
 /// over all of a merchant's charges would read its whole history.
-/// Payments, refunds and charges in the database for a workshop run.
 #[utoipa::path(
     get,
     path = "/demo/effects",
@@ -80,11 +83,7 @@ async fn lab() -> Html<&'static str> {
     params(("run" = String, Query, description = "The run tag, `metadata[demo_run]`")),
     responses(
         (status = 200, description = "The counts", body = super::openapi::Effects),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn effects(
@@ -135,7 +134,9 @@ async fn effects(
     })))
 }
 
-/// THE CLASSIC BUG, ON PURPOSE. Look the key up, do the work, then write the
+/// THE CLASSIC BUG, ON PURPOSE.
+///
+/// Look the key up, do the work, then write the
 /// key: two requests that both look before either writes both do the work.
 /// The real endpoint claims the key first, atomically; see `charges.rs`.
 /// WRONG ON PURPOSE, for teaching (only with `DEMO_UNSAFE_ENDPOINTS=true`):
@@ -152,15 +153,10 @@ async fn effects(
         (super::openapi::CreateCharge = "application/x-www-form-urlencoded")
     )),
     responses(
-        (status = 201, description = "Charged, or looked up", body = super::openapi::Charge),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 201, description = "Charged, or looked up", body = ChargeObject),
         (status = 402, response = super::openapi::PaymentFailed),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors
     )
 )]
 async fn naive_charge(
@@ -198,8 +194,9 @@ async fn naive_charge(
     Ok(idempotent::send(saved))
 }
 
-/// What the workshop's scenarios need to know of this server, so that a
-/// script or the lab page can say what to turn on before it starts. Moves
+/// What the workshop's scenarios need to know of this server.
+///
+/// A script or the lab page reads it to say what to turn on before it starts. Moves
 /// no money and reads no table of its own; like every workshop count it
 /// needs the merchant's key (which reads the merchant, from the cache or
 /// `merchants`).
@@ -210,11 +207,7 @@ async fn naive_charge(
     security(("bearer" = []), ("basic" = [])),
     responses(
         (status = 200, description = "The settings", body = super::openapi::DemoSettings),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn settings(
@@ -252,8 +245,9 @@ fn required_key(state: &AppState, headers: &HeaderMap) -> Result<String, ApiErro
     }
 }
 
-/// IDEMPOTENCY IS NOT CONCURRENCY CONTROL, ON PURPOSE. Claims its key
-/// first (right), then reads what is left to refund, checks it, refunds at
+/// IDEMPOTENCY IS NOT CONCURRENCY CONTROL, ON PURPOSE.
+///
+/// Claims its key first (right), then reads what is left to refund, checks it, refunds at
 /// the processor and writes the new total: two statements, so two refunds
 /// with different keys at once both pass the check. The real endpoint
 /// reserves the amount with one conditional update; see `refunds.rs`.
@@ -271,15 +265,10 @@ fn required_key(state: &AppState, headers: &HeaderMap) -> Result<String, ApiErro
         (super::openapi::CreateRefund = "application/x-www-form-urlencoded")
     )),
     responses(
-        (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::Refund),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = RefundObject),
         (status = 409, response = super::openapi::InFlight),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors
     )
 )]
 async fn naive_refund(
@@ -361,8 +350,9 @@ fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, A
     }
 }
 
-/// THE KEY KEPT OUTSIDE THE BUSINESS TRANSACTION, ON PURPOSE. Claims the
-/// key in Redis (`SET NX`), commits the charge in Postgres, then writes the
+/// THE KEY KEPT OUTSIDE THE BUSINESS TRANSACTION, ON PURPOSE.
+///
+/// Claims the key in Redis (`SET NX`), commits the charge in Postgres, then writes the
 /// answer back to Redis: a crash between the two commits leaves the key
 /// `processing` in Redis until its TTL, and the retry after that charges
 /// again. The real endpoint claims the key in the charge's transaction.
@@ -376,23 +366,18 @@ fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, A
     security(("bearer" = []), ("basic" = [])),
     params(
         ("Idempotency-Key" = String, Header, description = "Required here"),
-        ("Oncepay-Fault" = Option<String>, Header, description = "`crash-after-commit` (with `FAULT_INJECTION=true`): abort the process after the charge committed, before the answer is written to Redis")
+        ("Oncepay-Fault" = Option<String>, Header, nullable = false, description = "`crash-after-commit` (with `FAULT_INJECTION=true`): abort the process after the charge committed, before the answer is written to Redis")
     ),
     request_body(content(
         (super::openapi::CreateCharge = "application/json"),
         (super::openapi::CreateCharge = "application/x-www-form-urlencoded")
     )),
     responses(
-        (status = 201, description = "Charged (or the answer saved in Redis, with `Idempotent-Replayed: true`)", body = super::openapi::Charge),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 201, description = "Charged (or the answer saved in Redis, with `Idempotent-Replayed: true`)", body = ChargeObject),
         (status = 402, response = super::openapi::PaymentFailed),
         (status = 409, response = super::openapi::InFlight),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors
     )
 )]
 async fn redis_charge(
@@ -465,7 +450,8 @@ fn processor_run(params: &mut Params) -> Result<String, ApiError> {
     Ok(run)
 }
 
-/// A NEW PROCESSOR KEY PER ATTEMPT, ON PURPOSE (with `keys=new_per_attempt`).
+/// A NEW PROCESSOR KEY PER ATTEMPT, ON PURPOSE (with keys=new_per_attempt).
+///
 /// Asks the card gateway for one payment of `amount` (default 500), its
 /// first answer dropped after the money moved (`Processor-Fault:
 /// drop-after-record`), then again until answered, at most three attempts:
@@ -481,12 +467,8 @@ fn processor_run(params: &mut Params) -> Result<String, ApiError> {
     security(("bearer" = []), ("basic" = [])),
     responses(
         (status = 200, description = "The attempts and what each got", body = super::openapi::DemoProcessorPayment),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
         (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn processor_payment(
@@ -553,11 +535,7 @@ async fn processor_payment(
     params(("run" = String, Query, description = "The run tag of the payments")),
     responses(
         (status = 200, description = "The counts", body = super::openapi::DemoProcessorPayments),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn processor_payments(

@@ -12,7 +12,8 @@ use super::auth::Authenticated;
 use super::extract::{NoQuery, PageParams, PathParam, QueryParams};
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::events::domain::take_type_filter;
+use crate::events::EventType;
+use crate::events::domain::{EventObject, take_type_filter};
 use crate::events::store::{self, Position};
 use crate::webhooks::domain::DeliveryStatus;
 use crate::webhooks::store as webhooks;
@@ -34,13 +35,9 @@ pub fn router() -> OpenApiRouter<AppState> {
     security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "An event id, `evt_...`")),
     responses(
-        (status = 200, description = "The event", body = super::openapi::Event),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 200, description = "The event", body = EventObject),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn retrieve(
@@ -65,12 +62,8 @@ async fn retrieve(
     params(("id" = String, Path, description = "An event id, `evt_...`")),
     responses(
         (status = 200, description = "A list object of deliveries", body = super::openapi::WebhookDeliveryList),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn deliveries(
@@ -128,8 +121,9 @@ fn no_such_event(id: &str, param: &str) -> ApiError {
     super::problem::no_such("event", id, param)
 }
 
-/// The merchant's events, newest first: in the order their transactions
-/// began writing, each shown once every transaction that began writing
+/// The merchant's events, newest first.
+///
+/// In the order their transactions began writing, each shown once every transaction that began writing
 /// before it has ended, so that paging forward with `ending_before` from an
 /// event the list showed misses none written later.
 #[utoipa::path(
@@ -141,16 +135,12 @@ fn no_such_event(id: &str, param: &str) -> ApiError {
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10"),
         ("starting_after" = Option<String>, Query, description = "An event id: the page of events older than it"),
         ("ending_before" = Option<String>, Query, description = "An event id: the page of events newer than it (not with `starting_after`)"),
-        ("type" = Option<super::openapi::EventType>, Query, description = "Only events of this type"),
-        ("types[]" = Option<Vec<super::openapi::EventType>>, Query, explode, description = "Only events of these types, up to 20 (not with `type`); `types[0]=...` works too")
+        ("type" = Option<EventType>, Query, description = "Only events of this type"),
+        ("types[]" = Option<Vec<EventType>>, Query, explode, description = "Only events of these types, up to 20 (not with `type`); `types[0]=...` works too")
     ),
     responses(
         (status = 200, description = "A list object", body = super::openapi::EventList),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn list(

@@ -29,12 +29,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     params(("key" = String, Path, description = "The key, percent-encoded")),
     responses(
         (status = 200, description = "The key's state", body = super::openapi::IdempotencyKeyState),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn retrieve(

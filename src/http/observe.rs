@@ -238,7 +238,9 @@ fn finish_problem(response: Response, id: Option<&HeaderValue>, stripe_client: b
     Response::from_parts(parts, Body::from(body))
 }
 
-/// `GET /metrics`: Prometheus text format.
+/// The metrics, in Prometheus text format.
+///
+/// `GET /metrics`, for Prometheus to scrape.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses(
         (status = 200, description = "Prometheus text format", content_type = "text/plain"),

@@ -12,10 +12,13 @@ use std::collections::BTreeMap;
 use axum::Json;
 use axum::extract::State;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{IntoParams, Modify, OpenApi, ToResponse, ToSchema};
+use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 
 use crate::app::AppState;
+use crate::charges::domain::ChargeObject;
+use crate::events::domain::EventObject;
 use crate::problem::ProblemCode;
+use crate::webhooks::domain::EndpointObject;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -83,7 +86,9 @@ impl Modify for Security {
     }
 }
 
-/// `GET /openapi.json`: this document.
+/// This document.
+///
+/// `GET /openapi.json`: the OpenAPI 3.1 description of every route.
 #[utoipa::path(
     get,
     path = "/openapi.json",
@@ -137,284 +142,11 @@ pub struct CreateCharge {
     #[schema(example = "tok_visa")]
     source: String,
     /// Up to 1000 characters.
-    #[schema(max_length = 1000)]
+    #[schema(max_length = 1000, example = "Order 6735")]
     description: Option<String>,
     /// Up to 50 keys of 1 to 40 characters; string values of up to 500.
+    #[schema(example = json!({"order_id": "6735"}))]
     metadata: Option<BTreeMap<String, String>>,
-}
-
-/// A charge, with every field of Stripe's charge object, in Stripe's
-/// order. Fields oncepay does not model are always null (or Stripe's empty
-/// form); docs/decisions.md lists them.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Charge {
-    /// `ch_` and 24 letters or digits.
-    #[schema(example = "ch_FSqF13LohwPRt53icfinsfKa")]
-    id: String,
-    #[schema(example = "charge")]
-    object: String,
-    amount: i64,
-    /// The whole amount once paid (oncepay captures at once); 0 otherwise.
-    amount_captured: i64,
-    amount_refunded: i64,
-    /// Always null.
-    application: Option<String>,
-    /// Always null.
-    application_fee: Option<String>,
-    /// Always null.
-    application_fee_amount: Option<i64>,
-    /// `txn_...` once paid; null otherwise.
-    balance_transaction: Option<String>,
-    billing_details: BillingDetails,
-    /// `ONCEPAY` once paid; null otherwise.
-    calculated_statement_descriptor: Option<String>,
-    /// The money was captured: oncepay captures every paid charge at once.
-    captured: bool,
-    /// Unix seconds.
-    created: i64,
-    currency: String,
-    /// Always null.
-    customer: Option<String>,
-    description: Option<String>,
-    /// Always false.
-    disputed: bool,
-    /// Always null.
-    failure_balance_transaction: Option<String>,
-    /// The decline's code (`card_declined`, `insufficient_funds`, `expired_card`,
-    /// `incorrect_cvc`, `processing_error`) or `processing_abandoned`.
-    failure_code: Option<String>,
-    failure_message: Option<String>,
-    /// Always `{}`.
-    fraud_details: BTreeMap<String, String>,
-    livemode: bool,
-    metadata: BTreeMap<String, String>,
-    /// Always null.
-    on_behalf_of: Option<String>,
-    /// What the card network or the fraud check said; null while pending
-    /// and for an abandoned charge.
-    outcome: Option<ChargeOutcome>,
-    /// The charge succeeded.
-    paid: bool,
-    /// Always null.
-    payment_intent: Option<String>,
-    /// The card's id, `card_...`.
-    payment_method: Option<String>,
-    payment_method_details: Option<PaymentMethodDetails>,
-    /// Always null.
-    receipt_email: Option<String>,
-    /// Always null.
-    receipt_number: Option<String>,
-    /// Always null.
-    receipt_url: Option<String>,
-    refunded: bool,
-    refunds: ChargeRefunds,
-    /// Always null.
-    review: Option<String>,
-    /// Always null.
-    shipping: Option<String>,
-    source: Option<CardSource>,
-    /// Always null.
-    source_transfer: Option<String>,
-    /// Always null.
-    statement_descriptor: Option<String>,
-    /// Always null.
-    statement_descriptor_suffix: Option<String>,
-    #[schema(example = "succeeded")]
-    status: ChargeStatus,
-    /// Always null.
-    transfer_data: Option<String>,
-    /// Always null.
-    transfer_group: Option<String>,
-}
-
-/// Billing details: oncepay takes none, so every member is null.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct BillingDetails {
-    address: NullAddress,
-    email: Option<String>,
-    name: Option<String>,
-    phone: Option<String>,
-    tax_id: Option<String>,
-}
-
-/// An address oncepay does not know: every member null.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct NullAddress {
-    city: Option<String>,
-    country: Option<String>,
-    line1: Option<String>,
-    line2: Option<String>,
-    postal_code: Option<String>,
-    state: Option<String>,
-}
-
-/// Stripe's outcome of the authorization.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ChargeOutcome {
-    /// Always null.
-    advice_code: Option<String>,
-    /// Always null.
-    network_advice_code: Option<String>,
-    /// Always null.
-    network_decline_code: Option<String>,
-    /// `approved_by_network`, `declined_by_network` or `not_sent_to_network`.
-    #[schema(example = "approved_by_network")]
-    network_status: String,
-    /// The decline code, or `highest_risk_level` for a charge blocked as fraud; null when authorized.
-    reason: Option<String>,
-    /// `normal`, or `highest` for a charge blocked as fraud.
-    #[schema(example = "normal")]
-    risk_level: String,
-    #[schema(example = "Payment complete.")]
-    seller_message: String,
-    /// `authorized`, `issuer_declined` or `blocked`.
-    #[schema(example = "authorized")]
-    r#type: String,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct PaymentMethodDetails {
-    card: CardDetails,
-    #[schema(example = "card")]
-    r#type: String,
-}
-
-/// The test token's card.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct CardDetails {
-    /// The amount, once authorized; null otherwise.
-    amount_authorized: Option<i64>,
-    /// Always null.
-    authorization_code: Option<String>,
-    /// `visa`, `mastercard`, `amex` or `discover`.
-    #[schema(example = "visa")]
-    brand: String,
-    checks: CardChecks,
-    #[schema(example = "US")]
-    country: String,
-    exp_month: i64,
-    exp_year: i64,
-    extended_authorization: FeatureStatus,
-    fingerprint: String,
-    /// `credit` or `debit`.
-    funding: String,
-    incremental_authorization: FeatureStatus,
-    /// Always null.
-    installments: Option<String>,
-    #[schema(example = "4242")]
-    last4: String,
-    /// Always null.
-    mandate: Option<String>,
-    multicapture: FeatureStatus,
-    network: String,
-    network_token: NetworkToken,
-    /// Always null.
-    network_transaction_id: Option<String>,
-    overcapture: Overcapture,
-    /// Always null.
-    regulated_status: Option<String>,
-    /// Always null.
-    three_d_secure: Option<String>,
-    /// Always null.
-    transaction_link_id: Option<String>,
-    /// Always null.
-    wallet: Option<String>,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct CardChecks {
-    /// Always null.
-    address_line1_check: Option<String>,
-    /// Always null.
-    address_postal_code_check: Option<String>,
-    /// `pass`, or `fail` for `tok_chargeDeclinedIncorrectCvc`.
-    cvc_check: String,
-}
-
-/// A card feature oncepay never offers.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct FeatureStatus {
-    /// `disabled` or `unavailable`.
-    status: String,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct NetworkToken {
-    /// Always false.
-    used: bool,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Overcapture {
-    maximum_amount_capturable: i64,
-    /// Always `unavailable`.
-    status: String,
-}
-
-/// The charge's card, as Stripe's card object shows it.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct CardSource {
-    /// `card_...`, the same as the charge's `payment_method`.
-    id: String,
-    #[schema(example = "card")]
-    object: String,
-    address_city: Option<String>,
-    address_country: Option<String>,
-    address_line1: Option<String>,
-    address_line1_check: Option<String>,
-    address_line2: Option<String>,
-    address_state: Option<String>,
-    address_zip: Option<String>,
-    address_zip_check: Option<String>,
-    /// `Visa`, `MasterCard`, `American Express` or `Discover`.
-    #[schema(example = "Visa")]
-    brand: String,
-    country: String,
-    customer: Option<String>,
-    cvc_check: String,
-    dynamic_last4: Option<String>,
-    exp_month: i64,
-    exp_year: i64,
-    fingerprint: String,
-    funding: String,
-    last4: String,
-    /// Always `{}`.
-    metadata: BTreeMap<String, String>,
-    name: Option<String>,
-    tokenization_method: Option<String>,
-    wallet: Option<String>,
-}
-
-/// The charge's refunds, newest first: the first 10, with `has_more` for the rest.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ChargeRefunds {
-    #[schema(example = "list")]
-    object: String,
-    data: Vec<Refund>,
-    has_more: bool,
-    /// `/v1/charges/{id}/refunds`.
-    url: String,
-}
-
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub enum ChargeStatus {
-    Pending,
-    Succeeded,
-    Failed,
 }
 
 /// A page of charges, newest first.
@@ -425,7 +157,7 @@ pub struct ChargeList {
     object: String,
     url: String,
     has_more: bool,
-    data: Vec<Charge>,
+    data: Vec<ChargeObject<'static>>,
 }
 
 /// The parameters of `POST /v1/refunds`, as JSON or as a form.
@@ -433,144 +165,16 @@ pub struct ChargeList {
 #[allow(dead_code)]
 pub struct CreateRefund {
     /// The id of a succeeded charge.
+    #[schema(example = "ch_FSqF13LohwPRt53icfinsfKa")]
     charge: String,
     /// Integer minor units; default: what is left to refund.
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, example = 500)]
     amount: Option<i64>,
     /// `duplicate`, `fraudulent` or `requested_by_customer`.
+    #[schema(example = "requested_by_customer")]
     reason: Option<String>,
+    #[schema(example = json!({"order_id": "6735"}))]
     metadata: Option<BTreeMap<String, String>>,
-}
-
-/// A refund, with every field of Stripe's refund object, in Stripe's order.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Refund {
-    /// `re_` and 24 letters or digits.
-    id: String,
-    #[schema(example = "refund")]
-    object: String,
-    amount: i64,
-    /// `txn_...` once succeeded; null otherwise.
-    balance_transaction: Option<String>,
-    charge: String,
-    created: i64,
-    currency: String,
-    /// Always null.
-    customer: Option<String>,
-    /// Always null.
-    customer_account: Option<String>,
-    destination_details: DestinationDetails,
-    /// Why the refund failed (`declined`), else null.
-    failure_reason: Option<String>,
-    metadata: BTreeMap<String, String>,
-    /// Always null.
-    payment_intent: Option<String>,
-    /// Always null.
-    payment_method: Option<String>,
-    /// `duplicate`, `fraudulent` or `requested_by_customer`, as asked.
-    reason: Option<String>,
-    /// Always null.
-    receipt_number: Option<String>,
-    /// Always null.
-    source_transfer_reversal: Option<String>,
-    /// `failed` when the card's issuer refused the refund; its amount can be
-    /// refunded again.
-    status: ChargeStatus,
-    /// Always null.
-    transfer_reversal: Option<String>,
-}
-
-/// Where a refund's money goes: back to the card.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct DestinationDetails {
-    card: CardRefund,
-    #[schema(example = "card")]
-    r#type: String,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct CardRefund {
-    /// Always `refund`.
-    #[schema(example = "refund")]
-    r#type: String,
-}
-
-/// What happened to a charge or a refund: one event per final state change,
-/// written in the same transaction as the change, never changed afterwards.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Event {
-    /// `evt_` and 24 letters or digits.
-    #[schema(example = "evt_1NbB3eCTYkz2mVgqA8rW0hXp")]
-    id: String,
-    #[schema(example = "event")]
-    object: String,
-    /// Always null: oncepay renders its objects one way only.
-    api_version: Option<String>,
-    /// Unix seconds: when the change was made.
-    created: i64,
-    data: EventData,
-    livemode: bool,
-    /// Webhook deliveries the event was given when it was written, one per endpoint that enabled its type then; fixed, like the rest of the event (where each stands: `/v1/events/{id}/deliveries`).
-    pending_webhooks: u32,
-    request: EventRequest,
-    r#type: EventType,
-}
-
-/// The object the event is about, as the API rendered it at that moment.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct EventData {
-    /// A charge for `charge.*` events, a refund for `refund.*` events.
-    #[schema(schema_with = charge_or_refund)]
-    object: (),
-}
-
-/// A charge or a refund.
-fn charge_or_refund() -> utoipa::openapi::schema::Schema {
-    use utoipa::openapi::Ref;
-    utoipa::openapi::schema::OneOfBuilder::new()
-        .item(Ref::from_schema_name("Charge"))
-        .item(Ref::from_schema_name("Refund"))
-        .description(Some(
-            "A charge for `charge.*` events, a refund for `refund.*` events",
-        ))
-        .build()
-        .into()
-}
-
-/// The API request that settled the object.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct EventRequest {
-    /// Its `X-Request-Id`; null when the sweeper settled the object.
-    id: Option<String>,
-    /// The `Idempotency-Key` that guards the object, if it has one.
-    idempotency_key: Option<String>,
-}
-
-/// What happened.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub enum EventType {
-    /// A charge succeeded.
-    #[schema(rename = "charge.succeeded")]
-    ChargeSucceeded,
-    /// A charge was declined, or abandoned (`failure_code: processing_abandoned`).
-    #[schema(rename = "charge.failed")]
-    ChargeFailed,
-    /// A refund of the charge succeeded, in part or in full; the object is the charge.
-    #[schema(rename = "charge.refunded")]
-    ChargeRefunded,
-    /// A refund succeeded.
-    #[schema(rename = "refund.succeeded")]
-    RefundSucceeded,
-    /// The issuer refused a refund.
-    #[schema(rename = "refund.failed")]
-    RefundFailed,
 }
 
 /// A page of events, newest first.
@@ -582,7 +186,7 @@ pub struct EventList {
     #[schema(example = "/v1/events")]
     url: String,
     has_more: bool,
-    data: Vec<Event>,
+    data: Vec<EventObject<'static>>,
 }
 
 /// The parameters of a new webhook endpoint.
@@ -598,36 +202,8 @@ pub struct CreateWebhookEndpoint {
     #[schema(example = json!(["charge.succeeded", "charge.refunded"]))]
     enabled_events: Vec<String>,
     /// At most 5000 characters.
+    #[schema(example = "The order system")]
     description: Option<String>,
-}
-
-/// Where the merchant's events are sent.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookEndpoint {
-    /// `we_` and 24 letters or digits.
-    #[schema(example = "we_1NbB3eCTYkz2mVgqA8rW0hXp")]
-    id: String,
-    #[schema(example = "webhook_endpoint")]
-    object: String,
-    url: String,
-    enabled_events: Vec<String>,
-    description: Option<String>,
-    /// `enabled`, or `disabled` once every delivery failed for `WEBHOOK_DISABLE_AFTER`.
-    #[schema(example = "enabled")]
-    status: String,
-    /// Why the endpoint was disabled, if it was.
-    disabled_reason: Option<String>,
-    /// Always null.
-    api_version: Option<String>,
-    /// Always null.
-    application: Option<String>,
-    created: i64,
-    livemode: bool,
-    metadata: BTreeMap<String, String>,
-    /// The signing secret, `whsec_...`: only in the answer to the create
-    /// (and its replays). Verify each delivery's `Stripe-Signature` with it.
-    secret: Option<String>,
 }
 
 /// A page of webhook endpoints, newest first.
@@ -639,7 +215,7 @@ pub struct WebhookEndpointList {
     #[schema(example = "/v1/webhook_endpoints")]
     url: String,
     has_more: bool,
-    data: Vec<WebhookEndpoint>,
+    data: Vec<EndpointObject<'static>>,
 }
 
 /// A deleted webhook endpoint.
@@ -699,55 +275,6 @@ pub struct WebhookDeliveryList {
     url: String,
     has_more: bool,
     data: Vec<WebhookDelivery>,
-}
-
-/// What the merchant's charges came to, per currency, in Stripe's shape.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Balance {
-    #[schema(example = "balance")]
-    object: String,
-    available: Vec<BalanceAmount>,
-    /// Per currency, always 0: oncepay has no connected accounts.
-    connect_reserved: Vec<ReservedAmount>,
-    livemode: bool,
-    /// Per currency, always 0: a charge's money is available at once.
-    pending: Vec<PendingAmount>,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct BalanceAmount {
-    /// `charged - refunded`.
-    amount: i64,
-    currency: String,
-    source_types: SourceTypes,
-    /// Succeeded charges.
-    charged: i64,
-    /// Succeeded refunds.
-    refunded: i64,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct PendingAmount {
-    amount: i64,
-    currency: String,
-    source_types: SourceTypes,
-}
-
-/// The amount by source: all of it from cards.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct SourceTypes {
-    card: i64,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ReservedAmount {
-    amount: i64,
-    currency: String,
 }
 
 /// What the server remembers of one key.
@@ -937,11 +464,11 @@ pub struct StripeError {
 pub struct IdempotencyHeaders {
     /// 1 to 255 visible ASCII characters, one per logical operation; the
     /// quoted RFC 8941 form names the same key.
-    #[param(rename = "Idempotency-Key")]
+    #[param(rename = "Idempotency-Key", value_type = String, required = false)]
     idempotency_key: Option<String>,
     /// `wait=N` (N up to 10): if the same request is in flight, wait for it
     /// and replay its answer instead of 409.
-    #[param(rename = "Prefer")]
+    #[param(rename = "Prefer", value_type = String, required = false, example = "wait=5")]
     prefer: Option<String>,
 }
 
@@ -1040,3 +567,41 @@ pub struct InternalError(Problem);
 )]
 #[allow(dead_code)]
 pub struct Unavailable(Problem);
+
+// Sets of the error responses above that many operations share; an
+// operation lists a set in its `responses(...)` by name.
+
+/// The errors of every authenticated request: bad input, no or a wrong key,
+/// the rate limit, a bug, and the service unavailable.
+#[derive(IntoResponses)]
+pub enum Errors {
+    #[response(status = 400)]
+    BadRequest(#[ref_response] BadRequest),
+    #[response(status = 401)]
+    Unauthorized(#[ref_response] Unauthorized),
+    #[response(status = 429)]
+    TooManyRequests(#[ref_response] TooManyRequests),
+    #[response(status = 500)]
+    InternalError(#[ref_response] InternalError),
+    #[response(status = 503)]
+    Unavailable(#[ref_response] Unavailable),
+}
+
+/// The errors of a request with a body: too large, or of a type not taken.
+#[derive(IntoResponses)]
+pub enum BodyErrors {
+    #[response(status = 413)]
+    TooLarge(#[ref_response] TooLarge),
+    #[response(status = 415)]
+    UnsupportedMediaType(#[ref_response] UnsupportedMediaType),
+}
+
+/// The errors of an idempotent POST: its key in flight, or reused with
+/// other parameters.
+#[derive(IntoResponses)]
+pub enum KeyErrors {
+    #[response(status = 409)]
+    InFlight(#[ref_response] InFlight),
+    #[response(status = 422)]
+    KeyReused(#[ref_response] KeyReused),
+}

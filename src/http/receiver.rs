@@ -18,6 +18,7 @@ use super::auth::Authenticated;
 use super::extract::{QueryParams, RawBody, decode};
 use super::problem::ApiError;
 use crate::app::AppState;
+use crate::events::domain::EventObject;
 use crate::params::{ParamError, Params};
 use crate::params::{required, string};
 use crate::problem::{Problem, ProblemCode};
@@ -43,8 +44,9 @@ fn fault(misbehaviour: Misbehaviour) -> Option<&'static str> {
     (misbehaviour == Misbehaviour::CrashAfterDelivery).then_some(CRASH_AFTER_DELIVERY)
 }
 
-/// Sets up the receiver of a run in one mode, with the signing secret of
-/// the webhook endpoint that will send to it (the `whsec_` that endpoint's
+/// Sets up the receiver of a run in one mode.
+///
+/// It takes the signing secret of the webhook endpoint that will send to it (the `whsec_` that endpoint's
 /// create answered) and how it fails on purpose. Setting it up again
 /// replaces the secret and the behaviour; what it took in stays counted.
 #[utoipa::path(
@@ -58,13 +60,8 @@ fn fault(misbehaviour: Misbehaviour) -> Option<&'static str> {
     )),
     responses(
         (status = 200, description = "Set up", body = DemoReceiver),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors
     )
 )]
 async fn register(
@@ -110,11 +107,7 @@ fn run_param(mut params: Params) -> Result<String, ParamError> {
     params(("run" = String, Query, description = "The run tag the receivers were set up for")),
     responses(
         (status = 200, description = "The counts", body = DemoReceivers),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn counts(
@@ -167,7 +160,7 @@ async fn counts(
         ("run" = String, Query, description = "The run whose receiver takes the delivery"),
         ("Stripe-Signature" = String, Header, description = "`t=<unix seconds>,v1=<hex HMAC-SHA256 of \"t.body\">`, keyed with the receiver's secret; at most five minutes old")
     ),
-    request_body(content = super::openapi::Event, content_type = "application/json",
+    request_body(content = EventObject, content_type = "application/json",
         description = "An event, as the delivery worker sends it; the signature covers these exact bytes"),
     responses(
         (status = 200, description = "Received and acted on, or about another run and ignored", body = DemoReceipt,
@@ -198,7 +191,7 @@ async fn naive(
         ("run" = String, Query, description = "The run whose receiver takes the delivery"),
         ("Stripe-Signature" = String, Header, description = "`t=<unix seconds>,v1=<hex HMAC-SHA256 of \"t.body\">`, keyed with the receiver's secret; at most five minutes old")
     ),
-    request_body(content = super::openapi::Event, content_type = "application/json",
+    request_body(content = EventObject, content_type = "application/json",
         description = "An event, as the delivery worker sends it; the signature covers these exact bytes"),
     responses(
         (status = 200, description = "Received (and shipped if the event was new), or about another run and ignored", body = DemoReceipt,
@@ -284,6 +277,7 @@ async fn receive(
 struct CreateReceiver {
     /// The run tag: 1 to 200 characters. The receiver acts only on events
     /// about charges with this `metadata[demo_run]`.
+    #[schema(example = "demo-1")]
     run: String,
     /// `naive` (ships for every delivery) or `inbox` (ships once per event id).
     #[schema(example = "inbox")]
@@ -294,11 +288,12 @@ struct CreateReceiver {
     secret: String,
     /// Answer the first N deliveries of each event with a failure, after
     /// the work committed: 0 to 10, default 0.
-    #[schema(minimum = 0, maximum = 10)]
+    #[schema(minimum = 0, maximum = 10, example = 0)]
     fail_first: Option<i32>,
     /// `crash-after-delivery`: on those first N, answer `200` with
     /// `Oncepay-Fault: crash-after-delivery` instead of `500` (needs
     /// `FAULT_INJECTION=true`).
+    #[schema(example = "crash-after-delivery")]
     fault: Option<String>,
 }
 

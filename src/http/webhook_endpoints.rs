@@ -18,7 +18,7 @@ use super::problem::ApiError;
 use crate::app::AppState;
 use crate::operation::webhook_endpoint::CreateEndpoint;
 use crate::operation::write::{self, Write};
-use crate::webhooks::domain::{DeliveryEnd, NewEndpoint};
+use crate::webhooks::domain::{DeliveryEnd, EndpointObject, NewEndpoint};
 use crate::webhooks::guard::AddressGuard;
 use crate::webhooks::store;
 
@@ -43,17 +43,11 @@ pub fn router() -> OpenApiRouter<AppState> {
         (super::openapi::CreateWebhookEndpoint = "application/x-www-form-urlencoded")
     )),
     responses(
-        (status = 201, description = "Created, with its `secret` (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::WebhookEndpoint,
+        (status = 201, description = "Created, with its `secret` (or the saved answer, with `Idempotent-Replayed: true`)", body = EndpointObject,
          headers(("Location" = String, description = "/v1/webhook_endpoints/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 409, response = super::openapi::InFlight),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::KeyReused),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors,
+        super::openapi::KeyErrors
     )
 )]
 async fn create(
@@ -78,13 +72,9 @@ async fn create(
     security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
     responses(
-        (status = 200, description = "The endpoint", body = super::openapi::WebhookEndpoint),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 200, description = "The endpoint", body = EndpointObject),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn retrieve(
@@ -99,8 +89,9 @@ async fn retrieve(
     }
 }
 
-/// Deletes an endpoint: nothing more is sent to it, and its deliveries
-/// still pending end `failed`.
+/// Deletes an endpoint.
+///
+/// Nothing more is sent to it, and its deliveries still pending end `failed`.
 #[utoipa::path(
     delete,
     path = "/v1/webhook_endpoints/{id}",
@@ -109,12 +100,8 @@ async fn retrieve(
     params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
     responses(
         (status = 200, description = "Deleted", body = super::openapi::DeletedWebhookEndpoint),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn delete(
@@ -150,11 +137,7 @@ fn no_such_endpoint(id: &str, param: &str) -> ApiError {
     ),
     responses(
         (status = 200, description = "A list object", body = super::openapi::WebhookEndpointList),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn list(

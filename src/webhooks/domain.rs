@@ -4,6 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
+use utoipa::ToSchema;
 
 use crate::events::EventType;
 use crate::params::{Encoding, ParamError, Params, shorten};
@@ -226,24 +227,39 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-/// The webhook endpoint object of the API, in Stripe's shape. `secret` is
-/// there only in the answer to the create.
-#[derive(Serialize)]
+/// The webhook endpoint object of the API, in Stripe's shape: where the
+/// merchant's events are sent. `secret` is there only in the answer to the
+/// create.
+#[derive(Serialize, ToSchema)]
+#[schema(as = WebhookEndpoint)]
 pub struct EndpointObject<'a> {
+    /// `we_` and 24 letters or digits.
+    #[schema(example = "we_1NbB3eCTYkz2mVgqA8rW0hXp")]
     pub id: &'a str,
+    #[schema(example = "webhook_endpoint")]
     pub object: &'static str,
+    #[schema(example = "https://example.com/webhooks/oncepay")]
     pub url: &'a str,
+    #[schema(example = json!(["charge.succeeded", "charge.refunded"]))]
     pub enabled_events: &'a [String],
     pub description: Option<&'a str>,
+    /// `enabled`, or `disabled` once every delivery failed for `WEBHOOK_DISABLE_AFTER`.
+    #[schema(example = "enabled")]
     pub status: &'static str,
     /// Why it was disabled, when it was (oncepay's addition).
     pub disabled_reason: Option<&'a str>,
+    /// Always null.
     pub api_version: Option<&'static str>,
-    /// Stripe's Connect application that made it: never one here.
+    /// Stripe's Connect application that made it: never one here, always null.
     pub application: Option<&'static str>,
+    /// Unix seconds.
+    #[schema(example = 1764892800)]
     pub created: i64,
     pub livemode: bool,
+    /// Always `{}`.
     pub metadata: serde_json::Map<String, Value>,
+    /// The signing secret, `whsec_...`: only in the answer to the create
+    /// (and its replays). Verify each delivery's `Stripe-Signature` with it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<&'a str>,
 }
