@@ -25,7 +25,6 @@ pub fn router() -> OpenApiRouter<AppState> {
     get,
     path = "/v1/balance",
     tag = "refunds",
-    security(("bearer" = []), ("basic" = [])),
     responses(
         (status = 200, description = "The balance", body = BalanceObject),
         super::openapi::Errors

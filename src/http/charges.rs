@@ -34,7 +34,6 @@ pub fn router() -> OpenApiRouter<AppState> {
     post,
     path = "/v1/charges",
     tag = "charges",
-    security(("bearer" = []), ("basic" = [])),
     params(super::openapi::IdempotencyHeaders),
     request_body(content(
         (super::openapi::CreateCharge = "application/json"),
@@ -65,7 +64,6 @@ async fn create(
     get,
     path = "/v1/charges/{id}",
     tag = "charges",
-    security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "A charge id, `ch_...`")),
     responses(
         (status = 200, description = "The charge", body = ChargeObject),
@@ -106,7 +104,6 @@ enum Page {
     get,
     path = "/v1/charges",
     tag = "charges",
-    security(("bearer" = []), ("basic" = [])),
     params(
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10"),
         ("starting_after" = Option<String>, Query, description = "A charge id: the page of older charges after it"),

@@ -63,7 +63,7 @@ pub fn router(unsafe_endpoints: bool) -> OpenApiRouter<AppState> {
 }
 
 /// The workshop's lab page (HTML, self-contained).
-#[utoipa::path(get, path = "/lab", tag = "workshop",
+#[utoipa::path(get, path = "/lab", tag = "workshop", security(()),
     responses((status = 200, description = "The lab page", content_type = "text/html")))]
 async fn lab() -> Html<&'static str> {
     Html(LAB_PAGE)
@@ -79,7 +79,6 @@ async fn lab() -> Html<&'static str> {
     get,
     path = "/demo/effects",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     params(("run" = String, Query, description = "The run tag, `metadata[demo_run]`")),
     responses(
         (status = 200, description = "The counts", body = super::openapi::Effects),
@@ -146,7 +145,6 @@ async fn effects(
     post,
     path = "/demo/naive/charges",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     params(("Idempotency-Key" = String, Header, description = "Required here")),
     request_body(content(
         (super::openapi::CreateCharge = "application/json"),
@@ -204,7 +202,6 @@ async fn naive_charge(
     get,
     path = "/demo/settings",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     responses(
         (status = 200, description = "The settings", body = super::openapi::DemoSettings),
         super::openapi::Errors
@@ -258,7 +255,6 @@ fn required_key(state: &AppState, headers: &HeaderMap) -> Result<String, ApiErro
     post,
     path = "/demo/naive/refunds",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     params(("Idempotency-Key" = String, Header, description = "Required here")),
     request_body(content(
         (super::openapi::CreateRefund = "application/json"),
@@ -363,7 +359,6 @@ fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, A
     post,
     path = "/demo/redis/charges",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     params(
         ("Idempotency-Key" = String, Header, description = "Required here"),
         ("Oncepay-Fault" = Option<String>, Header, nullable = false, description = "`crash-after-commit` (with `FAULT_INJECTION=true`): abort the process after the charge committed, before the answer is written to Redis")
@@ -464,7 +459,6 @@ fn processor_run(params: &mut Params) -> Result<String, ApiError> {
     post,
     path = "/demo/processor/payments",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     responses(
         (status = 200, description = "The attempts and what each got", body = super::openapi::DemoProcessorPayment),
         (status = 415, response = super::openapi::UnsupportedMediaType),
@@ -531,7 +525,6 @@ async fn processor_payment(
     get,
     path = "/demo/processor/payments",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     params(("run" = String, Query, description = "The run tag of the payments")),
     responses(
         (status = 200, description = "The counts", body = super::openapi::DemoProcessorPayments),

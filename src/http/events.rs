@@ -32,7 +32,6 @@ pub fn router() -> OpenApiRouter<AppState> {
     get,
     path = "/v1/events/{id}",
     tag = "events",
-    security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "An event id, `evt_...`")),
     responses(
         (status = 200, description = "The event", body = EventObject),
@@ -58,7 +57,6 @@ async fn retrieve(
     get,
     path = "/v1/events/{id}/deliveries",
     tag = "webhooks",
-    security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "An event id, `evt_...`")),
     responses(
         (status = 200, description = "A list object of deliveries", body = super::openapi::WebhookDeliveryList),
@@ -130,7 +128,6 @@ fn no_such_event(id: &str, param: &str) -> ApiError {
     get,
     path = "/v1/events",
     tag = "events",
-    security(("bearer" = []), ("basic" = [])),
     params(
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10"),
         ("starting_after" = Option<String>, Query, description = "An event id: the page of events older than it"),

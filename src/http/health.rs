@@ -24,7 +24,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 /// The process is up.
-#[utoipa::path(get, path = "/healthz", tag = "operations",
+#[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
     responses(
         (status = 200, description = "Up", body = super::openapi::Health),
         (status = 400, response = super::openapi::BadRequest)
@@ -34,7 +34,7 @@ async fn healthz(_: NoQuery) -> Json<Value> {
 }
 
 /// The database and the card processor answer.
-#[utoipa::path(get, path = "/readyz", tag = "operations",
+#[utoipa::path(get, path = "/readyz", tag = "operations", security(()),
     responses(
         (status = 200, description = "Ready", body = super::openapi::Health),
         (status = 400, response = super::openapi::BadRequest),

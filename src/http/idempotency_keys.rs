@@ -25,7 +25,6 @@ pub fn router() -> OpenApiRouter<AppState> {
     get,
     path = "/v1/idempotency_keys/{key}",
     tag = "idempotency",
-    security(("bearer" = []), ("basic" = [])),
     params(("key" = String, Path, description = "The key, percent-encoded")),
     responses(
         (status = 200, description = "The key's state", body = super::openapi::IdempotencyKeyState),

@@ -241,7 +241,7 @@ fn finish_problem(response: Response, id: Option<&HeaderValue>, stripe_client: b
 /// The metrics, in Prometheus text format.
 ///
 /// `GET /metrics`, for Prometheus to scrape.
-#[utoipa::path(get, path = "/metrics", tag = "operations",
+#[utoipa::path(get, path = "/metrics", tag = "operations", security(()),
     responses(
         (status = 200, description = "Prometheus text format", content_type = "text/plain"),
         (status = 400, response = super::openapi::BadRequest)

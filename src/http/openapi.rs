@@ -11,7 +11,10 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::State;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 
 use crate::app::AppState;
@@ -36,6 +39,10 @@ gets `429 rate_limit` with `Retry-After`.",
         license(name = "MIT")
     ),
     modifiers(&Security),
+    // Every operation takes the merchant's key, but those that say
+    // `security(())`: health, metrics, this document and the workshop's
+    // page and receivers.
+    security(("bearer" = []), ("basic" = [])),
     components(
         schemas(Problem, StripeError, ProblemCode),
         responses(
@@ -93,6 +100,7 @@ impl Modify for Security {
     get,
     path = "/openapi.json",
     tag = "operations",
+    security(()),
     responses(
         (status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json"),
         (status = 400, response = BadRequest)
@@ -472,101 +480,59 @@ pub struct IdempotencyHeaders {
     prefer: Option<String>,
 }
 
-// Error responses, one per status, all problems.
+/// Declares the error responses, one per status, all problems: for each, a
+/// unit struct whose `ToResponse` is a `Problem` body with its description
+/// (and the header it carries).
+macro_rules! problem_responses {
+    ($($name:ident: $description:expr $(, $header:literal = $explained:expr)?;)*) => {$(
+        pub struct $name;
 
-#[derive(ToResponse)]
-#[response(
-    description = "Bad input (see `code` and `param`); nothing was written",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct BadRequest(Problem);
+        impl<'s> ToResponse<'s> for $name {
+            fn response() -> (&'s str, RefOr<Response>) {
+                let headers: &[(&str, &str)] = &[$(($header, $explained))?];
+                (stringify!($name), problem_response($description, headers).into())
+            }
+        }
+    )*};
+}
 
-#[derive(ToResponse)]
-#[response(
-    description = "No or a wrong API key (`WWW-Authenticate`)",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct Unauthorized(Problem);
+/// A response whose body is a `Problem`, with string headers.
+fn problem_response(description: &str, headers: &[(&str, &str)]) -> Response {
+    let body = ContentBuilder::new()
+        .schema(Some(Ref::from_schema_name(Problem::name())))
+        .build();
+    let mut response = ResponseBuilder::new()
+        .description(description)
+        .content(crate::problem::CONTENT_TYPE, body);
+    for (name, explained) in headers {
+        let header = HeaderBuilder::new()
+            .schema(ObjectBuilder::new().schema_type(Type::String))
+            .description(Some(*explained))
+            .build();
+        response = response.header(*name, header);
+    }
+    response.build()
+}
 
-#[derive(ToResponse)]
-#[response(
-    description = "Declined or abandoned; saved and replayed for the key",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct PaymentFailed(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "No such resource for this merchant",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct NotFound(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "The same request is still in flight (`Retry-After: 1`)",
-    content_type = "application/problem+json",
-    headers(("Retry-After" = String, description = "Seconds to wait before retrying: 1"))
-)]
-#[allow(dead_code)]
-pub struct InFlight(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "The body is too large",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct TooLarge(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "Neither JSON nor a form",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct UnsupportedMediaType(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "The key was used with other parameters",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct KeyReused(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "Over the merchant's rate limit on this instance; nothing was read or written (`Retry-After`)",
-    content_type = "application/problem+json",
-    headers(("Retry-After" = String, description = "Whole seconds until the merchant's allowance has room for one more request, at least 1"))
-)]
-#[allow(dead_code)]
-pub struct TooManyRequests(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "A bug; details in the log",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct InternalError(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "Database unreachable, processor outcome unknown or unavailable, the request shed under overload, or the request timed out (`Retry-After`)",
-    content_type = "application/problem+json",
-    headers(("Retry-After" = String, description = "Seconds until a retry with the same key can get the answer: \
+problem_responses! {
+    BadRequest: "Bad input (see `code` and `param`); nothing was written";
+    Unauthorized: "No or a wrong API key (`WWW-Authenticate`)";
+    PaymentFailed: "Declined or abandoned; saved and replayed for the key";
+    NotFound: "No such resource for this merchant";
+    InFlight: "The same request is still in flight (`Retry-After: 1`)",
+        "Retry-After" = "Seconds to wait before retrying: 1";
+    TooLarge: "The body is too large";
+    UnsupportedMediaType: "Neither JSON nor a form";
+    KeyReused: "The key was used with other parameters";
+    TooManyRequests: "Over the merchant's rate limit on this instance; nothing was read or written (`Retry-After`)",
+        "Retry-After" = "Whole seconds until the merchant's allowance has room for one more request, at least 1";
+    InternalError: "A bug; details in the log";
+    Unavailable: "Database unreachable, processor outcome unknown or unavailable, the request shed under overload, or the request timed out (`Retry-After`)",
+        "Retry-After" = "Seconds until a retry with the same key can get the answer: \
 `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`, rounded up (35 by default), when the record is left pending for recovery \
 (`processing_outcome_unknown`, a refund's `processor_unavailable`, `service_unavailable` after the processor was called); \
-1 otherwise (a charge's `processor_unavailable`, `overloaded`, `request_timeout`, `service_unavailable` before any work)"))
-)]
-#[allow(dead_code)]
-pub struct Unavailable(Problem);
+1 otherwise (a charge's `processor_unavailable`, `overloaded`, `request_timeout`, `service_unavailable` before any work)";
+}
 
 // Sets of the error responses above that many operations share; an
 // operation lists a set in its `responses(...)` by name.

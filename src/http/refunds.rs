@@ -35,7 +35,6 @@ pub fn router() -> OpenApiRouter<AppState> {
     post,
     path = "/v1/refunds",
     tag = "refunds",
-    security(("bearer" = []), ("basic" = [])),
     params(super::openapi::IdempotencyHeaders),
     request_body(content(
         (super::openapi::CreateRefund = "application/json"),
@@ -65,7 +64,6 @@ async fn create(
     get,
     path = "/v1/refunds/{id}",
     tag = "refunds",
-    security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "A refund id, `re_...`")),
     responses(
         (status = 200, description = "The refund", body = RefundObject),

@@ -36,7 +36,6 @@ pub fn router() -> OpenApiRouter<AppState> {
     post,
     path = "/v1/webhook_endpoints",
     tag = "webhooks",
-    security(("bearer" = []), ("basic" = [])),
     params(super::openapi::IdempotencyHeaders),
     request_body(content(
         (super::openapi::CreateWebhookEndpoint = "application/json"),
@@ -69,7 +68,6 @@ async fn create(
     get,
     path = "/v1/webhook_endpoints/{id}",
     tag = "webhooks",
-    security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
     responses(
         (status = 200, description = "The endpoint", body = EndpointObject),
@@ -96,7 +94,6 @@ async fn retrieve(
     delete,
     path = "/v1/webhook_endpoints/{id}",
     tag = "webhooks",
-    security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
     responses(
         (status = 200, description = "Deleted", body = super::openapi::DeletedWebhookEndpoint),
@@ -129,7 +126,6 @@ fn no_such_endpoint(id: &str, param: &str) -> ApiError {
     get,
     path = "/v1/webhook_endpoints",
     tag = "webhooks",
-    security(("bearer" = []), ("basic" = [])),
     params(
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10"),
         ("starting_after" = Option<String>, Query, description = "An endpoint id: the page of older endpoints after it"),
