@@ -6,13 +6,13 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
 use super::extract::{IdempotentPost, NoQuery, PageParams, PathParam, QueryParams};
 use super::idempotent;
+use super::list::List;
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::charges::domain::ChargeObject;
@@ -110,7 +110,7 @@ enum Page {
         ("ending_before" = Option<String>, Query, description = "A charge id: the page of newer charges before it")
     ),
     responses(
-        (status = 200, description = "A list object", body = super::openapi::ChargeList),
+        (status = 200, description = "A list object", body = List<ChargeObject>),
         super::openapi::Errors
     )
 )]
@@ -154,11 +154,5 @@ async fn list(
         .iter()
         .map(|c| c.to_object(refunds::of_charge(&refunds, &c.id)))
         .collect();
-    Ok(Json(json!({
-        "object": "list",
-        "url": ROUTE,
-        "has_more": has_more,
-        "data": data,
-    }))
-    .into_response())
+    Ok(Json(List::new(ROUTE, has_more, data)).into_response())
 }

@@ -18,10 +18,7 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 
 use crate::app::AppState;
-use crate::charges::domain::ChargeObject;
-use crate::events::domain::EventObject;
 use crate::problem::ProblemCode;
-use crate::webhooks::domain::EndpointObject;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -157,17 +154,6 @@ pub struct CreateCharge {
     metadata: Option<BTreeMap<String, String>>,
 }
 
-/// A page of charges, newest first.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ChargeList {
-    #[schema(example = "list")]
-    object: String,
-    url: String,
-    has_more: bool,
-    data: Vec<ChargeObject<'static>>,
-}
-
 /// The parameters of `POST /v1/refunds`, as JSON or as a form.
 #[derive(ToSchema)]
 #[allow(dead_code)]
@@ -185,18 +171,6 @@ pub struct CreateRefund {
     metadata: Option<BTreeMap<String, String>>,
 }
 
-/// A page of events, newest first.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct EventList {
-    #[schema(example = "list")]
-    object: String,
-    #[schema(example = "/v1/events")]
-    url: String,
-    has_more: bool,
-    data: Vec<EventObject<'static>>,
-}
-
 /// The parameters of a new webhook endpoint.
 #[derive(ToSchema)]
 #[allow(dead_code)]
@@ -212,112 +186,6 @@ pub struct CreateWebhookEndpoint {
     /// At most 5000 characters.
     #[schema(example = "The order system")]
     description: Option<String>,
-}
-
-/// A page of webhook endpoints, newest first.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookEndpointList {
-    #[schema(example = "list")]
-    object: String,
-    #[schema(example = "/v1/webhook_endpoints")]
-    url: String,
-    has_more: bool,
-    data: Vec<EndpointObject<'static>>,
-}
-
-/// A deleted webhook endpoint.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct DeletedWebhookEndpoint {
-    id: String,
-    #[schema(example = "webhook_endpoint")]
-    object: String,
-    deleted: bool,
-}
-
-/// One event's delivery to one endpoint.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookDelivery {
-    #[schema(example = "webhook_delivery")]
-    object: String,
-    event: String,
-    webhook_endpoint: String,
-    url: String,
-    /// `pending` (another attempt is due), `succeeded` (answered 2xx) or
-    /// `failed` (attempts exhausted, or the endpoint disabled or deleted).
-    #[schema(example = "succeeded")]
-    status: String,
-    /// Attempts begun, including one cut short by a crash (which has no record).
-    attempt_count: i32,
-    /// Unix seconds: when the next attempt is due, while pending.
-    next_attempt: Option<i64>,
-    /// Unix seconds: when it succeeded or failed for good.
-    finished: Option<i64>,
-    /// `attempts_exhausted`, `endpoint_disabled` or `endpoint_deleted`, when failed.
-    failure_reason: Option<String>,
-    attempts: Vec<WebhookAttempt>,
-}
-
-/// One attempt that ran to its end.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookAttempt {
-    attempt: i32,
-    /// Unix seconds: when it began.
-    created: i64,
-    duration_ms: i32,
-    /// The receiver's status code; null when none came.
-    response_status: Option<i32>,
-    /// What went wrong (`HTTP 500`, `timeout`, `connect: ...`); null for a 2xx.
-    error: Option<String>,
-}
-
-/// The deliveries of one event.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookDeliveryList {
-    #[schema(example = "list")]
-    object: String,
-    url: String,
-    has_more: bool,
-    data: Vec<WebhookDelivery>,
-}
-
-/// What the server remembers of one key.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct IdempotencyKeyState {
-    #[schema(example = "idempotency_key")]
-    object: String,
-    key: String,
-    /// `processing` (claimed, work under way) or `completed` (answer saved).
-    status: String,
-    /// Unix seconds.
-    created_at: i64,
-    /// Unix seconds; after this the key counts as never seen.
-    expires_at: i64,
-    request: KeyRequest,
-    /// The saved answer's status code, once completed.
-    response: Option<KeyResponse>,
-    /// The charge the key guards, if it guards a charge.
-    charge: Option<String>,
-    /// The refund the key guards, if it guards a refund.
-    refund: Option<String>,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct KeyRequest {
-    method: String,
-    path: String,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct KeyResponse {
-    status_code: u16,
 }
 
 /// Effects in the database for a workshop run.
@@ -405,16 +273,6 @@ pub struct DemoSettings {
     redis: bool,
     /// When this process started, Unix milliseconds: it changes when the server is restarted.
     started_at_ms: u64,
-}
-
-/// Liveness or readiness.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Health {
-    #[schema(example = "ok")]
-    status: String,
-    database: Option<String>,
-    processor: Option<String>,
 }
 
 /// An error (RFC 9457). `code` is stable and machine-readable; `param`

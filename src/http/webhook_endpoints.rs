@@ -7,13 +7,15 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
 use super::extract::{IdempotentPost, NoQuery, PageParams, PathParam, QueryParams};
 use super::idempotent;
+use super::list::List;
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::operation::webhook_endpoint::CreateEndpoint;
@@ -96,7 +98,7 @@ async fn retrieve(
     tag = "webhooks",
     params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
     responses(
-        (status = 200, description = "Deleted", body = super::openapi::DeletedWebhookEndpoint),
+        (status = 200, description = "Deleted", body = Deleted),
         (status = 404, response = super::openapi::NotFound),
         super::openapi::Errors
     )
@@ -114,7 +116,24 @@ async fn delete(
     };
     tx.commit().await?;
     DeliveryEnd::EndpointDeleted.count(ended);
-    Ok(Json(json!({"id": id, "object": "webhook_endpoint", "deleted": true})).into_response())
+    let deleted = Deleted {
+        id: &id,
+        object: "webhook_endpoint",
+        deleted: true,
+    };
+    Ok(Json(deleted).into_response())
+}
+
+/// A deleted webhook endpoint, as its delete answers.
+#[derive(Serialize, ToSchema)]
+#[schema(as = DeletedWebhookEndpoint)]
+struct Deleted<'a> {
+    #[schema(example = "we_1NbB3eCTYkz2mVgqA8rW0hXp")]
+    id: &'a str,
+    #[schema(example = "webhook_endpoint")]
+    object: &'static str,
+    /// Always true.
+    deleted: bool,
 }
 
 fn no_such_endpoint(id: &str, param: &str) -> ApiError {
@@ -132,7 +151,7 @@ fn no_such_endpoint(id: &str, param: &str) -> ApiError {
         ("ending_before" = Option<String>, Query, description = "An endpoint id: the page of newer endpoints before it")
     ),
     responses(
-        (status = 200, description = "A list object", body = super::openapi::WebhookEndpointList),
+        (status = 200, description = "A list object", body = List<EndpointObject>),
         super::openapi::Errors
     )
 )]
@@ -164,11 +183,5 @@ async fn list(
         }
     };
     let data: Vec<_> = page.iter().map(|e| e.to_object()).collect();
-    Ok(Json(json!({
-        "object": "list",
-        "url": ROUTE,
-        "has_more": has_more,
-        "data": data,
-    }))
-    .into_response())
+    Ok(Json(List::new(ROUTE, has_more, data)).into_response())
 }

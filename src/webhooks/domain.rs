@@ -399,6 +399,85 @@ pub struct Attempt {
     pub error: Option<String>,
 }
 
+/// One event's delivery to one endpoint, as the API shows it.
+#[derive(Serialize, ToSchema)]
+#[schema(as = WebhookDelivery)]
+pub struct DeliveryObject<'a> {
+    #[schema(example = "webhook_delivery")]
+    pub object: &'static str,
+    /// The event's id.
+    #[schema(example = "evt_1NbB3eCTYkz2mVgqA8rW0hXp")]
+    pub event: &'a str,
+    #[schema(example = "we_1NbB3eCTYkz2mVgqA8rW0hXp")]
+    pub webhook_endpoint: &'a str,
+    #[schema(example = "https://example.com/webhooks/oncepay")]
+    pub url: &'a str,
+    /// `pending` (another attempt is due), `succeeded` (answered 2xx) or
+    /// `failed` (attempts exhausted, or the endpoint disabled or deleted).
+    #[schema(example = "succeeded")]
+    pub status: &'static str,
+    /// Attempts begun, including one cut short by a crash (which has no record).
+    #[schema(example = 1)]
+    pub attempt_count: i32,
+    /// Unix seconds: when the next attempt is due, while pending.
+    #[schema(example = json!(null))]
+    pub next_attempt: Option<i64>,
+    /// Unix seconds: when it succeeded or failed for good.
+    #[schema(example = 1764892801)]
+    pub finished: Option<i64>,
+    /// `attempts_exhausted`, `endpoint_disabled` or `endpoint_deleted`, when failed.
+    pub failure_reason: Option<&'a str>,
+    pub attempts: Vec<AttemptObject<'a>>,
+}
+
+/// One attempt that ran to its end, as the API shows it.
+#[derive(Serialize, ToSchema)]
+#[schema(as = WebhookAttempt)]
+pub struct AttemptObject<'a> {
+    #[schema(example = 1)]
+    pub attempt: i32,
+    /// Unix seconds: when it began.
+    #[schema(example = 1764892800)]
+    pub created: i64,
+    #[schema(example = 87)]
+    pub duration_ms: i32,
+    /// The receiver's status code; null when none came.
+    #[schema(example = 200)]
+    pub response_status: Option<i16>,
+    /// What went wrong (`HTTP 500`, `timeout`, `connect: ...`); null for a 2xx.
+    pub error: Option<&'a str>,
+}
+
+impl Delivery {
+    /// The delivery of `event` as the API shows it, with those of `attempts`
+    /// made to its endpoint.
+    pub fn to_object<'a>(&'a self, event: &'a str, attempts: &'a [Attempt]) -> DeliveryObject<'a> {
+        DeliveryObject {
+            object: "webhook_delivery",
+            event,
+            webhook_endpoint: &self.endpoint_id,
+            url: &self.url,
+            status: self.status.as_str(),
+            attempt_count: self.attempts,
+            next_attempt: (self.status == DeliveryStatus::Pending)
+                .then(|| self.next_attempt_at.timestamp()),
+            finished: self.finished_at.map(|t| t.timestamp()),
+            failure_reason: self.failure_reason.as_deref(),
+            attempts: attempts
+                .iter()
+                .filter(|a| a.endpoint_id == self.endpoint_id)
+                .map(|a| AttemptObject {
+                    attempt: a.attempt,
+                    created: a.started_at.timestamp(),
+                    duration_ms: a.duration_ms,
+                    response_status: a.response_status,
+                    error: a.error.as_deref(),
+                })
+                .collect(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
