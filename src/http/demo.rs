@@ -12,7 +12,8 @@ use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{Html, Response};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -81,7 +82,7 @@ async fn lab() -> Html<&'static str> {
     tag = "workshop",
     params(("run" = String, Query, description = "The run tag, `metadata[demo_run]`")),
     responses(
-        (status = 200, description = "The counts", body = super::openapi::Effects),
+        (status = 200, description = "The counts", body = Effects),
         super::openapi::Errors
     )
 )]
@@ -89,7 +90,7 @@ async fn effects(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
     RawQuery(query): RawQuery,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<Effects>, ApiError> {
     let mut run = None;
     for pair in crate::params::form_pairs(query.as_deref().unwrap_or("").as_bytes()) {
         let (name, value) = pair?;
@@ -119,18 +120,47 @@ async fn effects(
                 None => Error::from(e),
             },
         )?;
-    Ok(Json(json!({
-        "object": "demo_effects",
-        "run": run,
-        "payments": counts.payments,
-        "charged": counts.charged,
-        "refunds": counts.refunds,
-        "refunded": counts.refunded,
-        "charges": counts.charges,
-        "succeeded": counts.succeeded,
-        "failed": counts.failed,
-        "pending": counts.pending,
-    })))
+    Ok(Json(Effects {
+        object: "demo_effects",
+        run,
+        payments: counts.payments,
+        charged: counts.charged,
+        refunds: counts.refunds,
+        refunded: counts.refunded,
+        charges: counts.charges,
+        succeeded: counts.succeeded,
+        failed: counts.failed,
+        pending: counts.pending,
+    }))
+}
+
+/// Effects in the database for a workshop run.
+#[derive(Serialize, ToSchema)]
+struct Effects {
+    #[schema(example = "demo_effects")]
+    object: &'static str,
+    #[schema(example = "demo-1")]
+    run: String,
+    /// Payments the processor recorded: money moved.
+    #[schema(example = 1)]
+    payments: i64,
+    /// What those payments took, in minor units.
+    #[schema(example = 2000)]
+    charged: i64,
+    /// Refunds the processor recorded from those payments: money given back.
+    #[schema(example = 0)]
+    refunds: i64,
+    /// What those refunds gave back, in minor units.
+    #[schema(example = 0)]
+    refunded: i64,
+    #[schema(example = 1)]
+    charges: i64,
+    #[schema(example = 1)]
+    succeeded: i64,
+    #[schema(example = 0)]
+    failed: i64,
+    #[schema(example = 0)]
+    pending: i64,
 }
 
 /// THE CLASSIC BUG, ON PURPOSE.
@@ -203,7 +233,7 @@ async fn naive_charge(
     path = "/demo/settings",
     tag = "workshop",
     responses(
-        (status = 200, description = "The settings", body = super::openapi::DemoSettings),
+        (status = 200, description = "The settings", body = Settings),
         super::openapi::Errors
     )
 )]
@@ -211,23 +241,54 @@ async fn settings(
     State(state): State<AppState>,
     _merchant: Authenticated,
     _: NoQuery,
-) -> Json<serde_json::Value> {
+) -> Json<Settings> {
     let config = &state.config;
     let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    Json(json!({
-        "object": "demo_settings",
-        "idempotency_key_ttl_ms": millis(config.idempotency_key_ttl),
-        "processing_timeout_ms": millis(config.processing_timeout),
-        "sweep_interval_ms": millis(config.sweep_interval),
-        "processor_latency_ms": millis(config.processor_latency),
-        "fault_injection": config.fault_injection,
-        "demo_unsafe_endpoints": config.demo_unsafe_endpoints,
-        "webhook_allow_private": config.webhook_allow_private,
-        "redis": state.redis.is_some(),
-        "started_at_ms": STARTED
+    Json(Settings {
+        object: "demo_settings",
+        idempotency_key_ttl_ms: millis(config.idempotency_key_ttl),
+        processing_timeout_ms: millis(config.processing_timeout),
+        sweep_interval_ms: millis(config.sweep_interval),
+        processor_latency_ms: millis(config.processor_latency),
+        fault_injection: config.fault_injection,
+        demo_unsafe_endpoints: config.demo_unsafe_endpoints,
+        webhook_allow_private: config.webhook_allow_private,
+        redis: state.redis.is_some(),
+        started_at_ms: STARTED
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, millis),
-    }))
+    })
+}
+
+/// What the workshop's scenarios need to know of the server.
+#[derive(Serialize, ToSchema)]
+#[schema(as = DemoSettings)]
+struct Settings {
+    #[schema(example = "demo_settings")]
+    object: &'static str,
+    /// `IDEMPOTENCY_KEY_TTL`, in milliseconds: how long a saved answer is replayed.
+    #[schema(example = 86_400_000)]
+    idempotency_key_ttl_ms: u64,
+    /// `PROCESSING_TIMEOUT`, in milliseconds: when the sweeper settles a key a crash left `processing`.
+    #[schema(example = 30_000)]
+    processing_timeout_ms: u64,
+    /// `SWEEP_INTERVAL`, in milliseconds.
+    #[schema(example = 5_000)]
+    sweep_interval_ms: u64,
+    /// `PROCESSOR_LATENCY_MS`.
+    #[schema(example = 0)]
+    processor_latency_ms: u64,
+    /// `FAULT_INJECTION`: `Oncepay-Fault` is honoured.
+    fault_injection: bool,
+    /// `DEMO_UNSAFE_ENDPOINTS`: the deliberately broken endpoints are served.
+    demo_unsafe_endpoints: bool,
+    /// `WEBHOOK_ALLOW_PRIVATE`: webhook endpoints may point at this server's own receivers, on loopback.
+    webhook_allow_private: bool,
+    /// Whether `REDIS_URL` is set (not whether Redis answers).
+    redis: bool,
+    /// When this process started, Unix milliseconds: it changes when the server is restarted.
+    #[schema(example = 1_764_892_800_000_u64)]
+    started_at_ms: u64,
 }
 
 /// The `Idempotency-Key` the workshop's broken endpoints require.
@@ -460,7 +521,7 @@ fn processor_run(params: &mut Params) -> Result<String, ApiError> {
     path = "/demo/processor/payments",
     tag = "workshop",
     responses(
-        (status = 200, description = "The attempts and what each got", body = super::openapi::DemoProcessorPayment),
+        (status = 200, description = "The attempts and what each got", body = ProcessorPayment),
         (status = 415, response = super::openapi::UnsupportedMediaType),
         super::openapi::Errors
     )
@@ -470,7 +531,7 @@ async fn processor_payment(
     _merchant: Authenticated,
     headers: HeaderMap,
     RawBody(body): RawBody,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<ProcessorPayment>, ApiError> {
     let mut params = decode(&headers, &body)?;
     let run = processor_run(&mut params)?;
     let keys = string(required(&mut params, "keys")?, "keys")?;
@@ -506,17 +567,50 @@ async fn processor_payment(
     let attempts = processor_keys::pay(&state.config, keys, &run, amount)
         .await
         .map_err(ApiError::internal)?;
-    Ok(Json(json!({
-        "object": "demo_processor_payment",
-        "run": run,
-        "keys": keys.as_str(),
-        "amount": amount,
-        "attempts": attempts.iter().map(|a| json!({
-            "processor_key": a.processor_key,
-            "answer_dropped": a.dropped,
-            "answer": a.answer.to_string(),
-        })).collect::<Vec<_>>(),
-    })))
+    Ok(Json(ProcessorPayment {
+        object: "demo_processor_payment",
+        run,
+        keys: keys.as_str(),
+        amount,
+        attempts: attempts
+            .iter()
+            .map(|a| ProcessorAttempt {
+                processor_key: a.processor_key.clone(),
+                answer_dropped: a.dropped,
+                answer: a.answer.to_string(),
+            })
+            .collect(),
+    }))
+}
+
+/// One payment asked of the card gateway, attempt after attempt (block 10).
+#[derive(Serialize, ToSchema)]
+#[schema(as = DemoProcessorPayment)]
+struct ProcessorPayment {
+    #[schema(example = "demo_processor_payment")]
+    object: &'static str,
+    #[schema(example = "demo-10")]
+    run: String,
+    /// `same` (one processor key for every attempt) or `new_per_attempt`.
+    #[schema(example = "same")]
+    keys: &'static str,
+    #[schema(example = 500)]
+    amount: i64,
+    attempts: Vec<ProcessorAttempt>,
+}
+
+/// One attempt of a block-10 payment.
+#[derive(Serialize, ToSchema)]
+#[schema(as = DemoProcessorAttempt)]
+struct ProcessorAttempt {
+    /// The `Idempotency-Key` the gateway got.
+    #[schema(example = "demo:demo-10")]
+    processor_key: String,
+    /// Whether the gateway was asked to drop its answer after recording.
+    answer_dropped: bool,
+    /// `succeeded`, `no answer`, `unavailable`, `declined (code)` or `voided`.
+    #[schema(example = "succeeded")]
+    answer: String,
 }
 
 /// The payments the card gateway's ledger holds for a block-10 run, looked
@@ -527,7 +621,7 @@ async fn processor_payment(
     tag = "workshop",
     params(("run" = String, Query, description = "The run tag of the payments")),
     responses(
-        (status = 200, description = "The counts", body = super::openapi::DemoProcessorPayments),
+        (status = 200, description = "The counts", body = ProcessorPayments),
         super::openapi::Errors
     )
 )]
@@ -535,7 +629,7 @@ async fn processor_payments(
     State(state): State<AppState>,
     _merchant: Authenticated,
     QueryParams(mut params): QueryParams,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<ProcessorPayments>, ApiError> {
     let run = processor_run(&mut params)?;
     params.reject_unknown()?;
     let found = processor_keys::payments(state.processor.as_ref(), &run)
@@ -549,11 +643,30 @@ async fn processor_payments(
                 .with_retry_after(retry_after::SOON),
             )
         })?;
-    Ok(Json(json!({
-        "object": "demo_processor_payments",
-        "run": run,
-        "payments": found.payments,
-        "charged": found.charged,
-        "keys": found.keys,
-    })))
+    Ok(Json(ProcessorPayments {
+        object: "demo_processor_payments",
+        run,
+        payments: found.payments,
+        charged: found.charged,
+        keys: found.keys,
+    }))
+}
+
+/// The payments the card gateway's ledger holds for a block-10 run.
+#[derive(Serialize, ToSchema)]
+#[schema(as = DemoProcessorPayments)]
+struct ProcessorPayments {
+    #[schema(example = "demo_processor_payments")]
+    object: &'static str,
+    #[schema(example = "demo-10")]
+    run: String,
+    /// Payments that went through: money moved.
+    #[schema(example = 1)]
+    payments: i64,
+    /// What they took, in minor units.
+    #[schema(example = 500)]
+    charged: i64,
+    /// The processor keys that hold them.
+    #[schema(example = json!(["demo:demo-10"]))]
+    keys: Vec<String>,
 }

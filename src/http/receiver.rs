@@ -9,7 +9,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde::Serialize;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -68,7 +68,7 @@ async fn register(
     Authenticated(merchant): Authenticated,
     headers: HeaderMap,
     RawBody(body): RawBody,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DemoReceiver>, ApiError> {
     let new = NewReceiver::from_params(decode(&headers, &body)?)?;
     if new.misbehaviour == Misbehaviour::CrashAfterDelivery && !state.config.fault_injection {
         return Err(Problem::new(
@@ -78,14 +78,14 @@ async fn register(
         .into());
     }
     receiver::register(&state.pool, merchant.id, &new).await?;
-    Ok(Json(json!({
-        "object": "demo_receiver",
-        "run": new.run,
-        "mode": new.mode.as_str(),
-        "path": path(new.mode, &new.run),
-        "fail_first": new.fail_first,
-        "fault": fault(new.misbehaviour),
-    })))
+    Ok(Json(DemoReceiver {
+        object: "demo_receiver",
+        path: path(new.mode, &new.run),
+        mode: new.mode.as_str(),
+        fail_first: new.fail_first,
+        fault: fault(new.misbehaviour),
+        run: new.run,
+    }))
 }
 
 /// `run`, the one query parameter of these routes.
@@ -112,11 +112,10 @@ async fn counts(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
     QueryParams(params): QueryParams,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DemoReceivers>, ApiError> {
     let run = run_param(params)?;
     let counts = receiver::counts(&state.pool, merchant.id, &run).await?;
-    let mut receivers = serde_json::Map::new();
-    for mode in Mode::ALL {
+    let of = |mode: Mode| {
         let found = counts.receivers.iter().find(|r| r.mode == mode);
         let zero = ReceiverCounts {
             mode,
@@ -127,25 +126,26 @@ async fn counts(
             shipments: 0,
         };
         let r = found.unwrap_or(&zero);
-        receivers.insert(
-            mode.as_str().to_owned(),
-            json!({
-                "registered": found.is_some(),
-                "path": path(mode, &run),
-                "fail_first": r.fail_first,
-                "fault": found.and_then(|r| fault(r.misbehaviour)),
-                "deliveries": r.deliveries,
-                "events": r.events,
-                "shipments": r.shipments,
-            }),
-        );
-    }
-    Ok(Json(json!({
-        "object": "demo_receivers",
-        "run": run,
-        "events": counts.events,
-        "receivers": receivers,
-    })))
+        DemoReceiverCounts {
+            registered: found.is_some(),
+            path: path(mode, &run),
+            fail_first: r.fail_first,
+            fault: found.and_then(|r| fault(r.misbehaviour)),
+            deliveries: r.deliveries,
+            events: r.events,
+            shipments: r.shipments,
+        }
+    };
+    let receivers = DemoReceiverModes {
+        naive: of(Mode::Naive),
+        inbox: of(Mode::Inbox),
+    };
+    Ok(Json(DemoReceivers {
+        object: "demo_receivers",
+        run,
+        events: counts.events,
+        receivers,
+    }))
 }
 
 /// WRONG ON PURPOSE, for teaching: verifies the signature, then ships an
@@ -225,16 +225,14 @@ async fn receive(
         .get(signature::HEADER)
         .map(|v| v.to_str().unwrap_or(""));
     let receipt = receiver::receive(&state.pool, &run, mode, signed, body).await?;
-    let answer = |event: &str, delivery: Option<i32>, shipped: bool| {
-        json!({
-            "object": "demo_receipt",
-            "run": run,
-            "receiver": mode.as_str(),
-            "event": event,
-            "ignored": delivery.is_none(),
-            "delivery": delivery,
-            "shipped": shipped,
-        })
+    let answer = |event: &str, delivery: Option<i32>, shipped: bool| DemoReceipt {
+        object: "demo_receipt",
+        run: run.clone(),
+        receiver: mode.as_str(),
+        event: event.to_owned(),
+        ignored: delivery.is_none(),
+        delivery,
+        shipped,
     };
     match receipt {
         Receipt::Ignored { event_id } => Ok(Json(answer(&event_id, None, false)).into_response()),
@@ -298,48 +296,51 @@ struct CreateReceiver {
 }
 
 /// A receiver as set up.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct DemoReceiver {
     #[schema(example = "demo_receiver")]
-    object: String,
+    object: &'static str,
+    #[schema(example = "demo-1")]
     run: String,
-    mode: String,
+    #[schema(example = "inbox")]
+    mode: &'static str,
     /// Where it takes deliveries: the URL to give the webhook endpoint, on
     /// this server.
     #[schema(example = "/demo/receiver/inbox?run=demo-1")]
     path: String,
+    #[schema(example = 0)]
     fail_first: i32,
-    fault: Option<String>,
+    fault: Option<&'static str>,
 }
 
 /// The receivers of a run and what they took in.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct DemoReceivers {
     #[schema(example = "demo_receivers")]
-    object: String,
+    object: &'static str,
+    #[schema(example = "demo-1")]
     run: String,
     /// Distinct events received by either receiver.
     events: i64,
     receivers: DemoReceiverModes,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// The run's two receivers.
+#[derive(Serialize, ToSchema)]
 struct DemoReceiverModes {
     naive: DemoReceiverCounts,
     inbox: DemoReceiverCounts,
 }
 
 /// One receiver of a run; zeros when it was not set up.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct DemoReceiverCounts {
     registered: bool,
+    #[schema(example = "/demo/receiver/inbox?run=demo-1")]
     path: String,
+    #[schema(example = 0)]
     fail_first: i32,
-    fault: Option<String>,
+    fault: Option<&'static str>,
     /// Deliveries received: signature verified, about this run.
     deliveries: i64,
     /// Distinct events among them.
@@ -349,14 +350,15 @@ struct DemoReceiverCounts {
 }
 
 /// What a receiver did with a delivery.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct DemoReceipt {
     #[schema(example = "demo_receipt")]
-    object: String,
+    object: &'static str,
+    #[schema(example = "demo-1")]
     run: String,
     /// `naive` or `inbox`.
-    receiver: String,
+    #[schema(example = "inbox")]
+    receiver: &'static str,
     /// The event's id.
     event: String,
     /// The event is about no charge of this run: nothing was written.
