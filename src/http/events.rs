@@ -89,9 +89,10 @@ fn no_such_event(id: &str, param: &str) -> ApiError {
 
 /// The merchant's events, newest first.
 ///
-/// In the order their transactions began writing, each shown once every transaction that began writing
-/// before it has ended, so that paging forward with `ending_before` from an
-/// event the list showed misses none written later.
+/// In the order their transactions began writing, each shown once every
+/// transaction that began writing before it has ended, so that paging
+/// forward with `ending_before` from an event the list showed misses none
+/// written later.
 #[utoipa::path(
     get,
     path = "/v1/events",

@@ -4,8 +4,12 @@
 //! `GET /openapi.json`, and rendered by Swagger UI at `GET /docs` (see
 //! [`swagger_ui`]).
 //!
-//! The schemas here describe what the handlers serialise; `scripts/test`
-//! runs schemathesis against the served document to catch any drift.
+//! The schemas of the answers are derived from the types the handlers
+//! serialise (`ToSchema`). What this module writes by hand is what no type
+//! describes: the request bodies, which are read as generic parameters, and
+//! the problem, whose body is written field by field (docs/decisions.md
+//! says why); `scripts/contract` runs schemathesis against the served
+//! document to catch any drift in those.
 
 use std::collections::BTreeMap;
 

@@ -46,9 +46,10 @@ fn fault(misbehaviour: Misbehaviour) -> Option<&'static str> {
 
 /// Sets up the receiver of a run in one mode.
 ///
-/// It takes the signing secret of the webhook endpoint that will send to it (the `whsec_` that endpoint's
-/// create answered) and how it fails on purpose. Setting it up again
-/// replaces the secret and the behaviour; what it took in stays counted.
+/// It takes the signing secret of the webhook endpoint that will send to
+/// it (the `whsec_` that endpoint's create answered) and how it fails on
+/// purpose. Setting it up again replaces the secret and the behaviour; what
+/// it took in stays counted.
 #[utoipa::path(
     post,
     path = "/demo/receivers",
