@@ -98,7 +98,7 @@ fn no_such_event(id: &str, param: &str) -> ApiError {
     path = "/v1/events",
     tag = "events",
     params(
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, example = 10, description = "1 to 100, default 10"),
         ("starting_after" = Option<String>, Query, description = "An event id: the page of events older than it"),
         ("ending_before" = Option<String>, Query, description = "An event id: the page of events newer than it (not with `starting_after`)"),
         ("type" = Option<EventType>, Query, description = "Only events of this type"),

@@ -203,12 +203,17 @@ pub struct CreateWebhookEndpoint {
 #[allow(dead_code)]
 pub struct Problem {
     /// A relative URI, `/problems/{code}`.
+    #[schema(example = "/problems/card_declined")]
     r#type: String,
+    #[schema(example = "Payment Required")]
     title: String,
+    #[schema(example = 402)]
     status: u16,
+    #[schema(example = "Your card was declined.")]
     detail: String,
     code: ProblemCode,
     param: Option<String>,
+    #[schema(example = "ch_FSqF13LohwPRt53icfinsfKa")]
     charge: Option<String>,
     /// The refund a `processor_unavailable` or `processing_outcome_unknown` refund answer is about.
     refund: Option<String>,
@@ -231,8 +236,10 @@ pub struct StripeError {
     code: ProblemCode,
     /// For a declined card: `generic_decline`, `insufficient_funds`, `expired_card`,
     /// `incorrect_cvc`, `processing_error`, `fraudulent`, `lost_card` or `stolen_card`.
+    #[schema(example = "generic_decline")]
     decline_code: Option<String>,
     /// The problem's `detail`.
+    #[schema(example = "Your card was declined.")]
     message: String,
     /// The parameter at fault.
     param: Option<String>,

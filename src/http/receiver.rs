@@ -322,6 +322,7 @@ struct DemoReceivers {
     #[schema(example = "demo-1")]
     run: String,
     /// Distinct events received by either receiver.
+    #[schema(example = 1)]
     events: i64,
     receivers: DemoReceiverModes,
 }
@@ -343,10 +344,13 @@ struct DemoReceiverCounts {
     fail_first: i32,
     fault: Option<&'static str>,
     /// Deliveries received: signature verified, about this run.
+    #[schema(example = 3)]
     deliveries: i64,
     /// Distinct events among them.
+    #[schema(example = 1)]
     events: i64,
     /// Orders shipped.
+    #[schema(example = 1)]
     shipments: i64,
 }
 
@@ -366,6 +370,7 @@ struct DemoReceipt {
     ignored: bool,
     /// This delivery's number among the deliveries of its event, from 1;
     /// null when ignored.
+    #[schema(example = 1)]
     delivery: Option<i32>,
     /// Whether this delivery shipped an order.
     shipped: bool,
