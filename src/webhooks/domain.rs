@@ -242,6 +242,7 @@ pub struct EndpointObject<'a> {
     pub url: &'a str,
     #[schema(example = json!(["charge.succeeded", "charge.refunded"]))]
     pub enabled_events: &'a [String],
+    #[schema(example = "The order system")]
     pub description: Option<&'a str>,
     /// `enabled`, or `disabled` once every delivery failed for `WEBHOOK_DISABLE_AFTER`.
     #[schema(example = "enabled")]
@@ -261,6 +262,7 @@ pub struct EndpointObject<'a> {
     /// The signing secret, `whsec_...`: only in the answer to the create
     /// (and its replays). Verify each delivery's `Stripe-Signature` with it.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "whsec_1NbB3eCTYkz2mVgqA8rW0hXpq3RtY6Uz")]
     pub secret: Option<&'a str>,
 }
 

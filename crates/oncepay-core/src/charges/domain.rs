@@ -241,9 +241,11 @@ pub struct ChargeObject<'a> {
     pub application_fee: Unmodelled,
     pub application_fee_amount: Unmodelled,
     /// `txn_...` for a paid charge, `null` otherwise.
+    #[cfg_attr(feature = "openapi", schema(example = "txn_FSqF13LohwPRt53icfinsfKa"))]
     pub balance_transaction: Option<String>,
     pub billing_details: BillingDetails,
     /// `ONCEPAY` for a paid charge, `null` otherwise.
+    #[cfg_attr(feature = "openapi", schema(example = "ONCEPAY"))]
     pub calculated_statement_descriptor: Option<&'static str>,
     /// Stripe's flags: the charge succeeded (oncepay captures at once, so
     /// a paid charge is a captured one).
@@ -254,13 +256,16 @@ pub struct ChargeObject<'a> {
     #[cfg_attr(feature = "openapi", schema(example = "usd"))]
     pub currency: &'a str,
     pub customer: Unmodelled,
+    #[cfg_attr(feature = "openapi", schema(example = "Order 6735"))]
     pub description: Option<&'a str>,
     /// Always false.
     pub disputed: bool,
     pub failure_balance_transaction: Unmodelled,
     /// The decline's code (`card_declined`, `insufficient_funds`, `expired_card`,
     /// `incorrect_cvc`, `processing_error`) or `processing_abandoned`.
+    #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
     pub failure_code: Option<&'a str>,
+    #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
     pub failure_message: Option<&'a str>,
     /// Always `{}`.
     pub fraud_details: Empty,
@@ -275,6 +280,7 @@ pub struct ChargeObject<'a> {
     pub paid: bool,
     pub payment_intent: Unmodelled,
     /// The card's id, `card_...` (the same as `source.id`).
+    #[cfg_attr(feature = "openapi", schema(example = "card_FSqF13LohwPRt53icfinsfKa"))]
     pub payment_method: Option<String>,
     pub payment_method_details: Option<PaymentMethodDetails>,
     pub receipt_email: Unmodelled,
@@ -364,6 +370,7 @@ pub struct ChargeOutcome {
     #[cfg_attr(feature = "openapi", schema(example = "approved_by_network"))]
     pub network_status: &'static str,
     /// The decline code, or `highest_risk_level` for a charge blocked as fraud; null when authorized.
+    #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
     pub reason: Option<&'static str>,
     /// `normal`, or `highest` for a charge blocked as fraud.
     #[cfg_attr(feature = "openapi", schema(example = "normal"))]

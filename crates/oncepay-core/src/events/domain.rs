@@ -178,8 +178,13 @@ fn charge_or_refund() -> utoipa::openapi::schema::Schema {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EventRequest<'a> {
     /// Its `X-Request-Id`; null when the sweeper settled the object.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(example = "0b6f3a52-5d1e-4c8a-9a57-2f1d8e4b7c90")
+    )]
     pub id: Option<&'a str>,
     /// The key that guards the object, if it has one.
+    #[cfg_attr(feature = "openapi", schema(example = "order-6735-charge"))]
     pub idempotency_key: Option<&'a str>,
 }
 

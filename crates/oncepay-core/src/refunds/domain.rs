@@ -167,6 +167,7 @@ pub struct RefundObject<'a> {
     #[cfg_attr(feature = "openapi", schema(example = 500))]
     pub amount: i64,
     /// `txn_...` once the refund succeeded, `null` otherwise.
+    #[cfg_attr(feature = "openapi", schema(example = "txn_3Kq8ZtLbVn2WcXy7Hd0PfRsA"))]
     pub balance_transaction: Option<String>,
     /// The charge refunded.
     #[cfg_attr(feature = "openapi", schema(example = "ch_FSqF13LohwPRt53icfinsfKa"))]
@@ -181,12 +182,14 @@ pub struct RefundObject<'a> {
     /// Where the money goes back: the card charged.
     pub destination_details: DestinationDetails,
     /// Why the refund failed (`declined`), else null.
+    #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
     pub failure_reason: Option<&'a str>,
     #[cfg_attr(feature = "openapi", schema(example = json!({"order_id": "6735"})))]
     pub metadata: &'a BTreeMap<String, String>,
     pub payment_intent: Unmodelled,
     pub payment_method: Unmodelled,
     /// `duplicate`, `fraudulent` or `requested_by_customer`, as asked.
+    #[cfg_attr(feature = "openapi", schema(example = "requested_by_customer"))]
     pub reason: Option<&'a str>,
     pub receipt_number: Unmodelled,
     pub source_transfer_reversal: Unmodelled,
