@@ -6,6 +6,7 @@ use axum::Json;
 use axum::extract::State;
 use serde::Serialize;
 use sqlx::PgExecutor;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -24,13 +25,9 @@ pub fn router() -> OpenApiRouter<AppState> {
     get,
     path = "/v1/balance",
     tag = "refunds",
-    security(("bearer" = []), ("basic" = [])),
     responses(
-        (status = 200, description = "The balance", body = super::openapi::Balance),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 200, description = "The balance", body = BalanceObject),
+        super::openapi::Errors
     )
 )]
 async fn retrieve(
@@ -46,37 +43,58 @@ async fn retrieve(
 /// merchant has charged in, in `available`, `pending` and `connect_reserved`.
 /// oncepay makes a charge's money available at once and has no connected
 /// accounts, so `pending` and `connect_reserved` are always zero.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Balance)]
 struct BalanceObject {
+    #[schema(example = "balance")]
     object: &'static str,
-    available: Vec<Funds>,
+    available: Vec<Available>,
+    /// Per currency, always 0: oncepay has no connected accounts.
     connect_reserved: Vec<Reserved>,
     livemode: bool,
+    /// Per currency, always 0: a charge's money is available at once.
     pending: Vec<Funds>,
 }
 
-#[derive(Serialize)]
-struct Funds {
+/// What a currency's succeeded charges and refunds came to.
+#[derive(Serialize, ToSchema)]
+struct Available {
+    /// `charged - refunded`.
+    #[schema(example = 1500)]
     amount: i64,
+    #[schema(example = "usd")]
     currency: String,
     source_types: SourceTypes,
-    /// Succeeded charges (oncepay's addition; `available` only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    charged: Option<i64>,
-    /// Succeeded refunds (oncepay's addition; `available` only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    refunded: Option<i64>,
+    /// Succeeded charges (oncepay's addition).
+    #[schema(example = 2000)]
+    charged: i64,
+    /// Succeeded refunds (oncepay's addition).
+    #[schema(example = 500)]
+    refunded: i64,
+}
+
+/// Funds in one currency.
+#[derive(Serialize, ToSchema)]
+struct Funds {
+    #[schema(example = 0)]
+    amount: i64,
+    #[schema(example = "usd")]
+    currency: String,
+    source_types: SourceTypes,
 }
 
 /// Where the funds came from: every payment here is a card's.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct SourceTypes {
+    #[schema(example = 1500)]
     card: i64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct Reserved {
+    #[schema(example = 0)]
     amount: i64,
+    #[schema(example = "usd")]
     currency: String,
 }
 
@@ -86,8 +104,6 @@ impl BalanceObject {
             amount: 0,
             currency: currency.clone(),
             source_types: SourceTypes { card: 0 },
-            charged: None,
-            refunded: None,
         };
         BalanceObject {
             object: "balance",
@@ -105,14 +121,14 @@ impl BalanceObject {
             livemode: false,
             available: totals
                 .into_iter()
-                .map(|(currency, charged, refunded)| Funds {
+                .map(|(currency, charged, refunded)| Available {
                     amount: charged - refunded,
                     currency,
                     source_types: SourceTypes {
                         card: charged - refunded,
                     },
-                    charged: Some(charged),
-                    refunded: Some(refunded),
+                    charged,
+                    refunded,
                 })
                 .collect(),
         }

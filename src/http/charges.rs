@@ -6,15 +6,16 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
 use super::extract::{IdempotentPost, NoQuery, PageParams, PathParam, QueryParams};
 use super::idempotent;
+use super::list::List;
 use super::problem::ApiError;
 use crate::app::AppState;
+use crate::charges::domain::ChargeObject;
 use crate::charges::{Charge, NewCharge, store};
 use crate::operation::charge::CreateCharge;
 use crate::operation::{self, Operation};
@@ -28,30 +29,23 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(retrieve))
 }
 
-/// Charges a card, exactly once per `Idempotency-Key`.
+/// Charges a card, exactly once per idempotency key.
 #[utoipa::path(
     post,
     path = "/v1/charges",
     tag = "charges",
-    security(("bearer" = []), ("basic" = [])),
     params(super::openapi::IdempotencyHeaders),
     request_body(content(
         (super::openapi::CreateCharge = "application/json"),
         (super::openapi::CreateCharge = "application/x-www-form-urlencoded")
     )),
     responses(
-        (status = 201, description = "Charged (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::Charge,
+        (status = 201, description = "Charged (or the saved answer, with `Idempotent-Replayed: true`)", body = ChargeObject,
          headers(("Location" = String, description = "/v1/charges/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
         (status = 402, response = super::openapi::PaymentFailed),
-        (status = 409, response = super::openapi::InFlight),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::KeyReused),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors,
+        super::openapi::KeyErrors
     )
 )]
 async fn create(
@@ -70,16 +64,11 @@ async fn create(
     get,
     path = "/v1/charges/{id}",
     tag = "charges",
-    security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "A charge id, `ch_...`")),
     responses(
-        (status = 200, description = "The charge", body = super::openapi::Charge),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 200, description = "The charge", body = ChargeObject),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn retrieve(
@@ -115,19 +104,14 @@ enum Page {
     get,
     path = "/v1/charges",
     tag = "charges",
-    security(("bearer" = []), ("basic" = [])),
     params(
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, example = 10, description = "1 to 100, default 10"),
         ("starting_after" = Option<String>, Query, description = "A charge id: the page of older charges after it"),
         ("ending_before" = Option<String>, Query, description = "A charge id: the page of newer charges before it")
     ),
     responses(
-        (status = 200, description = "A list object", body = super::openapi::ChargeList),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 200, description = "A list object", body = List<ChargeObject>),
+        super::openapi::Errors
     )
 )]
 async fn list(
@@ -170,11 +154,5 @@ async fn list(
         .iter()
         .map(|c| c.to_object(refunds::of_charge(&refunds, &c.id)))
         .collect();
-    Ok(Json(json!({
-        "object": "list",
-        "url": ROUTE,
-        "has_more": has_more,
-        "data": data,
-    }))
-    .into_response())
+    Ok(Json(List::new(ROUTE, has_more, data)).into_response())
 }

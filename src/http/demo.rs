@@ -12,7 +12,8 @@ use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{Html, Response};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -22,6 +23,7 @@ use super::idempotent::{self, REPLAYED};
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::charges::NewCharge;
+use crate::charges::domain::ChargeObject;
 use crate::error::Error;
 use crate::faults::{self, CRASH_AFTER_COMMIT, Fault};
 use crate::idempotency::SavedResponse;
@@ -29,6 +31,7 @@ use crate::params::{ParamError, Params};
 use crate::params::{required, string};
 use crate::problem::{Problem, ProblemCode};
 use crate::refunds::NewRefund;
+use crate::refunds::domain::RefundObject;
 use crate::retry_after;
 use crate::workshop;
 use crate::workshop::processor_keys::{self, KeyPer};
@@ -61,37 +64,33 @@ pub fn router(unsafe_endpoints: bool) -> OpenApiRouter<AppState> {
 }
 
 /// The workshop's lab page (HTML, self-contained).
-#[utoipa::path(get, path = "/lab", tag = "workshop",
+#[utoipa::path(get, path = "/lab", tag = "workshop", security(()),
     responses((status = 200, description = "The lab page", content_type = "text/html")))]
 async fn lab() -> Html<&'static str> {
     Html(LAB_PAGE)
 }
 
+/// Payments, refunds and charges in the database for a workshop run.
+///
 /// `GET /demo/effects?run=TAG`: what the database holds for the merchant's
 /// charges tagged `metadata[demo_run]=TAG`: payments recorded by the
 /// processor (money moved) and charges by status. `run` is required: a count
 /// over all of a merchant's charges would read its whole history.
-/// Payments, refunds and charges in the database for a workshop run.
 #[utoipa::path(
     get,
     path = "/demo/effects",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     params(("run" = String, Query, description = "The run tag, `metadata[demo_run]`")),
     responses(
-        (status = 200, description = "The counts", body = super::openapi::Effects),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 200, description = "The counts", body = Effects),
+        super::openapi::Errors
     )
 )]
 async fn effects(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
     RawQuery(query): RawQuery,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<Effects>, ApiError> {
     let mut run = None;
     for pair in crate::params::form_pairs(query.as_deref().unwrap_or("").as_bytes()) {
         let (name, value) = pair?;
@@ -121,21 +120,52 @@ async fn effects(
                 None => Error::from(e),
             },
         )?;
-    Ok(Json(json!({
-        "object": "demo_effects",
-        "run": run,
-        "payments": counts.payments,
-        "charged": counts.charged,
-        "refunds": counts.refunds,
-        "refunded": counts.refunded,
-        "charges": counts.charges,
-        "succeeded": counts.succeeded,
-        "failed": counts.failed,
-        "pending": counts.pending,
-    })))
+    Ok(Json(Effects {
+        object: "demo_effects",
+        run,
+        payments: counts.payments,
+        charged: counts.charged,
+        refunds: counts.refunds,
+        refunded: counts.refunded,
+        charges: counts.charges,
+        succeeded: counts.succeeded,
+        failed: counts.failed,
+        pending: counts.pending,
+    }))
 }
 
-/// THE CLASSIC BUG, ON PURPOSE. Look the key up, do the work, then write the
+/// Effects in the database for a workshop run.
+#[derive(Serialize, ToSchema)]
+struct Effects {
+    #[schema(example = "demo_effects")]
+    object: &'static str,
+    #[schema(example = "demo-1")]
+    run: String,
+    /// Payments the processor recorded: money moved.
+    #[schema(example = 1)]
+    payments: i64,
+    /// What those payments took, in minor units.
+    #[schema(example = 2000)]
+    charged: i64,
+    /// Refunds the processor recorded from those payments: money given back.
+    #[schema(example = 0)]
+    refunds: i64,
+    /// What those refunds gave back, in minor units.
+    #[schema(example = 0)]
+    refunded: i64,
+    #[schema(example = 1)]
+    charges: i64,
+    #[schema(example = 1)]
+    succeeded: i64,
+    #[schema(example = 0)]
+    failed: i64,
+    #[schema(example = 0)]
+    pending: i64,
+}
+
+/// THE CLASSIC BUG, ON PURPOSE.
+///
+/// Look the key up, do the work, then write the
 /// key: two requests that both look before either writes both do the work.
 /// The real endpoint claims the key first, atomically; see `charges.rs`.
 /// WRONG ON PURPOSE, for teaching (only with `DEMO_UNSAFE_ENDPOINTS=true`):
@@ -145,22 +175,16 @@ async fn effects(
     post,
     path = "/demo/naive/charges",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     params(("Idempotency-Key" = String, Header, description = "Required here")),
     request_body(content(
         (super::openapi::CreateCharge = "application/json"),
         (super::openapi::CreateCharge = "application/x-www-form-urlencoded")
     )),
     responses(
-        (status = 201, description = "Charged, or looked up", body = super::openapi::Charge),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 201, description = "Charged, or looked up", body = ChargeObject),
         (status = 402, response = super::openapi::PaymentFailed),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors
     )
 )]
 async fn naive_charge(
@@ -198,8 +222,9 @@ async fn naive_charge(
     Ok(idempotent::send(saved))
 }
 
-/// What the workshop's scenarios need to know of this server, so that a
-/// script or the lab page can say what to turn on before it starts. Moves
+/// What the workshop's scenarios need to know of this server.
+///
+/// A script or the lab page reads it to say what to turn on before it starts. Moves
 /// no money and reads no table of its own; like every workshop count it
 /// needs the merchant's key (which reads the merchant, from the cache or
 /// `merchants`).
@@ -207,37 +232,63 @@ async fn naive_charge(
     get,
     path = "/demo/settings",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     responses(
-        (status = 200, description = "The settings", body = super::openapi::DemoSettings),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 200, description = "The settings", body = Settings),
+        super::openapi::Errors
     )
 )]
 async fn settings(
     State(state): State<AppState>,
     _merchant: Authenticated,
     _: NoQuery,
-) -> Json<serde_json::Value> {
+) -> Json<Settings> {
     let config = &state.config;
     let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    Json(json!({
-        "object": "demo_settings",
-        "idempotency_key_ttl_ms": millis(config.idempotency_key_ttl),
-        "processing_timeout_ms": millis(config.processing_timeout),
-        "sweep_interval_ms": millis(config.sweep_interval),
-        "processor_latency_ms": millis(config.processor_latency),
-        "fault_injection": config.fault_injection,
-        "demo_unsafe_endpoints": config.demo_unsafe_endpoints,
-        "webhook_allow_private": config.webhook_allow_private,
-        "redis": state.redis.is_some(),
-        "started_at_ms": STARTED
+    Json(Settings {
+        object: "demo_settings",
+        idempotency_key_ttl_ms: millis(config.idempotency_key_ttl),
+        processing_timeout_ms: millis(config.processing_timeout),
+        sweep_interval_ms: millis(config.sweep_interval),
+        processor_latency_ms: millis(config.processor_latency),
+        fault_injection: config.fault_injection,
+        demo_unsafe_endpoints: config.demo_unsafe_endpoints,
+        webhook_allow_private: config.webhook_allow_private,
+        redis: state.redis.is_some(),
+        started_at_ms: STARTED
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, millis),
-    }))
+    })
+}
+
+/// What the workshop's scenarios need to know of the server.
+#[derive(Serialize, ToSchema)]
+#[schema(as = DemoSettings)]
+struct Settings {
+    #[schema(example = "demo_settings")]
+    object: &'static str,
+    /// `IDEMPOTENCY_KEY_TTL`, in milliseconds: how long a saved answer is replayed.
+    #[schema(example = 86_400_000)]
+    idempotency_key_ttl_ms: u64,
+    /// `PROCESSING_TIMEOUT`, in milliseconds: when the sweeper settles a key a crash left `processing`.
+    #[schema(example = 30_000)]
+    processing_timeout_ms: u64,
+    /// `SWEEP_INTERVAL`, in milliseconds.
+    #[schema(example = 5_000)]
+    sweep_interval_ms: u64,
+    /// `PROCESSOR_LATENCY_MS`.
+    #[schema(example = 0)]
+    processor_latency_ms: u64,
+    /// `FAULT_INJECTION`: `Oncepay-Fault` is honoured.
+    fault_injection: bool,
+    /// `DEMO_UNSAFE_ENDPOINTS`: the deliberately broken endpoints are served.
+    demo_unsafe_endpoints: bool,
+    /// `WEBHOOK_ALLOW_PRIVATE`: webhook endpoints may point at this server's own receivers, on loopback.
+    webhook_allow_private: bool,
+    /// Whether `REDIS_URL` is set (not whether Redis answers).
+    redis: bool,
+    /// When this process started, Unix milliseconds: it changes when the server is restarted.
+    #[schema(example = 1_764_892_800_000_u64)]
+    started_at_ms: u64,
 }
 
 /// The `Idempotency-Key` the workshop's broken endpoints require.
@@ -252,8 +303,9 @@ fn required_key(state: &AppState, headers: &HeaderMap) -> Result<String, ApiErro
     }
 }
 
-/// IDEMPOTENCY IS NOT CONCURRENCY CONTROL, ON PURPOSE. Claims its key
-/// first (right), then reads what is left to refund, checks it, refunds at
+/// IDEMPOTENCY IS NOT CONCURRENCY CONTROL, ON PURPOSE.
+///
+/// Claims its key first (right), then reads what is left to refund, checks it, refunds at
 /// the processor and writes the new total: two statements, so two refunds
 /// with different keys at once both pass the check. The real endpoint
 /// reserves the amount with one conditional update; see `refunds.rs`.
@@ -264,22 +316,16 @@ fn required_key(state: &AppState, headers: &HeaderMap) -> Result<String, ApiErro
     post,
     path = "/demo/naive/refunds",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     params(("Idempotency-Key" = String, Header, description = "Required here")),
     request_body(content(
         (super::openapi::CreateRefund = "application/json"),
         (super::openapi::CreateRefund = "application/x-www-form-urlencoded")
     )),
     responses(
-        (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::Refund),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = RefundObject),
         (status = 409, response = super::openapi::InFlight),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors
     )
 )]
 async fn naive_refund(
@@ -361,8 +407,9 @@ fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, A
     }
 }
 
-/// THE KEY KEPT OUTSIDE THE BUSINESS TRANSACTION, ON PURPOSE. Claims the
-/// key in Redis (`SET NX`), commits the charge in Postgres, then writes the
+/// THE KEY KEPT OUTSIDE THE BUSINESS TRANSACTION, ON PURPOSE.
+///
+/// Claims the key in Redis (`SET NX`), commits the charge in Postgres, then writes the
 /// answer back to Redis: a crash between the two commits leaves the key
 /// `processing` in Redis until its TTL, and the retry after that charges
 /// again. The real endpoint claims the key in the charge's transaction.
@@ -373,26 +420,20 @@ fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, A
     post,
     path = "/demo/redis/charges",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     params(
         ("Idempotency-Key" = String, Header, description = "Required here"),
-        ("Oncepay-Fault" = Option<String>, Header, description = "`crash-after-commit` (with `FAULT_INJECTION=true`): abort the process after the charge committed, before the answer is written to Redis")
+        ("Oncepay-Fault" = Option<String>, Header, nullable = false, description = "`crash-after-commit` (with `FAULT_INJECTION=true`): abort the process after the charge committed, before the answer is written to Redis")
     ),
     request_body(content(
         (super::openapi::CreateCharge = "application/json"),
         (super::openapi::CreateCharge = "application/x-www-form-urlencoded")
     )),
     responses(
-        (status = 201, description = "Charged (or the answer saved in Redis, with `Idempotent-Replayed: true`)", body = super::openapi::Charge),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 201, description = "Charged (or the answer saved in Redis, with `Idempotent-Replayed: true`)", body = ChargeObject),
         (status = 402, response = super::openapi::PaymentFailed),
         (status = 409, response = super::openapi::InFlight),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors
     )
 )]
 async fn redis_charge(
@@ -465,7 +506,8 @@ fn processor_run(params: &mut Params) -> Result<String, ApiError> {
     Ok(run)
 }
 
-/// A NEW PROCESSOR KEY PER ATTEMPT, ON PURPOSE (with `keys=new_per_attempt`).
+/// A NEW PROCESSOR KEY PER ATTEMPT, ON PURPOSE (with keys=new_per_attempt).
+///
 /// Asks the card gateway for one payment of `amount` (default 500), its
 /// first answer dropped after the money moved (`Processor-Fault:
 /// drop-after-record`), then again until answered, at most three attempts:
@@ -478,15 +520,10 @@ fn processor_run(params: &mut Params) -> Result<String, ApiError> {
     post,
     path = "/demo/processor/payments",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     responses(
-        (status = 200, description = "The attempts and what each got", body = super::openapi::DemoProcessorPayment),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 200, description = "The attempts and what each got", body = ProcessorPayment),
         (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn processor_payment(
@@ -494,7 +531,7 @@ async fn processor_payment(
     _merchant: Authenticated,
     headers: HeaderMap,
     RawBody(body): RawBody,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<ProcessorPayment>, ApiError> {
     let mut params = decode(&headers, &body)?;
     let run = processor_run(&mut params)?;
     let keys = string(required(&mut params, "keys")?, "keys")?;
@@ -530,17 +567,50 @@ async fn processor_payment(
     let attempts = processor_keys::pay(&state.config, keys, &run, amount)
         .await
         .map_err(ApiError::internal)?;
-    Ok(Json(json!({
-        "object": "demo_processor_payment",
-        "run": run,
-        "keys": keys.as_str(),
-        "amount": amount,
-        "attempts": attempts.iter().map(|a| json!({
-            "processor_key": a.processor_key,
-            "answer_dropped": a.dropped,
-            "answer": a.answer.to_string(),
-        })).collect::<Vec<_>>(),
-    })))
+    Ok(Json(ProcessorPayment {
+        object: "demo_processor_payment",
+        run,
+        keys: keys.as_str(),
+        amount,
+        attempts: attempts
+            .iter()
+            .map(|a| ProcessorAttempt {
+                processor_key: a.processor_key.clone(),
+                answer_dropped: a.dropped,
+                answer: a.answer.to_string(),
+            })
+            .collect(),
+    }))
+}
+
+/// One payment asked of the card gateway, attempt after attempt (block 10).
+#[derive(Serialize, ToSchema)]
+#[schema(as = DemoProcessorPayment)]
+struct ProcessorPayment {
+    #[schema(example = "demo_processor_payment")]
+    object: &'static str,
+    #[schema(example = "demo-10")]
+    run: String,
+    /// `same` (one processor key for every attempt) or `new_per_attempt`.
+    #[schema(example = "same")]
+    keys: &'static str,
+    #[schema(example = 500)]
+    amount: i64,
+    attempts: Vec<ProcessorAttempt>,
+}
+
+/// One attempt of a block-10 payment.
+#[derive(Serialize, ToSchema)]
+#[schema(as = DemoProcessorAttempt)]
+struct ProcessorAttempt {
+    /// The `Idempotency-Key` the gateway got.
+    #[schema(example = "demo:demo-10")]
+    processor_key: String,
+    /// Whether the gateway was asked to drop its answer after recording.
+    answer_dropped: bool,
+    /// `succeeded`, `no answer`, `unavailable`, `declined (code)` or `voided`.
+    #[schema(example = "succeeded")]
+    answer: String,
 }
 
 /// The payments the card gateway's ledger holds for a block-10 run, looked
@@ -549,22 +619,17 @@ async fn processor_payment(
     get,
     path = "/demo/processor/payments",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     params(("run" = String, Query, description = "The run tag of the payments")),
     responses(
-        (status = 200, description = "The counts", body = super::openapi::DemoProcessorPayments),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 200, description = "The counts", body = ProcessorPayments),
+        super::openapi::Errors
     )
 )]
 async fn processor_payments(
     State(state): State<AppState>,
     _merchant: Authenticated,
     QueryParams(mut params): QueryParams,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<ProcessorPayments>, ApiError> {
     let run = processor_run(&mut params)?;
     params.reject_unknown()?;
     let found = processor_keys::payments(state.processor.as_ref(), &run)
@@ -578,11 +643,30 @@ async fn processor_payments(
                 .with_retry_after(retry_after::SOON),
             )
         })?;
-    Ok(Json(json!({
-        "object": "demo_processor_payments",
-        "run": run,
-        "payments": found.payments,
-        "charged": found.charged,
-        "keys": found.keys,
-    })))
+    Ok(Json(ProcessorPayments {
+        object: "demo_processor_payments",
+        run,
+        payments: found.payments,
+        charged: found.charged,
+        keys: found.keys,
+    }))
+}
+
+/// The payments the card gateway's ledger holds for a block-10 run.
+#[derive(Serialize, ToSchema)]
+#[schema(as = DemoProcessorPayments)]
+struct ProcessorPayments {
+    #[schema(example = "demo_processor_payments")]
+    object: &'static str,
+    #[schema(example = "demo-10")]
+    run: String,
+    /// Payments that went through: money moved.
+    #[schema(example = 1)]
+    payments: i64,
+    /// What they took, in minor units.
+    #[schema(example = 500)]
+    charged: i64,
+    /// The processor keys that hold them.
+    #[schema(example = json!(["demo:demo-10"]))]
+    keys: Vec<String>,
 }

@@ -4,17 +4,18 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
 use super::extract::{NoQuery, PageParams, PathParam, QueryParams};
+use super::list::List;
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::events::domain::take_type_filter;
+use crate::events::EventType;
+use crate::events::domain::{EventObject, take_type_filter};
 use crate::events::store::{self, Position};
-use crate::webhooks::domain::DeliveryStatus;
+use crate::webhooks::domain::DeliveryObject;
 use crate::webhooks::store as webhooks;
 
 const ROUTE: &str = "/v1/events";
@@ -31,16 +32,11 @@ pub fn router() -> OpenApiRouter<AppState> {
     get,
     path = "/v1/events/{id}",
     tag = "events",
-    security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "An event id, `evt_...`")),
     responses(
-        (status = 200, description = "The event", body = super::openapi::Event),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 200, description = "The event", body = EventObject),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn retrieve(
@@ -61,16 +57,11 @@ async fn retrieve(
     get,
     path = "/v1/events/{id}/deliveries",
     tag = "webhooks",
-    security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "An event id, `evt_...`")),
     responses(
-        (status = 200, description = "A list object of deliveries", body = super::openapi::WebhookDeliveryList),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 200, description = "A list object of deliveries", body = List<DeliveryObject>),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn deliveries(
@@ -86,71 +77,36 @@ async fn deliveries(
     let attempts = webhooks::attempts_of(&state.pool, event.seq).await?;
     let data: Vec<_> = deliveries
         .iter()
-        .map(|d| {
-            let tried: Vec<_> = attempts
-                .iter()
-                .filter(|a| a.endpoint_id == d.endpoint_id)
-                .map(|a| {
-                    json!({
-                        "attempt": a.attempt,
-                        "created": a.started_at.timestamp(),
-                        "duration_ms": a.duration_ms,
-                        "response_status": a.response_status,
-                        "error": a.error,
-                    })
-                })
-                .collect();
-            json!({
-                "object": "webhook_delivery",
-                "event": event.id,
-                "webhook_endpoint": d.endpoint_id,
-                "url": d.url,
-                "status": d.status.as_str(),
-                "attempt_count": d.attempts,
-                "next_attempt": (d.status == DeliveryStatus::Pending)
-                    .then(|| d.next_attempt_at.timestamp()),
-                "finished": d.finished_at.map(|t| t.timestamp()),
-                "failure_reason": d.failure_reason,
-                "attempts": tried,
-            })
-        })
+        .map(|d| d.to_object(&event.id, &attempts))
         .collect();
-    Ok(Json(json!({
-        "object": "list",
-        "url": format!("{ROUTE}/{}/deliveries", event.id),
-        "has_more": false,
-        "data": data,
-    }))
-    .into_response())
+    let url = format!("{ROUTE}/{}/deliveries", event.id);
+    Ok(Json(List::new(url, false, data)).into_response())
 }
 
 fn no_such_event(id: &str, param: &str) -> ApiError {
     super::problem::no_such("event", id, param)
 }
 
-/// The merchant's events, newest first: in the order their transactions
-/// began writing, each shown once every transaction that began writing
-/// before it has ended, so that paging forward with `ending_before` from an
-/// event the list showed misses none written later.
+/// The merchant's events, newest first.
+///
+/// In the order their transactions began writing, each shown once every
+/// transaction that began writing before it has ended, so that paging
+/// forward with `ending_before` from an event the list showed misses none
+/// written later.
 #[utoipa::path(
     get,
     path = "/v1/events",
     tag = "events",
-    security(("bearer" = []), ("basic" = [])),
     params(
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, example = 10, description = "1 to 100, default 10"),
         ("starting_after" = Option<String>, Query, description = "An event id: the page of events older than it"),
         ("ending_before" = Option<String>, Query, description = "An event id: the page of events newer than it (not with `starting_after`)"),
-        ("type" = Option<super::openapi::EventType>, Query, description = "Only events of this type"),
-        ("types[]" = Option<Vec<super::openapi::EventType>>, Query, explode, description = "Only events of these types, up to 20 (not with `type`); `types[0]=...` works too")
+        ("type" = Option<EventType>, Query, description = "Only events of this type"),
+        ("types[]" = Option<Vec<EventType>>, Query, explode, description = "Only events of these types, up to 20 (not with `type`); `types[0]=...` works too")
     ),
     responses(
-        (status = 200, description = "A list object", body = super::openapi::EventList),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 200, description = "A list object", body = List<EventObject>),
+        super::openapi::Errors
     )
 )]
 async fn list(
@@ -186,13 +142,7 @@ async fn list(
         }
     };
     let data: Vec<_> = events.iter().map(|e| e.to_object()).collect();
-    Ok(Json(json!({
-        "object": "list",
-        "url": ROUTE,
-        "has_more": has_more,
-        "data": data,
-    }))
-    .into_response())
+    Ok(Json(List::new(ROUTE, has_more, data)).into_response())
 }
 
 /// Where the cursor event `id`, given as parameter `name`, stands in the list.

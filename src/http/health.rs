@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
-use serde_json::{Value, json};
+use serde::Serialize;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -24,24 +25,42 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 /// The process is up.
-#[utoipa::path(get, path = "/healthz", tag = "operations",
+#[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
     responses(
-        (status = 200, description = "Up", body = super::openapi::Health),
+        (status = 200, description = "Up", body = Health),
         (status = 400, response = super::openapi::BadRequest)
     ))]
-async fn healthz(_: NoQuery) -> Json<Value> {
-    Json(json!({"status": "ok"}))
+async fn healthz(_: NoQuery) -> Json<Health> {
+    Json(Health {
+        status: "ok",
+        database: None,
+        processor: None,
+    })
+}
+
+/// Liveness or readiness: `database` and `processor` only in the answer
+/// to `GET /readyz`.
+#[derive(Serialize, ToSchema)]
+struct Health {
+    #[schema(example = "ok")]
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "ok")]
+    database: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "ok")]
+    processor: Option<&'static str>,
 }
 
 /// The database and the card processor answer.
-#[utoipa::path(get, path = "/readyz", tag = "operations",
+#[utoipa::path(get, path = "/readyz", tag = "operations", security(()),
     responses(
-        (status = 200, description = "Ready", body = super::openapi::Health),
+        (status = 200, description = "Ready", body = Health),
         (status = 400, response = super::openapi::BadRequest),
         (status = 500, response = super::openapi::InternalError),
         (status = 503, response = super::openapi::Unavailable)
     ))]
-async fn readyz(State(state): State<AppState>, _: NoQuery) -> Result<Json<Value>, ApiError> {
+async fn readyz(State(state): State<AppState>, _: NoQuery) -> Result<Json<Health>, ApiError> {
     // With several hosts, not ready while none is known to be writable: a
     // charge would only wait for a connection and get 503.
     if let Some(primary) = &state.primary {
@@ -73,9 +92,11 @@ async fn readyz(State(state): State<AppState>, _: NoQuery) -> Result<Json<Value>
     // charges would only get 503 processor_unavailable.
     let error = match tokio::time::timeout(Duration::from_secs(3), state.processor.ready()).await {
         Ok(Ok(())) => {
-            return Ok(Json(
-                json!({"status": "ok", "database": "ok", "processor": "ok"}),
-            ));
+            return Ok(Json(Health {
+                status: "ok",
+                database: Some("ok"),
+                processor: Some("ok"),
+            }));
         }
         Ok(Err(e)) => e,
         Err(_) => anyhow::anyhow!("the processor's readiness check timed out"),

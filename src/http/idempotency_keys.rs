@@ -4,7 +4,8 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde_json::{Value, json};
+use serde::Serialize;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -25,16 +26,11 @@ pub fn router() -> OpenApiRouter<AppState> {
     get,
     path = "/v1/idempotency_keys/{key}",
     tag = "idempotency",
-    security(("bearer" = []), ("basic" = [])),
     params(("key" = String, Path, description = "The key, percent-encoded")),
     responses(
-        (status = 200, description = "The key's state", body = super::openapi::IdempotencyKeyState),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 200, description = "The key's state", body = KeyState),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn retrieve(
@@ -42,7 +38,7 @@ async fn retrieve(
     Authenticated(merchant): Authenticated,
     _: NoQuery,
     PathParam(raw): PathParam,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<KeyState>, ApiError> {
     let key = IdempotencyKey::parse(raw.as_bytes()).map_err(|e| {
         Problem::new(ProblemCode::InvalidIdempotencyKey, e.to_string()).with_param("key")
     })?;
@@ -58,21 +54,70 @@ async fn retrieve(
         .with_param("key")
         .into());
     };
-    Ok(Json(json!({
-        "object": "idempotency_key",
-        "key": stored.key,
-        "status": stored.status.as_str(),
-        "created_at": stored.created_at.timestamp(),
-        "expires_at": stored.expires_at.timestamp(),
-        "request": { "method": stored.request_method, "path": stored.request_path },
-        "response": stored.response.map(|r| json!({ "status_code": r.status })),
-        "charge": match &stored.resource {
-            Some(Resource::Charge(id)) => Some(id),
+    Ok(Json(KeyState {
+        object: "idempotency_key",
+        status: stored.status.as_str(),
+        created_at: stored.created_at.timestamp(),
+        expires_at: stored.expires_at.timestamp(),
+        response: stored.response.map(|r| KeyResponse {
+            status_code: r.status,
+        }),
+        charge: match &stored.resource {
+            Some(Resource::Charge(id)) => Some(id.clone()),
             _ => None,
         },
-        "refund": match &stored.resource {
-            Some(Resource::Refund(id)) => Some(id),
+        refund: match &stored.resource {
+            Some(Resource::Refund(id)) => Some(id.clone()),
             _ => None,
         },
-    })))
+        request: KeyRequest {
+            method: stored.request_method,
+            path: stored.request_path,
+        },
+        key: stored.key,
+    }))
+}
+
+/// What the server remembers of one key.
+#[derive(Serialize, ToSchema)]
+#[schema(as = IdempotencyKeyState)]
+struct KeyState {
+    #[schema(example = "idempotency_key")]
+    object: &'static str,
+    #[schema(example = "order-6735-charge")]
+    key: String,
+    /// `processing` (claimed, work under way) or `completed` (answer saved).
+    #[schema(example = "completed")]
+    status: &'static str,
+    /// Unix seconds.
+    #[schema(example = 1764892800)]
+    created_at: i64,
+    /// Unix seconds; after this the key counts as never seen.
+    #[schema(example = 1764979200)]
+    expires_at: i64,
+    request: KeyRequest,
+    /// The saved answer's status code, once completed.
+    response: Option<KeyResponse>,
+    /// The charge the key guards, if it guards a charge.
+    #[schema(example = "ch_FSqF13LohwPRt53icfinsfKa")]
+    charge: Option<String>,
+    /// The refund the key guards, if it guards a refund.
+    #[schema(example = json!(null))]
+    refund: Option<String>,
+}
+
+/// The request that claimed the key.
+#[derive(Serialize, ToSchema)]
+struct KeyRequest {
+    #[schema(example = "POST")]
+    method: String,
+    #[schema(example = "/v1/charges")]
+    path: String,
+}
+
+/// The saved answer.
+#[derive(Serialize, ToSchema)]
+struct KeyResponse {
+    #[schema(example = 201)]
+    status_code: u16,
 }

@@ -238,8 +238,10 @@ fn finish_problem(response: Response, id: Option<&HeaderValue>, stripe_client: b
     Response::from_parts(parts, Body::from(body))
 }
 
-/// `GET /metrics`: Prometheus text format.
-#[utoipa::path(get, path = "/metrics", tag = "operations",
+/// The metrics, in Prometheus text format.
+///
+/// `GET /metrics`, for Prometheus to scrape.
+#[utoipa::path(get, path = "/metrics", tag = "operations", security(()),
     responses(
         (status = 200, description = "Prometheus text format", content_type = "text/plain"),
         (status = 400, response = super::openapi::BadRequest)

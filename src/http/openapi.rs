@@ -4,15 +4,22 @@
 //! `GET /openapi.json`, and rendered by Swagger UI at `GET /docs` (see
 //! [`swagger_ui`]).
 //!
-//! The schemas here describe what the handlers serialise; `scripts/test`
-//! runs schemathesis against the served document to catch any drift.
+//! The schemas of the answers are derived from the types the handlers
+//! serialise (`ToSchema`). What this module writes by hand is what no type
+//! describes: the request bodies, which are read as generic parameters, and
+//! the problem, whose body is written field by field (docs/decisions.md
+//! says why); `scripts/contract` runs schemathesis against the served
+//! document to catch any drift in those.
 
 use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::State;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{IntoParams, Modify, OpenApi, ToResponse, ToSchema};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
+use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 
 use crate::app::AppState;
 use crate::problem::ProblemCode;
@@ -33,6 +40,10 @@ gets `429 rate_limit` with `Retry-After`.",
         license(name = "MIT")
     ),
     modifiers(&Security),
+    // Every operation takes the merchant's key, but those that say
+    // `security(())`: health, metrics, this document and the workshop's
+    // page and receivers.
+    security(("bearer" = []), ("basic" = [])),
     components(
         schemas(Problem, StripeError, ProblemCode),
         responses(
@@ -83,11 +94,14 @@ impl Modify for Security {
     }
 }
 
-/// `GET /openapi.json`: this document.
+/// This document.
+///
+/// `GET /openapi.json`: the OpenAPI 3.1 description of every route.
 #[utoipa::path(
     get,
     path = "/openapi.json",
     tag = "operations",
+    security(()),
     responses(
         (status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json"),
         (status = 400, response = BadRequest)
@@ -137,295 +151,11 @@ pub struct CreateCharge {
     #[schema(example = "tok_visa")]
     source: String,
     /// Up to 1000 characters.
-    #[schema(max_length = 1000)]
+    #[schema(max_length = 1000, example = "Order 6735")]
     description: Option<String>,
     /// Up to 50 keys of 1 to 40 characters; string values of up to 500.
+    #[schema(example = json!({"order_id": "6735"}))]
     metadata: Option<BTreeMap<String, String>>,
-}
-
-/// A charge, with every field of Stripe's charge object, in Stripe's
-/// order. Fields oncepay does not model are always null (or Stripe's empty
-/// form); docs/decisions.md lists them.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Charge {
-    /// `ch_` and 24 letters or digits.
-    #[schema(example = "ch_FSqF13LohwPRt53icfinsfKa")]
-    id: String,
-    #[schema(example = "charge")]
-    object: String,
-    amount: i64,
-    /// The whole amount once paid (oncepay captures at once); 0 otherwise.
-    amount_captured: i64,
-    amount_refunded: i64,
-    /// Always null.
-    application: Option<String>,
-    /// Always null.
-    application_fee: Option<String>,
-    /// Always null.
-    application_fee_amount: Option<i64>,
-    /// `txn_...` once paid; null otherwise.
-    balance_transaction: Option<String>,
-    billing_details: BillingDetails,
-    /// `ONCEPAY` once paid; null otherwise.
-    calculated_statement_descriptor: Option<String>,
-    /// The money was captured: oncepay captures every paid charge at once.
-    captured: bool,
-    /// Unix seconds.
-    created: i64,
-    currency: String,
-    /// Always null.
-    customer: Option<String>,
-    description: Option<String>,
-    /// Always false.
-    disputed: bool,
-    /// Always null.
-    failure_balance_transaction: Option<String>,
-    /// The decline's code (`card_declined`, `insufficient_funds`, `expired_card`,
-    /// `incorrect_cvc`, `processing_error`) or `processing_abandoned`.
-    failure_code: Option<String>,
-    failure_message: Option<String>,
-    /// Always `{}`.
-    fraud_details: BTreeMap<String, String>,
-    livemode: bool,
-    metadata: BTreeMap<String, String>,
-    /// Always null.
-    on_behalf_of: Option<String>,
-    /// What the card network or the fraud check said; null while pending
-    /// and for an abandoned charge.
-    outcome: Option<ChargeOutcome>,
-    /// The charge succeeded.
-    paid: bool,
-    /// Always null.
-    payment_intent: Option<String>,
-    /// The card's id, `card_...`.
-    payment_method: Option<String>,
-    payment_method_details: Option<PaymentMethodDetails>,
-    /// Always null.
-    receipt_email: Option<String>,
-    /// Always null.
-    receipt_number: Option<String>,
-    /// Always null.
-    receipt_url: Option<String>,
-    refunded: bool,
-    refunds: ChargeRefunds,
-    /// Always null.
-    review: Option<String>,
-    /// Always null.
-    shipping: Option<String>,
-    source: Option<CardSource>,
-    /// Always null.
-    source_transfer: Option<String>,
-    /// Always null.
-    statement_descriptor: Option<String>,
-    /// Always null.
-    statement_descriptor_suffix: Option<String>,
-    #[schema(example = "succeeded")]
-    status: ChargeStatus,
-    /// Always null.
-    transfer_data: Option<String>,
-    /// Always null.
-    transfer_group: Option<String>,
-}
-
-/// Billing details: oncepay takes none, so every member is null.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct BillingDetails {
-    address: NullAddress,
-    email: Option<String>,
-    name: Option<String>,
-    phone: Option<String>,
-    tax_id: Option<String>,
-}
-
-/// An address oncepay does not know: every member null.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct NullAddress {
-    city: Option<String>,
-    country: Option<String>,
-    line1: Option<String>,
-    line2: Option<String>,
-    postal_code: Option<String>,
-    state: Option<String>,
-}
-
-/// Stripe's outcome of the authorization.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ChargeOutcome {
-    /// Always null.
-    advice_code: Option<String>,
-    /// Always null.
-    network_advice_code: Option<String>,
-    /// Always null.
-    network_decline_code: Option<String>,
-    /// `approved_by_network`, `declined_by_network` or `not_sent_to_network`.
-    #[schema(example = "approved_by_network")]
-    network_status: String,
-    /// The decline code, or `highest_risk_level` for a charge blocked as fraud; null when authorized.
-    reason: Option<String>,
-    /// `normal`, or `highest` for a charge blocked as fraud.
-    #[schema(example = "normal")]
-    risk_level: String,
-    #[schema(example = "Payment complete.")]
-    seller_message: String,
-    /// `authorized`, `issuer_declined` or `blocked`.
-    #[schema(example = "authorized")]
-    r#type: String,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct PaymentMethodDetails {
-    card: CardDetails,
-    #[schema(example = "card")]
-    r#type: String,
-}
-
-/// The test token's card.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct CardDetails {
-    /// The amount, once authorized; null otherwise.
-    amount_authorized: Option<i64>,
-    /// Always null.
-    authorization_code: Option<String>,
-    /// `visa`, `mastercard`, `amex` or `discover`.
-    #[schema(example = "visa")]
-    brand: String,
-    checks: CardChecks,
-    #[schema(example = "US")]
-    country: String,
-    exp_month: i64,
-    exp_year: i64,
-    extended_authorization: FeatureStatus,
-    fingerprint: String,
-    /// `credit` or `debit`.
-    funding: String,
-    incremental_authorization: FeatureStatus,
-    /// Always null.
-    installments: Option<String>,
-    #[schema(example = "4242")]
-    last4: String,
-    /// Always null.
-    mandate: Option<String>,
-    multicapture: FeatureStatus,
-    network: String,
-    network_token: NetworkToken,
-    /// Always null.
-    network_transaction_id: Option<String>,
-    overcapture: Overcapture,
-    /// Always null.
-    regulated_status: Option<String>,
-    /// Always null.
-    three_d_secure: Option<String>,
-    /// Always null.
-    transaction_link_id: Option<String>,
-    /// Always null.
-    wallet: Option<String>,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct CardChecks {
-    /// Always null.
-    address_line1_check: Option<String>,
-    /// Always null.
-    address_postal_code_check: Option<String>,
-    /// `pass`, or `fail` for `tok_chargeDeclinedIncorrectCvc`.
-    cvc_check: String,
-}
-
-/// A card feature oncepay never offers.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct FeatureStatus {
-    /// `disabled` or `unavailable`.
-    status: String,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct NetworkToken {
-    /// Always false.
-    used: bool,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Overcapture {
-    maximum_amount_capturable: i64,
-    /// Always `unavailable`.
-    status: String,
-}
-
-/// The charge's card, as Stripe's card object shows it.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct CardSource {
-    /// `card_...`, the same as the charge's `payment_method`.
-    id: String,
-    #[schema(example = "card")]
-    object: String,
-    address_city: Option<String>,
-    address_country: Option<String>,
-    address_line1: Option<String>,
-    address_line1_check: Option<String>,
-    address_line2: Option<String>,
-    address_state: Option<String>,
-    address_zip: Option<String>,
-    address_zip_check: Option<String>,
-    /// `Visa`, `MasterCard`, `American Express` or `Discover`.
-    #[schema(example = "Visa")]
-    brand: String,
-    country: String,
-    customer: Option<String>,
-    cvc_check: String,
-    dynamic_last4: Option<String>,
-    exp_month: i64,
-    exp_year: i64,
-    fingerprint: String,
-    funding: String,
-    last4: String,
-    /// Always `{}`.
-    metadata: BTreeMap<String, String>,
-    name: Option<String>,
-    tokenization_method: Option<String>,
-    wallet: Option<String>,
-}
-
-/// The charge's refunds, newest first: the first 10, with `has_more` for the rest.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ChargeRefunds {
-    #[schema(example = "list")]
-    object: String,
-    data: Vec<Refund>,
-    has_more: bool,
-    /// `/v1/charges/{id}/refunds`.
-    url: String,
-}
-
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub enum ChargeStatus {
-    Pending,
-    Succeeded,
-    Failed,
-}
-
-/// A page of charges, newest first.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ChargeList {
-    #[schema(example = "list")]
-    object: String,
-    url: String,
-    has_more: bool,
-    data: Vec<Charge>,
 }
 
 /// The parameters of `POST /v1/refunds`, as JSON or as a form.
@@ -433,156 +163,16 @@ pub struct ChargeList {
 #[allow(dead_code)]
 pub struct CreateRefund {
     /// The id of a succeeded charge.
+    #[schema(example = "ch_FSqF13LohwPRt53icfinsfKa")]
     charge: String,
     /// Integer minor units; default: what is left to refund.
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, example = 500)]
     amount: Option<i64>,
     /// `duplicate`, `fraudulent` or `requested_by_customer`.
+    #[schema(example = "requested_by_customer")]
     reason: Option<String>,
+    #[schema(example = json!({"order_id": "6735"}))]
     metadata: Option<BTreeMap<String, String>>,
-}
-
-/// A refund, with every field of Stripe's refund object, in Stripe's order.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Refund {
-    /// `re_` and 24 letters or digits.
-    id: String,
-    #[schema(example = "refund")]
-    object: String,
-    amount: i64,
-    /// `txn_...` once succeeded; null otherwise.
-    balance_transaction: Option<String>,
-    charge: String,
-    created: i64,
-    currency: String,
-    /// Always null.
-    customer: Option<String>,
-    /// Always null.
-    customer_account: Option<String>,
-    destination_details: DestinationDetails,
-    /// Why the refund failed (`declined`), else null.
-    failure_reason: Option<String>,
-    metadata: BTreeMap<String, String>,
-    /// Always null.
-    payment_intent: Option<String>,
-    /// Always null.
-    payment_method: Option<String>,
-    /// `duplicate`, `fraudulent` or `requested_by_customer`, as asked.
-    reason: Option<String>,
-    /// Always null.
-    receipt_number: Option<String>,
-    /// Always null.
-    source_transfer_reversal: Option<String>,
-    /// `failed` when the card's issuer refused the refund; its amount can be
-    /// refunded again.
-    status: ChargeStatus,
-    /// Always null.
-    transfer_reversal: Option<String>,
-}
-
-/// Where a refund's money goes: back to the card.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct DestinationDetails {
-    card: CardRefund,
-    #[schema(example = "card")]
-    r#type: String,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct CardRefund {
-    /// Always `refund`.
-    #[schema(example = "refund")]
-    r#type: String,
-}
-
-/// What happened to a charge or a refund: one event per final state change,
-/// written in the same transaction as the change, never changed afterwards.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Event {
-    /// `evt_` and 24 letters or digits.
-    #[schema(example = "evt_1NbB3eCTYkz2mVgqA8rW0hXp")]
-    id: String,
-    #[schema(example = "event")]
-    object: String,
-    /// Always null: oncepay renders its objects one way only.
-    api_version: Option<String>,
-    /// Unix seconds: when the change was made.
-    created: i64,
-    data: EventData,
-    livemode: bool,
-    /// Webhook deliveries the event was given when it was written, one per endpoint that enabled its type then; fixed, like the rest of the event (where each stands: `/v1/events/{id}/deliveries`).
-    pending_webhooks: u32,
-    request: EventRequest,
-    r#type: EventType,
-}
-
-/// The object the event is about, as the API rendered it at that moment.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct EventData {
-    /// A charge for `charge.*` events, a refund for `refund.*` events.
-    #[schema(schema_with = charge_or_refund)]
-    object: (),
-}
-
-/// A charge or a refund.
-fn charge_or_refund() -> utoipa::openapi::schema::Schema {
-    use utoipa::openapi::Ref;
-    utoipa::openapi::schema::OneOfBuilder::new()
-        .item(Ref::from_schema_name("Charge"))
-        .item(Ref::from_schema_name("Refund"))
-        .description(Some(
-            "A charge for `charge.*` events, a refund for `refund.*` events",
-        ))
-        .build()
-        .into()
-}
-
-/// The API request that settled the object.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct EventRequest {
-    /// Its `X-Request-Id`; null when the sweeper settled the object.
-    id: Option<String>,
-    /// The `Idempotency-Key` that guards the object, if it has one.
-    idempotency_key: Option<String>,
-}
-
-/// What happened.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub enum EventType {
-    /// A charge succeeded.
-    #[schema(rename = "charge.succeeded")]
-    ChargeSucceeded,
-    /// A charge was declined, or abandoned (`failure_code: processing_abandoned`).
-    #[schema(rename = "charge.failed")]
-    ChargeFailed,
-    /// A refund of the charge succeeded, in part or in full; the object is the charge.
-    #[schema(rename = "charge.refunded")]
-    ChargeRefunded,
-    /// A refund succeeded.
-    #[schema(rename = "refund.succeeded")]
-    RefundSucceeded,
-    /// The issuer refused a refund.
-    #[schema(rename = "refund.failed")]
-    RefundFailed,
-}
-
-/// A page of events, newest first.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct EventList {
-    #[schema(example = "list")]
-    object: String,
-    #[schema(example = "/v1/events")]
-    url: String,
-    has_more: bool,
-    data: Vec<Event>,
 }
 
 /// The parameters of a new webhook endpoint.
@@ -598,288 +188,8 @@ pub struct CreateWebhookEndpoint {
     #[schema(example = json!(["charge.succeeded", "charge.refunded"]))]
     enabled_events: Vec<String>,
     /// At most 5000 characters.
+    #[schema(example = "The order system")]
     description: Option<String>,
-}
-
-/// Where the merchant's events are sent.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookEndpoint {
-    /// `we_` and 24 letters or digits.
-    #[schema(example = "we_1NbB3eCTYkz2mVgqA8rW0hXp")]
-    id: String,
-    #[schema(example = "webhook_endpoint")]
-    object: String,
-    url: String,
-    enabled_events: Vec<String>,
-    description: Option<String>,
-    /// `enabled`, or `disabled` once every delivery failed for `WEBHOOK_DISABLE_AFTER`.
-    #[schema(example = "enabled")]
-    status: String,
-    /// Why the endpoint was disabled, if it was.
-    disabled_reason: Option<String>,
-    /// Always null.
-    api_version: Option<String>,
-    /// Always null.
-    application: Option<String>,
-    created: i64,
-    livemode: bool,
-    metadata: BTreeMap<String, String>,
-    /// The signing secret, `whsec_...`: only in the answer to the create
-    /// (and its replays). Verify each delivery's `Stripe-Signature` with it.
-    secret: Option<String>,
-}
-
-/// A page of webhook endpoints, newest first.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookEndpointList {
-    #[schema(example = "list")]
-    object: String,
-    #[schema(example = "/v1/webhook_endpoints")]
-    url: String,
-    has_more: bool,
-    data: Vec<WebhookEndpoint>,
-}
-
-/// A deleted webhook endpoint.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct DeletedWebhookEndpoint {
-    id: String,
-    #[schema(example = "webhook_endpoint")]
-    object: String,
-    deleted: bool,
-}
-
-/// One event's delivery to one endpoint.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookDelivery {
-    #[schema(example = "webhook_delivery")]
-    object: String,
-    event: String,
-    webhook_endpoint: String,
-    url: String,
-    /// `pending` (another attempt is due), `succeeded` (answered 2xx) or
-    /// `failed` (attempts exhausted, or the endpoint disabled or deleted).
-    #[schema(example = "succeeded")]
-    status: String,
-    /// Attempts begun, including one cut short by a crash (which has no record).
-    attempt_count: i32,
-    /// Unix seconds: when the next attempt is due, while pending.
-    next_attempt: Option<i64>,
-    /// Unix seconds: when it succeeded or failed for good.
-    finished: Option<i64>,
-    /// `attempts_exhausted`, `endpoint_disabled` or `endpoint_deleted`, when failed.
-    failure_reason: Option<String>,
-    attempts: Vec<WebhookAttempt>,
-}
-
-/// One attempt that ran to its end.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookAttempt {
-    attempt: i32,
-    /// Unix seconds: when it began.
-    created: i64,
-    duration_ms: i32,
-    /// The receiver's status code; null when none came.
-    response_status: Option<i32>,
-    /// What went wrong (`HTTP 500`, `timeout`, `connect: ...`); null for a 2xx.
-    error: Option<String>,
-}
-
-/// The deliveries of one event.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookDeliveryList {
-    #[schema(example = "list")]
-    object: String,
-    url: String,
-    has_more: bool,
-    data: Vec<WebhookDelivery>,
-}
-
-/// What the merchant's charges came to, per currency, in Stripe's shape.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Balance {
-    #[schema(example = "balance")]
-    object: String,
-    available: Vec<BalanceAmount>,
-    /// Per currency, always 0: oncepay has no connected accounts.
-    connect_reserved: Vec<ReservedAmount>,
-    livemode: bool,
-    /// Per currency, always 0: a charge's money is available at once.
-    pending: Vec<PendingAmount>,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct BalanceAmount {
-    /// `charged - refunded`.
-    amount: i64,
-    currency: String,
-    source_types: SourceTypes,
-    /// Succeeded charges.
-    charged: i64,
-    /// Succeeded refunds.
-    refunded: i64,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct PendingAmount {
-    amount: i64,
-    currency: String,
-    source_types: SourceTypes,
-}
-
-/// The amount by source: all of it from cards.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct SourceTypes {
-    card: i64,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ReservedAmount {
-    amount: i64,
-    currency: String,
-}
-
-/// What the server remembers of one key.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct IdempotencyKeyState {
-    #[schema(example = "idempotency_key")]
-    object: String,
-    key: String,
-    /// `processing` (claimed, work under way) or `completed` (answer saved).
-    status: String,
-    /// Unix seconds.
-    created_at: i64,
-    /// Unix seconds; after this the key counts as never seen.
-    expires_at: i64,
-    request: KeyRequest,
-    /// The saved answer's status code, once completed.
-    response: Option<KeyResponse>,
-    /// The charge the key guards, if it guards a charge.
-    charge: Option<String>,
-    /// The refund the key guards, if it guards a refund.
-    refund: Option<String>,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct KeyRequest {
-    method: String,
-    path: String,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct KeyResponse {
-    status_code: u16,
-}
-
-/// Effects in the database for a workshop run.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Effects {
-    #[schema(example = "demo_effects")]
-    object: String,
-    run: String,
-    /// Payments the processor recorded: money moved.
-    payments: i64,
-    /// What those payments took, in minor units.
-    charged: i64,
-    /// Refunds the processor recorded from those payments: money given back.
-    refunds: i64,
-    /// What those refunds gave back, in minor units.
-    refunded: i64,
-    charges: i64,
-    succeeded: i64,
-    failed: i64,
-    pending: i64,
-}
-
-/// One payment asked of the card gateway, attempt after attempt (block 10).
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct DemoProcessorPayment {
-    #[schema(example = "demo_processor_payment")]
-    object: String,
-    run: String,
-    /// `same` (one processor key for every attempt) or `new_per_attempt`.
-    keys: String,
-    amount: i64,
-    attempts: Vec<DemoProcessorAttempt>,
-}
-
-/// One attempt of a block-10 payment.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct DemoProcessorAttempt {
-    /// The `Idempotency-Key` the gateway got.
-    processor_key: String,
-    /// Whether the gateway was asked to drop its answer after recording.
-    answer_dropped: bool,
-    /// `succeeded`, `no answer`, `unavailable`, `declined (code)` or `voided`.
-    answer: String,
-}
-
-/// The payments the card gateway's ledger holds for a block-10 run.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct DemoProcessorPayments {
-    #[schema(example = "demo_processor_payments")]
-    object: String,
-    run: String,
-    /// Payments that went through: money moved.
-    payments: i64,
-    /// What they took, in minor units.
-    charged: i64,
-    /// The processor keys that hold them.
-    keys: Vec<String>,
-}
-
-/// What the workshop's scenarios need to know of the server.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct DemoSettings {
-    #[schema(example = "demo_settings")]
-    object: String,
-    /// `IDEMPOTENCY_KEY_TTL`, in milliseconds: how long a saved answer is replayed.
-    idempotency_key_ttl_ms: u64,
-    /// `PROCESSING_TIMEOUT`, in milliseconds: when the sweeper settles a key a crash left `processing`.
-    processing_timeout_ms: u64,
-    /// `SWEEP_INTERVAL`, in milliseconds.
-    sweep_interval_ms: u64,
-    /// `PROCESSOR_LATENCY_MS`.
-    processor_latency_ms: u64,
-    /// `FAULT_INJECTION`: `Oncepay-Fault` is honoured.
-    fault_injection: bool,
-    /// `DEMO_UNSAFE_ENDPOINTS`: the deliberately broken endpoints are served.
-    demo_unsafe_endpoints: bool,
-    /// `WEBHOOK_ALLOW_PRIVATE`: webhook endpoints may point at this server's own receivers, on loopback.
-    webhook_allow_private: bool,
-    /// Whether `REDIS_URL` is set (not whether Redis answers).
-    redis: bool,
-    /// When this process started, Unix milliseconds: it changes when the server is restarted.
-    started_at_ms: u64,
-}
-
-/// Liveness or readiness.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Health {
-    #[schema(example = "ok")]
-    status: String,
-    database: Option<String>,
-    processor: Option<String>,
 }
 
 /// An error (RFC 9457). `code` is stable and machine-readable; `param`
@@ -893,12 +203,17 @@ pub struct Health {
 #[allow(dead_code)]
 pub struct Problem {
     /// A relative URI, `/problems/{code}`.
+    #[schema(example = "/problems/card_declined")]
     r#type: String,
+    #[schema(example = "Payment Required")]
     title: String,
+    #[schema(example = 402)]
     status: u16,
+    #[schema(example = "Your card was declined.")]
     detail: String,
     code: ProblemCode,
     param: Option<String>,
+    #[schema(example = "ch_FSqF13LohwPRt53icfinsfKa")]
     charge: Option<String>,
     /// The refund a `processor_unavailable` or `processing_outcome_unknown` refund answer is about.
     refund: Option<String>,
@@ -921,8 +236,10 @@ pub struct StripeError {
     code: ProblemCode,
     /// For a declined card: `generic_decline`, `insufficient_funds`, `expired_card`,
     /// `incorrect_cvc`, `processing_error`, `fraudulent`, `lost_card` or `stolen_card`.
+    #[schema(example = "generic_decline")]
     decline_code: Option<String>,
     /// The problem's `detail`.
+    #[schema(example = "Your card was declined.")]
     message: String,
     /// The parameter at fault.
     param: Option<String>,
@@ -937,106 +254,102 @@ pub struct StripeError {
 pub struct IdempotencyHeaders {
     /// 1 to 255 visible ASCII characters, one per logical operation; the
     /// quoted RFC 8941 form names the same key.
-    #[param(rename = "Idempotency-Key")]
+    #[param(rename = "Idempotency-Key", value_type = String, required = false)]
     idempotency_key: Option<String>,
     /// `wait=N` (N up to 10): if the same request is in flight, wait for it
     /// and replay its answer instead of 409.
-    #[param(rename = "Prefer")]
+    #[param(rename = "Prefer", value_type = String, required = false, example = "wait=5")]
     prefer: Option<String>,
 }
 
-// Error responses, one per status, all problems.
+/// Declares the error responses, one per status, all problems: for each, a
+/// unit struct whose `ToResponse` is a `Problem` body with its description
+/// (and the header it carries).
+macro_rules! problem_responses {
+    ($($name:ident: $description:expr $(, $header:literal = $explained:expr)?;)*) => {$(
+        pub struct $name;
 
-#[derive(ToResponse)]
-#[response(
-    description = "Bad input (see `code` and `param`); nothing was written",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct BadRequest(Problem);
+        impl<'s> ToResponse<'s> for $name {
+            fn response() -> (&'s str, RefOr<Response>) {
+                let headers: &[(&str, &str)] = &[$(($header, $explained))?];
+                (stringify!($name), problem_response($description, headers).into())
+            }
+        }
+    )*};
+}
 
-#[derive(ToResponse)]
-#[response(
-    description = "No or a wrong API key (`WWW-Authenticate`)",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct Unauthorized(Problem);
+/// A response whose body is a `Problem`, with string headers.
+fn problem_response(description: &str, headers: &[(&str, &str)]) -> Response {
+    let body = ContentBuilder::new()
+        .schema(Some(Ref::from_schema_name(Problem::name())))
+        .build();
+    let mut response = ResponseBuilder::new()
+        .description(description)
+        .content(crate::problem::CONTENT_TYPE, body);
+    for (name, explained) in headers {
+        let header = HeaderBuilder::new()
+            .schema(ObjectBuilder::new().schema_type(Type::String))
+            .description(Some(*explained))
+            .build();
+        response = response.header(*name, header);
+    }
+    response.build()
+}
 
-#[derive(ToResponse)]
-#[response(
-    description = "Declined or abandoned; saved and replayed for the key",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct PaymentFailed(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "No such resource for this merchant",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct NotFound(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "The same request is still in flight (`Retry-After: 1`)",
-    content_type = "application/problem+json",
-    headers(("Retry-After" = String, description = "Seconds to wait before retrying: 1"))
-)]
-#[allow(dead_code)]
-pub struct InFlight(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "The body is too large",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct TooLarge(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "Neither JSON nor a form",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct UnsupportedMediaType(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "The key was used with other parameters",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct KeyReused(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "Over the merchant's rate limit on this instance; nothing was read or written (`Retry-After`)",
-    content_type = "application/problem+json",
-    headers(("Retry-After" = String, description = "Whole seconds until the merchant's allowance has room for one more request, at least 1"))
-)]
-#[allow(dead_code)]
-pub struct TooManyRequests(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "A bug; details in the log",
-    content_type = "application/problem+json"
-)]
-#[allow(dead_code)]
-pub struct InternalError(Problem);
-
-#[derive(ToResponse)]
-#[response(
-    description = "Database unreachable, processor outcome unknown or unavailable, the request shed under overload, or the request timed out (`Retry-After`)",
-    content_type = "application/problem+json",
-    headers(("Retry-After" = String, description = "Seconds until a retry with the same key can get the answer: \
+problem_responses! {
+    BadRequest: "Bad input (see `code` and `param`); nothing was written";
+    Unauthorized: "No or a wrong API key (`WWW-Authenticate`)";
+    PaymentFailed: "Declined or abandoned; saved and replayed for the key";
+    NotFound: "No such resource for this merchant";
+    InFlight: "The same request is still in flight (`Retry-After: 1`)",
+        "Retry-After" = "Seconds to wait before retrying: 1";
+    TooLarge: "The body is too large";
+    UnsupportedMediaType: "Neither JSON nor a form";
+    KeyReused: "The key was used with other parameters";
+    TooManyRequests: "Over the merchant's rate limit on this instance; nothing was read or written (`Retry-After`)",
+        "Retry-After" = "Whole seconds until the merchant's allowance has room for one more request, at least 1";
+    InternalError: "A bug; details in the log";
+    Unavailable: "Database unreachable, processor outcome unknown or unavailable, the request shed under overload, or the request timed out (`Retry-After`)",
+        "Retry-After" = "Seconds until a retry with the same key can get the answer: \
 `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`, rounded up (35 by default), when the record is left pending for recovery \
 (`processing_outcome_unknown`, a refund's `processor_unavailable`, `service_unavailable` after the processor was called); \
-1 otherwise (a charge's `processor_unavailable`, `overloaded`, `request_timeout`, `service_unavailable` before any work)"))
-)]
-#[allow(dead_code)]
-pub struct Unavailable(Problem);
+1 otherwise (a charge's `processor_unavailable`, `overloaded`, `request_timeout`, `service_unavailable` before any work)";
+}
+
+// Sets of the error responses above that many operations share; an
+// operation lists a set in its `responses(...)` by name.
+
+/// The errors of every authenticated request: bad input, no or a wrong key,
+/// the rate limit, a bug, and the service unavailable.
+#[derive(IntoResponses)]
+pub enum Errors {
+    #[response(status = 400)]
+    BadRequest(#[ref_response] BadRequest),
+    #[response(status = 401)]
+    Unauthorized(#[ref_response] Unauthorized),
+    #[response(status = 429)]
+    TooManyRequests(#[ref_response] TooManyRequests),
+    #[response(status = 500)]
+    InternalError(#[ref_response] InternalError),
+    #[response(status = 503)]
+    Unavailable(#[ref_response] Unavailable),
+}
+
+/// The errors of a request with a body: too large, or of a type not taken.
+#[derive(IntoResponses)]
+pub enum BodyErrors {
+    #[response(status = 413)]
+    TooLarge(#[ref_response] TooLarge),
+    #[response(status = 415)]
+    UnsupportedMediaType(#[ref_response] UnsupportedMediaType),
+}
+
+/// The errors of an idempotent POST: its key in flight, or reused with
+/// other parameters.
+#[derive(IntoResponses)]
+pub enum KeyErrors {
+    #[response(status = 409)]
+    InFlight(#[ref_response] InFlight),
+    #[response(status = 422)]
+    KeyReused(#[ref_response] KeyReused),
+}

@@ -9,7 +9,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde::Serialize;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -18,6 +18,7 @@ use super::auth::Authenticated;
 use super::extract::{QueryParams, RawBody, decode};
 use super::problem::ApiError;
 use crate::app::AppState;
+use crate::events::domain::EventObject;
 use crate::params::{ParamError, Params};
 use crate::params::{required, string};
 use crate::problem::{Problem, ProblemCode};
@@ -43,28 +44,24 @@ fn fault(misbehaviour: Misbehaviour) -> Option<&'static str> {
     (misbehaviour == Misbehaviour::CrashAfterDelivery).then_some(CRASH_AFTER_DELIVERY)
 }
 
-/// Sets up the receiver of a run in one mode, with the signing secret of
-/// the webhook endpoint that will send to it (the `whsec_` that endpoint's
-/// create answered) and how it fails on purpose. Setting it up again
-/// replaces the secret and the behaviour; what it took in stays counted.
+/// Sets up the receiver of a run in one mode.
+///
+/// It takes the signing secret of the webhook endpoint that will send to
+/// it (the `whsec_` that endpoint's create answered) and how it fails on
+/// purpose. Setting it up again replaces the secret and the behaviour; what
+/// it took in stays counted.
 #[utoipa::path(
     post,
     path = "/demo/receivers",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     request_body(content(
         (CreateReceiver = "application/json"),
         (CreateReceiver = "application/x-www-form-urlencoded")
     )),
     responses(
         (status = 200, description = "Set up", body = DemoReceiver),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors
     )
 )]
 async fn register(
@@ -72,7 +69,7 @@ async fn register(
     Authenticated(merchant): Authenticated,
     headers: HeaderMap,
     RawBody(body): RawBody,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DemoReceiver>, ApiError> {
     let new = NewReceiver::from_params(decode(&headers, &body)?)?;
     if new.misbehaviour == Misbehaviour::CrashAfterDelivery && !state.config.fault_injection {
         return Err(Problem::new(
@@ -82,14 +79,14 @@ async fn register(
         .into());
     }
     receiver::register(&state.pool, merchant.id, &new).await?;
-    Ok(Json(json!({
-        "object": "demo_receiver",
-        "run": new.run,
-        "mode": new.mode.as_str(),
-        "path": path(new.mode, &new.run),
-        "fail_first": new.fail_first,
-        "fault": fault(new.misbehaviour),
-    })))
+    Ok(Json(DemoReceiver {
+        object: "demo_receiver",
+        path: path(new.mode, &new.run),
+        mode: new.mode.as_str(),
+        fail_first: new.fail_first,
+        fault: fault(new.misbehaviour),
+        run: new.run,
+    }))
 }
 
 /// `run`, the one query parameter of these routes.
@@ -106,26 +103,20 @@ fn run_param(mut params: Params) -> Result<String, ParamError> {
     get,
     path = "/demo/receivers",
     tag = "workshop",
-    security(("bearer" = []), ("basic" = [])),
     params(("run" = String, Query, description = "The run tag the receivers were set up for")),
     responses(
         (status = 200, description = "The counts", body = DemoReceivers),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn counts(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
     QueryParams(params): QueryParams,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DemoReceivers>, ApiError> {
     let run = run_param(params)?;
     let counts = receiver::counts(&state.pool, merchant.id, &run).await?;
-    let mut receivers = serde_json::Map::new();
-    for mode in Mode::ALL {
+    let of = |mode: Mode| {
         let found = counts.receivers.iter().find(|r| r.mode == mode);
         let zero = ReceiverCounts {
             mode,
@@ -136,25 +127,26 @@ async fn counts(
             shipments: 0,
         };
         let r = found.unwrap_or(&zero);
-        receivers.insert(
-            mode.as_str().to_owned(),
-            json!({
-                "registered": found.is_some(),
-                "path": path(mode, &run),
-                "fail_first": r.fail_first,
-                "fault": found.and_then(|r| fault(r.misbehaviour)),
-                "deliveries": r.deliveries,
-                "events": r.events,
-                "shipments": r.shipments,
-            }),
-        );
-    }
-    Ok(Json(json!({
-        "object": "demo_receivers",
-        "run": run,
-        "events": counts.events,
-        "receivers": receivers,
-    })))
+        DemoReceiverCounts {
+            registered: found.is_some(),
+            path: path(mode, &run),
+            fail_first: r.fail_first,
+            fault: found.and_then(|r| fault(r.misbehaviour)),
+            deliveries: r.deliveries,
+            events: r.events,
+            shipments: r.shipments,
+        }
+    };
+    let receivers = DemoReceiverModes {
+        naive: of(Mode::Naive),
+        inbox: of(Mode::Inbox),
+    };
+    Ok(Json(DemoReceivers {
+        object: "demo_receivers",
+        run,
+        events: counts.events,
+        receivers,
+    }))
 }
 
 /// WRONG ON PURPOSE, for teaching: verifies the signature, then ships an
@@ -163,11 +155,12 @@ async fn counts(
     post,
     path = "/demo/receiver/naive",
     tag = "workshop",
+    security(()),
     params(
         ("run" = String, Query, description = "The run whose receiver takes the delivery"),
         ("Stripe-Signature" = String, Header, description = "`t=<unix seconds>,v1=<hex HMAC-SHA256 of \"t.body\">`, keyed with the receiver's secret; at most five minutes old")
     ),
-    request_body(content = super::openapi::Event, content_type = "application/json",
+    request_body(content = EventObject, content_type = "application/json",
         description = "An event, as the delivery worker sends it; the signature covers these exact bytes"),
     responses(
         (status = 200, description = "Received and acted on, or about another run and ignored", body = DemoReceipt,
@@ -194,11 +187,12 @@ async fn naive(
     post,
     path = "/demo/receiver/inbox",
     tag = "workshop",
+    security(()),
     params(
         ("run" = String, Query, description = "The run whose receiver takes the delivery"),
         ("Stripe-Signature" = String, Header, description = "`t=<unix seconds>,v1=<hex HMAC-SHA256 of \"t.body\">`, keyed with the receiver's secret; at most five minutes old")
     ),
-    request_body(content = super::openapi::Event, content_type = "application/json",
+    request_body(content = EventObject, content_type = "application/json",
         description = "An event, as the delivery worker sends it; the signature covers these exact bytes"),
     responses(
         (status = 200, description = "Received (and shipped if the event was new), or about another run and ignored", body = DemoReceipt,
@@ -232,16 +226,14 @@ async fn receive(
         .get(signature::HEADER)
         .map(|v| v.to_str().unwrap_or(""));
     let receipt = receiver::receive(&state.pool, &run, mode, signed, body).await?;
-    let answer = |event: &str, delivery: Option<i32>, shipped: bool| {
-        json!({
-            "object": "demo_receipt",
-            "run": run,
-            "receiver": mode.as_str(),
-            "event": event,
-            "ignored": delivery.is_none(),
-            "delivery": delivery,
-            "shipped": shipped,
-        })
+    let answer = |event: &str, delivery: Option<i32>, shipped: bool| DemoReceipt {
+        object: "demo_receipt",
+        run: run.clone(),
+        receiver: mode.as_str(),
+        event: event.to_owned(),
+        ignored: delivery.is_none(),
+        delivery,
+        shipped,
     };
     match receipt {
         Receipt::Ignored { event_id } => Ok(Json(answer(&event_id, None, false)).into_response()),
@@ -284,6 +276,7 @@ async fn receive(
 struct CreateReceiver {
     /// The run tag: 1 to 200 characters. The receiver acts only on events
     /// about charges with this `metadata[demo_run]`.
+    #[schema(example = "demo-1")]
     run: String,
     /// `naive` (ships for every delivery) or `inbox` (ships once per event id).
     #[schema(example = "inbox")]
@@ -294,80 +287,90 @@ struct CreateReceiver {
     secret: String,
     /// Answer the first N deliveries of each event with a failure, after
     /// the work committed: 0 to 10, default 0.
-    #[schema(minimum = 0, maximum = 10)]
+    #[schema(minimum = 0, maximum = 10, example = 0)]
     fail_first: Option<i32>,
     /// `crash-after-delivery`: on those first N, answer `200` with
     /// `Oncepay-Fault: crash-after-delivery` instead of `500` (needs
     /// `FAULT_INJECTION=true`).
+    #[schema(example = "crash-after-delivery")]
     fault: Option<String>,
 }
 
 /// A receiver as set up.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct DemoReceiver {
     #[schema(example = "demo_receiver")]
-    object: String,
+    object: &'static str,
+    #[schema(example = "demo-1")]
     run: String,
-    mode: String,
+    #[schema(example = "inbox")]
+    mode: &'static str,
     /// Where it takes deliveries: the URL to give the webhook endpoint, on
     /// this server.
     #[schema(example = "/demo/receiver/inbox?run=demo-1")]
     path: String,
+    #[schema(example = 0)]
     fail_first: i32,
-    fault: Option<String>,
+    fault: Option<&'static str>,
 }
 
 /// The receivers of a run and what they took in.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct DemoReceivers {
     #[schema(example = "demo_receivers")]
-    object: String,
+    object: &'static str,
+    #[schema(example = "demo-1")]
     run: String,
     /// Distinct events received by either receiver.
+    #[schema(example = 1)]
     events: i64,
     receivers: DemoReceiverModes,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// The run's two receivers.
+#[derive(Serialize, ToSchema)]
 struct DemoReceiverModes {
     naive: DemoReceiverCounts,
     inbox: DemoReceiverCounts,
 }
 
 /// One receiver of a run; zeros when it was not set up.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct DemoReceiverCounts {
     registered: bool,
+    #[schema(example = "/demo/receiver/inbox?run=demo-1")]
     path: String,
+    #[schema(example = 0)]
     fail_first: i32,
-    fault: Option<String>,
+    fault: Option<&'static str>,
     /// Deliveries received: signature verified, about this run.
+    #[schema(example = 3)]
     deliveries: i64,
     /// Distinct events among them.
+    #[schema(example = 1)]
     events: i64,
     /// Orders shipped.
+    #[schema(example = 1)]
     shipments: i64,
 }
 
 /// What a receiver did with a delivery.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct DemoReceipt {
     #[schema(example = "demo_receipt")]
-    object: String,
+    object: &'static str,
+    #[schema(example = "demo-1")]
     run: String,
     /// `naive` or `inbox`.
-    receiver: String,
+    #[schema(example = "inbox")]
+    receiver: &'static str,
     /// The event's id.
     event: String,
     /// The event is about no charge of this run: nothing was written.
     ignored: bool,
     /// This delivery's number among the deliveries of its event, from 1;
     /// null when ignored.
+    #[schema(example = 1)]
     delivery: Option<i32>,
     /// Whether this delivery shipped an order.
     shipped: bool,

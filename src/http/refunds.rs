@@ -20,6 +20,7 @@ use crate::operation;
 use crate::operation::refund::CreateRefund;
 use crate::params::shorten;
 use crate::problem::{Problem, ProblemCode};
+use crate::refunds::domain::RefundObject;
 use crate::refunds::{NewRefund, store};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -34,24 +35,17 @@ pub fn router() -> OpenApiRouter<AppState> {
     post,
     path = "/v1/refunds",
     tag = "refunds",
-    security(("bearer" = []), ("basic" = [])),
     params(super::openapi::IdempotencyHeaders),
     request_body(content(
         (super::openapi::CreateRefund = "application/json"),
         (super::openapi::CreateRefund = "application/x-www-form-urlencoded")
     )),
     responses(
-        (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::Refund,
+        (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = RefundObject,
          headers(("Location" = String, description = "/v1/refunds/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 409, response = super::openapi::InFlight),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::KeyReused),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors,
+        super::openapi::KeyErrors
     )
 )]
 async fn create(
@@ -70,16 +64,11 @@ async fn create(
     get,
     path = "/v1/refunds/{id}",
     tag = "refunds",
-    security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "A refund id, `re_...`")),
     responses(
-        (status = 200, description = "The refund", body = super::openapi::Refund),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 200, description = "The refund", body = RefundObject),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn retrieve(

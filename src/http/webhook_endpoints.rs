@@ -7,18 +7,20 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
 use super::extract::{IdempotentPost, NoQuery, PageParams, PathParam, QueryParams};
 use super::idempotent;
+use super::list::List;
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::operation::write::{self, Write};
 use crate::webhooks::create_endpoint::CreateEndpoint;
-use crate::webhooks::domain::{DeliveryEnd, NewEndpoint};
+use crate::webhooks::domain::{DeliveryEnd, EndpointObject, NewEndpoint};
 use crate::webhooks::guard::AddressGuard;
 use crate::webhooks::store;
 
@@ -36,24 +38,17 @@ pub fn router() -> OpenApiRouter<AppState> {
     post,
     path = "/v1/webhook_endpoints",
     tag = "webhooks",
-    security(("bearer" = []), ("basic" = [])),
     params(super::openapi::IdempotencyHeaders),
     request_body(content(
         (super::openapi::CreateWebhookEndpoint = "application/json"),
         (super::openapi::CreateWebhookEndpoint = "application/x-www-form-urlencoded")
     )),
     responses(
-        (status = 201, description = "Created, with its `secret` (or the saved answer, with `Idempotent-Replayed: true`)", body = super::openapi::WebhookEndpoint,
+        (status = 201, description = "Created, with its `secret` (or the saved answer, with `Idempotent-Replayed: true`)", body = EndpointObject,
          headers(("Location" = String, description = "/v1/webhook_endpoints/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 409, response = super::openapi::InFlight),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::KeyReused),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors,
+        super::openapi::BodyErrors,
+        super::openapi::KeyErrors
     )
 )]
 async fn create(
@@ -80,16 +75,11 @@ async fn create(
     get,
     path = "/v1/webhook_endpoints/{id}",
     tag = "webhooks",
-    security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
     responses(
-        (status = 200, description = "The endpoint", body = super::openapi::WebhookEndpoint),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 200, description = "The endpoint", body = EndpointObject),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn retrieve(
@@ -104,22 +94,18 @@ async fn retrieve(
     }
 }
 
-/// Deletes an endpoint: nothing more is sent to it, and its deliveries
-/// still pending end `failed`.
+/// Deletes an endpoint.
+///
+/// Nothing more is sent to it, and its deliveries still pending end `failed`.
 #[utoipa::path(
     delete,
     path = "/v1/webhook_endpoints/{id}",
     tag = "webhooks",
-    security(("bearer" = []), ("basic" = [])),
     params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
     responses(
-        (status = 200, description = "Deleted", body = super::openapi::DeletedWebhookEndpoint),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 200, description = "Deleted", body = Deleted),
         (status = 404, response = super::openapi::NotFound),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        super::openapi::Errors
     )
 )]
 async fn delete(
@@ -135,7 +121,24 @@ async fn delete(
     };
     tx.commit().await?;
     DeliveryEnd::EndpointDeleted.count(ended);
-    Ok(Json(json!({"id": id, "object": "webhook_endpoint", "deleted": true})).into_response())
+    let deleted = Deleted {
+        id: &id,
+        object: "webhook_endpoint",
+        deleted: true,
+    };
+    Ok(Json(deleted).into_response())
+}
+
+/// A deleted webhook endpoint, as its delete answers.
+#[derive(Serialize, ToSchema)]
+#[schema(as = DeletedWebhookEndpoint)]
+struct Deleted<'a> {
+    #[schema(example = "we_1NbB3eCTYkz2mVgqA8rW0hXp")]
+    id: &'a str,
+    #[schema(example = "webhook_endpoint")]
+    object: &'static str,
+    /// Always true.
+    deleted: bool,
 }
 
 fn no_such_endpoint(id: &str, param: &str) -> ApiError {
@@ -147,19 +150,14 @@ fn no_such_endpoint(id: &str, param: &str) -> ApiError {
     get,
     path = "/v1/webhook_endpoints",
     tag = "webhooks",
-    security(("bearer" = []), ("basic" = [])),
     params(
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "1 to 100, default 10"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, example = 10, description = "1 to 100, default 10"),
         ("starting_after" = Option<String>, Query, description = "An endpoint id: the page of older endpoints after it"),
         ("ending_before" = Option<String>, Query, description = "An endpoint id: the page of newer endpoints before it")
     ),
     responses(
-        (status = 200, description = "A list object", body = super::openapi::WebhookEndpointList),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 429, response = super::openapi::TooManyRequests),
-        (status = 500, response = super::openapi::InternalError),
-        (status = 503, response = super::openapi::Unavailable)
+        (status = 200, description = "A list object", body = List<EndpointObject>),
+        super::openapi::Errors
     )
 )]
 async fn list(
@@ -190,11 +188,5 @@ async fn list(
         }
     };
     let data: Vec<_> = page.iter().map(|e| e.to_object()).collect();
-    Ok(Json(json!({
-        "object": "list",
-        "url": ROUTE,
-        "has_more": has_more,
-        "data": data,
-    }))
-    .into_response())
+    Ok(Json(List::new(ROUTE, has_more, data)).into_response())
 }

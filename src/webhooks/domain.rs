@@ -4,6 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
+use utoipa::ToSchema;
 
 use crate::events::EventType;
 use crate::params::{Encoding, ParamError, Params, shorten};
@@ -226,25 +227,42 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-/// The webhook endpoint object of the API, in Stripe's shape. `secret` is
-/// there only in the answer to the create.
-#[derive(Serialize)]
+/// The webhook endpoint object of the API, in Stripe's shape: where the
+/// merchant's events are sent. `secret` is there only in the answer to the
+/// create.
+#[derive(Serialize, ToSchema)]
+#[schema(as = WebhookEndpoint)]
 pub struct EndpointObject<'a> {
+    /// `we_` and 24 letters or digits.
+    #[schema(example = "we_1NbB3eCTYkz2mVgqA8rW0hXp")]
     pub id: &'a str,
+    #[schema(example = "webhook_endpoint")]
     pub object: &'static str,
+    #[schema(example = "https://example.com/webhooks/oncepay")]
     pub url: &'a str,
+    #[schema(example = json!(["charge.succeeded", "charge.refunded"]))]
     pub enabled_events: &'a [String],
+    #[schema(example = "The order system")]
     pub description: Option<&'a str>,
+    /// `enabled`, or `disabled` once every delivery failed for `WEBHOOK_DISABLE_AFTER`.
+    #[schema(example = "enabled")]
     pub status: &'static str,
     /// Why it was disabled, when it was (oncepay's addition).
     pub disabled_reason: Option<&'a str>,
+    /// Always null.
     pub api_version: Option<&'static str>,
-    /// Stripe's Connect application that made it: never one here.
+    /// Stripe's Connect application that made it: never one here, always null.
     pub application: Option<&'static str>,
+    /// Unix seconds.
+    #[schema(example = 1764892800)]
     pub created: i64,
     pub livemode: bool,
+    /// Always `{}`.
     pub metadata: serde_json::Map<String, Value>,
+    /// The signing secret, `whsec_...`: only in the answer to the create
+    /// (and its replays). Verify each delivery's `Stripe-Signature` with it.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "whsec_1NbB3eCTYkz2mVgqA8rW0hXpq3RtY6Uz")]
     pub secret: Option<&'a str>,
 }
 
@@ -381,6 +399,85 @@ pub struct Attempt {
     pub duration_ms: i32,
     pub response_status: Option<i16>,
     pub error: Option<String>,
+}
+
+/// One event's delivery to one endpoint, as the API shows it.
+#[derive(Serialize, ToSchema)]
+#[schema(as = WebhookDelivery)]
+pub struct DeliveryObject<'a> {
+    #[schema(example = "webhook_delivery")]
+    pub object: &'static str,
+    /// The event's id.
+    #[schema(example = "evt_1NbB3eCTYkz2mVgqA8rW0hXp")]
+    pub event: &'a str,
+    #[schema(example = "we_1NbB3eCTYkz2mVgqA8rW0hXp")]
+    pub webhook_endpoint: &'a str,
+    #[schema(example = "https://example.com/webhooks/oncepay")]
+    pub url: &'a str,
+    /// `pending` (another attempt is due), `succeeded` (answered 2xx) or
+    /// `failed` (attempts exhausted, or the endpoint disabled or deleted).
+    #[schema(example = "succeeded")]
+    pub status: &'static str,
+    /// Attempts begun, including one cut short by a crash (which has no record).
+    #[schema(example = 1)]
+    pub attempt_count: i32,
+    /// Unix seconds: when the next attempt is due, while pending.
+    #[schema(example = json!(null))]
+    pub next_attempt: Option<i64>,
+    /// Unix seconds: when it succeeded or failed for good.
+    #[schema(example = 1764892801)]
+    pub finished: Option<i64>,
+    /// `attempts_exhausted`, `endpoint_disabled` or `endpoint_deleted`, when failed.
+    pub failure_reason: Option<&'a str>,
+    pub attempts: Vec<AttemptObject<'a>>,
+}
+
+/// One attempt that ran to its end, as the API shows it.
+#[derive(Serialize, ToSchema)]
+#[schema(as = WebhookAttempt)]
+pub struct AttemptObject<'a> {
+    #[schema(example = 1)]
+    pub attempt: i32,
+    /// Unix seconds: when it began.
+    #[schema(example = 1764892800)]
+    pub created: i64,
+    #[schema(example = 87)]
+    pub duration_ms: i32,
+    /// The receiver's status code; null when none came.
+    #[schema(example = 200)]
+    pub response_status: Option<i16>,
+    /// What went wrong (`HTTP 500`, `timeout`, `connect: ...`); null for a 2xx.
+    pub error: Option<&'a str>,
+}
+
+impl Delivery {
+    /// The delivery of `event` as the API shows it, with those of `attempts`
+    /// made to its endpoint.
+    pub fn to_object<'a>(&'a self, event: &'a str, attempts: &'a [Attempt]) -> DeliveryObject<'a> {
+        DeliveryObject {
+            object: "webhook_delivery",
+            event,
+            webhook_endpoint: &self.endpoint_id,
+            url: &self.url,
+            status: self.status.as_str(),
+            attempt_count: self.attempts,
+            next_attempt: (self.status == DeliveryStatus::Pending)
+                .then(|| self.next_attempt_at.timestamp()),
+            finished: self.finished_at.map(|t| t.timestamp()),
+            failure_reason: self.failure_reason.as_deref(),
+            attempts: attempts
+                .iter()
+                .filter(|a| a.endpoint_id == self.endpoint_id)
+                .map(|a| AttemptObject {
+                    attempt: a.attempt,
+                    created: a.started_at.timestamp(),
+                    duration_ms: a.duration_ms,
+                    response_status: a.response_status,
+                    error: a.error.as_deref(),
+                })
+                .collect(),
+        }
+    }
 }
 
 #[cfg(test)]

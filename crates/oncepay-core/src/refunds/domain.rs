@@ -108,6 +108,8 @@ impl NewRefund {
 /// answers; then `succeeded`, or `failed` when the card's issuer refused it
 /// for good (its reservation is given back on the charge).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(rename_all = "lowercase"))]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 pub enum RefundStatus {
     Pending,
@@ -153,42 +155,69 @@ pub struct Refund {
 /// Stripe's order (`id`, `object`, then by name); what oncepay does not
 /// model is `null` (see docs/decisions.md).
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = Refund))]
 pub struct RefundObject<'a> {
+    /// `re_` and 24 letters or digits.
+    #[cfg_attr(feature = "openapi", schema(example = "re_3Kq8ZtLbVn2WcXy7Hd0PfRsA"))]
     pub id: &'a str,
+    #[cfg_attr(feature = "openapi", schema(example = "refund"))]
     pub object: &'static str,
+    /// Integer minor units.
+    #[cfg_attr(feature = "openapi", schema(example = 500))]
     pub amount: i64,
     /// `txn_...` once the refund succeeded, `null` otherwise.
+    #[cfg_attr(feature = "openapi", schema(example = "txn_3Kq8ZtLbVn2WcXy7Hd0PfRsA"))]
     pub balance_transaction: Option<String>,
+    /// The charge refunded.
+    #[cfg_attr(feature = "openapi", schema(example = "ch_FSqF13LohwPRt53icfinsfKa"))]
     pub charge: &'a str,
+    /// Unix seconds.
+    #[cfg_attr(feature = "openapi", schema(example = 1764892800))]
     pub created: i64,
+    #[cfg_attr(feature = "openapi", schema(example = "usd"))]
     pub currency: &'a str,
     pub customer: Unmodelled,
     pub customer_account: Unmodelled,
     /// Where the money goes back: the card charged.
     pub destination_details: DestinationDetails,
+    /// Why the refund failed (`declined`), else null.
+    #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
     pub failure_reason: Option<&'a str>,
+    #[cfg_attr(feature = "openapi", schema(example = json!({"order_id": "6735"})))]
     pub metadata: &'a BTreeMap<String, String>,
     pub payment_intent: Unmodelled,
     pub payment_method: Unmodelled,
+    /// `duplicate`, `fraudulent` or `requested_by_customer`, as asked.
+    #[cfg_attr(feature = "openapi", schema(example = "requested_by_customer"))]
     pub reason: Option<&'a str>,
     pub receipt_number: Unmodelled,
     pub source_transfer_reversal: Unmodelled,
+    /// `failed` when the card's issuer refused the refund; its amount can be
+    /// refunded again.
+    #[cfg_attr(feature = "openapi", schema(value_type = RefundStatus, example = "succeeded"))]
     pub status: &'a str,
     pub transfer_reversal: Unmodelled,
 }
 
+/// Where a refund's money goes: back to the card.
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DestinationDetails {
     pub card: CardRefund,
     #[serde(rename = "type")]
+    #[cfg_attr(feature = "openapi", schema(example = "card"))]
     pub kind: &'static str,
 }
 
 /// A refund to a card: oncepay's card gateway refunds a settled payment
 /// (`refund`), never reverses an authorization.
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CardRefund {
+    /// Always `refund`.
     #[serde(rename = "type")]
+    #[cfg_attr(feature = "openapi", schema(example = "refund"))]
     pub kind: &'static str,
 }
 
@@ -204,21 +233,21 @@ impl Refund {
             charge: &self.charge_id,
             created: self.created_at.timestamp(),
             currency: &self.currency,
-            customer: None,
-            customer_account: None,
+            customer: Unmodelled,
+            customer_account: Unmodelled,
             destination_details: DestinationDetails {
                 card: CardRefund { kind: "refund" },
                 kind: "card",
             },
             failure_reason: self.failure_reason.as_deref(),
             metadata: &self.metadata.0,
-            payment_intent: None,
-            payment_method: None,
+            payment_intent: Unmodelled,
+            payment_method: Unmodelled,
             reason: self.reason.as_deref(),
-            receipt_number: None,
-            source_transfer_reversal: None,
+            receipt_number: Unmodelled,
+            source_transfer_reversal: Unmodelled,
             status: self.status.as_str(),
-            transfer_reversal: None,
+            transfer_reversal: Unmodelled,
         }
     }
 }
