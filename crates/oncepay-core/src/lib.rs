@@ -1,7 +1,8 @@
-//! oncepay's core: the records that carry the exactly-once guarantee and the
-//! SQL that keeps it, with no HTTP, no command line and no speed mechanism
-//! among its dependencies.
+//! oncepay's core: the exactly-once guarantee, with no HTTP, no command line
+//! and no speed mechanism among its dependencies.
 //!
+//! - [`operation`]: one guarded request's workflow: claim the key with the
+//!   pending record, call the processor outside any transaction, settle.
 //! - [`idempotency`]: the key, the request's fingerprint, and the store that
 //!   claims, completes, reads, leases and expires keys.
 //! - [`charges`], [`refunds`]: the records, their validated input, their SQL
@@ -11,12 +12,14 @@
 //!   it, and how a call can fail.
 //! - [`recovery`], [`sweeper`]: settling a stale record, and the loop that
 //!   finds them and deletes expired keys.
-//! - [`problem`], [`params`]: the errors a client is shown, and request
-//!   bodies decoded to one shape before validation.
+//! - [`speed`]: the seams where a server plugs in its fast paths, and their
+//!   plain defaults.
+//! - [`error`], [`retry_after`], [`settings`]: what fails and how, when a
+//!   client should retry, and the durations it all runs by.
 //! - [`faults`]: the crash points the failure tests ask for.
 //!
-//! The server (the `oncepay` crate) runs the workflow on top of these; see
-//! docs/design.md for the reading order.
+//! [`problem`] and [`params`] are the API's vocabulary (the `oncepay-api`
+//! crate). docs/design.md gives the reading order.
 
 pub mod charges;
 pub mod error;
@@ -24,8 +27,6 @@ pub mod events;
 pub mod faults;
 pub mod idempotency;
 pub mod operation;
-pub mod params;
-pub mod problem;
 pub mod processor;
 pub mod recovery;
 pub mod refunds;
@@ -33,3 +34,6 @@ pub mod retry_after;
 pub mod settings;
 pub mod speed;
 pub mod sweeper;
+
+// The API's vocabulary, under the names the core has always used.
+pub use oncepay_api::{params, problem};
