@@ -53,8 +53,9 @@ pub struct Settle<'a> {
 /// charge was not pending any more (someone else settled it, and what they
 /// wrote stands), else the key it completed, if any.
 ///
-/// The key keeps the answer for at least `key_ttl` from now (see
-/// [`crate::idempotency::store::complete_for`]).
+/// The key is completed by the SQL function that completes every key
+/// (`idempotency_key_complete`, see [`crate::idempotency::store`]), which
+/// keeps the answer for at least `key_ttl` from now.
 pub async fn settle_and_complete(
     db: impl PgExecutor<'_>,
     settle: &Settle<'_>,
@@ -67,14 +68,10 @@ pub async fn settle_and_complete(
                 WHERE id = $1 AND status = 'pending'
                RETURNING id, merchant_id),
            completed AS (
-               UPDATE idempotency_keys k
-                  SET status = 'completed', response_status = $5, response_content_type = $6,
-                      response_location = $7, response_body = $8, completed_at = now(),
-                      locked_at = NULL,
-                      expires_at = greatest(k.expires_at, now() + $9::float8 * interval '1 millisecond')
-                 FROM settled
-                WHERE k.charge_id = settled.id AND k.status = 'processing'
-               RETURNING k.key),
+               SELECT c.key
+                 FROM settled,
+                      idempotency_key_complete(settled.id, NULL, NULL, NULL,
+                                               $5, $6, $7, $8, $9::float8) AS c(key)),
            written AS (
                INSERT INTO events (id, merchant_id, type, object_id, data, request_id, idempotency_key)
                SELECT $10, settled.merchant_id, $11, settled.id, $12::text::json, $13,
