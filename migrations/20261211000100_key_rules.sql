@@ -1,6 +1,8 @@
 -- The rules of an idempotency key's life, each written once here and used by
 -- every statement that needs it (crates/oncepay-core/src/idempotency/store.rs,
 -- and the charges' settle). Only functions and a view: no table or row changes.
+-- The predicates are STABLE SQL functions, which Postgres inlines into the
+-- calling statement, so its plan keeps its indexes.
 
 -- Whether a key has expired: only a `completed` key past its `expires_at`. A
 -- `processing` key never expires, however old: its operation may still be at
@@ -28,6 +30,52 @@ AS $$
        AND completed_at < statement_timestamp() - age_ms * interval '1 millisecond'
 $$;
 
+-- Claims a key for a request, as one statement: inserts it as `processing`,
+-- or takes over the existing row where `idempotency_key_takeover` allows.
+-- Returns one row, whether it took a row over (`xmax <> 0`: the row was
+-- updated, not inserted), or none when nothing was claimed. Nothing is
+-- claimed when `may_insert` is false, nor when the statement reached the
+-- database after `deadline` (`statement_timestamp()` is the calling
+-- statement's arrival): the request may have been answered and retried by
+-- then. A row that is not taken over is still locked by the conflict, which
+-- the caller relies on (or avoids, through `may_insert`). PL/pgSQL, so each
+-- connection plans the statement once.
+CREATE FUNCTION idempotency_key_claim(
+    for_merchant_id uuid, for_key text, for_method text, for_path text,
+    for_fingerprint bytea, for_charge_id text, for_refund_id text, ttl_ms float8,
+    deadline timestamptz, age_ms float8, may_insert boolean
+) RETURNS SETOF boolean
+LANGUAGE plpgsql ROWS 1
+AS $$
+BEGIN
+    RETURN QUERY
+    INSERT INTO idempotency_keys AS k
+           (merchant_id, key, status, request_method, request_path, fingerprint,
+            charge_id, refund_id, created_at, locked_at, expires_at)
+    SELECT for_merchant_id, for_key, 'processing', for_method, for_path, for_fingerprint,
+           for_charge_id, for_refund_id,
+           now(), now(), now() + ttl_ms * interval '1 millisecond'
+     WHERE may_insert AND statement_timestamp() < deadline
+    ON CONFLICT (merchant_id, key) DO UPDATE SET
+        status = 'processing',
+        request_method = EXCLUDED.request_method,
+        request_path = EXCLUDED.request_path,
+        fingerprint = EXCLUDED.fingerprint,
+        charge_id = EXCLUDED.charge_id,
+        refund_id = EXCLUDED.refund_id,
+        response_status = NULL,
+        response_content_type = NULL,
+        response_location = NULL,
+        response_body = NULL,
+        created_at = EXCLUDED.created_at,
+        locked_at = EXCLUDED.locked_at,
+        expires_at = EXCLUDED.expires_at,
+        completed_at = NULL
+    WHERE idempotency_key_takeover(k.status, k.expires_at, k.completed_at, age_ms)
+    RETURNING k.xmax <> 0;
+END
+$$;
+
 -- Completes the `processing` key that guards the charge `for_charge_id`, the
 -- refund `for_refund_id`, or that `for_merchant_id` holds as `for_key` (the
 -- others NULL), with the saved response; returns the key it completed. The
@@ -36,14 +84,16 @@ $$;
 -- settled late (recovered after an outage longer than the TTL) would complete
 -- an already expired key, and the next retry would take it over and charge
 -- again. A key that is not `processing` any more (someone else completed it)
--- is left alone.
+-- is left alone. PL/pgSQL, so each connection plans the statement once.
 CREATE FUNCTION idempotency_key_complete(
     for_charge_id text, for_refund_id text, for_merchant_id uuid, for_key text,
     new_response_status smallint, new_response_content_type text,
     new_response_location text, new_response_body bytea, ttl_ms float8
 ) RETURNS SETOF text
-LANGUAGE sql ROWS 1
+LANGUAGE plpgsql ROWS 1
 AS $$
+BEGIN
+    RETURN QUERY
     UPDATE idempotency_keys k
        SET status = 'completed',
            response_status = new_response_status,
@@ -57,7 +107,8 @@ AS $$
        AND (k.charge_id = for_charge_id
             OR k.refund_id = for_refund_id
             OR (k.merchant_id = for_merchant_id AND k.key = for_key))
-    RETURNING k.key
+    RETURNING k.key;
+END
 $$;
 
 -- A key as every read of it sees it: all its columns, and `remaining_ms`, the

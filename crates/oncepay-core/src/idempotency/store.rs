@@ -290,10 +290,11 @@ pub enum ClaimOutcome {
     TooLate,
 }
 
-/// Claims a key in one statement: insert it, or take over an existing row
-/// where the takeover rule (`idempotency_key_takeover`) allows: an expired
-/// key whose answer was saved before the claiming request arrived. A row
-/// still `processing` is settled first (sweeper or stale retry).
+/// Claims a key in one statement, the claim every request makes
+/// (`idempotency_key_claim`): insert it, or take over an existing row where
+/// the takeover rule (`idempotency_key_takeover`) allows: an expired key
+/// whose answer was saved before the claiming request arrived. A row still
+/// `processing` is settled first (sweeper or stale retry).
 ///
 /// And the claim takes effect only if the statement reaches the database
 /// before the request's deadline. A request answered `503` may have been
@@ -305,38 +306,17 @@ pub enum ClaimOutcome {
 pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<ClaimOutcome> {
     let (charge_id, refund_id) = Resource::columns(claim.resource);
     let claimed = sqlx::query_scalar!(
-        r#"INSERT INTO idempotency_keys
-             (merchant_id, key, status, request_method, request_path, fingerprint, charge_id,
-              refund_id, created_at, locked_at, expires_at)
-         SELECT $1, $2, 'processing', $3, $4, $5, $6, $8,
-                now(), now(), now() + $7::float8 * interval '1 millisecond'
-          WHERE statement_timestamp() < $9
-         ON CONFLICT (merchant_id, key) DO UPDATE SET
-             status = 'processing',
-             request_method = EXCLUDED.request_method,
-             request_path = EXCLUDED.request_path,
-             fingerprint = EXCLUDED.fingerprint,
-             charge_id = EXCLUDED.charge_id,
-             refund_id = EXCLUDED.refund_id,
-             response_status = NULL,
-             response_content_type = NULL,
-             response_location = NULL,
-             response_body = NULL,
-             created_at = EXCLUDED.created_at,
-             locked_at = EXCLUDED.locked_at,
-             expires_at = EXCLUDED.expires_at,
-             completed_at = NULL
-         WHERE idempotency_key_takeover(idempotency_keys.status, idempotency_keys.expires_at,
-                                        idempotency_keys.completed_at, $10::float8)
-         RETURNING xmax <> 0 AS "took_over!""#,
+        r#"SELECT took_over AS "took_over!"
+             FROM idempotency_key_claim($1, $2, $3, $4, $5, $6, $7, $8::float8, $9,
+                                        $10::float8, true) AS claimed(took_over)"#,
         claim.merchant_id,
         claim.key.as_str(),
         claim.method,
         claim.path,
         &claim.fingerprint.0[..],
         charge_id,
-        claim.ttl.as_millis() as f64,
         refund_id,
+        claim.ttl.as_millis() as f64,
         claim.deadline_at(),
         claim.age_ms(),
     )
@@ -394,13 +374,13 @@ pub enum FirstClaim {
     TooLate,
 }
 
-/// Steps 2 of a new charge in one statement, its own transaction: reads the
-/// key; if there is none, or only a completed one past its expiry, claims
-/// it (the same `INSERT ... ON CONFLICT` as [`claim`], in time as there)
-/// and writes the
-/// pending charge from the claim's `RETURNING`, so the charge exists exactly
-/// when the claim does. A live or `processing` key is only read, without a
-/// lock, as the fast path of a replay reads it.
+/// Step 2 of a new charge in one statement, its own transaction: reads the
+/// key; if there is none, or only one the takeover rule lets it take over,
+/// claims it (the same `idempotency_key_claim` as [`claim`], in time as
+/// there) and writes the pending charge from the claim's result, so the
+/// charge exists exactly when the claim does. A key it may not take over is
+/// only read, without a lock (the claim is not even tried, so the conflict
+/// locks nothing), as the fast path of a replay reads it.
 pub async fn claim_with_charge(
     db: impl PgExecutor<'_>,
     claim: &Claim<'_>,
@@ -411,33 +391,13 @@ pub async fn claim_with_charge(
         r#"WITH existing AS (
                SELECT k.* FROM idempotency_key_reads k WHERE k.merchant_id = $1 AND k.key = $2),
            claimed AS (
-               INSERT INTO idempotency_keys
-                      (merchant_id, key, status, request_method, request_path, fingerprint,
-                       charge_id, created_at, locked_at, expires_at)
-               SELECT $1, $2, 'processing', $3, $4, $5, $6,
-                      now(), now(), now() + $7::float8 * interval '1 millisecond'
-                WHERE statement_timestamp() < $13
-                  AND NOT EXISTS (SELECT 1 FROM existing e
-                                   WHERE NOT idempotency_key_takeover(e.status, e.expires_at,
-                                                                      e.completed_at, $14::float8))
-               ON CONFLICT (merchant_id, key) DO UPDATE SET
-                   status = 'processing',
-                   request_method = EXCLUDED.request_method,
-                   request_path = EXCLUDED.request_path,
-                   fingerprint = EXCLUDED.fingerprint,
-                   charge_id = EXCLUDED.charge_id,
-                   refund_id = NULL,
-                   response_status = NULL,
-                   response_content_type = NULL,
-                   response_location = NULL,
-                   response_body = NULL,
-                   created_at = EXCLUDED.created_at,
-                   locked_at = EXCLUDED.locked_at,
-                   expires_at = EXCLUDED.expires_at,
-                   completed_at = NULL
-               WHERE idempotency_key_takeover(idempotency_keys.status, idempotency_keys.expires_at,
-                                              idempotency_keys.completed_at, $14::float8)
-               RETURNING xmax <> 0 AS took_over),
+               SELECT took_over
+                 FROM idempotency_key_claim(
+                          $1, $2, $3, $4, $5, $6, NULL, $7::float8, $13, $14::float8,
+                          NOT EXISTS (SELECT 1 FROM existing e
+                                       WHERE NOT idempotency_key_takeover(
+                                                 e.status, e.expires_at, e.completed_at,
+                                                 $14::float8))) AS c(took_over)),
            charge AS (
                INSERT INTO charges (id, merchant_id, amount, currency, source, description,
                                     metadata, status)
