@@ -5,7 +5,8 @@
 //! - [`idempotency`]: the key, the request's fingerprint, and the store that
 //!   claims, completes, reads, leases and expires keys.
 //! - [`charges`], [`refunds`]: the records, their validated input, their SQL
-//!   and the settle that ends a pending one.
+//!   and the settle that ends a pending one; [`amount`] and [`settled`],
+//!   which both use and neither owns.
 //! - [`events`]: the events a settle writes in its own transaction (the outbox).
 //! - [`processor`]: the card processor behind a trait, the keys derived for
 //!   it, and how a call can fail.
@@ -18,6 +19,7 @@
 //! The server (the `oncepay` crate) runs the workflow on top of these; see
 //! docs/design.md for the reading order.
 
+pub mod amount;
 pub mod charges;
 pub mod events;
 pub mod faults;
@@ -27,4 +29,5 @@ pub mod problem;
 pub mod processor;
 pub mod recovery;
 pub mod refunds;
+pub mod settled;
 pub mod sweeper;

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::charges::Amount;
+use crate::amount::Amount;
 use crate::params::{ParamError, Params, shorten};
 use crate::params::{Unmodelled, metadata, new_id, required, string};
 use crate::problem::ProblemCode;
