@@ -19,6 +19,28 @@
 //! The server (the `oncepay` crate) runs the workflow on top of these; see
 //! docs/design.md for the reading order.
 
+/// `as_str` (the name a status is stored and shown under) and `Display` for
+/// an enum of unit variants stored as text: written once for every status.
+macro_rules! stored_as_text {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// As stored, and as the API shows it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+pub(crate) use stored_as_text;
+
 pub mod amount;
 pub mod charges;
 pub mod events;

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::currency::Currency;
 use crate::amount::Amount;
-use crate::params::{ParamError, Params, Unmodelled, metadata, new_id, required, shorten, string};
+use crate::params::{ParamError, Params, Unmodelled, new_id, required, shorten, string};
 use crate::problem::ProblemCode;
 use crate::processor::TestToken;
 use crate::refunds::Refund;
@@ -67,11 +67,7 @@ impl NewCharge {
                 ));
             }
         }
-        let metadata = params
-            .take("metadata")
-            .map(metadata)
-            .transpose()?
-            .unwrap_or_default();
+        let metadata = params.take_metadata()?;
         params.refuse_expand()?;
         params.reject_unknown()?;
         Ok(NewCharge {
@@ -107,22 +103,11 @@ pub enum ChargeStatus {
     Failed,
 }
 
-impl ChargeStatus {
-    /// As stored, and as the API shows it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChargeStatus::Pending => "pending",
-            ChargeStatus::Succeeded => "succeeded",
-            ChargeStatus::Failed => "failed",
-        }
-    }
-}
-
-impl std::fmt::Display for ChargeStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+crate::stored_as_text!(ChargeStatus {
+    Pending => "pending",
+    Succeeded => "succeeded",
+    Failed => "failed",
+});
 
 /// A charge as stored.
 #[derive(Clone, Debug, sqlx::FromRow)]

@@ -123,27 +123,27 @@ pub async fn find(
     merchant_id: Uuid,
     id: &str,
 ) -> sqlx::Result<Option<Charge>> {
-    sqlx::query_as!(
-        Charge,
-        r#"SELECT id, merchant_id, amount, currency, source, description,
-                  metadata AS "metadata: _", status AS "status: _",
-                  failure_code, failure_message, amount_refunded, created_at
-             FROM charges WHERE merchant_id = $1 AND id = $2"#,
-        merchant_id,
-        id,
-    )
-    .fetch_optional(db)
-    .await
+    find_scoped(db, Some(merchant_id), id).await
 }
 
 /// One charge by id, whoever owns it (for the sweeper).
 pub async fn find_any(db: impl PgExecutor<'_>, id: &str) -> sqlx::Result<Option<Charge>> {
+    find_scoped(db, None, id).await
+}
+
+/// One charge by id, of `merchant_id` when given.
+async fn find_scoped(
+    db: impl PgExecutor<'_>,
+    merchant_id: Option<Uuid>,
+    id: &str,
+) -> sqlx::Result<Option<Charge>> {
     sqlx::query_as!(
         Charge,
         r#"SELECT id, merchant_id, amount, currency, source, description,
                   metadata AS "metadata: _", status AS "status: _",
                   failure_code, failure_message, amount_refunded, created_at
-             FROM charges WHERE id = $1"#,
+             FROM charges WHERE id = $2 AND ($1::uuid IS NULL OR merchant_id = $1)"#,
+        merchant_id,
         id,
     )
     .fetch_optional(db)

@@ -37,26 +37,17 @@ pub enum KeyStatus {
     Completed,
 }
 
-impl KeyStatus {
-    /// As stored, and as the API shows it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KeyStatus::Processing => "processing",
-            KeyStatus::Completed => "completed",
-        }
-    }
+crate::stored_as_text!(KeyStatus {
+    Processing => "processing",
+    Completed => "completed",
+});
 
+impl KeyStatus {
     /// From its stored form.
     fn parse(stored: &str) -> Option<Self> {
         [KeyStatus::Processing, KeyStatus::Completed]
             .into_iter()
             .find(|status| status.as_str() == stored)
-    }
-}
-
-impl std::fmt::Display for KeyStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
