@@ -5,6 +5,5 @@ pub mod domain;
 pub mod settle;
 pub mod store;
 
-pub use crate::amount::Amount;
 pub use currency::Currency;
-pub use domain::{Charge, ChargeStatus, NewCharge};
+pub use domain::{Amount, Charge, ChargeStatus, NewCharge};
