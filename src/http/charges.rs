@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
-use super::extract::{IdempotentPost, NoQuery, PageParams, PathParam, QueryParams};
+use super::extract::{ById, IdempotentPost, PageParams, QueryParams};
 use super::idempotent;
 use super::list::List;
 use super::problem::ApiError;
@@ -73,9 +73,7 @@ async fn create(
 )]
 async fn retrieve(
     State(state): State<AppState>,
-    Authenticated(merchant): Authenticated,
-    _: NoQuery,
-    PathParam(id): PathParam,
+    ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
     match store::find(&state.pool, merchant.id, &id).await? {
         Some(charge) => {

@@ -8,7 +8,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
-use super::extract::{NoQuery, PageParams, PathParam, QueryParams};
+use super::extract::{ById, PageParams, QueryParams};
 use super::list::List;
 use super::problem::ApiError;
 use crate::app::AppState;
@@ -41,9 +41,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 )]
 async fn retrieve(
     State(state): State<AppState>,
-    Authenticated(merchant): Authenticated,
-    _: NoQuery,
-    PathParam(id): PathParam,
+    ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
     match store::find(&state.pool, merchant.id, &id).await? {
         Some(event) => Ok(Json(event.to_object()).into_response()),
@@ -66,9 +64,7 @@ async fn retrieve(
 )]
 async fn deliveries(
     State(state): State<AppState>,
-    Authenticated(merchant): Authenticated,
-    _: NoQuery,
-    PathParam(id): PathParam,
+    ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
     let Some(event) = store::find(&state.pool, merchant.id, &id).await? else {
         return Err(no_such_event(&id, "id"));

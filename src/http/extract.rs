@@ -10,11 +10,13 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use uuid::Uuid;
 
+use super::auth::Authenticated;
 use super::problem::ApiError;
 use super::{faults, idempotent, observe};
 use crate::app::AppState;
 use crate::faults::Fault;
 use crate::idempotency::IdempotencyKey;
+use crate::merchants::Merchant;
 use crate::operation::Guard;
 use crate::params::Params;
 use crate::problem::{Problem, ProblemCode};
@@ -178,6 +180,28 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryParams {
         };
         params.refuse_expand()?;
         Ok(QueryParams(params))
+    }
+}
+
+/// A request for one of the merchant's resources by the id in its path,
+/// with no query: [`Authenticated`], then [`NoQuery`], then [`PathParam`],
+/// each refusing as it would alone.
+pub struct ById {
+    pub merchant: Merchant,
+    pub id: String,
+}
+
+impl FromRequestParts<AppState> for ById {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let Authenticated(merchant) = Authenticated::from_request_parts(parts, state).await?;
+        NoQuery::from_request_parts(parts, state).await?;
+        let PathParam(id) = PathParam::from_request_parts(parts, state).await?;
+        Ok(ById { merchant, id })
     }
 }
 

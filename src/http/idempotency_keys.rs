@@ -9,9 +9,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::auth::Authenticated;
-use super::extract::NoQuery;
-use super::extract::PathParam;
+use super::extract::ById;
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::idempotency::{IdempotencyKey, Resource, store};
@@ -35,9 +33,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 )]
 async fn retrieve(
     State(state): State<AppState>,
-    Authenticated(merchant): Authenticated,
-    _: NoQuery,
-    PathParam(raw): PathParam,
+    ById { merchant, id: raw }: ById,
 ) -> Result<Json<KeyState>, ApiError> {
     let key = IdempotencyKey::parse(raw.as_bytes()).map_err(|e| {
         Problem::new(ProblemCode::InvalidIdempotencyKey, e.to_string()).with_param("key")

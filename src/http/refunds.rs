@@ -12,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
-use super::extract::{IdempotentPost, NoQuery, PathParam};
+use super::extract::{ById, IdempotentPost};
 use super::idempotent;
 use super::problem::ApiError;
 use crate::app::AppState;
@@ -73,9 +73,7 @@ async fn create(
 )]
 async fn retrieve(
     State(state): State<AppState>,
-    Authenticated(merchant): Authenticated,
-    _: NoQuery,
-    PathParam(id): PathParam,
+    ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
     match store::find(&state.pool, merchant.id, &id).await? {
         Some(refund) => Ok(Json(refund.to_object()).into_response()),

@@ -13,7 +13,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Authenticated;
-use super::extract::{IdempotentPost, NoQuery, PageParams, PathParam, QueryParams};
+use super::extract::{ById, IdempotentPost, PageParams, QueryParams};
 use super::idempotent;
 use super::list::List;
 use super::problem::ApiError;
@@ -84,9 +84,7 @@ async fn create(
 )]
 async fn retrieve(
     State(state): State<AppState>,
-    Authenticated(merchant): Authenticated,
-    _: NoQuery,
-    PathParam(id): PathParam,
+    ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
     match store::find(&state.pool, merchant.id, &id).await? {
         Some(endpoint) => Ok(Json(endpoint.to_object()).into_response()),
@@ -110,9 +108,7 @@ async fn retrieve(
 )]
 async fn delete(
     State(state): State<AppState>,
-    Authenticated(merchant): Authenticated,
-    _: NoQuery,
-    PathParam(id): PathParam,
+    ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
     let mut tx = state.pool.begin().await?;
     let Some(ended) = store::delete(&mut tx, merchant.id, &id).await? else {
