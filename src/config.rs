@@ -5,6 +5,7 @@
 //! naming the variables.
 
 use std::net::IpAddr;
+use std::ops::RangeInclusive;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -896,40 +897,39 @@ fn http_url(value: &str) -> Result<String, String> {
     Ok(value.trim_end_matches('/').to_owned())
 }
 
-fn retries(value: &str) -> Result<u32, String> {
+/// A whole number within `range`.
+fn whole_number<T>(value: &str, range: RangeInclusive<T>) -> Result<T, String>
+where
+    T: FromStr + PartialOrd + std::fmt::Display,
+{
     value
         .trim()
-        .parse::<u32>()
+        .parse::<T>()
         .ok()
-        .filter(|n| *n <= 10)
-        .ok_or_else(|| "must be a whole number from 0 to 10".to_owned())
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| {
+            format!(
+                "must be a whole number from {} to {}",
+                range.start(),
+                range.end()
+            )
+        })
+}
+
+fn retries(value: &str) -> Result<u32, String> {
+    whole_number(value, 0..=10)
 }
 
 fn max_attempts(value: &str) -> Result<i32, String> {
-    value
-        .trim()
-        .parse::<i32>()
-        .ok()
-        .filter(|n| (1..=50).contains(n))
-        .ok_or_else(|| "must be a whole number from 1 to 50".to_owned())
+    whole_number(value, 1..=50)
 }
 
 fn concurrency(value: &str) -> Result<i64, String> {
-    value
-        .trim()
-        .parse::<i64>()
-        .ok()
-        .filter(|n| (1..=1024).contains(n))
-        .ok_or_else(|| "must be a whole number from 1 to 1024".to_owned())
+    whole_number(value, 1..=1024)
 }
 
 fn batch_size(value: &str) -> Result<i64, String> {
-    value
-        .trim()
-        .parse::<i64>()
-        .ok()
-        .filter(|n| (1..=10_000).contains(n))
-        .ok_or_else(|| "must be a whole number from 1 to 10000".to_owned())
+    whole_number(value, 1..=10_000)
 }
 
 fn milliseconds(value: &str) -> Result<Duration, String> {
