@@ -71,7 +71,7 @@ pub struct Server {
     /// Largest request body in bytes; more is a 413.
     #[arg(long, env = "MAX_BODY_BYTES", default_value = "65536", value_parser = positive_usize, global = true)]
     pub max_body_bytes: usize,
-    // As written; [`Config::request_timeout`] is the value in force.
+    // As written; `Config::from_settings` moves it out to `Config::request_timeout`.
     /// Longest a request may take before a 503 [default: half of PROCESSING_TIMEOUT, at most 30s].
     #[arg(long, env = "REQUEST_TIMEOUT", value_parser = positive_duration, global = true)]
     request_timeout: Option<Duration>,
@@ -113,7 +113,7 @@ pub struct RateLimits {
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Database")]
 pub struct Database {
-    // As written; [`Config::database_url`] holds it once it is known to be set.
+    // As written; `Config::from_settings` moves it out to `Config::database_url`.
     /// Postgres URL (required).
     #[arg(
         id = "DATABASE_URL",
