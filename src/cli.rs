@@ -251,7 +251,9 @@ impl Cli {
                     );
                     Ok(ExitCode::SUCCESS)
                 } else {
-                    sweeper.run(config.sweep_interval, shutdown_signal()).await;
+                    sweeper
+                        .run(config.keys.sweep_interval, shutdown_signal())
+                        .await;
                     Ok(ExitCode::SUCCESS)
                 }
             }
@@ -266,7 +268,7 @@ impl Cli {
                 let window = match since {
                     Some(since) => Window::new(since, until)?,
                     None => {
-                        let length = window.unwrap_or(config.reconcile_window);
+                        let length = window.unwrap_or(config.reconcile.window);
                         let length =
                             chrono::Duration::from_std(length).context("--window is too long")?;
                         Window::new(until - length, until)?
@@ -322,7 +324,7 @@ impl EmbeddedProcessor {
 pub async fn with_processor(
     mut config: Config,
 ) -> anyhow::Result<(Config, Option<EmbeddedProcessor>)> {
-    if config.processor_url.is_some() {
+    if config.processor.url.is_some() {
         return Ok((config, None));
     }
     let processor_database = std::env::var("PROCESSOR_DATABASE_URL")
@@ -342,7 +344,7 @@ pub async fn with_processor(
         Some(url) => url,
         None => processor_database_url(&config.database_url)?,
     };
-    let latency = config.processor_latency.as_millis().to_string();
+    let latency = config.processor.latency.as_millis().to_string();
     let gateway_config = gateway::Config::from_lookup(|name| match name {
         "PROCESSOR_BIND_ADDR" => Some("127.0.0.1".to_owned()),
         "PROCESSOR_PORT" => Some("0".to_owned()),
@@ -352,7 +354,7 @@ pub async fn with_processor(
         "PROCESSOR_FAULT_INJECTION" => std::env::var(name)
             .ok()
             .filter(|v| !v.trim().is_empty())
-            .or_else(|| config.fault_injection.then(|| "true".to_owned())),
+            .or_else(|| config.workshop.fault_injection.then(|| "true".to_owned())),
         "PROCESSOR_DATABASE_URL" => Some(ledger_url.clone()),
         other => std::env::var(other).ok(),
     })?;
@@ -368,8 +370,8 @@ pub async fn with_processor(
     let task = tokio::spawn(gateway.run_until_stopped(async {
         let _ = stopped.await;
     }));
-    config.processor_url = Some(url);
-    config.processor_api_key = Some(secret.expose().to_owned());
+    config.processor.url = Some(url);
+    config.processor.api_key = Some(secret.expose().to_owned());
     Ok((config, Some(EmbeddedProcessor { stop, task })))
 }
 

@@ -3,8 +3,16 @@
 //! Every variable is optional except `DATABASE_URL`. A value that does not
 //! parse, or that contradicts another, stops the process with a message
 //! naming the variables.
+//!
+//! The settings come in groups, one per heading of `oncepay --help`
+//! ([`Server`], [`RateLimits`], [`Database`], [`Keys`], [`Reconcile`],
+//! [`Processor`], [`Webhooks`], [`Workshop`]); [`Config`] is the same groups
+//! once the checks across them have passed. A setting whose field is not
+//! named after its variable gives its `id` (the variable, which `--help`
+//! also shows as the value's name) and its `long` flag.
 
 use std::net::IpAddr;
+use std::ops::RangeInclusive;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -31,264 +39,256 @@ pub struct ConfigError {
 /// settings.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Settings {
+    #[command(flatten)]
+    pub server: Server,
+    #[command(flatten)]
+    pub rate_limits: RateLimits,
+    #[command(flatten)]
+    pub database: Database,
+    #[command(flatten)]
+    pub keys: Keys,
+    #[command(flatten)]
+    pub reconcile: Reconcile,
+    #[command(flatten)]
+    pub processor: Processor,
+    #[command(flatten)]
+    pub webhooks: Webhooks,
+    #[command(flatten)]
+    pub workshop: Workshop,
+}
+
+/// Where and how the HTTP server listens, and how long requests and
+/// connections may take (see `crate::http::server`).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Server")]
+pub struct Server {
     /// Address to listen on.
-    #[arg(long, help_heading = "Server", env = "BIND_ADDR", default_value = "127.0.0.1", value_parser = ip_addr, global = true)]
-    bind_addr: IpAddr,
+    #[arg(long, env = "BIND_ADDR", default_value = "127.0.0.1", value_parser = ip_addr, global = true)]
+    pub bind_addr: IpAddr,
     /// HTTP port.
-    #[arg(long, help_heading = "Server", env = "PORT", default_value = "8080", value_parser = port, global = true)]
-    port: u16,
+    #[arg(long, env = "PORT", default_value = "8080", value_parser = port, global = true)]
+    pub port: u16,
     /// Largest request body in bytes; more is a 413.
-    #[arg(long, help_heading = "Server", env = "MAX_BODY_BYTES", default_value = "65536", value_parser = positive_usize, global = true)]
-    max_body_bytes: usize,
+    #[arg(long, env = "MAX_BODY_BYTES", default_value = "65536", value_parser = positive_usize, global = true)]
+    pub max_body_bytes: usize,
+    // As written; `Config::from_settings` moves it out to `Config::request_timeout`.
     /// Longest a request may take before a 503 [default: half of PROCESSING_TIMEOUT, at most 30s].
-    #[arg(long, help_heading = "Server", env = "REQUEST_TIMEOUT", value_parser = positive_duration, global = true)]
+    #[arg(long, env = "REQUEST_TIMEOUT", value_parser = positive_duration, global = true)]
     request_timeout: Option<Duration>,
     /// How long shutdown waits for requests in flight to finish.
-    #[arg(long, help_heading = "Server", env = "SHUTDOWN_GRACE", default_value = "10s", value_parser = positive_duration, global = true)]
-    shutdown_grace: Duration,
+    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "10s", value_parser = positive_duration, global = true)]
+    pub shutdown_grace: Duration,
     /// How long a client has to send a whole request head, counted from when the server waits for it.
-    #[arg(long, help_heading = "Server", env = "HTTP_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = positive_duration, global = true)]
-    http_header_read_timeout: Duration,
+    #[arg(id = "HTTP_HEADER_READ_TIMEOUT", long = "http-header-read-timeout", env = "HTTP_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = positive_duration, global = true)]
+    pub header_read_timeout: Duration,
     /// How long a connection may stay silent with no request in flight; at most HTTP_HEADER_READ_TIMEOUT.
-    #[arg(long, help_heading = "Server", env = "HTTP_KEEP_ALIVE_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
-    http_keep_alive_timeout: Duration,
+    #[arg(id = "HTTP_KEEP_ALIVE_TIMEOUT", long = "http-keep-alive-timeout", env = "HTTP_KEEP_ALIVE_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
+    pub keep_alive_timeout: Duration,
     /// The most client connections open at once (lowered to fit the open-file limit).
-    #[arg(long, help_heading = "Server", env = "HTTP_MAX_CONNECTIONS", default_value = "1024", value_parser = positive_usize, global = true)]
-    http_max_connections: usize,
+    #[arg(id = "HTTP_MAX_CONNECTIONS", long = "http-max-connections", env = "HTTP_MAX_CONNECTIONS", default_value = "1024", value_parser = positive_usize, global = true)]
+    pub max_connections: usize,
+}
+
+/// One merchant's writes and reads on this instance (see
+/// [`crate::rate_limit`]).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Rate limits")]
+pub struct RateLimits {
     /// Writes (POST, DELETE) one merchant may send this instance per second, replays included; 0: no limit.
-    #[arg(long, help_heading = "Rate limits", env = "RATE_LIMIT_PER_SECOND", default_value = "500", value_parser = rate, global = true)]
-    rate_limit_per_second: u32,
+    #[arg(id = "RATE_LIMIT_PER_SECOND", long = "rate-limit-per-second", env = "RATE_LIMIT_PER_SECOND", default_value = "500", value_parser = rate, global = true)]
+    pub write_per_second: u32,
     /// Writes one merchant may send at once, before RATE_LIMIT_PER_SECOND applies.
-    #[arg(long, help_heading = "Rate limits", env = "RATE_LIMIT_BURST", default_value = "1000", value_parser = positive_u32, global = true)]
-    rate_limit_burst: u32,
+    #[arg(id = "RATE_LIMIT_BURST", long = "rate-limit-burst", env = "RATE_LIMIT_BURST", default_value = "1000", value_parser = positive_u32, global = true)]
+    pub write_burst: u32,
     /// Reads (GET) one merchant may send this instance per second; 0: no limit.
-    #[arg(long, help_heading = "Rate limits", env = "RATE_LIMIT_READ_PER_SECOND", default_value = "1000", value_parser = rate, global = true)]
-    rate_limit_read_per_second: u32,
+    #[arg(id = "RATE_LIMIT_READ_PER_SECOND", long = "rate-limit-read-per-second", env = "RATE_LIMIT_READ_PER_SECOND", default_value = "1000", value_parser = rate, global = true)]
+    pub read_per_second: u32,
     /// Reads one merchant may send at once, before RATE_LIMIT_READ_PER_SECOND applies.
-    #[arg(long, help_heading = "Rate limits", env = "RATE_LIMIT_READ_BURST", default_value = "2000", value_parser = positive_u32, global = true)]
-    rate_limit_read_burst: u32,
+    #[arg(id = "RATE_LIMIT_READ_BURST", long = "rate-limit-read-burst", env = "RATE_LIMIT_READ_BURST", default_value = "2000", value_parser = positive_u32, global = true)]
+    pub read_burst: u32,
+}
+
+/// oncepay's Postgres and its pool (see [`pg_follow::follow`] and
+/// [`crate::admission`]).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Database")]
+pub struct Database {
+    // As written; `Config::from_settings` moves it out to `Config::database_url`.
     /// Postgres URL (required).
     #[arg(
-        long,
-        help_heading = "Database",
+        id = "DATABASE_URL",
+        long = "database-url",
         env = "DATABASE_URL",
         hide_env_values = true,
         value_parser = postgres_url,
         global = true
     )]
-    database_url: Option<String>,
+    url: Option<String>,
     /// Pool size per server.
-    #[arg(long, help_heading = "Database", env = "DATABASE_MAX_CONNECTIONS", default_value = "10", value_parser = positive_u32, global = true)]
-    database_max_connections: u32,
+    #[arg(id = "DATABASE_MAX_CONNECTIONS", long = "database-max-connections", env = "DATABASE_MAX_CONNECTIONS", default_value = "10", value_parser = positive_u32, global = true)]
+    pub max_connections: u32,
     /// How long a request waits for a database connection before a 503.
-    #[arg(long, help_heading = "Database", env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
-    database_acquire_timeout: Duration,
+    #[arg(id = "DATABASE_ACQUIRE_TIMEOUT", long = "database-acquire-timeout", env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
+    pub acquire_timeout: Duration,
     /// With several hosts in DATABASE_URL, how often the host in use is asked whether it is still the primary.
-    #[arg(long, help_heading = "Database", env = "DATABASE_PRIMARY_CHECK_INTERVAL", default_value = "1s", value_parser = check_interval, global = true)]
-    database_primary_check_interval: Duration,
+    #[arg(id = "DATABASE_PRIMARY_CHECK_INTERVAL", long = "database-primary-check-interval", env = "DATABASE_PRIMARY_CHECK_INTERVAL", default_value = "1s", value_parser = check_interval, global = true)]
+    pub primary_check_interval: Duration,
     /// The longest a request queues for a database connection before its work begins, while the queue keeps emptying; then 503 overloaded (REQUEST_TIMEOUT or longer: never).
-    #[arg(long, help_heading = "Database", env = "DATABASE_QUEUE_TIMEOUT", default_value = "100ms", value_parser = positive_duration, global = true)]
-    database_queue_timeout: Duration,
+    #[arg(id = "DATABASE_QUEUE_TIMEOUT", long = "database-queue-timeout", env = "DATABASE_QUEUE_TIMEOUT", default_value = "100ms", value_parser = positive_duration, global = true)]
+    pub queue_timeout: Duration,
     /// The same wait once the queue has not been empty for DATABASE_QUEUE_TIMEOUT (overload); at most DATABASE_QUEUE_TIMEOUT.
-    #[arg(long, help_heading = "Database", env = "DATABASE_QUEUE_OVERLOAD_TIMEOUT", default_value = "5ms", value_parser = positive_duration, global = true)]
-    database_queue_overload_timeout: Duration,
+    #[arg(id = "DATABASE_QUEUE_OVERLOAD_TIMEOUT", long = "database-queue-overload-timeout", env = "DATABASE_QUEUE_OVERLOAD_TIMEOUT", default_value = "5ms", value_parser = positive_duration, global = true)]
+    pub queue_overload_timeout: Duration,
     // The bound on a statement's wait, live server or silent host.
     /// The longest a database statement may go unanswered: the server cancels it then (statement_timeout), and every connection to a host silent that long is cut. At least DATABASE_PRIMARY_CHECK_INTERVAL plus the check's timeout (DATABASE_ACQUIRE_TIMEOUT, at most 2s).
-    #[arg(long, help_heading = "Database", env = "DATABASE_STATEMENT_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
-    database_statement_timeout: Duration,
-    /// How long a key's saved answer is remembered; at least twice PROCESSING_TIMEOUT.
-    #[arg(long, help_heading = "Idempotency", env = "IDEMPOTENCY_KEY_TTL", default_value = "24h", value_parser = positive_duration, global = true)]
-    idempotency_key_ttl: Duration,
-    /// Refuse a POST without an Idempotency-Key.
-    #[arg(long, help_heading = "Idempotency", env = "IDEMPOTENCY_KEY_REQUIRED", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
-    idempotency_key_required: bool,
-    /// Age after which the sweeper settles a `processing` key.
-    #[arg(long, help_heading = "Idempotency", env = "PROCESSING_TIMEOUT", default_value = "30s", value_parser = positive_duration, global = true)]
-    processing_timeout: Duration,
-    /// How often each server sweeps.
-    #[arg(long, help_heading = "Idempotency", env = "SWEEP_INTERVAL", default_value = "5s", value_parser = positive_duration, global = true)]
-    sweep_interval: Duration,
-    /// How many rows one sweeper statement leases or deletes (1 to 10000).
-    #[arg(long, help_heading = "Idempotency", env = "SWEEP_BATCH_SIZE", default_value = "500", value_parser = batch_size, global = true)]
-    sweep_batch_size: i64,
-    /// Run the periodic reconciliation with the processor's ledger (one instance at a time).
-    #[arg(long, help_heading = "Reconciliation", env = "RECONCILE_ENABLED", default_value = "true", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
-    reconcile_enabled: bool,
-    /// How often the fleet reconciles (each instance tries; one runs).
-    #[arg(long, help_heading = "Reconciliation", env = "RECONCILE_INTERVAL", default_value = "1h", value_parser = positive_duration, global = true)]
-    reconcile_interval: Duration,
-    /// How far back each reconciliation looks; longer than RECONCILE_INTERVAL plus PROCESSING_TIMEOUT.
-    #[arg(long, help_heading = "Reconciliation", env = "RECONCILE_WINDOW", default_value = "24h", value_parser = positive_duration, global = true)]
-    reconcile_window: Duration,
-    /// Memory for completed answers kept for replay, in bytes; 0 turns the cache off.
-    #[arg(long, help_heading = "Idempotency", env = "REPLAY_CACHE_BYTES", default_value = "67108864", value_parser = cache_bytes, global = true)]
-    replay_cache_bytes: u64,
-    /// The card gateway's base URL (unset: `serve` starts one of its own on a loopback port).
-    #[arg(long, help_heading = "Processor", env = "PROCESSOR_URL", value_parser = http_url, global = true)]
-    processor_url: Option<String>,
-    /// The secret key of oncepay's account at the card gateway (`oncepay processor accounts create` prints one); required with PROCESSOR_URL.
-    #[arg(long, help_heading = "Processor", env = "PROCESSOR_API_KEY", hide_env_values = true, value_parser = secret, global = true)]
-    processor_api_key: Option<String>,
-    /// The longest a connection to the processor may take to open.
-    #[arg(long, help_heading = "Processor", env = "PROCESSOR_CONNECT_TIMEOUT", default_value = "1s", value_parser = positive_duration, global = true)]
-    processor_connect_timeout: Duration,
-    /// The longest one processor call may take, answer included.
-    #[arg(long, help_heading = "Processor", env = "PROCESSOR_TIMEOUT", default_value = "10s", value_parser = positive_duration, global = true)]
-    processor_timeout: Duration,
-    /// Repeats of a processor call that failed transiently, under the same key (0 to 10).
-    #[arg(long, help_heading = "Processor", env = "PROCESSOR_RETRIES", default_value = "2", value_parser = retries, global = true)]
-    processor_retries: u32,
-    /// Delay of every authorization and refund at the embedded processor, in milliseconds; below REQUEST_TIMEOUT.
-    #[arg(long, help_heading = "Processor", env = "PROCESSOR_LATENCY_MS", default_value = "0", value_parser = milliseconds, global = true)]
-    processor_latency_ms: Duration,
-    /// The longest one webhook attempt may take, connecting and answering included.
-    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_TIMEOUT", default_value = "10s", value_parser = positive_duration, global = true)]
-    webhook_timeout: Duration,
-    /// Attempts per webhook delivery, the first included (1 to 50).
-    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_MAX_ATTEMPTS", default_value = "16", value_parser = max_attempts, global = true)]
-    webhook_max_attempts: i32,
-    /// The wait after a webhook's first failed attempt; it doubles after each, with jitter.
-    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_RETRY_BASE", default_value = "1m", value_parser = positive_duration, global = true)]
-    webhook_retry_base: Duration,
-    /// The longest wait between two attempts of a webhook.
-    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_RETRY_MAX", default_value = "8h", value_parser = positive_duration, global = true)]
-    webhook_retry_max: Duration,
-    /// An endpoint that fails every delivery for this long is disabled.
-    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_DISABLE_AFTER", default_value = "72h", value_parser = positive_duration, global = true)]
-    webhook_disable_after: Duration,
-    /// How often an idle delivery worker looks for due webhooks.
-    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_POLL_INTERVAL", default_value = "1s", value_parser = positive_duration, global = true)]
-    webhook_poll_interval: Duration,
-    /// Webhook attempts one process makes at once (1 to 1024).
-    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_CONCURRENCY", default_value = "32", value_parser = concurrency, global = true)]
-    webhook_concurrency: i64,
-    /// Webhook attempts in flight to one endpoint at once, over every instance (1 to 1024).
-    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_ENDPOINT_CONCURRENCY", default_value = "4", value_parser = concurrency, global = true)]
-    webhook_endpoint_concurrency: i64,
-    /// Webhook attempts in flight to one merchant's endpoints at once, over every instance (1 to 1024).
-    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_MERCHANT_CONCURRENCY", default_value = "8", value_parser = concurrency, global = true)]
-    webhook_merchant_concurrency: i64,
-    /// Let webhook endpoints point at loopback, private, link-local and other internal addresses (a receiver beside the service: workshops, tests).
-    #[arg(long, help_heading = "Webhooks", env = "WEBHOOK_ALLOW_PRIVATE", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
-    webhook_allow_private: bool,
-    /// If set, a merchant `demo` with this secret key is made sure to exist.
-    #[arg(long, help_heading = "Workshop", env = "DEMO_API_KEY", hide_env_values = true, value_parser = demo_api_key, global = true)]
-    demo_api_key: Option<String>,
-    /// Honour the Oncepay-Fault request header (tests and workshops only).
-    #[arg(long, help_heading = "Workshop", env = "FAULT_INJECTION", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
-    fault_injection: bool,
-    /// Serve the deliberately broken /demo/naive/charges, /demo/naive/refunds, /demo/redis/charges and the webhook receivers (workshops only).
-    #[arg(long, help_heading = "Workshop", env = "DEMO_UNSAFE_ENDPOINTS", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
-    demo_unsafe_endpoints: bool,
-    /// Redis for the workshop's key-outside-the-transaction variant, POST /demo/redis/charges (unset: none).
-    #[arg(long, help_heading = "Workshop", env = "REDIS_URL", hide_env_values = true, value_parser = redis_url, global = true)]
-    redis_url: Option<String>,
+    #[arg(id = "DATABASE_STATEMENT_TIMEOUT", long = "database-statement-timeout", env = "DATABASE_STATEMENT_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
+    pub statement_timeout: Duration,
 }
 
-/// The service's settings. See `.env.example` for what each one does.
-/// Its `Debug` redacts the database password and the demo key.
+/// Idempotency keys: how long they live, when a `processing` one counts as
+/// stale, how the sweeper settles them, and the replay cache of their
+/// answers (see [`crate::cache`]).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Idempotency")]
+pub struct Keys {
+    /// How long a key's saved answer is remembered; at least twice PROCESSING_TIMEOUT.
+    #[arg(id = "IDEMPOTENCY_KEY_TTL", long = "idempotency-key-ttl", env = "IDEMPOTENCY_KEY_TTL", default_value = "24h", value_parser = positive_duration, global = true)]
+    pub ttl: Duration,
+    /// Refuse a POST without an Idempotency-Key.
+    #[arg(id = "IDEMPOTENCY_KEY_REQUIRED", long = "idempotency-key-required", env = "IDEMPOTENCY_KEY_REQUIRED", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    pub required: bool,
+    /// Age after which the sweeper settles a `processing` key.
+    #[arg(long, env = "PROCESSING_TIMEOUT", default_value = "30s", value_parser = positive_duration, global = true)]
+    pub processing_timeout: Duration,
+    /// How often each server sweeps.
+    #[arg(long, env = "SWEEP_INTERVAL", default_value = "5s", value_parser = positive_duration, global = true)]
+    pub sweep_interval: Duration,
+    /// How many rows one sweeper statement leases or deletes (1 to 10000).
+    #[arg(long, env = "SWEEP_BATCH_SIZE", default_value = "500", value_parser = batch_size, global = true)]
+    pub sweep_batch_size: i64,
+    /// Memory for completed answers kept for replay, in bytes; 0 turns the cache off.
+    #[arg(long, env = "REPLAY_CACHE_BYTES", default_value = "67108864", value_parser = cache_bytes, global = true)]
+    pub replay_cache_bytes: u64,
+}
+
+/// The periodic reconciliation with the processor's ledger (see
+/// [`crate::reconcile`]).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Reconciliation")]
+pub struct Reconcile {
+    /// Run the periodic reconciliation with the processor's ledger (one instance at a time).
+    #[arg(id = "RECONCILE_ENABLED", long = "reconcile-enabled", env = "RECONCILE_ENABLED", default_value = "true", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    pub enabled: bool,
+    /// How often the fleet reconciles (each instance tries; one runs).
+    #[arg(id = "RECONCILE_INTERVAL", long = "reconcile-interval", env = "RECONCILE_INTERVAL", default_value = "1h", value_parser = positive_duration, global = true)]
+    pub interval: Duration,
+    /// How far back each reconciliation looks; longer than RECONCILE_INTERVAL plus PROCESSING_TIMEOUT.
+    #[arg(id = "RECONCILE_WINDOW", long = "reconcile-window", env = "RECONCILE_WINDOW", default_value = "24h", value_parser = positive_duration, global = true)]
+    pub window: Duration,
+}
+
+/// The card gateway and how calls to it are made; `url` and `api_key` stay
+/// `None` until `serve` starts its own gateway. Its `Debug` hides the key.
+#[derive(Clone, clap::Args)]
+#[command(next_help_heading = "Processor")]
+pub struct Processor {
+    /// The card gateway's base URL (unset: `serve` starts one of its own on a loopback port).
+    #[arg(id = "PROCESSOR_URL", long = "processor-url", env = "PROCESSOR_URL", value_parser = http_url, global = true)]
+    pub url: Option<String>,
+    /// The secret key of oncepay's account at the card gateway (`oncepay processor accounts create` prints one); required with PROCESSOR_URL.
+    #[arg(id = "PROCESSOR_API_KEY", long = "processor-api-key", env = "PROCESSOR_API_KEY", hide_env_values = true, value_parser = secret, global = true)]
+    pub api_key: Option<String>,
+    /// The longest a connection to the processor may take to open.
+    #[arg(id = "PROCESSOR_CONNECT_TIMEOUT", long = "processor-connect-timeout", env = "PROCESSOR_CONNECT_TIMEOUT", default_value = "1s", value_parser = positive_duration, global = true)]
+    pub connect_timeout: Duration,
+    /// The longest one processor call may take, answer included.
+    #[arg(id = "PROCESSOR_TIMEOUT", long = "processor-timeout", env = "PROCESSOR_TIMEOUT", default_value = "10s", value_parser = positive_duration, global = true)]
+    pub timeout: Duration,
+    /// Repeats of a processor call that failed transiently, under the same key (0 to 10).
+    #[arg(id = "PROCESSOR_RETRIES", long = "processor-retries", env = "PROCESSOR_RETRIES", default_value = "2", value_parser = retries, global = true)]
+    pub retries: u32,
+    /// Delay of every authorization and refund at the embedded processor, in milliseconds; below REQUEST_TIMEOUT.
+    #[arg(id = "PROCESSOR_LATENCY_MS", long = "processor-latency-ms", env = "PROCESSOR_LATENCY_MS", default_value = "0", value_parser = milliseconds, global = true)]
+    pub latency: Duration,
+}
+
+/// Webhook delivery: its attempts, their spacing and concurrency, and the
+/// address guard (see [`crate::webhooks::deliver`] and
+/// [`crate::webhooks::guard`]).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Webhooks")]
+pub struct Webhooks {
+    /// The longest one webhook attempt may take, connecting and answering included.
+    #[arg(id = "WEBHOOK_TIMEOUT", long = "webhook-timeout", env = "WEBHOOK_TIMEOUT", default_value = "10s", value_parser = positive_duration, global = true)]
+    pub timeout: Duration,
+    /// Attempts per webhook delivery, the first included (1 to 50).
+    #[arg(id = "WEBHOOK_MAX_ATTEMPTS", long = "webhook-max-attempts", env = "WEBHOOK_MAX_ATTEMPTS", default_value = "16", value_parser = max_attempts, global = true)]
+    pub max_attempts: i32,
+    /// The wait after a webhook's first failed attempt; it doubles after each, with jitter.
+    #[arg(id = "WEBHOOK_RETRY_BASE", long = "webhook-retry-base", env = "WEBHOOK_RETRY_BASE", default_value = "1m", value_parser = positive_duration, global = true)]
+    pub retry_base: Duration,
+    /// The longest wait between two attempts of a webhook.
+    #[arg(id = "WEBHOOK_RETRY_MAX", long = "webhook-retry-max", env = "WEBHOOK_RETRY_MAX", default_value = "8h", value_parser = positive_duration, global = true)]
+    pub retry_max: Duration,
+    /// An endpoint that fails every delivery for this long is disabled.
+    #[arg(id = "WEBHOOK_DISABLE_AFTER", long = "webhook-disable-after", env = "WEBHOOK_DISABLE_AFTER", default_value = "72h", value_parser = positive_duration, global = true)]
+    pub disable_after: Duration,
+    /// How often an idle delivery worker looks for due webhooks.
+    #[arg(id = "WEBHOOK_POLL_INTERVAL", long = "webhook-poll-interval", env = "WEBHOOK_POLL_INTERVAL", default_value = "1s", value_parser = positive_duration, global = true)]
+    pub poll_interval: Duration,
+    /// Webhook attempts one process makes at once (1 to 1024).
+    #[arg(id = "WEBHOOK_CONCURRENCY", long = "webhook-concurrency", env = "WEBHOOK_CONCURRENCY", default_value = "32", value_parser = concurrency, global = true)]
+    pub concurrency: i64,
+    /// Webhook attempts in flight to one endpoint at once, over every instance (1 to 1024).
+    #[arg(id = "WEBHOOK_ENDPOINT_CONCURRENCY", long = "webhook-endpoint-concurrency", env = "WEBHOOK_ENDPOINT_CONCURRENCY", default_value = "4", value_parser = concurrency, global = true)]
+    pub endpoint_concurrency: i64,
+    /// Webhook attempts in flight to one merchant's endpoints at once, over every instance (1 to 1024).
+    #[arg(id = "WEBHOOK_MERCHANT_CONCURRENCY", long = "webhook-merchant-concurrency", env = "WEBHOOK_MERCHANT_CONCURRENCY", default_value = "8", value_parser = concurrency, global = true)]
+    pub merchant_concurrency: i64,
+    /// Let webhook endpoints point at loopback, private, link-local and other internal addresses (a receiver beside the service: workshops, tests).
+    #[arg(id = "WEBHOOK_ALLOW_PRIVATE", long = "webhook-allow-private", env = "WEBHOOK_ALLOW_PRIVATE", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    pub allow_private: bool,
+}
+
+/// What only workshops and tests turn on: the demo merchant, injected
+/// faults, the deliberately broken endpoints and their Redis. Its `Debug`
+/// hides the demo key and Redis password.
+#[derive(Clone, clap::Args)]
+#[command(next_help_heading = "Workshop")]
+pub struct Workshop {
+    /// If set, a merchant `demo` with this secret key is made sure to exist.
+    #[arg(long, env = "DEMO_API_KEY", hide_env_values = true, value_parser = demo_api_key, global = true)]
+    pub demo_api_key: Option<String>,
+    /// Honour the Oncepay-Fault request header (tests and workshops only).
+    #[arg(long, env = "FAULT_INJECTION", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    pub fault_injection: bool,
+    /// Serve the deliberately broken /demo/naive/charges, /demo/naive/refunds, /demo/redis/charges and the webhook receivers (workshops only).
+    #[arg(long, env = "DEMO_UNSAFE_ENDPOINTS", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    pub demo_unsafe_endpoints: bool,
+    /// Redis for the workshop's key-outside-the-transaction variant, POST /demo/redis/charges (unset: none).
+    #[arg(long, env = "REDIS_URL", hide_env_values = true, value_parser = redis_url, global = true)]
+    pub redis_url: Option<String>,
+}
+
+/// The service's settings, checked across groups. See `.env.example` for
+/// what each one does. Its `Debug` redacts the database password and the
+/// secret keys.
 #[derive(Clone)]
 pub struct Config {
+    /// `DATABASE_URL`, which every command but `oncepay processor` needs.
     pub database_url: String,
-    pub database_max_connections: u32,
-    /// How long a request waits for a database connection before it gets a
-    /// `503` (also while the database is away).
-    pub database_acquire_timeout: Duration,
-    /// With several hosts in `DATABASE_URL`, how often the host in use is
-    /// asked whether it still serves (see [`pg_follow::follow`]).
-    pub database_primary_check_interval: Duration,
-    /// The longest a request queues for a connection before its work
-    /// begins, while the queue keeps emptying (see [`crate::admission`]).
-    pub database_queue_timeout: Duration,
-    /// The same, once the queue has stood for `database_queue_timeout`.
-    pub database_queue_overload_timeout: Duration,
-    /// The longest a statement may go unanswered, on a live server or a
-    /// silent host (see [`pg_follow::liveness`]).
-    pub database_statement_timeout: Duration,
-    pub bind_addr: IpAddr,
-    pub port: u16,
-    /// The demo merchant's secret key, created at start when set.
-    pub demo_api_key: Option<String>,
-    pub idempotency_key_ttl: Duration,
-    pub idempotency_key_required: bool,
-    pub processing_timeout: Duration,
-    pub sweep_interval: Duration,
-    /// How many rows one sweeper statement leases or deletes.
-    pub sweep_batch_size: i64,
-    /// Whether `serve` runs the periodic reconciliation.
-    pub reconcile_enabled: bool,
-    /// How often the fleet reconciles.
-    pub reconcile_interval: Duration,
-    /// How far back each periodic reconciliation looks (and `oncepay
-    /// reconcile` without `--since`).
-    pub reconcile_window: Duration,
-    /// The card gateway's base URL; `None` until `serve` starts its own.
-    pub processor_url: Option<String>,
-    /// oncepay's secret key at the card gateway, sent as `Authorization:
-    /// Bearer` on every call; `None` until `serve` starts its own gateway.
-    /// Never logged: `Debug` hides it.
-    pub processor_api_key: Option<String>,
-    /// The longest a connection to the processor may take to open.
-    pub processor_connect_timeout: Duration,
-    /// The longest one processor call may take.
-    pub processor_timeout: Duration,
-    /// Repeats of a processor call that failed transiently.
-    pub processor_retries: u32,
-    /// Delay of every authorization and refund at the embedded processor.
-    pub processor_latency: Duration,
-    pub max_body_bytes: usize,
-    /// The most bytes of completed answers held in memory for replay (0: no
-    /// replay cache). See [`crate::cache`].
-    pub replay_cache_bytes: u64,
-    /// Honour the `Oncepay-Fault` request header (tests and workshops only).
-    pub fault_injection: bool,
-    /// Serve the deliberately broken `POST /demo/naive/charges`,
-    /// `POST /demo/naive/refunds` and `POST /demo/redis/charges`, and the
-    /// webhook receivers under `/demo/receiver/` (workshops only).
-    pub demo_unsafe_endpoints: bool,
-    /// The Redis that `POST /demo/redis/charges` keeps its keys in, the
-    /// workshop's example of a key store outside the business transaction.
-    pub redis_url: Option<String>,
-    /// The longest a request may take before it is answered `503 request_timeout`.
-    /// By default half of `processing_timeout`, at most 30 s; always below it.
+    /// The longest a request may take before it is answered `503
+    /// request_timeout`: `REQUEST_TIMEOUT`, by default half of
+    /// `PROCESSING_TIMEOUT`, at most 30 s; always below it.
     pub request_timeout: Duration,
-    /// How long shutdown waits for requests in flight to finish.
-    pub shutdown_grace: Duration,
-    /// How long a client has to send a whole request head, counted from when
-    /// the server starts waiting for it (the connection's opening, or the
-    /// previous answer).
-    pub http_header_read_timeout: Duration,
-    /// How long a connection with no request in flight may send nothing
-    /// before it is closed; at most `http_header_read_timeout`.
-    pub http_keep_alive_timeout: Duration,
-    /// The most client connections open at once, before the open-file limit
-    /// lowers it (see `crate::http::server`).
-    pub http_max_connections: usize,
-    /// One merchant's writes on this instance (see [`crate::rate_limit`]).
-    pub rate_limit_writes: crate::rate_limit::Limit,
-    /// One merchant's reads on this instance.
-    pub rate_limit_reads: crate::rate_limit::Limit,
-    /// The longest one webhook attempt may take.
-    pub webhook_timeout: Duration,
-    /// Attempts per webhook delivery, the first included.
-    pub webhook_max_attempts: i32,
-    /// The wait after a webhook's first failed attempt; doubled after each.
-    pub webhook_retry_base: Duration,
-    /// The longest wait between two webhook attempts.
-    pub webhook_retry_max: Duration,
-    /// An endpoint failing every delivery for this long is disabled.
-    pub webhook_disable_after: Duration,
-    /// How often an idle delivery worker looks for due webhooks.
-    pub webhook_poll_interval: Duration,
-    /// Webhook attempts one process makes at once.
-    pub webhook_concurrency: i64,
-    /// Webhook attempts in flight to one endpoint, over every instance.
-    pub webhook_endpoint_concurrency: i64,
-    /// Webhook attempts in flight to one merchant's endpoints, over every instance.
-    pub webhook_merchant_concurrency: i64,
-    /// Let webhook endpoints point at internal addresses: the address guard
-    /// (see [`crate::webhooks::guard`]) off.
-    pub webhook_allow_private: bool,
+    pub server: Server,
+    pub rate_limits: RateLimits,
+    pub database: Database,
+    pub keys: Keys,
+    pub reconcile: Reconcile,
+    pub processor: Processor,
+    pub webhooks: Webhooks,
+    pub workshop: Workshop,
 }
 
 /// Reads just the settings, for [`Config::from_lookup`].
@@ -330,10 +330,10 @@ impl Config {
     pub fn pool_settings(&self) -> pg_follow::Settings {
         pg_follow::Settings {
             name: "oncepay",
-            max_connections: self.database_max_connections,
-            acquire_timeout: self.database_acquire_timeout,
-            check_interval: self.database_primary_check_interval,
-            statement_timeout: self.database_statement_timeout,
+            max_connections: self.database.max_connections,
+            acquire_timeout: self.database.acquire_timeout,
+            check_interval: self.database.primary_check_interval,
+            statement_timeout: self.database.statement_timeout,
         }
     }
 
@@ -342,21 +342,21 @@ impl Config {
     /// deadlines.
     pub fn processor_settings(&self) -> anyhow::Result<crate::processor::HttpSettings> {
         use anyhow::Context as _;
-        let url = self.processor_url.clone().context(
+        let url = self.processor.url.clone().context(
             "PROCESSOR_URL is unset: set it to the card gateway's URL (oncepay processor), \
              or let oncepay serve start its own",
         )?;
-        let api_key = self.processor_api_key.clone().context(
+        let api_key = self.processor.api_key.clone().context(
             "PROCESSOR_API_KEY is unset: set it to oncepay's secret key at the card gateway \
              at PROCESSOR_URL (`oncepay processor accounts create --name oncepay` prints one)",
         )?;
         Ok(crate::processor::HttpSettings {
             url,
             api_key,
-            connect_timeout: self.processor_connect_timeout,
-            timeout: self.processor_timeout,
-            retries: self.processor_retries,
-            budget: self.processing_timeout,
+            connect_timeout: self.processor.connect_timeout,
+            timeout: self.processor.timeout,
+            retries: self.processor.retries,
+            budget: self.keys.processing_timeout,
             retry_window: self.request_timeout,
         })
     }
@@ -364,19 +364,19 @@ impl Config {
     /// The durations guarded operations run by.
     pub fn timeouts(&self) -> oncepay_core::settings::Timeouts {
         oncepay_core::settings::Timeouts {
-            key_ttl: self.idempotency_key_ttl,
-            processing: self.processing_timeout,
+            key_ttl: self.keys.ttl,
+            processing: self.keys.processing_timeout,
             request: self.request_timeout,
-            sweep_interval: self.sweep_interval,
+            sweep_interval: self.keys.sweep_interval,
         }
     }
 
     /// The sweeper's settings in a `serve` or `sweep` process.
     pub fn sweep_settings(&self) -> crate::sweeper::SweepSettings {
         crate::sweeper::SweepSettings {
-            processing_timeout: self.processing_timeout,
-            key_ttl: self.idempotency_key_ttl,
-            batch_size: self.sweep_batch_size,
+            processing_timeout: self.keys.processing_timeout,
+            key_ttl: self.keys.ttl,
+            batch_size: self.keys.sweep_batch_size,
             delete_budget: crate::sweeper::DELETE_BUDGET,
         }
     }
@@ -413,114 +413,35 @@ impl Config {
     /// what the parser checked.
     pub fn from_settings(settings: Settings) -> Result<Self, ConfigError> {
         let Settings {
-            database_url,
-            database_max_connections,
-            database_acquire_timeout,
-            database_primary_check_interval,
-            database_queue_timeout,
-            database_queue_overload_timeout,
-            database_statement_timeout,
-            bind_addr,
-            port,
-            demo_api_key,
-            idempotency_key_ttl,
-            idempotency_key_required,
-            processing_timeout,
-            sweep_interval,
-            sweep_batch_size,
-            reconcile_enabled,
-            reconcile_interval,
-            reconcile_window,
-            processor_url,
-            processor_api_key,
-            processor_connect_timeout,
-            processor_timeout,
-            processor_retries,
-            processor_latency_ms,
-            max_body_bytes,
-            replay_cache_bytes,
-            fault_injection,
-            demo_unsafe_endpoints,
-            redis_url,
-            request_timeout,
-            shutdown_grace,
-            http_header_read_timeout,
-            http_keep_alive_timeout,
-            http_max_connections,
-            rate_limit_per_second,
-            rate_limit_burst,
-            rate_limit_read_per_second,
-            rate_limit_read_burst,
-            webhook_timeout,
-            webhook_max_attempts,
-            webhook_retry_base,
-            webhook_retry_max,
-            webhook_disable_after,
-            webhook_poll_interval,
-            webhook_concurrency,
-            webhook_endpoint_concurrency,
-            webhook_merchant_concurrency,
-            webhook_allow_private,
+            mut server,
+            rate_limits,
+            mut database,
+            keys,
+            reconcile,
+            processor,
+            webhooks,
+            workshop,
         } = settings;
-        let database_url = database_url.ok_or_else(|| ConfigError {
+        let database_url = database.url.take().ok_or_else(|| ConfigError {
             name: "DATABASE_URL".into(),
             value: String::new(),
             reason: "is required (for example postgres://postgres@127.0.0.1:5432/oncepay)".into(),
         })?;
+        let request_timeout = server
+            .request_timeout
+            .take()
+            .unwrap_or((keys.processing_timeout / 2).min(Duration::from_secs(30)));
         let config = Config {
             database_url,
-            database_max_connections,
-            database_acquire_timeout,
-            database_primary_check_interval,
-            database_queue_timeout,
-            database_queue_overload_timeout,
-            database_statement_timeout,
-            bind_addr,
-            port,
-            demo_api_key,
-            idempotency_key_ttl,
-            idempotency_key_required,
-            processing_timeout,
-            sweep_interval,
-            sweep_batch_size,
-            reconcile_enabled,
-            reconcile_interval,
-            reconcile_window,
-            processor_url,
-            processor_api_key,
-            processor_connect_timeout,
-            processor_timeout,
-            processor_retries,
-            processor_latency: processor_latency_ms,
-            max_body_bytes,
-            replay_cache_bytes,
-            fault_injection,
-            demo_unsafe_endpoints,
-            redis_url,
-            request_timeout: request_timeout
-                .unwrap_or((processing_timeout / 2).min(Duration::from_secs(30))),
-            shutdown_grace,
-            http_header_read_timeout,
-            http_keep_alive_timeout,
-            http_max_connections,
-            rate_limit_writes: crate::rate_limit::Limit {
-                per_second: rate_limit_per_second,
-                burst: rate_limit_burst,
-            },
-            rate_limit_reads: crate::rate_limit::Limit {
-                per_second: rate_limit_read_per_second,
-                burst: rate_limit_read_burst,
-            },
-            webhook_timeout,
-            webhook_max_attempts,
-            webhook_retry_base,
-            webhook_retry_max,
-            webhook_disable_after,
-            webhook_poll_interval,
-            webhook_concurrency,
-            webhook_endpoint_concurrency,
-            webhook_merchant_concurrency,
-            webhook_allow_private,
+            request_timeout,
+            server,
+            rate_limits,
+            database,
+            keys,
+            reconcile,
+            processor,
+            webhooks,
+            workshop,
         };
         // A request (and the processor call in it) must be over before its
         // key counts as stale: past PROCESSING_TIMEOUT, a retry or the sweeper
@@ -529,8 +450,8 @@ impl Config {
         for (name, value, written) in [
             (
                 "PROCESSOR_LATENCY_MS",
-                config.processor_latency,
-                config.processor_latency.as_millis().to_string(),
+                config.processor.latency,
+                config.processor.latency.as_millis().to_string(),
             ),
             (
                 "REQUEST_TIMEOUT",
@@ -538,24 +459,24 @@ impl Config {
                 humantime::format_duration(config.request_timeout).to_string(),
             ),
         ] {
-            if value >= config.processing_timeout {
+            if value >= config.keys.processing_timeout {
                 return Err(ConfigError {
                     name: name.into(),
                     value: written,
                     reason: format!(
                         "must be below PROCESSING_TIMEOUT ({}): a request still at work then \
                          would have its record settled under it",
-                        humantime::format_duration(config.processing_timeout)
+                        humantime::format_duration(config.keys.processing_timeout)
                     ),
                 });
             }
         }
         // Every charge waits PROCESSOR_LATENCY_MS at the processor: at or
         // above REQUEST_TIMEOUT, every one would be answered 503.
-        if config.processor_latency >= config.request_timeout {
+        if config.processor.latency >= config.request_timeout {
             return Err(ConfigError {
                 name: "PROCESSOR_LATENCY_MS".into(),
-                value: config.processor_latency.as_millis().to_string(),
+                value: config.processor.latency.as_millis().to_string(),
                 reason: format!(
                     "must be below REQUEST_TIMEOUT ({}): every charge would wait that long at \
                      the processor and be answered 503 request_timeout",
@@ -563,39 +484,39 @@ impl Config {
                 ),
             });
         }
-        if config.database_queue_overload_timeout > config.database_queue_timeout {
+        if config.database.queue_overload_timeout > config.database.queue_timeout {
             return Err(ConfigError {
                 name: "DATABASE_QUEUE_OVERLOAD_TIMEOUT".into(),
-                value: humantime::format_duration(config.database_queue_overload_timeout)
+                value: humantime::format_duration(config.database.queue_overload_timeout)
                     .to_string(),
                 reason: format!(
                     "must be at most DATABASE_QUEUE_TIMEOUT ({}): it is the wait under overload",
-                    humantime::format_duration(config.database_queue_timeout)
+                    humantime::format_duration(config.database.queue_timeout)
                 ),
             });
         }
         // hyper's header timer also runs while a connection waits for its
         // next request, so a longer keep-alive would never be reached.
-        if config.http_keep_alive_timeout > config.http_header_read_timeout {
+        if config.server.keep_alive_timeout > config.server.header_read_timeout {
             return Err(ConfigError {
                 name: "HTTP_KEEP_ALIVE_TIMEOUT".into(),
-                value: humantime::format_duration(config.http_keep_alive_timeout).to_string(),
+                value: humantime::format_duration(config.server.keep_alive_timeout).to_string(),
                 reason: format!(
                     "must be at most HTTP_HEADER_READ_TIMEOUT ({}), which also bounds how long \
                      a connection may wait for its next request",
-                    humantime::format_duration(config.http_header_read_timeout)
+                    humantime::format_duration(config.server.header_read_timeout)
                 ),
             });
         }
         // A key must outlive any request holding it, or a retry could take
         // over a key whose first request is still at work.
-        if config.idempotency_key_ttl < config.processing_timeout * 2 {
+        if config.keys.ttl < config.keys.processing_timeout * 2 {
             return Err(ConfigError {
                 name: "IDEMPOTENCY_KEY_TTL".into(),
-                value: humantime::format_duration(config.idempotency_key_ttl).to_string(),
+                value: humantime::format_duration(config.keys.ttl).to_string(),
                 reason: format!(
                     "must be at least twice PROCESSING_TIMEOUT ({})",
-                    humantime::format_duration(config.processing_timeout)
+                    humantime::format_duration(config.keys.processing_timeout)
                 ),
             });
         }
@@ -603,10 +524,10 @@ impl Config {
         // request's deadline, by clocks that agree within MAX_CLOCK_SKEW; a
         // retry's answer must outlive that, or a claim made in time could
         // find it expired and take the key over.
-        if config.idempotency_key_ttl <= config.request_timeout + MAX_CLOCK_SKEW {
+        if config.keys.ttl <= config.request_timeout + MAX_CLOCK_SKEW {
             return Err(ConfigError {
                 name: "IDEMPOTENCY_KEY_TTL".into(),
-                value: humantime::format_duration(config.idempotency_key_ttl).to_string(),
+                value: humantime::format_duration(config.keys.ttl).to_string(),
                 reason: format!(
                     "must be longer than REQUEST_TIMEOUT ({}) plus the clock skew allowed \
                      between oncepay and Postgres ({})",
@@ -617,25 +538,25 @@ impl Config {
         }
         // Each run must overlap the one before by more than the in-flight
         // age, or what was in flight at one run's end is never looked at.
-        if config.reconcile_window <= config.reconcile_interval + config.processing_timeout {
+        if config.reconcile.window <= config.reconcile.interval + config.keys.processing_timeout {
             return Err(ConfigError {
                 name: "RECONCILE_WINDOW".into(),
-                value: humantime::format_duration(config.reconcile_window).to_string(),
+                value: humantime::format_duration(config.reconcile.window).to_string(),
                 reason: format!(
                     "must be longer than RECONCILE_INTERVAL ({}) plus PROCESSING_TIMEOUT ({}), \
                      so that each run overlaps the one before by more than what is in flight",
-                    humantime::format_duration(config.reconcile_interval),
-                    humantime::format_duration(config.processing_timeout)
+                    humantime::format_duration(config.reconcile.interval),
+                    humantime::format_duration(config.keys.processing_timeout)
                 ),
             });
         }
-        if config.webhook_retry_max < config.webhook_retry_base {
+        if config.webhooks.retry_max < config.webhooks.retry_base {
             return Err(ConfigError {
                 name: "WEBHOOK_RETRY_MAX".into(),
-                value: humantime::format_duration(config.webhook_retry_max).to_string(),
+                value: humantime::format_duration(config.webhooks.retry_max).to_string(),
                 reason: format!(
                     "must be at least WEBHOOK_RETRY_BASE ({})",
-                    humantime::format_duration(config.webhook_retry_base)
+                    humantime::format_duration(config.webhooks.retry_base)
                 ),
             });
         }
@@ -674,76 +595,61 @@ impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
             .field("database_url", &self.redacted_database_url())
-            .field("database_max_connections", &self.database_max_connections)
-            .field("database_acquire_timeout", &self.database_acquire_timeout)
-            .field(
-                "database_primary_check_interval",
-                &self.database_primary_check_interval,
-            )
-            .field("database_queue_timeout", &self.database_queue_timeout)
-            .field(
-                "database_queue_overload_timeout",
-                &self.database_queue_overload_timeout,
-            )
-            .field(
-                "database_statement_timeout",
-                &self.database_statement_timeout,
-            )
-            .field("bind_addr", &self.bind_addr)
-            .field("port", &self.port)
+            .field("request_timeout", &self.request_timeout)
+            .field("server", &self.server)
+            .field("rate_limits", &self.rate_limits)
+            .field("database", &self.database)
+            .field("keys", &self.keys)
+            .field("reconcile", &self.reconcile)
+            .field("processor", &self.processor)
+            .field("webhooks", &self.webhooks)
+            .field("workshop", &self.workshop)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Processor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Processor")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("timeout", &self.timeout)
+            .field("retries", &self.retries)
+            .field("latency", &self.latency)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Workshop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workshop")
             .field(
                 "demo_api_key",
                 &self.demo_api_key.as_ref().map(|_| "sk_test_***"),
             )
-            .field("idempotency_key_ttl", &self.idempotency_key_ttl)
-            .field("idempotency_key_required", &self.idempotency_key_required)
-            .field("processing_timeout", &self.processing_timeout)
-            .field("sweep_interval", &self.sweep_interval)
-            .field("sweep_batch_size", &self.sweep_batch_size)
-            .field("reconcile_enabled", &self.reconcile_enabled)
-            .field("reconcile_interval", &self.reconcile_interval)
-            .field("reconcile_window", &self.reconcile_window)
-            .field(
-                "processor_url",
-                &self.processor_url.as_deref().map(redact_url),
-            )
-            .field(
-                "processor_api_key",
-                &self.processor_api_key.as_ref().map(|_| "***"),
-            )
-            .field("processor_connect_timeout", &self.processor_connect_timeout)
-            .field("processor_timeout", &self.processor_timeout)
-            .field("processor_retries", &self.processor_retries)
-            .field("processor_latency", &self.processor_latency)
-            .field("max_body_bytes", &self.max_body_bytes)
-            .field("replay_cache_bytes", &self.replay_cache_bytes)
             .field("fault_injection", &self.fault_injection)
             .field("demo_unsafe_endpoints", &self.demo_unsafe_endpoints)
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
-            .field("request_timeout", &self.request_timeout)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("http_header_read_timeout", &self.http_header_read_timeout)
-            .field("http_keep_alive_timeout", &self.http_keep_alive_timeout)
-            .field("http_max_connections", &self.http_max_connections)
-            .field("rate_limit_writes", &self.rate_limit_writes)
-            .field("rate_limit_reads", &self.rate_limit_reads)
-            .field("webhook_timeout", &self.webhook_timeout)
-            .field("webhook_max_attempts", &self.webhook_max_attempts)
-            .field("webhook_retry_base", &self.webhook_retry_base)
-            .field("webhook_retry_max", &self.webhook_retry_max)
-            .field("webhook_disable_after", &self.webhook_disable_after)
-            .field("webhook_poll_interval", &self.webhook_poll_interval)
-            .field("webhook_concurrency", &self.webhook_concurrency)
-            .field(
-                "webhook_endpoint_concurrency",
-                &self.webhook_endpoint_concurrency,
-            )
-            .field(
-                "webhook_merchant_concurrency",
-                &self.webhook_merchant_concurrency,
-            )
-            .field("webhook_allow_private", &self.webhook_allow_private)
             .finish()
+    }
+}
+
+impl RateLimits {
+    /// One merchant's writes, from `RATE_LIMIT_PER_SECOND` and `RATE_LIMIT_BURST`.
+    pub fn writes(&self) -> crate::rate_limit::Limit {
+        crate::rate_limit::Limit {
+            per_second: self.write_per_second,
+            burst: self.write_burst,
+        }
+    }
+
+    /// One merchant's reads, from `RATE_LIMIT_READ_*`.
+    pub fn reads(&self) -> crate::rate_limit::Limit {
+        crate::rate_limit::Limit {
+            per_second: self.read_per_second,
+            burst: self.read_burst,
+        }
     }
 }
 
@@ -896,40 +802,39 @@ fn http_url(value: &str) -> Result<String, String> {
     Ok(value.trim_end_matches('/').to_owned())
 }
 
-fn retries(value: &str) -> Result<u32, String> {
+/// A whole number within `range`.
+fn whole_number<T>(value: &str, range: RangeInclusive<T>) -> Result<T, String>
+where
+    T: FromStr + PartialOrd + std::fmt::Display,
+{
     value
         .trim()
-        .parse::<u32>()
+        .parse::<T>()
         .ok()
-        .filter(|n| *n <= 10)
-        .ok_or_else(|| "must be a whole number from 0 to 10".to_owned())
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| {
+            format!(
+                "must be a whole number from {} to {}",
+                range.start(),
+                range.end()
+            )
+        })
+}
+
+fn retries(value: &str) -> Result<u32, String> {
+    whole_number(value, 0..=10)
 }
 
 fn max_attempts(value: &str) -> Result<i32, String> {
-    value
-        .trim()
-        .parse::<i32>()
-        .ok()
-        .filter(|n| (1..=50).contains(n))
-        .ok_or_else(|| "must be a whole number from 1 to 50".to_owned())
+    whole_number(value, 1..=50)
 }
 
 fn concurrency(value: &str) -> Result<i64, String> {
-    value
-        .trim()
-        .parse::<i64>()
-        .ok()
-        .filter(|n| (1..=1024).contains(n))
-        .ok_or_else(|| "must be a whole number from 1 to 1024".to_owned())
+    whole_number(value, 1..=1024)
 }
 
 fn batch_size(value: &str) -> Result<i64, String> {
-    value
-        .trim()
-        .parse::<i64>()
-        .ok()
-        .filter(|n| (1..=10_000).contains(n))
-        .ok_or_else(|| "must be a whole number from 1 to 10000".to_owned())
+    whole_number(value, 1..=10_000)
 }
 
 fn milliseconds(value: &str) -> Result<Duration, String> {
@@ -965,60 +870,60 @@ mod tests {
     #[test]
     fn defaults_match_the_documented_values() {
         let c = config(&[]).unwrap();
-        assert_eq!(c.database_max_connections, 10);
-        assert_eq!(c.database_acquire_timeout, Duration::from_secs(5));
-        assert_eq!(c.database_primary_check_interval, Duration::from_secs(1));
-        assert_eq!(c.database_queue_timeout, Duration::from_millis(100));
-        assert_eq!(c.database_queue_overload_timeout, Duration::from_millis(5));
-        assert_eq!(c.bind_addr.to_string(), "127.0.0.1");
-        assert_eq!(c.port, 8080);
-        assert_eq!(c.demo_api_key, None);
-        assert_eq!(c.idempotency_key_ttl, Duration::from_secs(86_400));
-        assert!(!c.idempotency_key_required);
-        assert_eq!(c.processing_timeout, Duration::from_secs(30));
-        assert_eq!(c.sweep_interval, Duration::from_secs(5));
-        assert_eq!(c.sweep_batch_size, 500);
-        assert_eq!(c.processor_latency, Duration::ZERO);
-        assert_eq!(c.processor_url, None);
-        assert_eq!(c.processor_connect_timeout, Duration::from_secs(1));
-        assert_eq!(c.processor_timeout, Duration::from_secs(10));
-        assert_eq!(c.processor_retries, 2);
-        assert_eq!(c.max_body_bytes, 65_536);
-        assert_eq!(c.replay_cache_bytes, 67_108_864);
-        assert!(!c.fault_injection);
-        assert!(!c.demo_unsafe_endpoints);
+        assert_eq!(c.database.max_connections, 10);
+        assert_eq!(c.database.acquire_timeout, Duration::from_secs(5));
+        assert_eq!(c.database.primary_check_interval, Duration::from_secs(1));
+        assert_eq!(c.database.queue_timeout, Duration::from_millis(100));
+        assert_eq!(c.database.queue_overload_timeout, Duration::from_millis(5));
+        assert_eq!(c.server.bind_addr.to_string(), "127.0.0.1");
+        assert_eq!(c.server.port, 8080);
+        assert_eq!(c.workshop.demo_api_key, None);
+        assert_eq!(c.keys.ttl, Duration::from_secs(86_400));
+        assert!(!c.keys.required);
+        assert_eq!(c.keys.processing_timeout, Duration::from_secs(30));
+        assert_eq!(c.keys.sweep_interval, Duration::from_secs(5));
+        assert_eq!(c.keys.sweep_batch_size, 500);
+        assert_eq!(c.processor.latency, Duration::ZERO);
+        assert_eq!(c.processor.url, None);
+        assert_eq!(c.processor.connect_timeout, Duration::from_secs(1));
+        assert_eq!(c.processor.timeout, Duration::from_secs(10));
+        assert_eq!(c.processor.retries, 2);
+        assert_eq!(c.server.max_body_bytes, 65_536);
+        assert_eq!(c.keys.replay_cache_bytes, 67_108_864);
+        assert!(!c.workshop.fault_injection);
+        assert!(!c.workshop.demo_unsafe_endpoints);
         assert_eq!(c.request_timeout, Duration::from_secs(15));
-        assert_eq!(c.shutdown_grace, Duration::from_secs(10));
-        assert_eq!(c.http_header_read_timeout, Duration::from_secs(10));
-        assert_eq!(c.http_keep_alive_timeout, Duration::from_secs(5));
-        assert_eq!(c.http_max_connections, 1024);
+        assert_eq!(c.server.shutdown_grace, Duration::from_secs(10));
+        assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.server.keep_alive_timeout, Duration::from_secs(5));
+        assert_eq!(c.server.max_connections, 1024);
         assert_eq!(
-            (c.rate_limit_writes.per_second, c.rate_limit_writes.burst),
+            (c.rate_limits.write_per_second, c.rate_limits.write_burst),
             (500, 1000)
         );
         assert_eq!(
-            (c.rate_limit_reads.per_second, c.rate_limit_reads.burst),
+            (c.rate_limits.read_per_second, c.rate_limits.read_burst),
             (1000, 2000)
         );
-        assert_eq!(c.webhook_timeout, Duration::from_secs(10));
-        assert_eq!(c.webhook_max_attempts, 16);
-        assert_eq!(c.webhook_retry_base, Duration::from_secs(60));
-        assert_eq!(c.webhook_retry_max, Duration::from_secs(8 * 3600));
-        assert_eq!(c.webhook_disable_after, Duration::from_secs(72 * 3600));
-        assert_eq!(c.webhook_poll_interval, Duration::from_secs(1));
-        assert_eq!(c.webhook_concurrency, 32);
-        assert_eq!(c.webhook_endpoint_concurrency, 4);
-        assert_eq!(c.webhook_merchant_concurrency, 8);
-        assert!(!c.webhook_allow_private);
+        assert_eq!(c.webhooks.timeout, Duration::from_secs(10));
+        assert_eq!(c.webhooks.max_attempts, 16);
+        assert_eq!(c.webhooks.retry_base, Duration::from_secs(60));
+        assert_eq!(c.webhooks.retry_max, Duration::from_secs(8 * 3600));
+        assert_eq!(c.webhooks.disable_after, Duration::from_secs(72 * 3600));
+        assert_eq!(c.webhooks.poll_interval, Duration::from_secs(1));
+        assert_eq!(c.webhooks.concurrency, 32);
+        assert_eq!(c.webhooks.endpoint_concurrency, 4);
+        assert_eq!(c.webhooks.merchant_concurrency, 8);
+        assert!(!c.webhooks.allow_private);
     }
 
     #[test]
     fn the_webhook_address_guard_is_on_unless_allow_private_is_true() {
-        assert!(!config(&[]).unwrap().webhook_allow_private);
+        assert!(!config(&[]).unwrap().webhooks.allow_private);
         let c = config(&[("WEBHOOK_ALLOW_PRIVATE", "true")]).unwrap();
-        assert!(c.webhook_allow_private);
+        assert!(c.webhooks.allow_private);
         let c = config(&[("WEBHOOK_ALLOW_PRIVATE", "false")]).unwrap();
-        assert!(!c.webhook_allow_private);
+        assert!(!c.webhooks.allow_private);
         let err = config(&[("WEBHOOK_ALLOW_PRIVATE", "sometimes")])
             .unwrap_err()
             .to_string();
@@ -1056,7 +961,7 @@ mod tests {
     fn the_processor_api_key_is_read_and_never_shown() {
         let secret = "gwsk_abcdefghijklmnop_ABCDEFGHIJKLMNOPQRSTUVWXYZ012345";
         let c = config(&[("PROCESSOR_API_KEY", secret)]).unwrap();
-        assert_eq!(c.processor_api_key.as_deref(), Some(secret));
+        assert_eq!(c.processor.api_key.as_deref(), Some(secret));
         assert!(!format!("{c:?}").contains(secret));
         let err = config(&[("PROCESSOR_API_KEY", "two words")])
             .unwrap_err()
@@ -1089,19 +994,19 @@ mod tests {
                 "DATABASE_URL" => assert_eq!(*cell, "(required)"),
                 "DEMO_API_KEY" => {
                     assert_eq!(*cell, "unset");
-                    assert!(config(&[]).unwrap().demo_api_key.is_none());
+                    assert!(config(&[]).unwrap().workshop.demo_api_key.is_none());
                 }
                 "REDIS_URL" => {
                     assert_eq!(*cell, "unset");
-                    assert!(config(&[]).unwrap().redis_url.is_none());
+                    assert!(config(&[]).unwrap().workshop.redis_url.is_none());
                 }
                 "PROCESSOR_URL" => {
                     assert!(cell.starts_with("unset"), "{cell}");
-                    assert!(config(&[]).unwrap().processor_url.is_none());
+                    assert!(config(&[]).unwrap().processor.url.is_none());
                 }
                 "PROCESSOR_API_KEY" => {
                     assert!(cell.starts_with("unset"), "{cell}");
-                    assert!(config(&[]).unwrap().processor_api_key.is_none());
+                    assert!(config(&[]).unwrap().processor.api_key.is_none());
                 }
                 _ => {
                     // The last value in backquotes: `REQUEST_TIMEOUT`'s cell
@@ -1149,7 +1054,7 @@ mod tests {
     #[test]
     fn a_processor_url_must_be_http_with_a_host() {
         let c = config(&[("PROCESSOR_URL", "http://127.0.0.1:8090/")]).unwrap();
-        assert_eq!(c.processor_url.as_deref(), Some("http://127.0.0.1:8090"));
+        assert_eq!(c.processor.url.as_deref(), Some("http://127.0.0.1:8090"));
         for bad in [
             "127.0.0.1:8090",
             "ftp://x",
@@ -1168,16 +1073,16 @@ mod tests {
     #[test]
     fn a_blank_variable_counts_as_unset() {
         let c = config(&[("PORT", " "), ("FAULT_INJECTION", "")]).unwrap();
-        assert_eq!(c.port, 8080);
-        assert!(!c.fault_injection);
+        assert_eq!(c.server.port, 8080);
+        assert!(!c.workshop.fault_injection);
     }
 
     #[test]
     fn the_replay_cache_is_sized_in_bytes_and_zero_turns_it_off() {
         let c = config(&[("REPLAY_CACHE_BYTES", "1048576")]).unwrap();
-        assert_eq!(c.replay_cache_bytes, 1 << 20);
+        assert_eq!(c.keys.replay_cache_bytes, 1 << 20);
         let c = config(&[("REPLAY_CACHE_BYTES", "0")]).unwrap();
-        assert_eq!(c.replay_cache_bytes, 0);
+        assert_eq!(c.keys.replay_cache_bytes, 0);
     }
 
     #[test]
@@ -1286,7 +1191,7 @@ mod tests {
     fn the_primary_check_interval_is_bounded() {
         let c = config(&[("DATABASE_PRIMARY_CHECK_INTERVAL", "250ms")]).unwrap();
         assert_eq!(
-            c.database_primary_check_interval,
+            c.database.primary_check_interval,
             Duration::from_millis(250)
         );
         for bad in ["0s", "10ms", "2m", "1"] {
@@ -1312,7 +1217,7 @@ mod tests {
             ("DATABASE_QUEUE_OVERLOAD_TIMEOUT", "1h"),
         ])
         .unwrap();
-        assert!(off.database_queue_overload_timeout > off.request_timeout);
+        assert!(off.database.queue_overload_timeout > off.request_timeout);
         assert!(config(&[("DATABASE_QUEUE_TIMEOUT", "0s")]).is_err());
     }
 
@@ -1320,7 +1225,7 @@ mod tests {
     fn a_statement_timeout_shorter_than_the_check_interval_plus_its_timeout_is_refused() {
         // The defaults: a 1 s interval plus a 2 s check, within 5 s.
         assert_eq!(
-            config(&[]).unwrap().database_statement_timeout,
+            config(&[]).unwrap().database.statement_timeout,
             Duration::from_secs(5)
         );
         let err = config(&[("DATABASE_STATEMENT_TIMEOUT", "2900ms")])
@@ -1361,7 +1266,7 @@ mod tests {
             ("HTTP_MAX_CONNECTIONS", "64"),
         ])
         .unwrap();
-        assert_eq!(c.http_max_connections, 64);
+        assert_eq!(c.server.max_connections, 64);
         let err = config(&[("HTTP_MAX_CONNECTIONS", "0")])
             .unwrap_err()
             .to_string();
@@ -1375,8 +1280,8 @@ mod tests {
             ("IDEMPOTENCY_KEY_TTL", "2h"),
         ])
         .unwrap();
-        assert_eq!(c.processing_timeout, Duration::from_millis(500));
-        assert_eq!(c.idempotency_key_ttl, Duration::from_secs(7200));
+        assert_eq!(c.keys.processing_timeout, Duration::from_millis(500));
+        assert_eq!(c.keys.ttl, Duration::from_secs(7200));
     }
 
     #[test]
@@ -1399,11 +1304,11 @@ mod tests {
     #[test]
     fn reconciliation_runs_hourly_over_a_day_and_its_window_overlaps_its_interval() {
         let c = config(&[]).unwrap();
-        assert!(c.reconcile_enabled);
-        assert_eq!(c.reconcile_interval, Duration::from_secs(3600));
-        assert_eq!(c.reconcile_window, Duration::from_secs(86400));
+        assert!(c.reconcile.enabled);
+        assert_eq!(c.reconcile.interval, Duration::from_secs(3600));
+        assert_eq!(c.reconcile.window, Duration::from_secs(86400));
         let c = config(&[("RECONCILE_ENABLED", "false")]).unwrap();
-        assert!(!c.reconcile_enabled);
+        assert!(!c.reconcile.enabled);
         let err = config(&[("RECONCILE_INTERVAL", "1h"), ("RECONCILE_WINDOW", "1h")])
             .unwrap_err()
             .to_string();
@@ -1442,7 +1347,7 @@ mod tests {
     fn a_redis_url_is_checked_at_start_and_its_password_never_shown() {
         let c = config(&[("REDIS_URL", "redis://:hunter2@127.0.0.1:6379/0")]).unwrap();
         assert_eq!(
-            c.redis_url.as_deref(),
+            c.workshop.redis_url.as_deref(),
             Some("redis://:hunter2@127.0.0.1:6379/0")
         );
         assert!(!format!("{c:?}").contains("hunter2"));

@@ -62,9 +62,9 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
 pub async fn wait_until_reachable(database: &Database, config: &Config) -> anyhow::Result<()> {
     let url = config.redacted_database_url();
     tracing::info!(database = %url, "waiting for the database");
-    let timeout = humantime::format_duration(config.database_acquire_timeout);
+    let timeout = humantime::format_duration(config.database.acquire_timeout);
     if let Some(primary) = &database.primary {
-        if !primary.wait_known(config.database_acquire_timeout).await {
+        if !primary.wait_known(config.database.acquire_timeout).await {
             anyhow::bail!(
                 "no host of DATABASE_URL={url} accepted a connection that serves its \
                  target_session_attrs (writable, for read-write) within \

@@ -56,33 +56,36 @@ impl Application {
         // allows, and keep the connection cap within what it is then.
         let open_files = http::server::raise_open_file_limit();
         let limits = http::server::Limits::new(&config, open_files);
-        if limits.max_connections < config.http_max_connections {
+        if limits.max_connections < config.server.max_connections {
             tracing::warn!(
-                configured = config.http_max_connections,
+                configured = config.server.max_connections,
                 lowered_to = limits.max_connections,
                 open_files,
                 "HTTP_MAX_CONNECTIONS lowered to fit the open-file limit"
             );
         }
-        let listener = TcpListener::bind((config.bind_addr, config.port))
+        let listener = TcpListener::bind((config.server.bind_addr, config.server.port))
             .await
-            .with_context(|| format!("binding {}:{}", config.bind_addr, config.port))?;
-        let waits = Waits::new(pool.clone(), config.processing_timeout);
-        let caches = Arc::new(crate::cache::Caches::new(config.replay_cache_bytes));
+            .with_context(|| {
+                format!("binding {}:{}", config.server.bind_addr, config.server.port)
+            })?;
+        let waits = Waits::new(pool.clone(), config.keys.processing_timeout);
+        let caches = Arc::new(crate::cache::Caches::new(config.keys.replay_cache_bytes));
         let rate_limits = Arc::new(crate::rate_limit::RateLimits::new(
-            config.rate_limit_reads,
-            config.rate_limit_writes,
+            config.rate_limits.reads(),
+            config.rate_limits.writes(),
         ));
         // Opening a client only checks the URL; each request connects.
         let redis = config
+            .workshop
             .redis_url
             .as_deref()
             .map(redis::Client::open)
             .transpose()
             .context("REDIS_URL")?;
         let admission = Arc::new(crate::admission::Admission::new(
-            config.database_queue_timeout,
-            config.database_queue_overload_timeout,
+            config.database.queue_timeout,
+            config.database.queue_overload_timeout,
         ));
         let reads = Reads::start(pool.clone(), admission.clone());
         let processor = crate::telemetry::metrics::MeteredProcessor::wrap(processor);
@@ -118,7 +121,7 @@ impl Application {
 
     /// Applies migrations and makes sure the demo merchant exists.
     pub async fn prepare_database(&self) -> anyhow::Result<()> {
-        if self.state.config.demo_unsafe_endpoints {
+        if self.state.config.workshop.demo_unsafe_endpoints {
             tracing::warn!(
                 "DEMO_UNSAFE_ENDPOINTS=true: POST /demo/naive/charges, /demo/naive/refunds, \
                  /demo/redis/charges and the webhook receivers under /demo/receiver/ are served. \
@@ -126,10 +129,10 @@ impl Application {
                  enable them anywhere real"
             );
         }
-        if self.state.config.fault_injection {
+        if self.state.config.workshop.fault_injection {
             tracing::warn!("FAULT_INJECTION=true: requests may crash this process on purpose");
         }
-        if self.state.config.webhook_allow_private {
+        if self.state.config.webhooks.allow_private {
             tracing::warn!(
                 "WEBHOOK_ALLOW_PRIVATE=true: webhook endpoints may point at loopback, private \
                  and link-local addresses, this host's and its network's services included; \
@@ -137,7 +140,7 @@ impl Application {
             );
         }
         crate::db::migrate(&self.state.pool).await?;
-        if let Some(key) = &self.state.config.demo_api_key {
+        if let Some(key) = &self.state.config.workshop.demo_api_key {
             let key = ApiKey::parse(key).context("DEMO_API_KEY")?;
             match merchants::ensure(&self.state.pool, "demo", &key).await? {
                 merchants::Ensured::InUse(merchant) => {
@@ -178,14 +181,14 @@ impl Application {
             config.sweep_settings(),
         );
         let sweeper =
-            tokio::spawn(sweeper.run(config.sweep_interval, stop.clone().cancelled_owned()));
+            tokio::spawn(sweeper.run(config.keys.sweep_interval, stop.clone().cancelled_owned()));
         let worker = Worker::new(
             self.state.pool.clone(),
             DeliverySettings::from_config(&config),
         )?;
         let worker = tokio::spawn(worker.run(stop.clone().cancelled_owned()));
         // The periodic reconciliation, on one instance at a time.
-        let reconciling = match (config.reconcile_enabled, config.processor_url.is_some()) {
+        let reconciling = match (config.reconcile.enabled, config.processor.url.is_some()) {
             (true, true) => {
                 job::describe_metrics();
                 let reconciler = reconciler(
@@ -196,8 +199,8 @@ impl Application {
                 let job = ReconcileJob::new(
                     self.state.pool.clone(),
                     reconciler,
-                    config.reconcile_interval,
-                    config.reconcile_window,
+                    config.reconcile.interval,
+                    config.reconcile.window,
                 );
                 Some(tokio::spawn(job.run(stop.clone().cancelled_owned())))
             }
@@ -238,7 +241,7 @@ impl Application {
         // One deadline, SHUTDOWN_GRACE after the signal, bounds everything
         // that follows: open connections, the work they handed to tasks, the
         // sweeper's current pass, and closing the pool.
-        let grace_period = config.shutdown_grace;
+        let grace_period = config.server.shutdown_grace;
         let (deadline_tx, deadline_rx) = tokio::sync::oneshot::channel();
         let grace = async move {
             stopping.cancelled().await;
@@ -313,7 +316,7 @@ pub fn reconciler(
         pool,
         ledger,
         processor,
-        config.processing_timeout,
+        config.keys.processing_timeout,
     ))
 }
 

@@ -246,13 +246,13 @@ async fn settings(
     let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     Json(Settings {
         object: "demo_settings",
-        idempotency_key_ttl_ms: millis(config.idempotency_key_ttl),
-        processing_timeout_ms: millis(config.processing_timeout),
-        sweep_interval_ms: millis(config.sweep_interval),
-        processor_latency_ms: millis(config.processor_latency),
-        fault_injection: config.fault_injection,
-        demo_unsafe_endpoints: config.demo_unsafe_endpoints,
-        webhook_allow_private: config.webhook_allow_private,
+        idempotency_key_ttl_ms: millis(config.keys.ttl),
+        processing_timeout_ms: millis(config.keys.processing_timeout),
+        sweep_interval_ms: millis(config.keys.sweep_interval),
+        processor_latency_ms: millis(config.processor.latency),
+        fault_injection: config.workshop.fault_injection,
+        demo_unsafe_endpoints: config.workshop.demo_unsafe_endpoints,
+        webhook_allow_private: config.webhooks.allow_private,
         redis: state.redis.is_some(),
         started_at_ms: STARTED
             .duration_since(std::time::UNIX_EPOCH)
@@ -389,7 +389,7 @@ fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, A
     let Some(value) = headers.get(super::faults::HEADER) else {
         return Ok(None);
     };
-    if !state.config.fault_injection {
+    if !state.config.workshop.fault_injection {
         return Err(Problem::new(
             ProblemCode::FaultInjectionDisabled,
             "Oncepay-Fault is only honoured when the server runs with FAULT_INJECTION=true.",
@@ -450,7 +450,7 @@ async fn redis_charge(
     let key = required_key(&state, &headers)?;
     let fault = redis_fault(&state, &headers)?;
     let charge = NewCharge::from_params(decode(&headers, &body)?)?;
-    let ttl = state.config.idempotency_key_ttl;
+    let ttl = state.config.keys.ttl;
     let mut redis = redis_keys::connect(&client).await.map_err(redis_failed)?;
     // 1. Claim the key in Redis: SET key processing NX PX ttl.
     match redis_keys::claim(&mut redis, merchant.id, &key, ttl)
@@ -557,7 +557,7 @@ async fn processor_payment(
             })?,
     };
     params.reject_unknown()?;
-    if !state.config.fault_injection {
+    if !state.config.workshop.fault_injection {
         return Err(Problem::new(
             ProblemCode::FaultInjectionDisabled,
             "This scenario loses the gateway's answer on purpose: run the server with FAULT_INJECTION=true.",

@@ -20,7 +20,7 @@ pub fn from_headers(state: &AppState, headers: &HeaderMap) -> Result<Option<Faul
     let Some(value) = headers.get(HEADER) else {
         return Ok(None);
     };
-    if !state.config.fault_injection {
+    if !state.config.workshop.fault_injection {
         return Err(Problem::new(
             ProblemCode::FaultInjectionDisabled,
             "Oncepay-Fault is only honoured when the server runs with FAULT_INJECTION=true.",
@@ -47,7 +47,7 @@ pub async fn drop_response(
     request: Request,
     next: Next,
 ) -> Response {
-    let drop = state.config.fault_injection
+    let drop = state.config.workshop.fault_injection
         && request.headers().get(HEADER).and_then(|v| v.to_str().ok()) == Some("drop-response");
     let response = next.run(request).await;
     if drop {

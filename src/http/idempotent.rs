@@ -74,7 +74,7 @@ pub fn key_from_headers(
         Problem::new(ProblemCode::InvalidIdempotencyKey, e.to_string())
             .with_param("Idempotency-Key")
     })?;
-    if key.is_none() && state.config.idempotency_key_required {
+    if key.is_none() && state.config.keys.required {
         return Err(Problem::new(
             ProblemCode::IdempotencyKeyMissing,
             "This server requires an Idempotency-Key header on POST requests.",

@@ -52,7 +52,7 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
         .merge(balance::router())
         .merge(idempotency_keys::router())
         .merge(health::router())
-        .merge(demo::router(config.demo_unsafe_endpoints))
+        .merge(demo::router(config.workshop.demo_unsafe_endpoints))
         .routes(routes!(observe::metrics_endpoint))
         .routes(routes!(openapi::openapi_json))
 }
@@ -69,7 +69,7 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
 /// the matched route (`observe::note_route`) sits on the routes, where the
 /// route is known.
 pub fn router(state: AppState) -> Router {
-    let max_body = state.config.max_body_bytes;
+    let max_body = state.config.server.max_body_bytes;
     let timeout = state.config.request_timeout;
     let (routes, _) = api(&state.config).split_for_parts();
     let routes = routes
@@ -94,6 +94,7 @@ pub fn router(state: AppState) -> Router {
     // injected at all: see `faults::drop_response`.
     let faults = state
         .config
+        .workshop
         .fault_injection
         .then(|| axum::middleware::from_fn_with_state(state.clone(), faults::drop_response));
     let layered = ServiceBuilder::new()

@@ -71,7 +71,9 @@ async fn register(
     RawBody(body): RawBody,
 ) -> Result<Json<DemoReceiver>, ApiError> {
     let new = NewReceiver::from_params(decode(&headers, &body)?)?;
-    if new.misbehaviour == Misbehaviour::CrashAfterDelivery && !state.config.fault_injection {
+    if new.misbehaviour == Misbehaviour::CrashAfterDelivery
+        && !state.config.workshop.fault_injection
+    {
         return Err(Problem::new(
             ProblemCode::FaultInjectionDisabled,
             "fault=crash-after-delivery is only honoured when the server runs with FAULT_INJECTION=true.",

@@ -53,11 +53,11 @@ impl Limits {
     /// (and those being closed to make room) fit in `open_files`, the
     /// process's open-file limit, beside the database pool.
     pub fn new(config: &Config, open_files: Option<u64>) -> Self {
-        let reserved = u64::from(config.database_max_connections) + RESERVED_FILES;
+        let reserved = u64::from(config.database.max_connections) + RESERVED_FILES;
         Limits {
-            header_read_timeout: config.http_header_read_timeout,
-            keep_alive_timeout: config.http_keep_alive_timeout,
-            max_connections: connection_cap(config.http_max_connections, open_files, reserved),
+            header_read_timeout: config.server.header_read_timeout,
+            keep_alive_timeout: config.server.keep_alive_timeout,
+            max_connections: connection_cap(config.server.max_connections, open_files, reserved),
         }
     }
 }

@@ -59,7 +59,7 @@ async fn create(
     let (guard, params) = post.split(merchant.id);
     let endpoint = NewEndpoint::from_params(params)?;
     endpoint
-        .check_address(AddressGuard::new(state.config.webhook_allow_private))
+        .check_address(AddressGuard::new(state.config.webhooks.allow_private))
         .await?;
     let ran = write::run(
         &state.engine,

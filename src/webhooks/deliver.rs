@@ -80,22 +80,22 @@ pub struct DeliverySettings {
 impl DeliverySettings {
     pub fn from_config(config: &Config) -> Self {
         DeliverySettings {
-            timeout: config.webhook_timeout,
-            max_attempts: config.webhook_max_attempts,
-            retry_base: config.webhook_retry_base,
-            retry_max: config.webhook_retry_max,
-            disable_after: config.webhook_disable_after,
-            poll_interval: config.webhook_poll_interval,
-            acquire_timeout: config.database_acquire_timeout,
-            fault_injection: config.fault_injection,
-            concurrency: usize::try_from(config.webhook_concurrency)
+            timeout: config.webhooks.timeout,
+            max_attempts: config.webhooks.max_attempts,
+            retry_base: config.webhooks.retry_base,
+            retry_max: config.webhooks.retry_max,
+            disable_after: config.webhooks.disable_after,
+            poll_interval: config.webhooks.poll_interval,
+            acquire_timeout: config.database.acquire_timeout,
+            fault_injection: config.workshop.fault_injection,
+            concurrency: usize::try_from(config.webhooks.concurrency)
                 .unwrap_or(1)
                 .max(1),
             bounds: InFlightBounds {
-                per_endpoint: config.webhook_endpoint_concurrency,
-                per_merchant: config.webhook_merchant_concurrency,
+                per_endpoint: config.webhooks.endpoint_concurrency,
+                per_merchant: config.webhooks.merchant_concurrency,
             },
-            guard: AddressGuard::new(config.webhook_allow_private),
+            guard: AddressGuard::new(config.webhooks.allow_private),
         }
     }
 

@@ -146,7 +146,7 @@ pub async fn naive_charge(
             fault: None,
         })
         .await?;
-    let ttl = state.config.idempotency_key_ttl;
+    let ttl = state.config.keys.ttl;
     let saved = match settle(&state.pool, &id, &outcome, ttl, request_id).await? {
         Settled::Now(saved) => saved,
         Settled::Already => {

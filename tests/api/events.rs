@@ -401,7 +401,7 @@ async fn a_request_and_the_sweeper_settling_one_charge_at_once_write_one_event()
     let request = async { Answer::of(app.post_charge(Some("slow"), &visa(2000)).await).await };
     let sweep = async {
         until(
-            app.config.processor_latency,
+            app.config.processor.latency,
             "the claim stalled",
             || async {
                 sqlx::query_scalar(

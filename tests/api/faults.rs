@@ -114,7 +114,7 @@ async fn a_retry_after_the_processing_timeout_settles_the_stale_key_itself() {
         "1 s plus the tests' SWEEP_INTERVAL (1 h), rounded up"
     );
     // Its key was claimed before the answer: it is stale this much later.
-    tokio::time::sleep(app.config.processing_timeout + Duration::from_millis(200)).await;
+    tokio::time::sleep(app.config.keys.processing_timeout + Duration::from_millis(200)).await;
     // No sweeper runs here: the retry settles the stale row by the same fenced procedure.
     let retry = Answer::of(app.post_charge(Some("t"), &body).await).await;
     assert_eq!(retry.status, 201);
@@ -292,7 +292,7 @@ async fn a_retry_whose_recovery_fails_at_the_processor_says_when_the_next_recove
         "1 s + 2.5 s, rounded up"
     );
     // Its key was claimed before the answer: it is stale this much later.
-    tokio::time::sleep(app.config.processing_timeout + Duration::from_millis(200)).await;
+    tokio::time::sleep(app.config.keys.processing_timeout + Duration::from_millis(200)).await;
     // The key is stale: the retry leases it and tries to fence the charge,
     // and the processor cannot be reached.
     let retry = Answer::of(app.post_charge(Some("u"), &body).await).await;

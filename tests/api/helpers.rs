@@ -157,13 +157,14 @@ pub fn http_processor(
             HttpSettings {
                 url: url.to_owned(),
                 api_key: config
-                    .processor_api_key
+                    .processor
+                    .api_key
                     .clone()
                     .expect("a test app has a PROCESSOR_API_KEY"),
-                connect_timeout: config.processor_connect_timeout,
-                timeout: config.processor_timeout,
-                retries: config.processor_retries,
-                budget: config.processing_timeout,
+                connect_timeout: config.processor.connect_timeout,
+                timeout: config.processor.timeout,
+                retries: config.processor.retries,
+                budget: config.keys.processing_timeout,
                 retry_window: config.request_timeout,
             },
             headers,
@@ -305,8 +306,8 @@ async fn spawn_on(
     .expect("a valid test configuration");
     // The server's own pool: what a test holds of it, requests lack.
     let pool = PgPoolOptions::new()
-        .max_connections(config.database_max_connections)
-        .acquire_timeout(config.database_acquire_timeout)
+        .max_connections(config.database.max_connections)
+        .acquire_timeout(config.database.acquire_timeout)
         .connect(&db.url)
         .await
         .expect("connect to the test database");
@@ -393,8 +394,8 @@ impl TestApp {
                 .map(|(_, v)| v.clone())
                 .or_else(|| match name {
                     "DATABASE_URL" => Some(base.database_url.clone()),
-                    "PROCESSOR_URL" => base.processor_url.clone(),
-                    "PROCESSOR_API_KEY" => base.processor_api_key.clone(),
+                    "PROCESSOR_URL" => base.processor.url.clone(),
+                    "PROCESSOR_API_KEY" => base.processor.api_key.clone(),
                     "PORT" => Some("0".to_owned()),
                     "SWEEP_INTERVAL" => Some("1h".to_owned()),
                     _ => None,
@@ -402,7 +403,7 @@ impl TestApp {
         })
         .expect("a valid configuration for the second instance");
         let pool = PgPoolOptions::new()
-            .max_connections(config.database_max_connections)
+            .max_connections(config.database.max_connections)
             .connect(&config.database_url)
             .await
             .expect("connect the second instance");
@@ -529,7 +530,7 @@ impl TestApp {
     }
 
     pub async fn sweep_once(&self) -> SweepReport {
-        self.sweep_once_with_timeout(self.config.processing_timeout)
+        self.sweep_once_with_timeout(self.config.keys.processing_timeout)
             .await
     }
 

@@ -406,7 +406,7 @@ async fn a_processing_key_past_its_original_expiry_is_reported_and_its_answer_ke
     .await
     .unwrap();
     assert!(
-        kept_for >= app.config.idempotency_key_ttl.as_secs_f64() - 1.0,
+        kept_for >= app.config.keys.ttl.as_secs_f64() - 1.0,
         "kept {kept_for} s after completion"
     );
     let retry = Answer::of(app.post_charge(Some("slow"), &body).await).await;

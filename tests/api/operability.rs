@@ -452,7 +452,7 @@ async fn a_request_that_finds_the_pool_exhausted_gets_503_and_is_counted() {
         "nothing was claimed"
     );
     assert!(
-        sent.elapsed() >= app.config.database_acquire_timeout,
+        sent.elapsed() >= app.config.database.acquire_timeout,
         "it waited DATABASE_ACQUIRE_TIMEOUT for a connection"
     );
     // Other tests in this process may add to the counter too; this one

@@ -32,7 +32,7 @@ fn reconciler(app: &TestApp, in_flight: Duration) -> Reconciler {
 
 /// Reconciles the last day, in-flight age `PROCESSING_TIMEOUT` (30 s).
 async fn reconcile(app: &TestApp, fix: bool) -> Reconciliation {
-    reconciler(app, app.config.processing_timeout)
+    reconciler(app, app.config.keys.processing_timeout)
         .run(last_day(), fix)
         .await
         .expect("a reconciliation")
@@ -477,7 +477,7 @@ async fn a_record_whose_other_half_is_outside_the_window_is_paired_by_key() {
     .await;
 
     let window = Window::last(Duration::from_secs(300), Utc::now()).unwrap();
-    let r = reconciler(&app, app.config.processing_timeout)
+    let r = reconciler(&app, app.config.keys.processing_timeout)
         .run(window, false)
         .await
         .unwrap();
@@ -711,7 +711,7 @@ async fn the_periodic_job_runs_on_one_instance_at_a_time() {
     let job = |interval| {
         ReconcileJob::new(
             app.pool.clone(),
-            reconciler(&app, app.config.processing_timeout),
+            reconciler(&app, app.config.keys.processing_timeout),
             interval,
             Duration::from_secs(86_400),
         )
@@ -936,7 +936,7 @@ async fn refunded_amounts_are_compared_on_both_sides_even_for_a_refund_outside_t
         now - chrono::Duration::hours(1),
     )
     .unwrap();
-    let r = reconciler(&app, app.config.processing_timeout)
+    let r = reconciler(&app, app.config.keys.processing_timeout)
         .run(window, false)
         .await
         .unwrap();

@@ -908,7 +908,7 @@ async fn a_refund_refused_while_its_request_was_lost_is_failed_by_recovery() {
 #[tokio::test]
 async fn a_settled_refund_is_never_settled_again() {
     let app = spawn_app().await;
-    let ttl = app.config.idempotency_key_ttl;
+    let ttl = app.config.keys.ttl;
     let charge = app.paid_charge(2000).await;
     let refused = RefundOutcome::Failed {
         reason: "account_closed".into(),

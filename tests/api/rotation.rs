@@ -177,10 +177,10 @@ struct Instance {
 /// it stops.
 async fn prepared(app: &TestApp, demo_api_key: &str) -> Application {
     let mut config = app.config.clone();
-    config.demo_api_key = Some(demo_api_key.to_owned());
-    config.database_max_connections = 4;
+    config.workshop.demo_api_key = Some(demo_api_key.to_owned());
+    config.database.max_connections = 4;
     let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(config.database_max_connections)
+        .max_connections(config.database.max_connections)
         .connect(&config.database_url)
         .await
         .expect("connect the instance");

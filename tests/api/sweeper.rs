@@ -217,7 +217,7 @@ async fn a_late_authorization_racing_the_sweeper_moves_no_money_and_fails_the_ch
         // Sweep once the claim is older than the sweeper's timeout, by the
         // database's clock, while the request is still at the processor.
         until(
-            app.config.processor_latency,
+            app.config.processor.latency,
             "the claim stalled",
             || async {
                 sqlx::query_scalar(
@@ -673,7 +673,7 @@ async fn settling_a_settled_charge_again_changes_nothing() {
         &app.pool,
         &charge,
         &Outcome::Voided,
-        app.config.idempotency_key_ttl,
+        app.config.keys.ttl,
         None,
     )
     .await

@@ -167,7 +167,7 @@ async fn a_gateway_failing_before_it_records_is_unavailable_and_the_key_is_given
     answer.assert_problem(503, "processor_unavailable");
     assert_eq!(
         gateway_requests(&app.processor_url, "503").await,
-        u64::from(app.config.processor_retries) + 1,
+        u64::from(app.config.processor.retries) + 1,
         "repeated, under the same key, as many times as allowed"
     );
     assert_eq!(
