@@ -14,6 +14,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::app::AppState;
+use crate::charges::ChargeStatus;
 use crate::error::Error;
 use crate::idempotency::SavedResponse;
 use crate::params::shorten;
@@ -110,7 +111,7 @@ struct Refundable {
     amount: i64,
     amount_refunded: i64,
     currency: String,
-    status: String,
+    status: ChargeStatus,
 }
 
 /// Refunds `refund`: reads what is left, checks, refunds at the processor,
@@ -125,8 +126,8 @@ pub async fn refund(
     //    from reading the same, until this one has written.)
     let charge = sqlx::query_as!(
         Refundable,
-        "SELECT amount, amount_refunded, currency, status FROM charges
-          WHERE id = $1 AND merchant_id = $2",
+        r#"SELECT amount, amount_refunded, currency, status AS "status: ChargeStatus" FROM charges
+          WHERE id = $1 AND merchant_id = $2"#,
         refund.charge,
         merchant_id,
     )
@@ -215,7 +216,7 @@ fn check(
         .into());
     };
     let left = charge.amount - charge.amount_refunded;
-    if charge.status != "succeeded" {
+    if charge.status != ChargeStatus::Succeeded {
         return Err(Problem::new(
             ProblemCode::ChargeNotRefundable,
             format!(
