@@ -161,6 +161,15 @@ impl Params {
         self.fields.remove(name).filter(|v| !v.is_null())
     }
 
+    /// Takes `metadata` and validates it ([`metadata`]); none is an empty map.
+    pub fn take_metadata(&mut self) -> Result<BTreeMap<String, String>, ParamError> {
+        Ok(self
+            .take("metadata")
+            .map(metadata)
+            .transpose()?
+            .unwrap_or_default())
+    }
+
     /// Takes Stripe's `expand` parameter and refuses every property it names:
     /// every object oncepay renders is already whole (a refund's `charge` is
     /// an id, and stays one), so there is nothing to expand. `expand[]=x`,

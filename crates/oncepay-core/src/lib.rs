@@ -6,7 +6,8 @@
 //! - [`idempotency`]: the key, the request's fingerprint, and the store that
 //!   claims, completes, reads, leases and expires keys.
 //! - [`charges`], [`refunds`]: the records, their validated input, their SQL
-//!   and the settle that ends a pending one.
+//!   and the settle that ends a pending one; [`amount`] and [`settled`],
+//!   which both use and neither owns.
 //! - [`events`]: the events a settle writes in its own transaction (the outbox).
 //! - [`processor`]: the card processor behind a trait, the keys derived for
 //!   it, and how a call can fail.
@@ -21,6 +22,29 @@
 //! [`problem`] and [`params`] are the API's vocabulary (the `oncepay-api`
 //! crate). docs/design.md gives the reading order.
 
+/// `as_str` (the name a status is stored and shown under) and `Display` for
+/// an enum of unit variants stored as text: written once for every status.
+macro_rules! stored_as_text {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// As stored, and as the API shows it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+pub(crate) use stored_as_text;
+
+pub mod amount;
 pub mod charges;
 pub mod error;
 pub mod events;
@@ -32,6 +56,7 @@ pub mod recovery;
 pub mod refunds;
 pub mod retry_after;
 pub mod settings;
+pub mod settled;
 pub mod speed;
 pub mod sweeper;
 

@@ -4,85 +4,18 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::Value;
 use uuid::Uuid;
 
 use super::currency::Currency;
-use crate::params::{
-    Encoding, ParamError, Params, Unmodelled, metadata, new_id, required, shorten, string,
-};
+use crate::amount::Amount;
+use crate::params::{ParamError, Params, Unmodelled, new_id, required, shorten, string};
 use crate::problem::ProblemCode;
 use crate::processor::TestToken;
 use crate::refunds::Refund;
 use test_cards::{Card, Decline};
 
-/// Smallest and largest amount, in minor units (cents for USD).
-pub const MIN_AMOUNT: i64 = 1;
-pub const MAX_AMOUNT: i64 = 99_999_999;
+/// The longest `description` a charge takes, in characters.
 const MAX_DESCRIPTION_CHARS: usize = 1000;
-
-/// An amount in integer minor units, within the accepted range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct Amount(i64);
-
-impl Amount {
-    pub fn new(minor_units: i64) -> Result<Self, ParamError> {
-        if minor_units < MIN_AMOUNT {
-            Err(ParamError::new(
-                ProblemCode::AmountTooSmall,
-                "amount",
-                format!("Amount must be at least {MIN_AMOUNT} (in minor units, e.g. cents)"),
-            ))
-        } else if minor_units > MAX_AMOUNT {
-            Err(too_large())
-        } else {
-            Ok(Amount(minor_units))
-        }
-    }
-
-    pub fn minor_units(self) -> i64 {
-        self.0
-    }
-
-    /// Reads `amount`: a JSON integer, or a string of digits in a form.
-    pub fn from_param(value: Value, encoding: Encoding) -> Result<Self, ParamError> {
-        let invalid = || {
-            ParamError::new(
-                ProblemCode::ParameterInvalidInteger,
-                "amount",
-                "Amount must be a whole number of minor units (e.g. 2000 for 20.00 USD)",
-            )
-        };
-        let number = match (value, encoding) {
-            (Value::Number(n), Encoding::Json) => match (n.as_i64(), n.as_u64()) {
-                (Some(i), _) => i,
-                (None, Some(_)) => return Err(too_large()),
-                (None, None) => return Err(invalid()),
-            },
-            (Value::String(s), Encoding::Form) => {
-                let digits = s.strip_prefix('-').unwrap_or(&s);
-                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(invalid());
-                }
-                match s.parse::<i64>() {
-                    Ok(i) => i,
-                    Err(_) if s.starts_with('-') => i64::MIN,
-                    Err(_) => return Err(too_large()),
-                }
-            }
-            _ => return Err(invalid()),
-        };
-        Amount::new(number)
-    }
-}
-
-fn too_large() -> ParamError {
-    ParamError::new(
-        ProblemCode::AmountTooLarge,
-        "amount",
-        format!("Amount must be no more than {MAX_AMOUNT} (in minor units)"),
-    )
-}
 
 /// The parameters of `POST /v1/charges`, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,11 +67,7 @@ impl NewCharge {
                 ));
             }
         }
-        let metadata = params
-            .take("metadata")
-            .map(metadata)
-            .transpose()?
-            .unwrap_or_default();
+        let metadata = params.take_metadata()?;
         params.refuse_expand()?;
         params.reject_unknown()?;
         Ok(NewCharge {
@@ -176,22 +105,11 @@ pub enum ChargeStatus {
     Failed,
 }
 
-impl ChargeStatus {
-    /// As stored, and as the API shows it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChargeStatus::Pending => "pending",
-            ChargeStatus::Succeeded => "succeeded",
-            ChargeStatus::Failed => "failed",
-        }
-    }
-}
-
-impl std::fmt::Display for ChargeStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+crate::stored_as_text!(ChargeStatus {
+    Pending => "pending",
+    Succeeded => "succeeded",
+    Failed => "failed",
+});
 
 /// A charge as stored.
 #[derive(Clone, Debug, sqlx::FromRow)]
@@ -686,7 +604,7 @@ pub fn new_charge_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn parse_json(body: Value) -> Result<NewCharge, ParamError> {
         NewCharge::from_params(Params::from_json(body.to_string().as_bytes()).unwrap())

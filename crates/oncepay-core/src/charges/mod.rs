@@ -5,5 +5,6 @@ pub mod domain;
 pub mod settle;
 pub mod store;
 
+pub use crate::amount::Amount;
 pub use currency::Currency;
-pub use domain::{Amount, Charge, ChargeStatus, NewCharge};
+pub use domain::{Charge, ChargeStatus, NewCharge};

@@ -1,8 +1,8 @@
 //! Settling a charge: the processor's outcome becomes the charge's final
 //! status, its key's saved response and its event (`charge.succeeded` or
 //! `charge.failed`), in one statement. Shared by the request that made the
-//! charge and by the sweeper that recovers it, so both write exactly the same
-//! thing and whichever comes second changes nothing.
+//! charge and by recovery ([`crate::recovery`]), so both write exactly the
+//! same thing and whichever comes second changes nothing.
 
 use std::time::Duration;
 
@@ -14,19 +14,11 @@ use crate::events::{EventType, NewEvent};
 use crate::faults::{Fault, crash_if};
 use crate::idempotency::SavedResponse;
 use crate::problem::{self, Problem, ProblemCode};
-use crate::processor::{self, Outcome, Processor};
+use crate::processor::Outcome;
+pub use crate::settled::Settled;
 
 /// The failure code of a charge whose processor attempt was voided.
 pub const ABANDONED: &str = ProblemCode::ProcessingAbandoned.as_str();
-
-/// What settling a record (a charge or a refund) did.
-#[derive(Debug)]
-pub enum Settled {
-    /// This call settled the charge; here is its response.
-    Now(SavedResponse),
-    /// The charge had been settled already; nothing was written.
-    Already,
-}
 
 /// Settles `charge_id` with `outcome` if it is still pending; its key keeps
 /// the answer for at least `key_ttl` from now. `request_id` names the request
@@ -129,32 +121,6 @@ pub async fn settle_or_crash(
     };
     tracing::info!(charge = %charge.id, status = %charge.status, key_completed = key.is_some(), event = %event.id, "charge settled");
     Ok(Settled::Now(response))
-}
-
-/// Settles a charge whose request went quiet (crashed, lost the processor's
-/// answer, or is just slow): first fence its processor key, so no late
-/// authorization can move money any more, then settle the charge with what
-/// the processor holds: the payment if one was recorded first, otherwise the
-/// void. Used by the sweeper and by a retry that finds its key stale (whose
-/// `request_id` the event names). Returns the outcome if this call settled
-/// the charge.
-pub async fn recover(
-    pool: &PgPool,
-    processor: &dyn Processor,
-    charge_id: &str,
-    key_ttl: Duration,
-    request_id: Option<&str>,
-) -> anyhow::Result<Option<Outcome>> {
-    let outcome = processor
-        .void_unless_recorded(&processor::authorization_key(charge_id))
-        .await?;
-    match settle(pool, charge_id, &outcome, key_ttl, request_id).await? {
-        Settled::Now(_) => {
-            tracing::info!(charge = %charge_id, ?outcome, "settled a stale charge");
-            Ok(Some(outcome))
-        }
-        Settled::Already => Ok(None),
-    }
 }
 
 /// The response a settled charge gets, and that its key saves for replay:

@@ -53,8 +53,9 @@ pub struct Settle<'a> {
 /// charge was not pending any more (someone else settled it, and what they
 /// wrote stands), else the key it completed, if any.
 ///
-/// The key keeps the answer for at least `key_ttl` from now (see
-/// [`crate::idempotency::store::complete_for`]).
+/// The key is completed by the SQL function that completes every key
+/// (`idempotency_key_complete`, see [`crate::idempotency::store`]), which
+/// keeps the answer for at least `key_ttl` from now.
 pub async fn settle_and_complete(
     db: impl PgExecutor<'_>,
     settle: &Settle<'_>,
@@ -67,14 +68,10 @@ pub async fn settle_and_complete(
                 WHERE id = $1 AND status = 'pending'
                RETURNING id, merchant_id),
            completed AS (
-               UPDATE idempotency_keys k
-                  SET status = 'completed', response_status = $5, response_content_type = $6,
-                      response_location = $7, response_body = $8, completed_at = now(),
-                      locked_at = NULL,
-                      expires_at = greatest(k.expires_at, now() + $9::float8 * interval '1 millisecond')
-                 FROM settled
-                WHERE k.charge_id = settled.id AND k.status = 'processing'
-               RETURNING k.key),
+               SELECT c.key
+                 FROM settled,
+                      idempotency_key_complete(settled.id, NULL, NULL, NULL,
+                                               $5, $6, $7, $8, $9::float8) AS c(key)),
            written AS (
                INSERT INTO events (id, merchant_id, type, object_id, data, request_id, idempotency_key)
                SELECT $10, settled.merchant_id, $11, settled.id, $12::text::json, $13,
@@ -126,27 +123,27 @@ pub async fn find(
     merchant_id: Uuid,
     id: &str,
 ) -> sqlx::Result<Option<Charge>> {
-    sqlx::query_as!(
-        Charge,
-        r#"SELECT id, merchant_id, amount, currency, source, description,
-                  metadata AS "metadata: _", status AS "status: _",
-                  failure_code, failure_message, amount_refunded, created_at
-             FROM charges WHERE merchant_id = $1 AND id = $2"#,
-        merchant_id,
-        id,
-    )
-    .fetch_optional(db)
-    .await
+    find_scoped(db, Some(merchant_id), id).await
 }
 
 /// One charge by id, whoever owns it (for the sweeper).
 pub async fn find_any(db: impl PgExecutor<'_>, id: &str) -> sqlx::Result<Option<Charge>> {
+    find_scoped(db, None, id).await
+}
+
+/// One charge by id, of `merchant_id` when given.
+async fn find_scoped(
+    db: impl PgExecutor<'_>,
+    merchant_id: Option<Uuid>,
+    id: &str,
+) -> sqlx::Result<Option<Charge>> {
     sqlx::query_as!(
         Charge,
         r#"SELECT id, merchant_id, amount, currency, source, description,
                   metadata AS "metadata: _", status AS "status: _",
                   failure_code, failure_message, amount_refunded, created_at
-             FROM charges WHERE id = $1"#,
+             FROM charges WHERE id = $2 AND ($1::uuid IS NULL OR merchant_id = $1)"#,
+        merchant_id,
         id,
     )
     .fetch_optional(db)

@@ -1,5 +1,12 @@
 //! The idempotency-key table's SQL. Every state change is one conditional
 //! statement; none reads a row and then writes it on what it read.
+//!
+//! The rules of a key's life are written once, as SQL in the migration
+//! `20261211000100_key_rules.sql`, and every statement here uses them:
+//! `idempotency_key_expired` (only a completed key past its expiry has
+//! expired), `idempotency_key_takeover` (when a claim may take an existing key
+//! over), `idempotency_key_complete` (complete a key and keep its answer a full
+//! TTL) and the view `idempotency_key_reads` (a key as every read sees it).
 
 use std::time::{Duration, Instant};
 
@@ -30,23 +37,27 @@ pub enum KeyStatus {
     Completed,
 }
 
-impl KeyStatus {
-    /// As stored, and as the API shows it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KeyStatus::Processing => "processing",
-            KeyStatus::Completed => "completed",
-        }
-    }
-}
+crate::stored_as_text!(KeyStatus {
+    Processing => "processing",
+    Completed => "completed",
+});
 
-impl std::fmt::Display for KeyStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+impl KeyStatus {
+    /// From its stored form.
+    fn parse(stored: &str) -> Option<Self> {
+        [KeyStatus::Processing, KeyStatus::Completed]
+            .into_iter()
+            .find(|status| status.as_str() == stored)
     }
 }
 
 /// The record a key guards: the charge or the refund its request creates.
+///
+/// The key table names it in two nullable columns, `charge_id` and
+/// `refund_id`, of which the schema allows at most one. [`Resource::columns`]
+/// and [`Resource::from_columns`] are the only places that know it: every
+/// statement binds both columns and matches `(charge_id = $a OR refund_id =
+/// $b)`, which the NULL side never matches.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Resource {
     Charge(String),
@@ -61,21 +72,16 @@ impl Resource {
         }
     }
 
-    fn charge_id(&self) -> Option<&str> {
-        match self {
-            Resource::Charge(id) => Some(id),
-            Resource::Refund(_) => None,
+    /// The key table's `(charge_id, refund_id)` for `resource`, if any.
+    fn columns(resource: Option<&Self>) -> (Option<&str>, Option<&str>) {
+        match resource {
+            Some(Resource::Charge(id)) => (Some(id), None),
+            Some(Resource::Refund(id)) => (None, Some(id)),
+            None => (None, None),
         }
     }
 
-    fn refund_id(&self) -> Option<&str> {
-        match self {
-            Resource::Refund(id) => Some(id),
-            Resource::Charge(_) => None,
-        }
-    }
-
-    /// From the two columns, of which the schema allows at most one.
+    /// From the key table's two columns.
     fn from_columns(charge_id: Option<String>, refund_id: Option<String>) -> Option<Self> {
         match (charge_id, refund_id) {
             (Some(id), _) => Some(Resource::Charge(id)),
@@ -88,6 +94,8 @@ impl Resource {
 /// A key as stored.
 #[derive(Clone, Debug)]
 pub struct StoredKey {
+    /// Whose key it is.
+    pub merchant_id: Uuid,
     pub key: String,
     pub status: KeyStatus,
     pub request_method: String,
@@ -97,7 +105,12 @@ pub struct StoredKey {
     pub resource: Option<Resource>,
     pub response: Option<SavedResponse>,
     pub created_at: DateTime<Utc>,
+    /// When the key's holder took it, or a sweeper last leased it, while it
+    /// is `processing`.
+    pub locked_at: Option<DateTime<Utc>>,
     pub expires_at: DateTime<Utc>,
+    /// When its answer was saved, once it is `completed`.
+    pub completed_at: Option<DateTime<Utc>>,
     /// When the key expires at the latest, on this process's monotonic
     /// clock: the instant taken before the read plus the lifetime the
     /// database gave the row in that read. This instance's wall clock plays
@@ -105,33 +118,37 @@ pub struct StoredKey {
     pub deadline: Instant,
 }
 
-/// A key's row, with `remaining_ms` measured from `clock_timestamp()`, the
-/// moment the row is read, not from `now()`: inside a transaction `now()` is
-/// the transaction's start, earlier than the instant taken before the read,
-/// which would stretch the deadline.
+/// A key as the view `idempotency_key_reads` returns it: every read selects
+/// the view's columns (`k.*`), so the read is written once, in the view. A
+/// view's columns decode as nullable; [`KeyRow::into_stored`] checks the ones
+/// the table requires.
 struct KeyRow {
-    key: String,
-    status: KeyStatus,
-    request_method: String,
-    request_path: String,
-    fingerprint: Vec<u8>,
+    merchant_id: Option<Uuid>,
+    key: Option<String>,
+    status: Option<String>,
+    request_method: Option<String>,
+    request_path: Option<String>,
+    fingerprint: Option<Vec<u8>>,
     charge_id: Option<String>,
     refund_id: Option<String>,
     response_status: Option<i16>,
     response_content_type: Option<String>,
     response_location: Option<String>,
     response_body: Option<Vec<u8>>,
-    created_at: DateTime<Utc>,
-    expires_at: DateTime<Utc>,
+    created_at: Option<DateTime<Utc>>,
+    locked_at: Option<DateTime<Utc>>,
+    expires_at: Option<DateTime<Utc>>,
+    completed_at: Option<DateTime<Utc>>,
     /// Milliseconds from the read to `expires_at`, by the database's clock.
-    remaining_ms: f64,
+    remaining_ms: Option<f64>,
 }
 
-/// A [`KeyRow`] from the record of a `query!` that selects its columns by
-/// their names (each such record is a type of its own).
+/// A [`KeyRow`] from the record of a `query!` that selects the view's
+/// columns next to columns of its own (each such record is a type of its own).
 macro_rules! key_row {
     ($row:ident) => {
         KeyRow {
+            merchant_id: $row.merchant_id,
             key: $row.key,
             status: $row.status,
             request_method: $row.request_method,
@@ -144,7 +161,9 @@ macro_rules! key_row {
             response_location: $row.response_location,
             response_body: $row.response_body,
             created_at: $row.created_at,
+            locked_at: $row.locked_at,
             expires_at: $row.expires_at,
+            completed_at: $row.completed_at,
             remaining_ms: $row.remaining_ms,
         }
     };
@@ -155,6 +174,7 @@ impl KeyRow {
     /// before the statement that read the row was sent.
     fn into_stored(self, sent: Instant) -> sqlx::Result<StoredKey> {
         let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_keys.{what}").into());
+        let required = |what: &'static str| move || corrupt(what);
         let response = match (
             self.response_status,
             self.response_content_type,
@@ -169,18 +189,22 @@ impl KeyRow {
             }),
             _ => None,
         };
+        let status = self.status.ok_or_else(required("status"))?;
         Ok(StoredKey {
-            key: self.key,
-            status: self.status,
-            request_method: self.request_method,
-            request_path: self.request_path,
-            fingerprint: Fingerprint::from_slice(&self.fingerprint)
-                .ok_or_else(|| corrupt("fingerprint"))?,
+            merchant_id: self.merchant_id.ok_or_else(required("merchant_id"))?,
+            key: self.key.ok_or_else(required("key"))?,
+            status: KeyStatus::parse(&status).ok_or_else(required("status"))?,
+            request_method: self.request_method.ok_or_else(required("request_method"))?,
+            request_path: self.request_path.ok_or_else(required("request_path"))?,
+            fingerprint: Fingerprint::from_slice(&self.fingerprint.unwrap_or_default())
+                .ok_or_else(required("fingerprint"))?,
             resource: Resource::from_columns(self.charge_id, self.refund_id),
             response,
-            created_at: self.created_at,
-            expires_at: self.expires_at,
-            deadline: deadline(sent, self.remaining_ms),
+            created_at: self.created_at.ok_or_else(required("created_at"))?,
+            locked_at: self.locked_at,
+            expires_at: self.expires_at.ok_or_else(required("expires_at"))?,
+            completed_at: self.completed_at,
+            deadline: deadline(sent, self.remaining_ms.ok_or_else(required("expires_at"))?),
         })
     }
 }
@@ -257,14 +281,11 @@ pub enum ClaimOutcome {
     TooLate,
 }
 
-/// Claims a key in one statement: insert it, or take over a completed row
-/// that has expired (an expired key counts as never seen) and whose answer
-/// was saved before the claiming request arrived. A row still
-/// `processing` is never taken over, however old: its request may still be
-/// at work, so it is settled first (sweeper or stale retry). An answer saved
-/// after the request arrived may be the answer to this very operation, made
-/// by a retry of it while this request waited: it is replayed, never
-/// replaced.
+/// Claims a key in one statement, the claim every request makes
+/// (`idempotency_key_claim`): insert it, or take over an existing row where
+/// the takeover rule (`idempotency_key_takeover`) allows: an expired key
+/// whose answer was saved before the claiming request arrived. A row still
+/// `processing` is settled first (sweeper or stale retry).
 ///
 /// And the claim takes effect only if the statement reaches the database
 /// before the request's deadline. A request answered `503` may have been
@@ -274,41 +295,19 @@ pub enum ClaimOutcome {
 /// happens, the conflicting row is locked by the statement and read in the
 /// same transaction, so the answer is built from a committed, current row.
 pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<ClaimOutcome> {
+    let (charge_id, refund_id) = Resource::columns(claim.resource);
     let claimed = sqlx::query_scalar!(
-        r#"INSERT INTO idempotency_keys
-             (merchant_id, key, status, request_method, request_path, fingerprint, charge_id,
-              refund_id, created_at, locked_at, expires_at)
-         SELECT $1, $2, 'processing', $3, $4, $5, $6, $8,
-                now(), now(), now() + $7::float8 * interval '1 millisecond'
-          WHERE statement_timestamp() < $9
-         ON CONFLICT (merchant_id, key) DO UPDATE SET
-             status = 'processing',
-             request_method = EXCLUDED.request_method,
-             request_path = EXCLUDED.request_path,
-             fingerprint = EXCLUDED.fingerprint,
-             charge_id = EXCLUDED.charge_id,
-             refund_id = EXCLUDED.refund_id,
-             response_status = NULL,
-             response_content_type = NULL,
-             response_location = NULL,
-             response_body = NULL,
-             created_at = EXCLUDED.created_at,
-             locked_at = EXCLUDED.locked_at,
-             expires_at = EXCLUDED.expires_at,
-             completed_at = NULL
-         WHERE idempotency_keys.expires_at <= now()
-           AND idempotency_keys.status = 'completed'
-           AND idempotency_keys.completed_at
-               < statement_timestamp() - $10::float8 * interval '1 millisecond'
-         RETURNING xmax <> 0 AS "took_over!""#,
+        r#"SELECT took_over AS "took_over!"
+             FROM idempotency_key_claim($1, $2, $3, $4, $5, $6, $7, $8::float8, $9,
+                                        $10::float8, true) AS claimed(took_over)"#,
         claim.merchant_id,
         claim.key.as_str(),
         claim.method,
         claim.path,
         &claim.fingerprint.0[..],
-        claim.resource.and_then(Resource::charge_id),
+        charge_id,
+        refund_id,
         claim.ttl.as_millis() as f64,
-        claim.resource.and_then(Resource::refund_id),
         claim.deadline_at(),
         claim.age_ms(),
     )
@@ -318,15 +317,12 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
         return Ok(ClaimOutcome::Claimed { took_over });
     }
     // No row means no conflict, so the insert itself was refused: too late.
+    // So is a read that reaches the database after the deadline.
     let sent = Instant::now();
-    let row = sqlx::query!(
-        r#"SELECT key, status AS "status: KeyStatus", request_method, request_path,
-                  fingerprint, charge_id, refund_id, response_status, response_content_type,
-                  response_location, response_body, created_at, expires_at,
-                  (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8
-                      AS "remaining_ms!",
-                  statement_timestamp() < $3 AS "in_time!"
-             FROM idempotency_keys WHERE merchant_id = $1 AND key = $2"#,
+    let row = sqlx::query_as!(
+        KeyRow,
+        "SELECT k.* FROM idempotency_key_reads k
+          WHERE k.merchant_id = $1 AND k.key = $2 AND statement_timestamp() < $3",
         claim.merchant_id,
         claim.key.as_str(),
         claim.deadline_at(),
@@ -334,10 +330,8 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     .fetch_optional(&mut *tx)
     .await?;
     match row {
-        Some(row) if row.in_time => Ok(ClaimOutcome::Taken(Box::new(
-            key_row!(row).into_stored(sent)?,
-        ))),
-        _ => Ok(ClaimOutcome::TooLate),
+        Some(row) => Ok(ClaimOutcome::Taken(Box::new(row.into_stored(sent)?))),
+        None => Ok(ClaimOutcome::TooLate),
     }
 }
 
@@ -371,13 +365,13 @@ pub enum FirstClaim {
     TooLate,
 }
 
-/// Steps 2 of a new charge in one statement, its own transaction: reads the
-/// key; if there is none, or only a completed one past its expiry, claims
-/// it (the same `INSERT ... ON CONFLICT` as [`claim`], in time as there)
-/// and writes the
-/// pending charge from the claim's `RETURNING`, so the charge exists exactly
-/// when the claim does. A live or `processing` key is only read, without a
-/// lock, as the fast path of a replay reads it.
+/// Step 2 of a new charge in one statement, its own transaction: reads the
+/// key; if there is none, or only one the takeover rule lets it take over,
+/// claims it (the same `idempotency_key_claim` as [`claim`], in time as
+/// there) and writes the pending charge from the claim's result, so the
+/// charge exists exactly when the claim does. A key it may not take over is
+/// only read, without a lock (the claim is not even tried, so the conflict
+/// locks nothing), as the fast path of a replay reads it.
 pub async fn claim_with_charge(
     db: impl PgExecutor<'_>,
     claim: &Claim<'_>,
@@ -386,43 +380,15 @@ pub async fn claim_with_charge(
     let sent = Instant::now();
     let row = sqlx::query!(
         r#"WITH existing AS (
-               SELECT key, status, request_method, request_path, fingerprint, charge_id,
-                      refund_id, response_status, response_content_type, response_location,
-                      response_body, created_at, expires_at, completed_at,
-                      (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8
-                          AS remaining_ms
-                 FROM idempotency_keys WHERE merchant_id = $1 AND key = $2),
+               SELECT k.* FROM idempotency_key_reads k WHERE k.merchant_id = $1 AND k.key = $2),
            claimed AS (
-               INSERT INTO idempotency_keys
-                      (merchant_id, key, status, request_method, request_path, fingerprint,
-                       charge_id, created_at, locked_at, expires_at)
-               SELECT $1, $2, 'processing', $3, $4, $5, $6,
-                      now(), now(), now() + $7::float8 * interval '1 millisecond'
-                WHERE statement_timestamp() < $13
-                  AND NOT EXISTS (SELECT 1 FROM existing
-                                   WHERE status = 'processing' OR expires_at > now()
-                                      OR completed_at >= statement_timestamp()
-                                                         - $14::float8 * interval '1 millisecond')
-               ON CONFLICT (merchant_id, key) DO UPDATE SET
-                   status = 'processing',
-                   request_method = EXCLUDED.request_method,
-                   request_path = EXCLUDED.request_path,
-                   fingerprint = EXCLUDED.fingerprint,
-                   charge_id = EXCLUDED.charge_id,
-                   refund_id = NULL,
-                   response_status = NULL,
-                   response_content_type = NULL,
-                   response_location = NULL,
-                   response_body = NULL,
-                   created_at = EXCLUDED.created_at,
-                   locked_at = EXCLUDED.locked_at,
-                   expires_at = EXCLUDED.expires_at,
-                   completed_at = NULL
-               WHERE idempotency_keys.expires_at <= now()
-                 AND idempotency_keys.status = 'completed'
-                 AND idempotency_keys.completed_at
-                     < statement_timestamp() - $14::float8 * interval '1 millisecond'
-               RETURNING xmax <> 0 AS took_over),
+               SELECT took_over
+                 FROM idempotency_key_claim(
+                          $1, $2, $3, $4, $5, $6, NULL, $7::float8, $13, $14::float8,
+                          NOT EXISTS (SELECT 1 FROM existing e
+                                       WHERE NOT idempotency_key_takeover(
+                                                 e.status, e.expires_at, e.completed_at,
+                                                 $14::float8))) AS c(took_over)),
            charge AS (
                INSERT INTO charges (id, merchant_id, amount, currency, source, description,
                                     metadata, status)
@@ -431,12 +397,7 @@ pub async fn claim_with_charge(
            SELECT statement_timestamp() < $13 AS "in_time!",
                   (SELECT took_over FROM claimed) AS took_over,
                   (SELECT created_at FROM charge) AS charge_created_at,
-                  e.key AS "key?", e.status AS "status?: KeyStatus",
-                  e.request_method AS "request_method?", e.request_path AS "request_path?",
-                  e.fingerprint AS "fingerprint?", e.charge_id, e.refund_id,
-                  e.response_status, e.response_content_type, e.response_location,
-                  e.response_body, e.created_at AS "created_at?", e.expires_at AS "expires_at?",
-                  e.remaining_ms AS "remaining_ms?"
+                  e.*
              FROM (SELECT 1) AS one LEFT JOIN existing e ON true"#,
         claim.merchant_id,
         claim.key.as_str(),
@@ -464,47 +425,13 @@ pub async fn claim_with_charge(
             created_at,
         });
     }
-    let existing = match (
-        row.key,
-        row.status,
-        row.request_method,
-        row.request_path,
-        row.fingerprint,
-        row.created_at,
-        row.expires_at,
-        row.remaining_ms,
-    ) {
-        (
-            Some(key),
-            Some(status),
-            Some(request_method),
-            Some(request_path),
-            Some(fingerprint),
-            Some(created_at),
-            Some(expires_at),
-            Some(remaining_ms),
-        ) => Some(KeyRow {
-            key,
-            status,
-            request_method,
-            request_path,
-            fingerprint,
-            charge_id: row.charge_id,
-            refund_id: row.refund_id,
-            response_status: row.response_status,
-            response_content_type: row.response_content_type,
-            response_location: row.response_location,
-            response_body: row.response_body,
-            created_at,
-            expires_at,
-            remaining_ms,
-        }),
-        _ => None,
-    };
     // An expired completed row the claim could not take over (another
     // request took it first) is as good as gone: look again.
-    let existing =
-        existing.filter(|row| row.status == KeyStatus::Processing || row.remaining_ms > 0.0);
+    let existing = Some(key_row!(row)).filter(|row| {
+        row.key.is_some()
+            && (row.status.as_deref() == Some(KeyStatus::Processing.as_str())
+                || row.remaining_ms.is_some_and(|ms| ms > 0.0))
+    });
     Ok(FirstClaim::Taken(
         existing
             .map(|row| row.into_stored(sent).map(Box::new))
@@ -512,31 +439,28 @@ pub async fn claim_with_charge(
     ))
 }
 
-/// Marks the key that guards the refund `refund_id` completed with its saved
-/// response. Returns the key it completed: `None` when the refund had no
-/// key, or when its key is no longer `processing` (someone else completed it
-/// first). (A charge's key is completed by the charge's one-statement settle,
-/// [`crate::charges::store::settle_and_complete`], with the same rule.)
-///
-/// The answer must stay replayable for a full `ttl` from the moment it
-/// exists, so `expires_at` moves to at least `now() + ttl`. Without that, an
-/// operation settled late (recovered after an outage longer than the TTL)
-/// would complete an already expired key, and the next retry would take it
-/// over and charge again.
-pub async fn complete_for(
+/// Completes a `processing` key with its saved response and keeps the answer
+/// a full `ttl`, by the rule's one statement (`idempotency_key_complete`):
+/// the key that guards `resource`, or the one `held` names (merchant, key).
+/// Returns the key it completed: `None` when there is none, or when it is no
+/// longer `processing` (someone else completed it first).
+async fn complete_key(
     tx: &mut PgConnection,
-    refund_id: &str,
+    resource: Option<&Resource>,
+    held: Option<(Uuid, &str)>,
     response: &SavedResponse,
     ttl: Duration,
 ) -> sqlx::Result<Option<String>> {
+    let (charge_id, refund_id) = Resource::columns(resource);
+    let (merchant_id, key) = held.unzip();
     sqlx::query_scalar!(
-        "UPDATE idempotency_keys
-            SET status = 'completed', response_status = $2, response_content_type = $3,
-                response_location = $4, response_body = $5, completed_at = now(), locked_at = NULL,
-                expires_at = greatest(expires_at, now() + $6::float8 * interval '1 millisecond')
-          WHERE refund_id = $1 AND status = 'processing'
-          RETURNING key",
+        r#"SELECT key AS "key!"
+             FROM idempotency_key_complete($1, $2, $3, $4, $5, $6, $7, $8, $9::float8)
+                  AS completed(key)"#,
+        charge_id,
         refund_id,
+        merchant_id,
+        key,
         response.status as i16,
         response.content_type,
         response.location.as_deref(),
@@ -547,10 +471,25 @@ pub async fn complete_for(
     .await
 }
 
+/// Marks the key that guards the refund `refund_id` completed with its saved
+/// response, kept for at least `ttl` ([`complete_key`]). Returns the key it
+/// completed, if any. (A charge's key is completed by the charge's
+/// one-statement settle, [`crate::charges::store::settle_and_complete`],
+/// with the same SQL function.)
+pub async fn complete_for(
+    tx: &mut PgConnection,
+    refund_id: &str,
+    response: &SavedResponse,
+    ttl: Duration,
+) -> sqlx::Result<Option<String>> {
+    let refund = Resource::Refund(refund_id.to_owned());
+    complete_key(tx, Some(&refund), None, response, ttl).await
+}
+
 /// Marks the key `merchant_id` holds as `key` completed with its saved
-/// response, in the claim's own transaction: for a record written and
-/// answered there (a webhook endpoint), which needs no settle later.
-/// `false` when the key is not this transaction's `processing` claim.
+/// response ([`complete_key`]), in the claim's own transaction: for a record
+/// written and answered there (a webhook endpoint), which needs no settle
+/// later. `false` when the key is not this transaction's `processing` claim.
 pub async fn complete(
     tx: &mut PgConnection,
     merchant_id: Uuid,
@@ -558,23 +497,8 @@ pub async fn complete(
     response: &SavedResponse,
     ttl: Duration,
 ) -> sqlx::Result<bool> {
-    let completed = sqlx::query!(
-        "UPDATE idempotency_keys
-            SET status = 'completed', response_status = $3, response_content_type = $4,
-                response_location = $5, response_body = $6, completed_at = now(), locked_at = NULL,
-                expires_at = greatest(expires_at, now() + $7::float8 * interval '1 millisecond')
-          WHERE merchant_id = $1 AND key = $2 AND status = 'processing'",
-        merchant_id,
-        key.as_str(),
-        response.status as i16,
-        response.content_type,
-        response.location.as_deref(),
-        &response.body[..],
-        ttl.as_millis() as f64,
-    )
-    .execute(tx)
-    .await?;
-    Ok(completed.rows_affected() == 1)
+    let held = Some((merchant_id, key.as_str()));
+    Ok(complete_key(tx, None, held, response, ttl).await?.is_some())
 }
 
 /// Gives a charge's key back when its work could not start (the processor
@@ -590,11 +514,10 @@ pub async fn release(tx: &mut PgConnection, charge_id: &str) -> sqlx::Result<u64
     Ok(released.rows_affected())
 }
 
-/// A merchant's key, unless it is unknown or expired. A `completed` row never
-/// changes until it expires, so reading it needs no transaction and no lock:
-/// a replay costs this one statement. A `processing` key is never expired:
-/// its operation may still be at work, or waiting to be recovered, and its
-/// answer will be kept for a full TTL once it exists.
+/// A merchant's key, unless it is unknown or expired
+/// (`idempotency_key_expired`). A `completed` row never changes until it
+/// expires, so reading it needs no transaction and no lock: a replay costs
+/// this one statement.
 pub async fn find(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
@@ -603,14 +526,9 @@ pub async fn find(
     let sent = Instant::now();
     let row = sqlx::query_as!(
         KeyRow,
-        r#"SELECT key, status AS "status: _", request_method, request_path, fingerprint,
-                  charge_id, refund_id, response_status, response_content_type,
-                  response_location, response_body, created_at, expires_at,
-                  (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8
-                      AS "remaining_ms!"
-             FROM idempotency_keys
-            WHERE merchant_id = $1 AND key = $2
-              AND (expires_at > now() OR status = 'processing')"#,
+        "SELECT k.* FROM idempotency_key_reads k
+          WHERE k.merchant_id = $1 AND k.key = $2
+            AND NOT idempotency_key_expired(k.status, k.expires_at)",
         merchant_id,
         key.as_str(),
     )
@@ -629,15 +547,10 @@ pub async fn find_many(
 ) -> sqlx::Result<Vec<(usize, StoredKey)>> {
     let sent = Instant::now();
     let rows = sqlx::query!(
-        r#"SELECT a.i AS "i!", k.key, k.status AS "status: KeyStatus", k.request_method,
-                  k.request_path, k.fingerprint, k.charge_id, k.refund_id, k.response_status,
-                  k.response_content_type, k.response_location, k.response_body, k.created_at,
-                  k.expires_at,
-                  (extract(epoch from k.expires_at - clock_timestamp()) * 1000)::float8
-                      AS "remaining_ms!"
+        r#"SELECT a.i AS "i!", k.*
              FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS a(merchant_id, key, i)
-             JOIN idempotency_keys k ON k.merchant_id = a.merchant_id AND k.key = a.key
-            WHERE k.expires_at > now() OR k.status = 'processing'"#,
+             JOIN idempotency_key_reads k ON k.merchant_id = a.merchant_id AND k.key = a.key
+            WHERE NOT idempotency_key_expired(k.status, k.expires_at)"#,
         merchants,
         keys as &[&str],
     )
@@ -654,9 +567,8 @@ pub async fn find_many(
 }
 
 /// A merchant's key as a waiter sees it, and whether it is stale (still
-/// `processing` after `timeout`): one plain read, no transaction, no lock.
-/// A `processing` key is found even past its expiry, since it is never taken
-/// over; a `completed` one is not, since a claim may take it over.
+/// `processing` after `timeout`): one plain read, no transaction, no lock,
+/// which finds what [`find`] finds.
 pub async fn watch(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
@@ -665,24 +577,23 @@ pub async fn watch(
 ) -> sqlx::Result<Option<(StoredKey, bool)>> {
     let sent = Instant::now();
     let row = sqlx::query!(
-        r#"SELECT key, status AS "status: KeyStatus", request_method, request_path, fingerprint,
-                  charge_id, refund_id, response_status, response_content_type,
-                  response_location, response_body, created_at, expires_at,
-                  (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8
-                      AS "remaining_ms!",
-                  status = 'processing'
-                      AND locked_at < now() - $3::float8 * interval '1 millisecond' AS "stale!"
-             FROM idempotency_keys
-            WHERE merchant_id = $1 AND key = $2
-              AND (status = 'processing' OR expires_at > now())"#,
+        r#"SELECT k.*,
+                  k.status = 'processing'
+                      AND k.locked_at < now() - $3::float8 * interval '1 millisecond' AS "stale!"
+             FROM idempotency_key_reads k
+            WHERE k.merchant_id = $1 AND k.key = $2
+              AND NOT idempotency_key_expired(k.status, k.expires_at)"#,
         merchant_id,
         key.as_str(),
         timeout.as_millis() as f64,
     )
     .fetch_optional(db)
     .await?;
-    row.map(|row| Ok((key_row!(row).into_stored(sent)?, row.stale)))
-        .transpose()
+    row.map(|row| {
+        let stale = row.stale;
+        Ok((key_row!(row).into_stored(sent)?, stale))
+    })
+    .transpose()
 }
 
 /// A stale key taken on by one sweeper: the record it guards, and the
@@ -736,30 +647,18 @@ pub async fn lease_stale(
 /// stale while the batch was being worked through and someone else leased
 /// it (or it was settled); that record is theirs now and must be left alone.
 pub async fn renew(db: impl PgExecutor<'_>, lease: &mut Lease) -> sqlx::Result<bool> {
-    let renewed = match &lease.resource {
-        Resource::Charge(id) => {
-            sqlx::query_scalar!(
-                r#"UPDATE idempotency_keys SET locked_at = now()
-                    WHERE charge_id = $1 AND status = 'processing' AND locked_at = $2
-                    RETURNING locked_at AS "locked_at!""#,
-                id,
-                lease.leased_at,
-            )
-            .fetch_optional(db)
-            .await?
-        }
-        Resource::Refund(id) => {
-            sqlx::query_scalar!(
-                r#"UPDATE idempotency_keys SET locked_at = now()
-                    WHERE refund_id = $1 AND status = 'processing' AND locked_at = $2
-                    RETURNING locked_at AS "locked_at!""#,
-                id,
-                lease.leased_at,
-            )
-            .fetch_optional(db)
-            .await?
-        }
-    };
+    let (charge_id, refund_id) = Resource::columns(Some(&lease.resource));
+    let renewed = sqlx::query_scalar!(
+        r#"UPDATE idempotency_keys SET locked_at = now()
+            WHERE (charge_id = $1 OR refund_id = $2) AND status = 'processing'
+              AND locked_at = $3
+            RETURNING locked_at AS "locked_at!""#,
+        charge_id,
+        refund_id,
+        lease.leased_at,
+    )
+    .fetch_optional(db)
+    .await?;
     match renewed {
         Some(at) => {
             lease.leased_at = at;
@@ -797,51 +696,21 @@ pub async fn saved_for_resource(
     db: impl PgExecutor<'_>,
     resource: &Resource,
 ) -> sqlx::Result<Option<SavedResponse>> {
-    // The schema requires the response columns of a completed key.
-    struct Saved {
-        status: i16,
-        content_type: String,
-        location: Option<String>,
-        body: Vec<u8>,
-    }
-    let row =
-        match resource {
-            Resource::Charge(id) => sqlx::query_as!(
-                Saved,
-                r#"SELECT response_status AS "status!", response_content_type AS "content_type!",
-                      response_location AS location, response_body AS "body!"
-                 FROM idempotency_keys WHERE charge_id = $1 AND status = 'completed'"#,
-                id,
-            )
-            .fetch_optional(db)
-            .await?,
-            Resource::Refund(id) => sqlx::query_as!(
-                Saved,
-                r#"SELECT response_status AS "status!", response_content_type AS "content_type!",
-                      response_location AS location, response_body AS "body!"
-                 FROM idempotency_keys WHERE refund_id = $1 AND status = 'completed'"#,
-                id,
-            )
-            .fetch_optional(db)
-            .await?,
-        };
-    row.map(
-        |Saved {
-             status,
-             content_type,
-             location,
-             body,
-         }| {
-            Ok(SavedResponse {
-                status: u16::try_from(status)
-                    .map_err(|_| sqlx::Error::Decode("idempotency_keys.response_status".into()))?,
-                content_type,
-                location,
-                body: Bytes::from(body),
-            })
-        },
+    let (charge_id, refund_id) = Resource::columns(Some(resource));
+    let sent = Instant::now();
+    let row = sqlx::query_as!(
+        KeyRow,
+        "SELECT k.* FROM idempotency_key_reads k
+          WHERE (k.charge_id = $1 OR k.refund_id = $2) AND k.status = 'completed'",
+        charge_id,
+        refund_id,
     )
-    .transpose()
+    .fetch_optional(db)
+    .await?;
+    Ok(row
+        .map(|row| row.into_stored(sent))
+        .transpose()?
+        .and_then(|stored| stored.response))
 }
 
 /// The statement of [`delete_expired`], deleting up to `limit` rows.
@@ -849,7 +718,7 @@ fn delete_expired_statement(limit: i64) -> impl sqlx::Execute<'static, sqlx::Pos
     sqlx::query!(
         "DELETE FROM idempotency_keys
           WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_keys
-                                   WHERE expires_at <= now() AND status = 'completed'
+                                   WHERE idempotency_key_expired(status, expires_at)
                                    ORDER BY expires_at
                                    LIMIT $1
                                    FOR UPDATE SKIP LOCKED))",

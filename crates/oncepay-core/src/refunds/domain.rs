@@ -6,9 +6,9 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::charges::Amount;
+use crate::amount::Amount;
 use crate::params::{ParamError, Params, shorten};
-use crate::params::{Unmodelled, metadata, new_id, required, string};
+use crate::params::{Unmodelled, new_id, required, string};
 use crate::problem::ProblemCode;
 
 /// Why a refund was asked for, with Stripe's names.
@@ -75,11 +75,7 @@ impl NewRefund {
                 })
             })
             .transpose()?;
-        let metadata = params
-            .take("metadata")
-            .map(metadata)
-            .transpose()?
-            .unwrap_or_default();
+        let metadata = params.take_metadata()?;
         params.refuse_expand()?;
         params.reject_unknown()?;
         Ok(NewRefund {
@@ -117,22 +113,11 @@ pub enum RefundStatus {
     Failed,
 }
 
-impl RefundStatus {
-    /// As stored, and as the API shows it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RefundStatus::Pending => "pending",
-            RefundStatus::Succeeded => "succeeded",
-            RefundStatus::Failed => "failed",
-        }
-    }
-}
-
-impl std::fmt::Display for RefundStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+crate::stored_as_text!(RefundStatus {
+    Pending => "pending",
+    Succeeded => "succeeded",
+    Failed => "failed",
+});
 
 /// A refund as stored.
 #[derive(Clone, Debug, sqlx::FromRow)]

@@ -2,10 +2,8 @@
 //! refund becomes `succeeded` (or `failed`, its reservation given back), its
 //! key saves the response and its events are written (`refund.succeeded`
 //! and `charge.refunded`, or `refund.failed`), in one transaction. Shared by the request that
-//! made the refund and by recovery (the sweeper, a retry finding its key
-//! stale), which rolls a stuck refund *forward*: the money was promised when
-//! the amount was reserved, and the processor's refund is idempotent on its
-//! key, so repeating it is always safe and returns the recorded outcome.
+//! made the refund and by recovery ([`crate::recovery`]), which rolls a stuck
+//! refund forward with [`refund_at_processor`].
 
 use std::time::Duration;
 
@@ -13,11 +11,11 @@ use http::StatusCode;
 use sqlx::{Connection, PgConnection, PgPool};
 
 use super::{Refund, store};
-use crate::charges::settle::Settled;
 use crate::events::{EventType, NewEvent, store as events};
 use crate::faults::{Fault, crash_if};
 use crate::idempotency::{SavedResponse, store as keys};
 use crate::processor::{self, Processor, RefundOutcome};
+use crate::settled::Settled;
 
 /// Settles `refund_id` with the processor's `outcome` if it is still
 /// pending: `succeeded`, or `failed` with its reservation given back. Its key
@@ -133,34 +131,6 @@ pub async fn refund_at_processor(
             fault,
         })
         .await
-}
-
-/// Rolls a refund whose request went quiet forward: repeats the processor's
-/// refund under the same processor key, then settles it with the recorded
-/// outcome (its events naming `request_id`: the retry that found its key
-/// stale, or `None` for the sweeper). Returns the outcome if this call
-/// settled it; a refund already settled is left alone.
-pub async fn recover(
-    pool: &PgPool,
-    processor: &dyn Processor,
-    refund_id: &str,
-    key_ttl: Duration,
-    request_id: Option<&str>,
-) -> anyhow::Result<Option<RefundOutcome>> {
-    let Some(refund) = store::find_any(pool, refund_id).await? else {
-        return Ok(None);
-    };
-    if refund.status != super::RefundStatus::Pending {
-        return Ok(None);
-    }
-    let outcome = refund_at_processor(processor, &Pending::from(refund), None).await?;
-    match settle(pool, refund_id, &outcome, key_ttl, request_id).await? {
-        Settled::Now(_) => {
-            tracing::info!(refund = %refund_id, ?outcome, "rolled a stale refund forward");
-            Ok(Some(outcome))
-        }
-        Settled::Already => Ok(None),
-    }
 }
 
 /// The response a settled refund gets, and that its key saves for replay.

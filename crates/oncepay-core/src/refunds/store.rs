@@ -170,25 +170,26 @@ pub async fn find(
     merchant_id: Uuid,
     id: &str,
 ) -> sqlx::Result<Option<Refund>> {
-    sqlx::query_as!(
-        Refund,
-        r#"SELECT id, merchant_id, charge_id, amount, currency, status AS "status: _", reason,
-                  metadata AS "metadata: _", created_at, failure_reason
-             FROM refunds WHERE merchant_id = $1 AND id = $2"#,
-        merchant_id,
-        id,
-    )
-    .fetch_optional(db)
-    .await
+    find_scoped(db, Some(merchant_id), id).await
 }
 
 /// One refund by id, whoever owns it (for recovery).
 pub async fn find_any(db: impl PgExecutor<'_>, id: &str) -> sqlx::Result<Option<Refund>> {
+    find_scoped(db, None, id).await
+}
+
+/// One refund by id, of `merchant_id` when given.
+async fn find_scoped(
+    db: impl PgExecutor<'_>,
+    merchant_id: Option<Uuid>,
+    id: &str,
+) -> sqlx::Result<Option<Refund>> {
     sqlx::query_as!(
         Refund,
         r#"SELECT id, merchant_id, charge_id, amount, currency, status AS "status: _", reason,
                   metadata AS "metadata: _", created_at, failure_reason
-             FROM refunds WHERE id = $1"#,
+             FROM refunds WHERE id = $2 AND ($1::uuid IS NULL OR merchant_id = $1)"#,
+        merchant_id,
         id,
     )
     .fetch_optional(db)
