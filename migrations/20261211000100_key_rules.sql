@@ -84,7 +84,9 @@ $$;
 -- settled late (recovered after an outage longer than the TTL) would complete
 -- an already expired key, and the next retry would take it over and charge
 -- again. A key that is not `processing` any more (someone else completed it)
--- is left alone. PL/pgSQL, so each connection plans the statement once.
+-- is left alone. PL/pgSQL, so each connection plans the statement once; the
+-- key is found by one of three index lookups, so that plan, made for any of
+-- the three ways to name it, still reads one row rather than the table.
 CREATE FUNCTION idempotency_key_complete(
     for_charge_id text, for_refund_id text, for_merchant_id uuid, for_key text,
     new_response_status smallint, new_response_content_type text,
@@ -104,23 +106,29 @@ BEGIN
            locked_at = NULL,
            expires_at = greatest(k.expires_at, now() + ttl_ms * interval '1 millisecond')
      WHERE k.status = 'processing'
-       AND (k.charge_id = for_charge_id
-            OR k.refund_id = for_refund_id
-            OR (k.merchant_id = for_merchant_id AND k.key = for_key))
+       AND (k.merchant_id, k.key) = (
+               SELECT merchant_id, key FROM idempotency_keys WHERE charge_id = for_charge_id
+               UNION ALL
+               SELECT merchant_id, key FROM idempotency_keys WHERE refund_id = for_refund_id
+               UNION ALL
+               SELECT for_merchant_id, for_key WHERE for_key IS NOT NULL
+               LIMIT 1)
     RETURNING k.key;
 END
 $$;
 
 -- A key as every read of it sees it: all its columns, and `remaining_ms`, the
 -- milliseconds from the read to `expires_at` by the database's clock. It is
--- measured from `clock_timestamp()`, the moment the row is read, not from
--- `now()`: inside a transaction `now()` is the transaction's start, earlier
--- than the instant the reader took before the read, which would stretch the
--- deadline it derives.
+-- measured from `statement_timestamp()`, the arrival of the reading
+-- statement, not from `now()`: inside a transaction `now()` is the
+-- transaction's start, earlier than the instant the reader took before it
+-- sent the read, which would stretch the deadline it derives. (It is a stable
+-- function, unlike `clock_timestamp()`, so Postgres folds the view into each
+-- query that reads it and keeps that query's index scans.)
 CREATE VIEW idempotency_key_reads AS
 SELECT merchant_id, key, status, request_method, request_path, fingerprint,
        charge_id, refund_id, response_status, response_content_type,
        response_location, response_body, created_at, locked_at, expires_at,
        completed_at,
-       (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8 AS remaining_ms
+       (extract(epoch from expires_at - statement_timestamp()) * 1000)::float8 AS remaining_ms
   FROM idempotency_keys;
