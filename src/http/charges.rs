@@ -6,8 +6,10 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use sqlx::PgExecutor;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+use uuid::Uuid;
 
 use super::auth::Authenticated;
 use super::extract::{ById, IdempotentPost, PageParams, QueryParams};
@@ -132,13 +134,11 @@ async fn list(
         }
     };
     let mut charges = match &page {
-        Page::First => store::list(&state.pool, merchant.id, None, limit + 1).await?,
+        Page::First => page_after(&state.pool, merchant.id, None, limit + 1).await?,
         Page::After(cursor) => {
-            store::list(&state.pool, merchant.id, Some(cursor), limit + 1).await?
+            page_after(&state.pool, merchant.id, Some(cursor), limit + 1).await?
         }
-        Page::Before(cursor) => {
-            store::list_before(&state.pool, merchant.id, cursor, limit + 1).await?
-        }
+        Page::Before(cursor) => page_before(&state.pool, merchant.id, cursor, limit + 1).await?,
     };
     let has_more = charges.len() as i64 > limit;
     charges.truncate(limit as usize);
@@ -153,4 +153,57 @@ async fn list(
         .map(|c| c.to_object(refunds::of_charge(&refunds, &c.id)))
         .collect();
     Ok(Json(List::new(ROUTE, has_more, data)).into_response())
+}
+
+/// Up to `limit` charges, newest first, strictly after the cursor charge
+/// `starting_after` when given. The caller checks the cursor exists.
+async fn page_after(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    starting_after: Option<&Charge>,
+    limit: i64,
+) -> sqlx::Result<Vec<Charge>> {
+    sqlx::query_as!(
+        Charge,
+        r#"SELECT id, merchant_id, amount, currency, source, description,
+                  metadata AS "metadata: _", status AS "status: _",
+                  failure_code, failure_message, amount_refunded, created_at
+             FROM charges
+            WHERE merchant_id = $1
+              AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
+            ORDER BY created_at DESC, id DESC
+            LIMIT $4"#,
+        merchant_id,
+        starting_after.map(|c| c.created_at),
+        starting_after.map(|c| c.id.as_str()),
+        limit,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Up to `limit` charges strictly newer than `ending_before`, oldest first:
+/// the ones nearest the cursor, which the caller shows newest first.
+async fn page_before(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    ending_before: &Charge,
+    limit: i64,
+) -> sqlx::Result<Vec<Charge>> {
+    sqlx::query_as!(
+        Charge,
+        r#"SELECT id, merchant_id, amount, currency, source, description,
+                  metadata AS "metadata: _", status AS "status: _",
+                  failure_code, failure_message, amount_refunded, created_at
+             FROM charges
+            WHERE merchant_id = $1 AND (created_at, id) > ($2, $3)
+            ORDER BY created_at, id
+            LIMIT $4"#,
+        merchant_id,
+        ending_before.created_at,
+        ending_before.id.as_str(),
+        limit,
+    )
+    .fetch_all(db)
+    .await
 }

@@ -4,17 +4,19 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use sqlx::PgExecutor;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+use uuid::Uuid;
 
 use super::auth::Authenticated;
 use super::extract::{ById, PageParams, QueryParams};
 use super::list::List;
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::events::EventType;
 use crate::events::domain::{EventObject, take_type_filter};
 use crate::events::store::{self, Position};
+use crate::events::{Event, EventType};
 use crate::webhooks::domain::DeliveryObject;
 use crate::webhooks::store as webhooks;
 
@@ -117,8 +119,7 @@ async fn list(
     let (events, has_more) = match cursor {
         Some((name @ "ending_before", id)) => {
             let after = cursor_position(&state, merchant.id, name, &id).await?;
-            let mut events =
-                store::list_newer(&state.pool, merchant.id, types, after, limit + 1).await?;
+            let mut events = list_newer(&state.pool, merchant.id, types, after, limit + 1).await?;
             let has_more = events.len() as i64 > limit;
             // The `limit` next to the cursor, newest first like every page.
             events.truncate(limit as usize);
@@ -130,8 +131,7 @@ async fn list(
                 Some((name, id)) => cursor_position(&state, merchant.id, name, &id).await?,
                 None => Position::END,
             };
-            let mut events =
-                store::list_older(&state.pool, merchant.id, types, before, limit + 1).await?;
+            let mut events = list_older(&state.pool, merchant.id, types, before, limit + 1).await?;
             let has_more = events.len() as i64 > limit;
             events.truncate(limit as usize);
             (events, has_more)
@@ -151,4 +151,74 @@ async fn cursor_position(
     store::position(&state.pool, merchant_id, id)
         .await?
         .ok_or_else(|| no_such_event(id, name))
+}
+
+// The two queries below show an event only once its transaction id is below
+// the xmin of the statement's snapshot: every transaction that began writing
+// before it has ended, so no event can still commit at a position before it,
+// and a client paging forward from any event it was shown misses none.
+// Events written since are held back until then (see docs/decisions.md).
+
+/// Up to `limit` events, newest first, before `before` in the list's order
+/// ([`Position::END`] for the newest), of the `types` when given.
+async fn list_older(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    types: Option<&[&str]>,
+    before: Position,
+    limit: i64,
+) -> sqlx::Result<Vec<Event>> {
+    sqlx::query_as!(
+        Event,
+        r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
+                  request_id, idempotency_key, created_at,
+                  (SELECT count(*) FROM webhook_deliveries d
+                    WHERE d.event_seq = events.seq)::int AS "pending_webhooks!"
+             FROM events
+            WHERE merchant_id = $1
+              AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+              AND (txid, seq) < ($3, $4)
+              AND ($2::text[] IS NULL OR type = ANY($2))
+            ORDER BY txid DESC, seq DESC
+            LIMIT $5"#,
+        merchant_id,
+        types as Option<&[&str]>,
+        before.txid,
+        before.seq,
+        limit,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Up to `limit` events after `after` in the list's order, the oldest of
+/// them first, of the `types` when given: the page before a cursor.
+async fn list_newer(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    types: Option<&[&str]>,
+    after: Position,
+    limit: i64,
+) -> sqlx::Result<Vec<Event>> {
+    sqlx::query_as!(
+        Event,
+        r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
+                  request_id, idempotency_key, created_at,
+                  (SELECT count(*) FROM webhook_deliveries d
+                    WHERE d.event_seq = events.seq)::int AS "pending_webhooks!"
+             FROM events
+            WHERE merchant_id = $1
+              AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+              AND (txid, seq) > ($3, $4)
+              AND ($2::text[] IS NULL OR type = ANY($2))
+            ORDER BY txid, seq
+            LIMIT $5"#,
+        merchant_id,
+        types as Option<&[&str]>,
+        after.txid,
+        after.seq,
+        limit,
+    )
+    .fetch_all(db)
+    .await
 }

@@ -15,6 +15,7 @@ use crate::idempotency::{IdempotencyKey, SavedResponse};
 use crate::operation::Answer;
 use crate::operation::timing::Ran;
 use crate::problem::{Problem, ProblemCode};
+use crate::telemetry::timing;
 
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// The longest `Prefer: wait=N` honoured, in seconds.
@@ -23,7 +24,7 @@ const MAX_WAIT_SECS: u64 = 10;
 /// The response for how an operation ended: its answer, or its error as a
 /// problem. Rendering it records the operation's timing.
 pub fn respond(ran: Ran) -> Response {
-    ran.render(|answer| match answer {
+    timing::render(ran, |answer| match answer {
         Ok(Answer::Fresh(saved)) => send(saved),
         Ok(Answer::Replayed { saved, waited }) => replay(saved, waited),
         Err(e) => ApiError(e).into_response(),

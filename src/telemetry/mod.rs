@@ -1,4 +1,5 @@
-//! Telemetry: structured logs (here) and Prometheus metrics ([`metrics`]).
+//! Telemetry: structured logs (here), Prometheus metrics ([`metrics`]) and
+//! the timing of guarded operations ([`timing`]).
 //! The HTTP middleware that feeds both is `crate::http::observe`.
 //!
 //! Structured logs with `tracing`, to stderr so stdout stays for output
@@ -9,6 +10,7 @@
 //! logged, so `Authorization` and API keys cannot appear.
 
 pub mod metrics;
+pub mod timing;
 
 use std::io::IsTerminal;
 

@@ -150,59 +150,6 @@ async fn find_scoped(
     .await
 }
 
-/// Up to `limit` charges, newest first, strictly after the cursor charge
-/// `starting_after` when given. The caller checks the cursor exists.
-pub async fn list(
-    db: impl PgExecutor<'_>,
-    merchant_id: Uuid,
-    starting_after: Option<&Charge>,
-    limit: i64,
-) -> sqlx::Result<Vec<Charge>> {
-    sqlx::query_as!(
-        Charge,
-        r#"SELECT id, merchant_id, amount, currency, source, description,
-                  metadata AS "metadata: _", status AS "status: _",
-                  failure_code, failure_message, amount_refunded, created_at
-             FROM charges
-            WHERE merchant_id = $1
-              AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
-            ORDER BY created_at DESC, id DESC
-            LIMIT $4"#,
-        merchant_id,
-        starting_after.map(|c| c.created_at),
-        starting_after.map(|c| c.id.as_str()),
-        limit,
-    )
-    .fetch_all(db)
-    .await
-}
-
-/// Up to `limit` charges strictly newer than `ending_before`, oldest first:
-/// the ones nearest the cursor, which the caller shows newest first.
-pub async fn list_before(
-    db: impl PgExecutor<'_>,
-    merchant_id: Uuid,
-    ending_before: &Charge,
-    limit: i64,
-) -> sqlx::Result<Vec<Charge>> {
-    sqlx::query_as!(
-        Charge,
-        r#"SELECT id, merchant_id, amount, currency, source, description,
-                  metadata AS "metadata: _", status AS "status: _",
-                  failure_code, failure_message, amount_refunded, created_at
-             FROM charges
-            WHERE merchant_id = $1 AND (created_at, id) > ($2, $3)
-            ORDER BY created_at, id
-            LIMIT $4"#,
-        merchant_id,
-        ending_before.created_at,
-        ending_before.id.as_str(),
-        limit,
-    )
-    .fetch_all(db)
-    .await
-}
-
 /// Pending charges older than `timeout` that no `processing` key guards (the
 /// keyless ones a crash left behind); keyed ones are found through their key.
 pub async fn stale_unguarded(

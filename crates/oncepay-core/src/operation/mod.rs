@@ -16,8 +16,7 @@
 //! An operation with no processor call (creating a webhook endpoint) is a
 //! [`write::Write`] instead: claim, record and answer in one transaction.
 //!
-//! Each run is timed phase by phase ([`timing`]), and recorded as its
-//! answer is rendered.
+//! Each run is timed phase by phase ([`timing`]); the server records it.
 
 pub mod charge;
 pub mod claim;
@@ -208,7 +207,7 @@ pub trait Operation: Send + Sync + 'static {
 /// `REQUEST_TIMEOUT` passed), a wait for a key in flight stops, while claimed
 /// work goes on to the end. Work not yet claimed by then never is: the
 /// client was told to retry, and its retry may already have done it.
-/// The answer comes with its timing, recorded when it is rendered.
+/// The answer comes with its timing, for the server to record.
 pub async fn run<O: Operation>(engine: &Engine, guard: Guard, operation: O) -> Ran {
     let (mut timing, started) = Timing::begin(O::ROUTE, guard.arrived);
     let answer = guarded(engine, guard, operation, &mut timing, started).await;

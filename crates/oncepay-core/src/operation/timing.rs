@@ -1,16 +1,14 @@
 //! Where a guarded operation's time goes: each phase measured with
 //! `Instant::now()` at its boundaries, the durations kept in a small array
-//! that travels with the request, and recorded once, as its response is
-//! ready ([`crate::operation::timing::operation`]). Nothing is allocated
-//! per phase. A replay answered from the cache records its whole duration
-//! only: it is a hot path, and it has no phases worth the histograms.
+//! that travels with the request and come back with its answer ([`Ran`]).
+//! Nothing is allocated per phase, and nothing here records anything: the
+//! server records a request's timing once, as its response is ready.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::Answer;
 use crate::error::Error;
-use crate::problem::ProblemCode;
 
 /// A phase of a guarded operation, in the order a request meets them. The
 /// phases never overlap, so their durations add up to at most the whole
@@ -174,11 +172,11 @@ impl Waits {
 /// A guarded operation's timing so far, from the request's arrival.
 #[derive(Debug)]
 pub struct Timing {
-    route: &'static str,
-    arrived: Instant,
-    pub(super) phases: Phases,
-    /// Answered from the replay cache: only the whole is recorded.
-    pub(super) cached: bool,
+    pub route: &'static str,
+    pub arrived: Instant,
+    pub phases: Phases,
+    /// Answered from the replay cache: only the whole is worth recording.
+    pub cached: bool,
 }
 
 impl Timing {
@@ -197,55 +195,12 @@ impl Timing {
     }
 }
 
-/// What a guarded operation ended with, and how long it took to get there.
-/// Rendering it ([`Ran::render`]) records the request's timing.
+/// What a guarded operation ended with, and how long it took to get there:
+/// the server renders the answer and records the timing.
 #[derive(Debug)]
 pub struct Ran {
     pub answer: Result<Answer, Error>,
     pub timing: Timing,
-}
-
-impl Ran {
-    /// Renders the answer with `render`, then records the operation's
-    /// duration from the request's arrival and, unless it was answered
-    /// from the cache, each phase's, by route and outcome.
-    pub fn render<R>(self, render: impl FnOnce(Result<Answer, Error>) -> R) -> R {
-        let Ran { answer, mut timing } = self;
-        let outcome = outcome(&answer);
-        let rendering = Instant::now();
-        let rendered = render(answer);
-        let done = timing.phases.since(Phase::Render, rendering);
-        let took = done.saturating_duration_since(timing.arrived);
-        let phases = (!timing.cached).then_some(&timing.phases);
-        record(
-            timing.route,
-            outcome,
-            took,
-            phases
-                .into_iter()
-                .flat_map(Phases::iter)
-                .map(|(phase, took)| (phase.as_str(), took)),
-        );
-        rendered
-    }
-}
-
-/// The outcome label of an operation's answer, one of a closed set:
-/// `executed` (its work was done here), `replayed` (a saved answer),
-/// `in_use` (`409`), `reused` (`422`), `shed` (`503 overloaded`, before any
-/// work) or `error` (any other problem).
-pub fn outcome(answer: &Result<Answer, Error>) -> &'static str {
-    match answer {
-        Ok(Answer::Fresh(_)) => "executed",
-        Ok(Answer::Replayed { .. }) => "replayed",
-        Err(Error::Problem(problem)) => match problem.code {
-            ProblemCode::IdempotencyKeyInUse => "in_use",
-            ProblemCode::IdempotencyKeyReused => "reused",
-            ProblemCode::Overloaded => "shed",
-            _ => "error",
-        },
-        Err(_) => "error",
-    }
 }
 
 /// Counts one outcome of the idempotency check.
@@ -257,29 +212,6 @@ pub fn count_outcome(outcome: &'static str) {
 /// its operation (a closed set).
 pub fn count_shed(route: &'static str) {
     metrics::counter!("requests_shed_total", "route" => route).increment(1);
-}
-
-/// Records one guarded operation on `route` that ended with `outcome`: how
-/// long it took, then how long each of `phases` took. The whole comes
-/// first, so that a scrape never sees the phases of a request whose whole
-/// it does not. Labels are static strings: nothing is allocated.
-fn record(
-    route: &'static str,
-    outcome: &'static str,
-    took: Duration,
-    phases: impl Iterator<Item = (&'static str, Duration)>,
-) {
-    metrics::histogram!("operation_duration_seconds", "route" => route, "outcome" => outcome)
-        .record(took.as_secs_f64());
-    for (phase, took) in phases {
-        metrics::histogram!(
-            "operation_phase_duration_seconds",
-            "route" => route,
-            "phase" => phase,
-            "outcome" => outcome
-        )
-        .record(took.as_secs_f64());
-    }
 }
 
 #[cfg(test)]

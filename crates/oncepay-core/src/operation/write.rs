@@ -38,7 +38,7 @@ pub trait Write: Send + Sync {
 /// does: a request dropped by `REQUEST_TIMEOUT` or a client hanging up must
 /// not cancel a transaction half-way (sqlx cannot cancel a `BEGIN` in flight
 /// safely); a wait for the key in flight still stops when the client goes.
-/// The answer comes with its timing, recorded when it is rendered.
+/// The answer comes with its timing, for the server to record.
 pub async fn run<W: Write + 'static>(engine: &Engine, guard: Guard, write: W) -> Ran {
     let (mut timing, started) = Timing::begin(W::ROUTE, guard.arrived);
     let fingerprint = Fingerprint::of("POST", W::ROUTE, &write.canonical());
