@@ -92,9 +92,7 @@ impl Ledger {
         account: &str,
         request: &Authorize,
     ) -> Result<Recorded, GatewayError> {
-        check_key(&request.key)?;
-        check_amount(request.amount)?;
-        check_currency(&request.currency)?;
+        check_request(&request.key, request.amount, &request.currency)?;
         let token = TestToken::parse(&request.source).ok_or_else(|| GatewayError::Invalid {
             code: "invalid_source",
             param: Some("source"),
@@ -173,9 +171,7 @@ impl Ledger {
         account: &str,
         request: &RefundPayment,
     ) -> Result<Recorded, GatewayError> {
-        check_key(&request.key)?;
-        check_amount(request.amount)?;
-        check_currency(&request.currency)?;
+        check_request(&request.key, request.amount, &request.currency)?;
         if request.payment.is_empty() {
             return Err(GatewayError::Invalid {
                 code: "parameter_missing",
@@ -329,6 +325,14 @@ impl Ledger {
 /// The decline message of a recorded decline code.
 pub fn decline_message(code: &str) -> &'static str {
     TestToken::decline_message(code)
+}
+
+/// The checks every keyed request passes first: its key, its amount and
+/// its currency, in that order.
+fn check_request(key: &str, amount: i64, currency: &str) -> Result<(), GatewayError> {
+    check_key(key)?;
+    check_amount(amount)?;
+    check_currency(currency)
 }
 
 fn check_key(key: &str) -> Result<(), GatewayError> {

@@ -299,22 +299,14 @@ async fn authorize(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let fault = fault(&state, &headers)?;
-    let key = idempotency_key(&headers)?;
-    let body: AuthorizeBody = json_body(&headers, &body)?;
-    fail_before_record(fault)?;
-    let recorded = state
-        .ledger
-        .authorize(
-            &account,
-            &Authorize {
-                key,
-                amount: body.amount,
-                currency: body.currency,
-                source: body.source,
-            },
-        )
-        .await?;
+    let (fault, key, body) = keyed::<AuthorizeBody>(&state, &headers, &body)?;
+    let authorize = Authorize {
+        key,
+        amount: body.amount,
+        currency: body.currency,
+        source: body.source,
+    };
+    let recorded = state.ledger.authorize(&account, &authorize).await?;
     Ok(answer(&state, recorded, fault).await)
 }
 
@@ -340,23 +332,30 @@ async fn refund(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let fault = fault(&state, &headers)?;
-    let key = idempotency_key(&headers)?;
-    let body: RefundBody = json_body(&headers, &body)?;
-    fail_before_record(fault)?;
-    let recorded = state
-        .ledger
-        .refund(
-            &account,
-            &RefundPayment {
-                key,
-                payment: body.payment,
-                amount: body.amount,
-                currency: body.currency,
-            },
-        )
-        .await?;
+    let (fault, key, body) = keyed::<RefundBody>(&state, &headers, &body)?;
+    let refund = RefundPayment {
+        key,
+        payment: body.payment,
+        amount: body.amount,
+        currency: body.currency,
+    };
+    let recorded = state.ledger.refund(&account, &refund).await?;
     Ok(answer(&state, recorded, fault).await)
+}
+
+/// What a keyed `POST` brings, checked in the order the gateway checks it:
+/// the fault asked for, the `Idempotency-Key`, the body; then the fault
+/// that fails before anything is recorded.
+fn keyed<B: serde::de::DeserializeOwned>(
+    state: &GatewayState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Option<Fault>, String, B), ApiError> {
+    let fault = fault(state, headers)?;
+    let key = idempotency_key(headers)?;
+    let body: B = json_body(headers, body)?;
+    fail_before_record(fault)?;
+    Ok((fault, key, body))
 }
 
 async fn lookup(
