@@ -9,13 +9,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
+use sqlx::{PgExecutor, PgPool};
 
-use crate::charges::store as charges;
 use crate::idempotency::{Resource, store as keys};
 use crate::processor::{Outcome, Processor, RefundOutcome};
 use crate::recovery::{Recovered, recover};
-use crate::refunds::store as refunds;
 
 /// How long one pass may go on deleting expired keys: batch after batch
 /// until none is left or this is spent. A backlog is cleared at the full
@@ -91,13 +89,8 @@ impl Sweeper {
         } = self.settings;
         let leases = keys::lease_stale(&self.pool, timeout, batch_size).await?;
         report.leased = leases.len() as u64;
-        let keyless_charges = charges::stale_unguarded(&self.pool, timeout, batch_size).await?;
-        let keyless_refunds = refunds::stale_unguarded(&self.pool, timeout, batch_size).await?;
-        report.unguarded = (keyless_charges.len() + keyless_refunds.len()) as u64;
-        let keyless = keyless_charges
-            .into_iter()
-            .map(Resource::Charge)
-            .chain(keyless_refunds.into_iter().map(Resource::Refund));
+        let keyless = stale_unguarded(&self.pool, timeout, batch_size).await?;
+        report.unguarded = keyless.len() as u64;
         // Records are recovered one at a time, each with processor calls, so a
         // batch may take a while. The pass stops taking on records once half
         // of PROCESSING_TIMEOUT is spent: the leases it did not reach lapse
@@ -189,4 +182,42 @@ impl Sweeper {
             }
         }
     }
+}
+
+/// Pending charges and refunds older than `timeout` that no `processing` key
+/// guards (the keyless ones a crash left behind), up to `limit` of each,
+/// oldest first; keyed ones are found through their key.
+async fn stale_unguarded(
+    db: impl PgExecutor<'_>,
+    timeout: Duration,
+    limit: i64,
+) -> sqlx::Result<Vec<Resource>> {
+    let rows = sqlx::query!(
+        r#"(SELECT true AS "charge!", c.id AS "id!" FROM charges c
+             WHERE c.status = 'pending'
+               AND c.created_at < now() - $1::float8 * interval '1 millisecond'
+               AND NOT EXISTS (SELECT 1 FROM idempotency_keys k
+                                WHERE k.charge_id = c.id AND k.status = 'processing')
+             ORDER BY c.created_at
+             LIMIT $2)
+           UNION ALL
+           (SELECT false, r.id FROM refunds r
+             WHERE r.status = 'pending'
+               AND r.created_at < now() - $1::float8 * interval '1 millisecond'
+               AND NOT EXISTS (SELECT 1 FROM idempotency_keys k
+                                WHERE k.refund_id = r.id AND k.status = 'processing')
+             ORDER BY r.created_at
+             LIMIT $2)"#,
+        timeout.as_millis() as f64,
+        limit,
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| match row.charge {
+            true => Resource::Charge(row.id),
+            false => Resource::Refund(row.id),
+        })
+        .collect())
 }

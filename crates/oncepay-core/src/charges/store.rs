@@ -149,25 +149,3 @@ async fn find_scoped(
     .fetch_optional(db)
     .await
 }
-
-/// Pending charges older than `timeout` that no `processing` key guards (the
-/// keyless ones a crash left behind); keyed ones are found through their key.
-pub async fn stale_unguarded(
-    db: impl PgExecutor<'_>,
-    timeout: std::time::Duration,
-    limit: i64,
-) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar!(
-        "SELECT c.id FROM charges c
-          WHERE c.status = 'pending'
-            AND c.created_at < now() - $1::float8 * interval '1 millisecond'
-            AND NOT EXISTS (SELECT 1 FROM idempotency_keys k
-                             WHERE k.charge_id = c.id AND k.status = 'processing')
-          ORDER BY c.created_at
-          LIMIT $2",
-        timeout.as_millis() as f64,
-        limit,
-    )
-    .fetch_all(db)
-    .await
-}

@@ -196,28 +196,6 @@ async fn find_scoped(
     .await
 }
 
-/// Pending refunds older than `timeout` that no `processing` key guards (the
-/// keyless ones a crash left behind); keyed ones are found through their key.
-pub async fn stale_unguarded(
-    db: impl PgExecutor<'_>,
-    timeout: std::time::Duration,
-    limit: i64,
-) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar!(
-        "SELECT r.id FROM refunds r
-          WHERE r.status = 'pending'
-            AND r.created_at < now() - $1::float8 * interval '1 millisecond'
-            AND NOT EXISTS (SELECT 1 FROM idempotency_keys k
-                             WHERE k.refund_id = r.id AND k.status = 'processing')
-          ORDER BY r.created_at
-          LIMIT $2",
-        timeout.as_millis() as f64,
-        limit,
-    )
-    .fetch_all(db)
-    .await
-}
-
 /// The refunds of `charge_ids`, each charge's newest first, as the charge
 /// objects embed them: one statement for a whole page of charges. Charge
 /// ids are unique across merchants, so the ids alone scope them.
