@@ -18,7 +18,7 @@ use crate::http;
 use crate::idempotency::reads::Reads;
 use crate::idempotency::wait::Waits;
 use crate::merchants::{self, ApiKey};
-use crate::operation::{Engine, Parts};
+use crate::operation::Engine;
 use crate::processor::{HttpProcessor, LedgerClient, Processor};
 use crate::reconcile::Reconciler;
 use crate::reconcile::job::{self, ReconcileJob};
@@ -89,7 +89,7 @@ impl Application {
         ));
         let reads = Reads::start(pool.clone(), admission.clone());
         let processor = crate::telemetry::metrics::MeteredProcessor::wrap(processor);
-        let engine = Engine::new(Parts {
+        let engine = Engine {
             pool: pool.clone(),
             processor: processor.clone(),
             timeouts: config.timeouts(),
@@ -100,7 +100,7 @@ impl Application {
                 waits,
                 admission,
             }),
-        });
+        };
         let state = AppState::new(crate::app::Services {
             pool,
             config: Arc::new(config),

@@ -50,28 +50,11 @@ use crate::retry_after;
 use crate::settings::Timeouts;
 use crate::speed::FastPaths;
 
-/// What guarded operations run on; cloning shares it. Its fields are
-/// [`Parts`]'s, reached through `Deref`.
+/// What guarded operations run on: the database, the processor, the
+/// timeouts, the tasks the work runs in, and the fast paths plugged in
+/// ([`crate::speed`]). Cloning it shares them.
 #[derive(Clone)]
-pub struct Engine(Arc<Parts>);
-
-impl Engine {
-    pub fn new(parts: Parts) -> Self {
-        Engine(Arc::new(parts))
-    }
-}
-
-impl std::ops::Deref for Engine {
-    type Target = Parts;
-
-    fn deref(&self) -> &Parts {
-        &self.0
-    }
-}
-
-/// The database, the processor, the timeouts, the tasks the work runs in,
-/// and the fast paths plugged in ([`crate::speed`]).
-pub struct Parts {
+pub struct Engine {
     pub pool: PgPool,
     pub processor: Arc<dyn Processor>,
     pub timeouts: Timeouts,

@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::charge::CreateCharge;
-use super::{Answer, Engine, Guard, Parts, run};
+use super::{Answer, Engine, Guard, run};
 use crate::charges::NewCharge;
 use crate::idempotency::IdempotencyKey;
 use crate::params::Params;
@@ -56,7 +56,7 @@ impl Processor for CountingProcessor {
 }
 
 fn engine(pool: PgPool, processor: Arc<CountingProcessor>) -> Engine {
-    Engine::new(Parts {
+    Engine {
         pool,
         processor,
         timeouts: Timeouts {
@@ -67,7 +67,7 @@ fn engine(pool: PgPool, processor: Arc<CountingProcessor>) -> Engine {
         },
         tasks: TaskTracker::new(),
         fast: Arc::new(Plain),
-    })
+    }
 }
 
 fn charge() -> NewCharge {
