@@ -43,9 +43,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         (status = 201, description = "Charged (or the saved answer, with `Idempotent-Replayed: true`)", body = ChargeObject,
          headers(("Location" = String, description = "/v1/charges/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
         (status = 402, response = super::openapi::PaymentFailed),
-        super::openapi::Errors,
-        super::openapi::BodyErrors,
-        super::openapi::KeyErrors
+        super::openapi::PostErrors
     )
 )]
 async fn create(
@@ -67,8 +65,7 @@ async fn create(
     params(("id" = String, Path, description = "A charge id, `ch_...`")),
     responses(
         (status = 200, description = "The charge", body = ChargeObject),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn retrieve(

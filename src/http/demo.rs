@@ -183,7 +183,6 @@ struct Effects {
     responses(
         (status = 201, description = "Charged, or looked up", body = ChargeObject),
         (status = 402, response = super::openapi::PaymentFailed),
-        super::openapi::Errors,
         super::openapi::BodyErrors
     )
 )]
@@ -324,7 +323,6 @@ fn required_key(state: &AppState, headers: &HeaderMap) -> Result<String, ApiErro
     responses(
         (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = RefundObject),
         (status = 409, response = super::openapi::InFlight),
-        super::openapi::Errors,
         super::openapi::BodyErrors
     )
 )]
@@ -432,7 +430,6 @@ fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, A
         (status = 201, description = "Charged (or the answer saved in Redis, with `Idempotent-Replayed: true`)", body = ChargeObject),
         (status = 402, response = super::openapi::PaymentFailed),
         (status = 409, response = super::openapi::InFlight),
-        super::openapi::Errors,
         super::openapi::BodyErrors
     )
 )]

@@ -35,8 +35,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     params(("id" = String, Path, description = "An event id, `evt_...`")),
     responses(
         (status = 200, description = "The event", body = EventObject),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn retrieve(
@@ -58,8 +57,7 @@ async fn retrieve(
     params(("id" = String, Path, description = "An event id, `evt_...`")),
     responses(
         (status = 200, description = "A list object of deliveries", body = List<DeliveryObject>),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn deliveries(

@@ -60,7 +60,6 @@ fn fault(misbehaviour: Misbehaviour) -> Option<&'static str> {
     )),
     responses(
         (status = 200, description = "Set up", body = DemoReceiver),
-        super::openapi::Errors,
         super::openapi::BodyErrors
     )
 )]

@@ -43,9 +43,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses(
         (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = RefundObject,
          headers(("Location" = String, description = "/v1/refunds/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        super::openapi::Errors,
-        super::openapi::BodyErrors,
-        super::openapi::KeyErrors
+        super::openapi::PostErrors
     )
 )]
 async fn create(
@@ -67,8 +65,7 @@ async fn create(
     params(("id" = String, Path, description = "A refund id, `re_...`")),
     responses(
         (status = 200, description = "The refund", body = RefundObject),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn retrieve(

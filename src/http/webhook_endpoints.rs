@@ -46,9 +46,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses(
         (status = 201, description = "Created, with its `secret` (or the saved answer, with `Idempotent-Replayed: true`)", body = EndpointObject,
          headers(("Location" = String, description = "/v1/webhook_endpoints/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        super::openapi::Errors,
-        super::openapi::BodyErrors,
-        super::openapi::KeyErrors
+        super::openapi::PostErrors
     )
 )]
 async fn create(
@@ -78,8 +76,7 @@ async fn create(
     params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
     responses(
         (status = 200, description = "The endpoint", body = EndpointObject),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn retrieve(
@@ -102,8 +99,7 @@ async fn retrieve(
     params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
     responses(
         (status = 200, description = "Deleted", body = Deleted),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn delete(
