@@ -13,7 +13,7 @@ use super::auth::Authenticated;
 use super::extract::{ById, IdempotentPost, PageParams, QueryParams};
 use super::idempotent;
 use super::list::List;
-use super::problem::ApiError;
+use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::charges::domain::ChargeObject;
 use crate::charges::{Charge, NewCharge, store};
@@ -72,14 +72,13 @@ async fn retrieve(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
-    match store::find(&state.pool, merchant.id, &id).await? {
-        Some(charge) => {
-            let refunds =
-                refunds::of_charges(&state.pool, std::slice::from_ref(&charge.id)).await?;
-            Ok(Json(charge.to_object(&refunds)).into_response())
-        }
-        None => Err(no_such_charge(&id, "id")),
-    }
+    let charge = found(
+        store::find(&state.pool, merchant.id, &id).await?,
+        "charge",
+        &id,
+    )?;
+    let refunds = refunds::of_charges(&state.pool, std::slice::from_ref(&charge.id)).await?;
+    Ok(Json(charge.to_object(&refunds)).into_response())
 }
 
 fn no_such_charge(id: &str, param: &str) -> ApiError {

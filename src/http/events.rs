@@ -10,7 +10,7 @@ use utoipa_axum::routes;
 use super::auth::Authenticated;
 use super::extract::{ById, PageParams, QueryParams};
 use super::list::List;
-use super::problem::ApiError;
+use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::events::EventType;
 use crate::events::domain::{EventObject, take_type_filter};
@@ -42,10 +42,12 @@ async fn retrieve(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
-    match store::find(&state.pool, merchant.id, &id).await? {
-        Some(event) => Ok(Json(event.to_object()).into_response()),
-        None => Err(no_such_event(&id, "id")),
-    }
+    let event = found(
+        store::find(&state.pool, merchant.id, &id).await?,
+        "event",
+        &id,
+    )?;
+    Ok(Json(event.to_object()).into_response())
 }
 
 /// Where an event's webhooks stand: one delivery per endpoint that enabled
@@ -64,9 +66,11 @@ async fn deliveries(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
-    let Some(event) = store::find(&state.pool, merchant.id, &id).await? else {
-        return Err(no_such_event(&id, "id"));
-    };
+    let event = found(
+        store::find(&state.pool, merchant.id, &id).await?,
+        "event",
+        &id,
+    )?;
     let deliveries = webhooks::deliveries_of(&state.pool, event.seq).await?;
     let attempts = webhooks::attempts_of(&state.pool, event.seq).await?;
     let data: Vec<_> = deliveries

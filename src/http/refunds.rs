@@ -6,7 +6,6 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -14,12 +13,10 @@ use utoipa_axum::routes;
 use super::auth::Authenticated;
 use super::extract::{ById, IdempotentPost};
 use super::idempotent;
-use super::problem::ApiError;
+use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::operation;
 use crate::operation::refund::CreateRefund;
-use crate::params::shorten;
-use crate::problem::{Problem, ProblemCode};
 use crate::refunds::domain::RefundObject;
 use crate::refunds::{NewRefund, store};
 
@@ -72,14 +69,10 @@ async fn retrieve(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
-    match store::find(&state.pool, merchant.id, &id).await? {
-        Some(refund) => Ok(Json(refund.to_object()).into_response()),
-        None => Err(Problem::with_status(
-            StatusCode::NOT_FOUND,
-            ProblemCode::ResourceMissing,
-            format!("No such refund: '{}'", shorten(&id)),
-        )
-        .with_param("id")
-        .into()),
-    }
+    let refund = found(
+        store::find(&state.pool, merchant.id, &id).await?,
+        "refund",
+        &id,
+    )?;
+    Ok(Json(refund.to_object()).into_response())
 }

@@ -16,7 +16,7 @@ use super::auth::Authenticated;
 use super::extract::{ById, IdempotentPost, PageParams, QueryParams};
 use super::idempotent;
 use super::list::List;
-use super::problem::ApiError;
+use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::operation::write::{self, Write};
 use crate::webhooks::create_endpoint::CreateEndpoint;
@@ -83,10 +83,12 @@ async fn retrieve(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
-    match store::find(&state.pool, merchant.id, &id).await? {
-        Some(endpoint) => Ok(Json(endpoint.to_object()).into_response()),
-        None => Err(no_such_endpoint(&id, "id")),
-    }
+    let endpoint = found(
+        store::find(&state.pool, merchant.id, &id).await?,
+        "webhook endpoint",
+        &id,
+    )?;
+    Ok(Json(endpoint.to_object()).into_response())
 }
 
 /// Deletes an endpoint.
