@@ -384,20 +384,10 @@ fn redis_failed(error: redis::RedisError) -> ApiError {
 /// The fault this endpoint honours: `crash-after-commit` (and the
 /// middleware's `drop-response`).
 fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, ApiError> {
-    let Some(value) = headers.get(super::faults::HEADER) else {
-        return Ok(None);
-    };
-    if !state.config.workshop.fault_injection {
-        return Err(Problem::new(
-            ProblemCode::FaultInjectionDisabled,
-            "Oncepay-Fault is only honoured when the server runs with FAULT_INJECTION=true.",
-        )
-        .into());
-    }
-    match value.to_str().unwrap_or("") {
-        CRASH_AFTER_COMMIT => Ok(Some(Fault::CrashAfterCommit)),
-        "drop-response" => Ok(None),
-        _ => Err(Problem::new(
+    match super::faults::requested(state, headers)? {
+        None | Some("drop-response") => Ok(None),
+        Some(CRASH_AFTER_COMMIT) => Ok(Some(Fault::CrashAfterCommit)),
+        Some(_) => Err(Problem::new(
             ProblemCode::InvalidFault,
             "POST /demo/redis/charges takes Oncepay-Fault: crash-after-commit or drop-response.",
         )
