@@ -192,17 +192,11 @@ async fn naive_charge(
     headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
-    let Some(key) = idempotent::key_from_headers(&state, &headers)? else {
-        return Err(Problem::new(
-            ProblemCode::IdempotencyKeyMissing,
-            "The naive endpoint demonstrates keys; send an Idempotency-Key.",
-        )
-        .into());
-    };
+    let key = required_key(&state, &headers)?;
     super::faults::from_headers(&state, &headers)?;
     let charge = NewCharge::from_params(decode(&headers, &body)?)?;
     // 1. Look the key up. (Bug: nothing stops a second request from looking too.)
-    if let Some(saved) = workshop::naive_lookup(&state.pool, merchant.id, key.as_str()).await? {
+    if let Some(saved) = workshop::naive_lookup(&state.pool, merchant.id, &key).await? {
         let mut response = idempotent::send(saved);
         response
             .headers_mut()
@@ -217,7 +211,7 @@ async fn naive_charge(
         .await
         .map_err(|e| crate::error::Error::from_recovery(e, &state.engine.timeouts))?;
     // 3. Write the key, after the work. (Bug: too late to stop a duplicate.)
-    workshop::naive_remember(&state.pool, merchant.id, key.as_str(), &charge_id, &saved).await?;
+    workshop::naive_remember(&state.pool, merchant.id, &key, &charge_id, &saved).await?;
     Ok(idempotent::send(saved))
 }
 
