@@ -110,13 +110,7 @@ async fn effects(
         .await
         .map_err(
             |e| match e.downcast_ref::<crate::processor::ProcessorError>() {
-                Some(_) => Error::from(
-                    Problem::new(
-                        ProblemCode::ProcessorUnavailable,
-                        "The card processor did not answer; its payments cannot be counted now.",
-                    )
-                    .with_retry_after(retry_after::SOON),
-                ),
+                Some(_) => payments_uncounted(),
                 None => Error::from(e),
             },
         )?;
@@ -132,6 +126,17 @@ async fn effects(
         failed: counts.failed,
         pending: counts.pending,
     }))
+}
+
+/// `503 processor_unavailable` for a count that needs the processor's
+/// payments when the processor does not answer.
+fn payments_uncounted() -> Error {
+    Problem::new(
+        ProblemCode::ProcessorUnavailable,
+        "The card processor did not answer; its payments cannot be counted now.",
+    )
+    .with_retry_after(retry_after::SOON)
+    .into()
 }
 
 /// Effects in the database for a workshop run.
@@ -615,15 +620,7 @@ async fn processor_payments(
     params.reject_unknown()?;
     let found = processor_keys::payments(state.processor.as_ref(), &run)
         .await
-        .map_err(|_| {
-            Error::from(
-                Problem::new(
-                    ProblemCode::ProcessorUnavailable,
-                    "The card processor did not answer; its payments cannot be counted now.",
-                )
-                .with_retry_after(retry_after::SOON),
-            )
-        })?;
+        .map_err(|_| payments_uncounted())?;
     Ok(Json(ProcessorPayments {
         object: "demo_processor_payments",
         run,
