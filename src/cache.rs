@@ -333,61 +333,63 @@ mod tests {
         assert!(structs * 2 <= ENTRY_OVERHEAD as usize, "{structs} bytes");
     }
 
-    #[tokio::test]
-    async fn a_merchant_hit_does_not_extend_its_life() {
-        let caches = Caches::with_merchant_ttl(0, Duration::from_millis(600));
-        let loads = AtomicUsize::new(0);
-        let load = || async {
+    /// Reads the merchant of the key `hash` through `caches`, loading on a
+    /// miss one whose key expires in `expires_in` (`None`: never); how many
+    /// loads `loads` has counted, this read's included.
+    async fn read_key(
+        caches: &Caches,
+        hash: &[u8],
+        expires_in: Option<Duration>,
+        loads: &AtomicUsize,
+    ) -> usize {
+        let load = async {
             loads.fetch_add(1, Ordering::SeqCst);
             Ok::<_, ()>(Some(KeyHolder {
                 merchant: Merchant {
                     id: Uuid::nil(),
                     name: "m".into(),
                 },
-                expires_in: None,
+                expires_in,
             }))
         };
-        let hash = b"hash".to_vec();
-        caches.merchant_or_load(hash.clone(), load()).await.unwrap();
-        assert_eq!(loads.load(Ordering::SeqCst), 1, "a miss reads the database");
+        caches.merchant_or_load(hash.to_vec(), load).await.unwrap();
+        loads.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_merchant_hit_does_not_extend_its_life() {
+        let caches = Caches::with_merchant_ttl(0, Duration::from_millis(600));
+        let loads = AtomicUsize::new(0);
+        let read = || read_key(&caches, b"hash", None, &loads);
+        assert_eq!(read().await, 1, "a miss reads the database");
         for _ in 0..4 {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            caches.merchant_or_load(hash.clone(), load()).await.unwrap();
+            read().await;
         }
         assert_eq!(loads.load(Ordering::SeqCst), 1, "hits within the lifetime");
         // 350 ms after the last hit, 750 ms after the read: expired, though a
         // lifetime counted from the last hit would still run.
         tokio::time::sleep(Duration::from_millis(350)).await;
-        caches.merchant_or_load(hash.clone(), load()).await.unwrap();
-        assert_eq!(
-            loads.load(Ordering::SeqCst),
-            2,
-            "read again after the lifetime"
-        );
+        assert_eq!(read().await, 2, "read again after the lifetime");
     }
 
     #[tokio::test]
     async fn a_rolled_keys_entry_ends_when_the_key_expires() {
         let caches = Caches::with_merchant_ttl(0, Duration::from_secs(60));
         let loads = AtomicUsize::new(0);
-        let load = || async {
-            loads.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, ()>(Some(KeyHolder {
-                merchant: Merchant {
-                    id: Uuid::nil(),
-                    name: "m".into(),
-                },
-                expires_in: Some(Duration::from_millis(300)),
-            }))
+        let read = || {
+            read_key(
+                &caches,
+                b"old key",
+                Some(Duration::from_millis(300)),
+                &loads,
+            )
         };
-        let hash = b"old key".to_vec();
-        caches.merchant_or_load(hash.clone(), load()).await.unwrap();
-        caches.merchant_or_load(hash.clone(), load()).await.unwrap();
-        assert_eq!(loads.load(Ordering::SeqCst), 1, "a hit before it expires");
+        read().await;
+        assert_eq!(read().await, 1, "a hit before it expires");
         tokio::time::sleep(Duration::from_millis(350)).await;
-        caches.merchant_or_load(hash.clone(), load()).await.unwrap();
         assert_eq!(
-            loads.load(Ordering::SeqCst),
+            read().await,
             2,
             "read again once the key expired, well within the lifetime"
         );

@@ -15,7 +15,7 @@ use super::auth::Authenticated;
 use super::extract::{ById, IdempotentPost, PageParams, QueryParams};
 use super::idempotent;
 use super::list::List;
-use super::problem::ApiError;
+use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::charges::domain::ChargeObject;
 use crate::charges::{Charge, NewCharge, store};
@@ -45,9 +45,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         (status = 201, description = "Charged (or the saved answer, with `Idempotent-Replayed: true`)", body = ChargeObject,
          headers(("Location" = String, description = "/v1/charges/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
         (status = 402, response = super::openapi::PaymentFailed),
-        super::openapi::Errors,
-        super::openapi::BodyErrors,
-        super::openapi::KeyErrors
+        super::openapi::PostErrors
     )
 )]
 async fn create(
@@ -69,22 +67,20 @@ async fn create(
     params(("id" = String, Path, description = "A charge id, `ch_...`")),
     responses(
         (status = 200, description = "The charge", body = ChargeObject),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn retrieve(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
-    match store::find(&state.pool, merchant.id, &id).await? {
-        Some(charge) => {
-            let refunds =
-                refunds::of_charges(&state.pool, std::slice::from_ref(&charge.id)).await?;
-            Ok(Json(charge.to_object(&refunds)).into_response())
-        }
-        None => Err(no_such_charge(&id, "id")),
-    }
+    let charge = found(
+        store::find(&state.pool, merchant.id, &id).await?,
+        "charge",
+        &id,
+    )?;
+    let refunds = refunds::of_charges(&state.pool, std::slice::from_ref(&charge.id)).await?;
+    Ok(Json(charge.to_object(&refunds)).into_response())
 }
 
 fn no_such_charge(id: &str, param: &str) -> ApiError {

@@ -110,13 +110,7 @@ async fn effects(
         .await
         .map_err(
             |e| match e.downcast_ref::<crate::processor::ProcessorError>() {
-                Some(_) => Error::from(
-                    Problem::new(
-                        ProblemCode::ProcessorUnavailable,
-                        "The card processor did not answer; its payments cannot be counted now.",
-                    )
-                    .with_retry_after(retry_after::SOON),
-                ),
+                Some(_) => payments_uncounted(),
                 None => Error::from(e),
             },
         )?;
@@ -132,6 +126,17 @@ async fn effects(
         failed: counts.failed,
         pending: counts.pending,
     }))
+}
+
+/// `503 processor_unavailable` for a count that needs the processor's
+/// payments when the processor does not answer.
+fn payments_uncounted() -> Error {
+    Problem::new(
+        ProblemCode::ProcessorUnavailable,
+        "The card processor did not answer; its payments cannot be counted now.",
+    )
+    .with_retry_after(retry_after::SOON)
+    .into()
 }
 
 /// Effects in the database for a workshop run.
@@ -183,7 +188,6 @@ struct Effects {
     responses(
         (status = 201, description = "Charged, or looked up", body = ChargeObject),
         (status = 402, response = super::openapi::PaymentFailed),
-        super::openapi::Errors,
         super::openapi::BodyErrors
     )
 )]
@@ -193,17 +197,11 @@ async fn naive_charge(
     headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
-    let Some(key) = idempotent::key_from_headers(&state, &headers)? else {
-        return Err(Problem::new(
-            ProblemCode::IdempotencyKeyMissing,
-            "The naive endpoint demonstrates keys; send an Idempotency-Key.",
-        )
-        .into());
-    };
+    let key = required_key(&state, &headers)?;
     super::faults::from_headers(&state, &headers)?;
     let charge = NewCharge::from_params(decode(&headers, &body)?)?;
     // 1. Look the key up. (Bug: nothing stops a second request from looking too.)
-    if let Some(saved) = workshop::naive_lookup(&state.pool, merchant.id, key.as_str()).await? {
+    if let Some(saved) = workshop::naive_lookup(&state.pool, merchant.id, &key).await? {
         let mut response = idempotent::send(saved);
         response
             .headers_mut()
@@ -218,7 +216,7 @@ async fn naive_charge(
         .await
         .map_err(|e| crate::error::Error::from_recovery(e, &state.engine.timeouts))?;
     // 3. Write the key, after the work. (Bug: too late to stop a duplicate.)
-    workshop::naive_remember(&state.pool, merchant.id, key.as_str(), &charge_id, &saved).await?;
+    workshop::naive_remember(&state.pool, merchant.id, &key, &charge_id, &saved).await?;
     Ok(idempotent::send(saved))
 }
 
@@ -324,7 +322,6 @@ fn required_key(state: &AppState, headers: &HeaderMap) -> Result<String, ApiErro
     responses(
         (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = RefundObject),
         (status = 409, response = super::openapi::InFlight),
-        super::openapi::Errors,
         super::openapi::BodyErrors
     )
 )]
@@ -386,20 +383,10 @@ fn redis_failed(error: redis::RedisError) -> ApiError {
 /// The fault this endpoint honours: `crash-after-commit` (and the
 /// middleware's `drop-response`).
 fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, ApiError> {
-    let Some(value) = headers.get(super::faults::HEADER) else {
-        return Ok(None);
-    };
-    if !state.config.workshop.fault_injection {
-        return Err(Problem::new(
-            ProblemCode::FaultInjectionDisabled,
-            "Oncepay-Fault is only honoured when the server runs with FAULT_INJECTION=true.",
-        )
-        .into());
-    }
-    match value.to_str().unwrap_or("") {
-        CRASH_AFTER_COMMIT => Ok(Some(Fault::CrashAfterCommit)),
-        "drop-response" => Ok(None),
-        _ => Err(Problem::new(
+    match super::faults::requested(state, headers)? {
+        None | Some("drop-response") => Ok(None),
+        Some(CRASH_AFTER_COMMIT) => Ok(Some(Fault::CrashAfterCommit)),
+        Some(_) => Err(Problem::new(
             ProblemCode::InvalidFault,
             "POST /demo/redis/charges takes Oncepay-Fault: crash-after-commit or drop-response.",
         )
@@ -432,7 +419,6 @@ fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, A
         (status = 201, description = "Charged (or the answer saved in Redis, with `Idempotent-Replayed: true`)", body = ChargeObject),
         (status = 402, response = super::openapi::PaymentFailed),
         (status = 409, response = super::openapi::InFlight),
-        super::openapi::Errors,
         super::openapi::BodyErrors
     )
 )]
@@ -634,15 +620,7 @@ async fn processor_payments(
     params.reject_unknown()?;
     let found = processor_keys::payments(state.processor.as_ref(), &run)
         .await
-        .map_err(|_| {
-            Error::from(
-                Problem::new(
-                    ProblemCode::ProcessorUnavailable,
-                    "The card processor did not answer; its payments cannot be counted now.",
-                )
-                .with_retry_after(retry_after::SOON),
-            )
-        })?;
+        .map_err(|_| payments_uncounted())?;
     Ok(Json(ProcessorPayments {
         object: "demo_processor_payments",
         run,

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::auth::Authenticated;
 use super::extract::{ById, PageParams, QueryParams};
 use super::list::List;
-use super::problem::ApiError;
+use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::events::domain::{EventObject, take_type_filter};
 use crate::events::store::{self, Position};
@@ -37,18 +37,19 @@ pub fn router() -> OpenApiRouter<AppState> {
     params(("id" = String, Path, description = "An event id, `evt_...`")),
     responses(
         (status = 200, description = "The event", body = EventObject),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn retrieve(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
-    match store::find(&state.pool, merchant.id, &id).await? {
-        Some(event) => Ok(Json(event.to_object()).into_response()),
-        None => Err(no_such_event(&id, "id")),
-    }
+    let event = found(
+        store::find(&state.pool, merchant.id, &id).await?,
+        "event",
+        &id,
+    )?;
+    Ok(Json(event.to_object()).into_response())
 }
 
 /// Where an event's webhooks stand: one delivery per endpoint that enabled
@@ -60,17 +61,18 @@ async fn retrieve(
     params(("id" = String, Path, description = "An event id, `evt_...`")),
     responses(
         (status = 200, description = "A list object of deliveries", body = List<DeliveryObject>),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn deliveries(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
-    let Some(event) = store::find(&state.pool, merchant.id, &id).await? else {
-        return Err(no_such_event(&id, "id"));
-    };
+    let event = found(
+        store::find(&state.pool, merchant.id, &id).await?,
+        "event",
+        &id,
+    )?;
     let deliveries = webhooks::deliveries_of(&state.pool, event.seq).await?;
     let attempts = webhooks::attempts_of(&state.pool, event.seq).await?;
     let data: Vec<_> = deliveries

@@ -17,6 +17,26 @@ pub const HEADER: &str = "oncepay-fault";
 /// The fault a request asks for, if any; a `400` when it asks while fault
 /// injection is off, or names no fault.
 pub fn from_headers(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, ApiError> {
+    let Some(value) = requested(state, headers)? else {
+        return Ok(None);
+    };
+    match Fault::parse(value) {
+        Some(fault) => Ok(Some(fault)),
+        None => Err(Problem::new(
+            ProblemCode::InvalidFault,
+            "Oncepay-Fault must be drop-response, crash-after-claim, crash-after-processor, crash-before-settle-commit, or processor- and a Processor-Fault of the gateway (processor-fail-before-record, processor-drop-after-record, processor-slow, processor-crash-after-record).",
+        )
+        .into()),
+    }
+}
+
+/// The `Oncepay-Fault` a request sends, if any, for the endpoint to read
+/// as it honours faults; a `400` when it sends one while fault injection is
+/// off.
+pub fn requested<'h>(
+    state: &AppState,
+    headers: &'h HeaderMap,
+) -> Result<Option<&'h str>, ApiError> {
     let Some(value) = headers.get(HEADER) else {
         return Ok(None);
     };
@@ -27,14 +47,7 @@ pub fn from_headers(state: &AppState, headers: &HeaderMap) -> Result<Option<Faul
         )
         .into());
     }
-    match Fault::parse(value.to_str().unwrap_or("")) {
-        Some(fault) => Ok(Some(fault)),
-        None => Err(Problem::new(
-            ProblemCode::InvalidFault,
-            "Oncepay-Fault must be drop-response, crash-after-claim, crash-after-processor, crash-before-settle-commit, or processor- and a Processor-Fault of the gateway (processor-fail-before-record, processor-drop-after-record, processor-slow, processor-crash-after-record).",
-        )
-        .into()),
-    }
+    Ok(Some(value.to_str().unwrap_or("")))
 }
 
 /// Middleware for `drop-response`: lets the request run to completion (and

@@ -27,8 +27,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     params(("key" = String, Path, description = "The key, percent-encoded")),
     responses(
         (status = 200, description = "The key's state", body = KeyState),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn retrieve(

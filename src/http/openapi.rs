@@ -316,40 +316,40 @@ problem_responses! {
 1 otherwise (a charge's `processor_unavailable`, `overloaded`, `request_timeout`, `service_unavailable` before any work)";
 }
 
-// Sets of the error responses above that many operations share; an
-// operation lists a set in its `responses(...)` by name.
+/// Declares the sets of the error responses above that many operations
+/// share; an operation lists a set in its `responses(...)` by name. For
+/// each, a unit struct whose `IntoResponses` is the responses of the sets it
+/// extends and its own, each a reference to the response declared above.
+macro_rules! response_sets {
+    ($($(#[$doc:meta])* $name:ident = $($base:ident +)* [$($status:literal $response:ident),+];)*) => {$(
+        $(#[$doc])*
+        pub struct $name;
 
-/// The errors of every authenticated request: bad input, no or a wrong key,
-/// the rate limit, a bug, and the service unavailable.
-#[derive(IntoResponses)]
-pub enum Errors {
-    #[response(status = 400)]
-    BadRequest(#[ref_response] BadRequest),
-    #[response(status = 401)]
-    Unauthorized(#[ref_response] Unauthorized),
-    #[response(status = 429)]
-    TooManyRequests(#[ref_response] TooManyRequests),
-    #[response(status = 500)]
-    InternalError(#[ref_response] InternalError),
-    #[response(status = 503)]
-    Unavailable(#[ref_response] Unavailable),
+        impl IntoResponses for $name {
+            fn responses() -> BTreeMap<String, RefOr<Response>> {
+                let mut responses = BTreeMap::new();
+                $(responses.append(&mut $base::responses());)*
+                $(responses.insert(
+                    $status.to_string(),
+                    Ref::from_response_name(<$response as ToResponse>::response().0).into(),
+                );)+
+                responses
+            }
+        }
+    )*};
 }
 
-/// The errors of a request with a body: too large, or of a type not taken.
-#[derive(IntoResponses)]
-pub enum BodyErrors {
-    #[response(status = 413)]
-    TooLarge(#[ref_response] TooLarge),
-    #[response(status = 415)]
-    UnsupportedMediaType(#[ref_response] UnsupportedMediaType),
-}
-
-/// The errors of an idempotent POST: its key in flight, or reused with
-/// other parameters.
-#[derive(IntoResponses)]
-pub enum KeyErrors {
-    #[response(status = 409)]
-    InFlight(#[ref_response] InFlight),
-    #[response(status = 422)]
-    KeyReused(#[ref_response] KeyReused),
+response_sets! {
+    /// The errors of every authenticated request: bad input, no or a wrong
+    /// key, the rate limit, a bug, and the service unavailable.
+    Errors = [400 BadRequest, 401 Unauthorized, 429 TooManyRequests, 500 InternalError, 503 Unavailable];
+    /// The errors of a read of one resource by the id in its path: those of
+    /// every request, and no such resource.
+    ReadErrors = Errors + [404 NotFound];
+    /// The errors of a request with a body: those of every request, and the
+    /// body too large or of a type not taken.
+    BodyErrors = Errors + [413 TooLarge, 415 UnsupportedMediaType];
+    /// The errors of an idempotent POST: those of a request with a body, and
+    /// its key in flight or reused with other parameters.
+    PostErrors = BodyErrors + [409 InFlight, 422 KeyReused];
 }

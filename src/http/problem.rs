@@ -45,6 +45,12 @@ pub fn no_such(noun: &str, id: &str, param: &str) -> ApiError {
     .into()
 }
 
+/// What a lookup by the path's id found, or, when it found nothing,
+/// `404 resource_missing` for a `noun` (see [`no_such`]).
+pub fn found<T>(found: Option<T>, noun: &str, id: &str) -> Result<T, ApiError> {
+    found.ok_or_else(|| no_such(noun, id, "id"))
+}
+
 /// Everything a handler can fail with: an [`Error`] of the layers below,
 /// rendered as a problem.
 #[derive(Debug)]

@@ -60,7 +60,6 @@ fn fault(misbehaviour: Misbehaviour) -> Option<&'static str> {
     )),
     responses(
         (status = 200, description = "Set up", body = DemoReceiver),
-        super::openapi::Errors,
         super::openapi::BodyErrors
     )
 )]
@@ -151,70 +150,64 @@ async fn counts(
     }))
 }
 
-/// WRONG ON PURPOSE, for teaching: verifies the signature, then ships an
-/// order for every delivery, so an event delivered three times ships three.
-#[utoipa::path(
-    post,
-    path = "/demo/receiver/naive",
-    tag = "workshop",
-    security(()),
-    params(
-        ("run" = String, Query, description = "The run whose receiver takes the delivery"),
-        ("Stripe-Signature" = String, Header, description = "`t=<unix seconds>,v1=<hex HMAC-SHA256 of \"t.body\">`, keyed with the receiver's secret; at most five minutes old")
-    ),
-    request_body(content = EventObject, content_type = "application/json",
-        description = "An event, as the delivery worker sends it; the signature covers these exact bytes"),
-    responses(
-        (status = 200, description = "Received and acted on, or about another run and ignored", body = DemoReceipt,
-         headers(("Oncepay-Fault" = String, description = "`crash-after-delivery`, on the deliveries the receiver's `fault` asks a worker to crash after"))),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 500, description = "Failed on purpose after its work committed (`receiver_failed_on_purpose`, `fail_first`), or a bug",
-         body = super::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, response = super::openapi::Unavailable)
-    )
-)]
-async fn naive(
-    State(state): State<AppState>,
-    QueryParams(params): QueryParams,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
-) -> Result<Response, ApiError> {
-    receive(&state, Mode::Naive, params, &headers, &body).await
+/// Declares the route of a receiver, `POST /demo/receiver/{mode}`: a
+/// handler that passes the delivery to [`receive`] with its mode, and the
+/// description the two receivers share but for what they do with it.
+macro_rules! receiver_route {
+    ($(#[doc = $doc:tt])* $name:ident, $path:tt, $mode:expr, $answered:tt) => {
+        $(#[doc = $doc])*
+        #[utoipa::path(
+            post,
+            path = $path,
+            tag = "workshop",
+            security(()),
+            params(
+                ("run" = String, Query, description = "The run whose receiver takes the delivery"),
+                ("Stripe-Signature" = String, Header, description = "`t=<unix seconds>,v1=<hex HMAC-SHA256 of \"t.body\">`, keyed with the receiver's secret; at most five minutes old")
+            ),
+            request_body(content = EventObject, content_type = "application/json",
+                description = "An event, as the delivery worker sends it; the signature covers these exact bytes"),
+            responses(
+                (status = 200, description = $answered, body = DemoReceipt,
+                 headers(("Oncepay-Fault" = String, description = "`crash-after-delivery`, on the deliveries the receiver's `fault` asks a worker to crash after"))),
+                (status = 400, response = super::openapi::BadRequest),
+                (status = 413, response = super::openapi::TooLarge),
+                (status = 500, description = "Failed on purpose after its work committed (`receiver_failed_on_purpose`, `fail_first`), or a bug",
+                 body = super::openapi::Problem, content_type = "application/problem+json"),
+                (status = 503, response = super::openapi::Unavailable)
+            )
+        )]
+        async fn $name(
+            State(state): State<AppState>,
+            QueryParams(params): QueryParams,
+            headers: HeaderMap,
+            RawBody(body): RawBody,
+        ) -> Result<Response, ApiError> {
+            receive(&state, $mode, params, &headers, &body).await
+        }
+    };
 }
 
-/// Verifies the signature, then records the event id in its inbox and ships
-/// in one transaction, only when the id is new: a redelivery ships nothing.
-#[utoipa::path(
-    post,
-    path = "/demo/receiver/inbox",
-    tag = "workshop",
-    security(()),
-    params(
-        ("run" = String, Query, description = "The run whose receiver takes the delivery"),
-        ("Stripe-Signature" = String, Header, description = "`t=<unix seconds>,v1=<hex HMAC-SHA256 of \"t.body\">`, keyed with the receiver's secret; at most five minutes old")
-    ),
-    request_body(content = EventObject, content_type = "application/json",
-        description = "An event, as the delivery worker sends it; the signature covers these exact bytes"),
-    responses(
-        (status = 200, description = "Received (and shipped if the event was new), or about another run and ignored", body = DemoReceipt,
-         headers(("Oncepay-Fault" = String, description = "`crash-after-delivery`, on the deliveries the receiver's `fault` asks a worker to crash after"))),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 413, response = super::openapi::TooLarge),
-        (status = 500, description = "Failed on purpose after its work committed (`receiver_failed_on_purpose`, `fail_first`), or a bug",
-         body = super::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, response = super::openapi::Unavailable)
-    )
-)]
-async fn inbox(
-    State(state): State<AppState>,
-    QueryParams(params): QueryParams,
-    headers: HeaderMap,
-    RawBody(body): RawBody,
-) -> Result<Response, ApiError> {
-    receive(&state, Mode::Inbox, params, &headers, &body).await
-}
+receiver_route!(
+    /// WRONG ON PURPOSE, for teaching: verifies the signature, then ships an
+    /// order for every delivery, so an event delivered three times ships three.
+    naive,
+    "/demo/receiver/naive",
+    Mode::Naive,
+    "Received and acted on, or about another run and ignored"
+);
 
+receiver_route!(
+    /// Verifies the signature, then records the event id in its inbox and ships
+    /// in one transaction, only when the id is new: a redelivery ships nothing.
+    inbox,
+    "/demo/receiver/inbox",
+    Mode::Inbox,
+    "Received (and shipped if the event was new), or about another run and ignored"
+);
+
+/// Takes a delivery for the run's receiver in `mode`: the receipt, or the
+/// failure its behaviour asks for.
 async fn receive(
     state: &AppState,
     mode: Mode,

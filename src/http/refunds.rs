@@ -6,7 +6,6 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -14,12 +13,10 @@ use utoipa_axum::routes;
 use super::auth::Authenticated;
 use super::extract::{ById, IdempotentPost};
 use super::idempotent;
-use super::problem::ApiError;
+use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::operation;
 use crate::operation::refund::CreateRefund;
-use crate::params::shorten;
-use crate::problem::{Problem, ProblemCode};
 use crate::refunds::domain::RefundObject;
 use crate::refunds::{NewRefund, store};
 
@@ -43,9 +40,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses(
         (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = RefundObject,
          headers(("Location" = String, description = "/v1/refunds/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        super::openapi::Errors,
-        super::openapi::BodyErrors,
-        super::openapi::KeyErrors
+        super::openapi::PostErrors
     )
 )]
 async fn create(
@@ -67,22 +62,17 @@ async fn create(
     params(("id" = String, Path, description = "A refund id, `re_...`")),
     responses(
         (status = 200, description = "The refund", body = RefundObject),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn retrieve(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
-    match store::find(&state.pool, merchant.id, &id).await? {
-        Some(refund) => Ok(Json(refund.to_object()).into_response()),
-        None => Err(Problem::with_status(
-            StatusCode::NOT_FOUND,
-            ProblemCode::ResourceMissing,
-            format!("No such refund: '{}'", shorten(&id)),
-        )
-        .with_param("id")
-        .into()),
-    }
+    let refund = found(
+        store::find(&state.pool, merchant.id, &id).await?,
+        "refund",
+        &id,
+    )?;
+    Ok(Json(refund.to_object()).into_response())
 }

@@ -16,7 +16,7 @@ use super::auth::Authenticated;
 use super::extract::{ById, IdempotentPost, PageParams, QueryParams};
 use super::idempotent;
 use super::list::List;
-use super::problem::ApiError;
+use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::operation::write::{self, Write};
 use crate::webhooks::create_endpoint::CreateEndpoint;
@@ -46,9 +46,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses(
         (status = 201, description = "Created, with its `secret` (or the saved answer, with `Idempotent-Replayed: true`)", body = EndpointObject,
          headers(("Location" = String, description = "/v1/webhook_endpoints/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        super::openapi::Errors,
-        super::openapi::BodyErrors,
-        super::openapi::KeyErrors
+        super::openapi::PostErrors
     )
 )]
 async fn create(
@@ -78,18 +76,19 @@ async fn create(
     params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
     responses(
         (status = 200, description = "The endpoint", body = EndpointObject),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn retrieve(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
-    match store::find(&state.pool, merchant.id, &id).await? {
-        Some(endpoint) => Ok(Json(endpoint.to_object()).into_response()),
-        None => Err(no_such_endpoint(&id, "id")),
-    }
+    let endpoint = found(
+        store::find(&state.pool, merchant.id, &id).await?,
+        "webhook endpoint",
+        &id,
+    )?;
+    Ok(Json(endpoint.to_object()).into_response())
 }
 
 /// Deletes an endpoint.
@@ -102,8 +101,7 @@ async fn retrieve(
     params(("id" = String, Path, description = "A webhook endpoint id, `we_...`")),
     responses(
         (status = 200, description = "Deleted", body = Deleted),
-        (status = 404, response = super::openapi::NotFound),
-        super::openapi::Errors
+        super::openapi::ReadErrors
     )
 )]
 async fn delete(

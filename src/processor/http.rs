@@ -189,6 +189,34 @@ impl HttpProcessor {
         }
     }
 
+    /// Posts `body` as JSON to the gateway's `path` under the processor key
+    /// `key`, asking for `fault` if any, repeated as [`HttpProcessor::call`]
+    /// repeats: the operation the gateway answered with.
+    async fn post_json(
+        &self,
+        what: &str,
+        path: &str,
+        key: &str,
+        body: &serde_json::Value,
+        fault: Option<WireFault>,
+    ) -> Result<WireOperation, ProcessorError> {
+        let body = body.to_string();
+        let url = self.url(path);
+        let operation = self
+            .call(what, false, || {
+                with_fault(
+                    self.client
+                        .post(&url)
+                        .header("Idempotency-Key", key)
+                        .header(CONTENT_TYPE, "application/json")
+                        .body(body.clone()),
+                    fault,
+                )
+            })
+            .await?;
+        answered(operation)
+    }
+
     async fn attempt(&self, request: RequestBuilder, not_found_is_none: bool) -> Attempt {
         let response = match request.send().await {
             Ok(response) => response,
@@ -334,22 +362,16 @@ impl Processor for HttpProcessor {
             "amount": request.amount,
             "currency": request.currency,
             "source": request.source.as_str(),
-        })
-        .to_string();
-        let url = self.url("/v1/authorizations");
-        let operation = self
-            .call("authorization", false, || {
-                with_fault(
-                    self.client
-                        .post(&url)
-                        .header("Idempotency-Key", request.processor_key)
-                        .header(CONTENT_TYPE, "application/json")
-                        .body(body.clone()),
-                    request.fault,
-                )
-            })
-            .await?;
-        answered(operation)?.payment_outcome()
+        });
+        self.post_json(
+            "authorization",
+            "/v1/authorizations",
+            request.processor_key,
+            &body,
+            request.fault,
+        )
+        .await?
+        .payment_outcome()
     }
 
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
@@ -366,22 +388,16 @@ impl Processor for HttpProcessor {
             "payment": request.payment_key,
             "amount": request.amount,
             "currency": request.currency,
-        })
-        .to_string();
-        let url = self.url("/v1/refunds");
-        let operation = self
-            .call("refund", false, || {
-                with_fault(
-                    self.client
-                        .post(&url)
-                        .header("Idempotency-Key", request.processor_key)
-                        .header(CONTENT_TYPE, "application/json")
-                        .body(body.clone()),
-                    request.fault,
-                )
-            })
-            .await?;
-        answered(operation)?.refund_outcome()
+        });
+        self.post_json(
+            "refund",
+            "/v1/refunds",
+            request.processor_key,
+            &body,
+            request.fault,
+        )
+        .await?
+        .refund_outcome()
     }
 
     async fn payment(&self, processor_key: &str) -> Result<Option<Payment>, ProcessorError> {

@@ -548,54 +548,27 @@ mod tests {
             body[name] = value;
             body
         };
-        assert_eq!(
-            code(with("mode", json!("eager"))),
-            ("receiver_invalid", "mode".into())
-        );
-        assert_eq!(
-            code(with("secret", json!("sk_test_x"))),
-            ("receiver_invalid", "secret".into())
-        );
-        assert_eq!(
-            code(with("secret", json!("whsec_"))),
-            ("receiver_invalid", "secret".into())
-        );
-        assert_eq!(
-            code(with("secret", json!("whsec_a-b"))),
-            ("receiver_invalid", "secret".into())
-        );
-        assert_eq!(
-            code(with("run", json!(""))),
-            ("receiver_invalid", "run".into())
-        );
-        assert_eq!(
-            code(with("run", json!("r".repeat(201)))),
-            ("parameter_too_long", "run".into())
-        );
-        assert_eq!(
-            code(with("fail_first", json!(11))),
-            ("receiver_invalid", "fail_first".into())
-        );
-        assert_eq!(
-            code(with("fail_first", json!(-1))),
-            ("receiver_invalid", "fail_first".into())
-        );
-        assert_eq!(
-            code(with("fail_first", json!(1.5))),
-            ("parameter_invalid_integer", "fail_first".into())
-        );
-        assert_eq!(
-            code(with("fail_first", json!("2"))),
-            ("parameter_invalid_integer", "fail_first".into())
-        );
-        assert_eq!(
-            code(with("fault", json!("drop-response"))),
-            ("receiver_invalid", "fault".into())
-        );
-        assert_eq!(
-            code(with("extra", json!(1))),
-            ("parameter_unknown", "extra".into())
-        );
+        // Each parameter set to a bad value, and the code it is refused with.
+        for (name, value, refused) in [
+            ("mode", json!("eager"), "receiver_invalid"),
+            ("secret", json!("sk_test_x"), "receiver_invalid"),
+            ("secret", json!("whsec_"), "receiver_invalid"),
+            ("secret", json!("whsec_a-b"), "receiver_invalid"),
+            ("run", json!(""), "receiver_invalid"),
+            ("run", json!("r".repeat(201)), "parameter_too_long"),
+            ("fail_first", json!(11), "receiver_invalid"),
+            ("fail_first", json!(-1), "receiver_invalid"),
+            ("fail_first", json!(1.5), "parameter_invalid_integer"),
+            ("fail_first", json!("2"), "parameter_invalid_integer"),
+            ("fault", json!("drop-response"), "receiver_invalid"),
+            ("extra", json!(1), "parameter_unknown"),
+        ] {
+            assert_eq!(
+                code(with(name, value.clone())),
+                (refused, name.into()),
+                "{name}: {value}"
+            );
+        }
         assert_eq!(
             code(json!({"mode": "naive", "secret": SECRET})),
             ("parameter_missing", "run".into())
