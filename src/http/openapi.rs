@@ -23,6 +23,7 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 
 use crate::app::AppState;
 use crate::problem::ProblemCode;
+use crate::refunds::RefundStatus;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -44,8 +45,10 @@ gets `429 rate_limit` with `Retry-After`.",
     // `security(())`: health, metrics, this document and the workshop's
     // page and receivers.
     security(("bearer" = []), ("basic" = [])),
+    // The statuses are the core's; the objects refer to them by name (see
+    // `oncepay_api::objects`).
     components(
-        schemas(Problem, StripeError, ProblemCode),
+        schemas(Problem, StripeError, ProblemCode, RefundStatus),
         responses(
             BadRequest, Unauthorized, PaymentFailed, NotFound, InFlight, TooLarge,
             UnsupportedMediaType, KeyReused, TooManyRequests, InternalError, Unavailable

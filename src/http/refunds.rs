@@ -16,11 +16,11 @@ use super::extract::{ById, IdempotentPost};
 use super::idempotent;
 use super::problem::ApiError;
 use crate::app::AppState;
+use crate::objects::RefundObject;
 use crate::operation;
 use crate::operation::refund::CreateRefund;
 use crate::params::shorten;
 use crate::problem::{Problem, ProblemCode};
-use crate::refunds::domain::RefundObject;
 use crate::refunds::{NewRefund, store};
 
 pub fn router() -> OpenApiRouter<AppState> {

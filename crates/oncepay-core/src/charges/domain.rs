@@ -8,7 +8,8 @@ use uuid::Uuid;
 
 use super::currency::Currency;
 use crate::amount::Amount;
-use crate::params::{ParamError, Params, Unmodelled, new_id, required, shorten, string};
+use crate::objects::Unmodelled;
+use crate::params::{ParamError, Params, new_id, required, shorten, string};
 use crate::problem::ProblemCode;
 use crate::processor::TestToken;
 use crate::refunds::Refund;
@@ -233,7 +234,7 @@ pub const EMBEDDED_REFUNDS: usize = 10;
 pub struct RefundList<'a> {
     #[cfg_attr(feature = "openapi", schema(example = "list"))]
     pub object: &'static str,
-    pub data: Vec<crate::refunds::domain::RefundObject<'a>>,
+    pub data: Vec<crate::objects::RefundObject<'a>>,
     pub has_more: bool,
     /// `/v1/charges/{id}/refunds`.
     pub url: String,

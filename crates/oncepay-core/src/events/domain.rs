@@ -163,9 +163,7 @@ fn charge_or_refund() -> utoipa::openapi::schema::Schema {
         .item(Ref::from_schema_name(
             crate::charges::domain::ChargeObject::name(),
         ))
-        .item(Ref::from_schema_name(
-            crate::refunds::domain::RefundObject::name(),
-        ))
+        .item(Ref::from_schema_name(crate::objects::RefundObject::name()))
         .description(Some(
             "A charge for `charge.*` events, a refund for `refund.*` events",
         ))
