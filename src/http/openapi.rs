@@ -22,6 +22,7 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 
 use crate::app::AppState;
+use crate::charges::ChargeStatus;
 use crate::problem::ProblemCode;
 use crate::refunds::RefundStatus;
 
@@ -48,7 +49,7 @@ gets `429 rate_limit` with `Retry-After`.",
     // The statuses are the core's; the objects refer to them by name (see
     // `oncepay_api::objects`).
     components(
-        schemas(Problem, StripeError, ProblemCode, RefundStatus),
+        schemas(Problem, StripeError, ProblemCode, ChargeStatus, RefundStatus),
         responses(
             BadRequest, Unauthorized, PaymentFailed, NotFound, InFlight, TooLarge,
             UnsupportedMediaType, KeyReused, TooManyRequests, InternalError, Unavailable

@@ -160,9 +160,7 @@ fn charge_or_refund() -> utoipa::openapi::schema::Schema {
     use utoipa::ToSchema;
     use utoipa::openapi::Ref;
     utoipa::openapi::schema::OneOfBuilder::new()
-        .item(Ref::from_schema_name(
-            crate::charges::domain::ChargeObject::name(),
-        ))
+        .item(Ref::from_schema_name(crate::objects::ChargeObject::name()))
         .item(Ref::from_schema_name(crate::objects::RefundObject::name()))
         .description(Some(
             "A charge for `charge.*` events, a refund for `refund.*` events",
