@@ -13,8 +13,9 @@ use super::list::List;
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::events::EventType;
-use crate::events::domain::{EventObject, take_type_filter};
+use crate::events::domain::take_type_filter;
 use crate::events::store::{self, Position};
+use crate::objects::EventObject;
 use crate::webhooks::domain::DeliveryObject;
 use crate::webhooks::store as webhooks;
 

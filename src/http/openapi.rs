@@ -23,6 +23,7 @@ use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 
 use crate::app::AppState;
 use crate::charges::ChargeStatus;
+use crate::events::EventType;
 use crate::problem::ProblemCode;
 use crate::refunds::RefundStatus;
 
@@ -46,10 +47,10 @@ gets `429 rate_limit` with `Retry-After`.",
     // `security(())`: health, metrics, this document and the workshop's
     // page and receivers.
     security(("bearer" = []), ("basic" = [])),
-    // The statuses are the core's; the objects refer to them by name (see
-    // `oncepay_api::objects`).
+    // The statuses and event types are the core's; the objects refer to them
+    // by name (see `oncepay_api::objects`).
     components(
-        schemas(Problem, StripeError, ProblemCode, ChargeStatus, RefundStatus),
+        schemas(Problem, StripeError, ProblemCode, ChargeStatus, RefundStatus, EventType),
         responses(
             BadRequest, Unauthorized, PaymentFailed, NotFound, InFlight, TooLarge,
             UnsupportedMediaType, KeyReused, TooManyRequests, InternalError, Unavailable

@@ -1,6 +1,7 @@
 //! The objects the API sends, in Stripe's shapes: the charge
-//! ([`ChargeObject`]) and the refund ([`RefundObject`]), with the parts
-//! they nest; [`card`] holds the card as a charge shows it.
+//! ([`ChargeObject`]), the refund ([`RefundObject`]) and the event
+//! ([`EventObject`]), with the parts they nest; [`card`] holds the card as a
+//! charge shows it.
 //!
 //! Each is built from plain facts ([`ChargeFacts`], [`RefundFacts`]) that
 //! the core's stored record hands over (`Charge::to_object` and the like):
@@ -17,6 +18,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use serde_json::Value;
 use test_cards::{TestToken, Verdict};
 
 pub mod card;
@@ -477,4 +479,104 @@ fn refund_status() -> utoipa::openapi::Ref {
         "`failed` when the card's issuer refused the refund; its amount can be\nrefunded again."
             .to_owned();
     status
+}
+
+/// The event object of the API, in Stripe's shape: what happened to a
+/// charge or a refund, one event per final state change, written in the
+/// same transaction as the change, never changed afterwards.
+#[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = Event))]
+pub struct EventObject<'a> {
+    /// `evt_` and 24 letters or digits.
+    #[cfg_attr(feature = "openapi", schema(example = "evt_1NbB3eCTYkz2mVgqA8rW0hXp"))]
+    pub id: &'a str,
+    #[cfg_attr(feature = "openapi", schema(example = "event"))]
+    pub object: &'static str,
+    /// Always null: oncepay renders its objects one way only, so no version is named.
+    pub api_version: Option<&'static str>,
+    /// Unix seconds: when the change was made.
+    #[cfg_attr(feature = "openapi", schema(example = 1764892800))]
+    pub created: i64,
+    pub data: EventData<'a>,
+    pub livemode: bool,
+    /// Webhook deliveries the event was given when it was written, one per
+    /// endpoint that enabled its type then; fixed, like the rest of the
+    /// event (where each stands: `/v1/events/{id}/deliveries`).
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, example = 1))]
+    pub pending_webhooks: i32,
+    pub request: EventRequest<'a>,
+    #[serde(rename = "type")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = event_type))]
+    pub kind: &'static str,
+}
+
+/// The object the event is about, as the API rendered it at that moment.
+#[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EventData<'a> {
+    #[cfg_attr(feature = "openapi", schema(schema_with = charge_or_refund))]
+    pub object: &'a Value,
+}
+
+/// The schema of an event's `data.object`: a charge or a refund.
+#[cfg(feature = "openapi")]
+fn charge_or_refund() -> utoipa::openapi::schema::Schema {
+    use utoipa::ToSchema;
+    use utoipa::openapi::Ref;
+    utoipa::openapi::schema::OneOfBuilder::new()
+        .item(Ref::from_schema_name(ChargeObject::name()))
+        .item(Ref::from_schema_name(RefundObject::name()))
+        .description(Some(
+            "A charge for `charge.*` events, a refund for `refund.*` events",
+        ))
+        .build()
+        .into()
+}
+
+/// The API request that settled the object.
+#[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EventRequest<'a> {
+    /// Its `X-Request-Id`; null when the sweeper settled the object.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(example = "0b6f3a52-5d1e-4c8a-9a57-2f1d8e4b7c90")
+    )]
+    pub id: Option<&'a str>,
+    /// The key that guards the object, if it has one.
+    #[cfg_attr(feature = "openapi", schema(example = "order-6735-charge"))]
+    pub idempotency_key: Option<&'a str>,
+}
+
+impl<'a> EventObject<'a> {
+    /// The object of the event `id` of type `kind`, made at `created` (Unix
+    /// seconds) about `object` (a charge's or refund's object, as rendered
+    /// then) by `request`, with the `pending_webhooks` it was given.
+    pub fn new(
+        id: &'a str,
+        kind: &'static str,
+        created: i64,
+        object: &'a Value,
+        pending_webhooks: i32,
+        request: EventRequest<'a>,
+    ) -> Self {
+        EventObject {
+            id,
+            object: "event",
+            api_version: None,
+            created,
+            data: EventData { object },
+            livemode: false,
+            pending_webhooks,
+            request,
+            kind,
+        }
+    }
+}
+
+/// The schema of an event's `type`: the core's `EventType`.
+#[cfg(feature = "openapi")]
+fn event_type() -> utoipa::openapi::Ref {
+    core_schema("EventType")
 }
