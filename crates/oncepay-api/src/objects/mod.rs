@@ -580,3 +580,73 @@ impl<'a> EventObject<'a> {
 fn event_type() -> utoipa::openapi::Ref {
     core_schema("EventType")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn visa_charge(metadata: &BTreeMap<String, String>, paid: bool) -> ChargeFacts<'_> {
+        ChargeFacts {
+            id: "ch_abc",
+            amount: 2000,
+            amount_refunded: 0,
+            created: 1_764_892_800,
+            currency: "usd",
+            description: None,
+            failure_code: None,
+            failure_message: None,
+            metadata,
+            paid,
+            status: if paid { "succeeded" } else { "pending" },
+            token: Some(TestToken::Visa),
+            verdict: paid.then(|| TestToken::Visa.verdict()),
+        }
+    }
+
+    fn refund<'a>(metadata: &'a BTreeMap<String, String>, id: &'a str) -> RefundObject<'a> {
+        RefundObject::new(RefundFacts {
+            id,
+            amount: 10,
+            charge: "ch_abc",
+            created: 1_764_892_800,
+            currency: "usd",
+            failure_reason: None,
+            metadata,
+            reason: None,
+            status: "succeeded",
+            succeeded: true,
+        })
+    }
+
+    #[test]
+    fn a_paid_charge_shows_the_ids_derived_from_its_own_and_a_pending_one_none() {
+        let metadata = BTreeMap::new();
+        let paid = ChargeObject::new(visa_charge(&metadata, true), std::iter::empty());
+        let paid = serde_json::to_value(paid).unwrap();
+        assert_eq!(paid["payment_method"], "card_abc");
+        assert_eq!(paid["source"]["id"], "card_abc");
+        assert_eq!(paid["balance_transaction"], "txn_abc");
+        assert_eq!(paid["outcome"]["type"], "authorized");
+        let pending = ChargeObject::new(visa_charge(&metadata, false), std::iter::empty());
+        let pending = serde_json::to_value(pending).unwrap();
+        assert_eq!(pending["payment_method"], "card_abc");
+        assert_eq!(pending["balance_transaction"], serde_json::Value::Null);
+        assert_eq!(pending["outcome"], serde_json::Value::Null);
+        assert_eq!(pending["amount_captured"], 0);
+    }
+
+    #[test]
+    fn a_charge_embeds_its_first_ten_refunds_and_says_there_are_more() {
+        let metadata = BTreeMap::new();
+        let ids: Vec<String> = (0..11).map(|n| format!("re_{n}")).collect();
+        let refunds = ids.iter().map(|id| refund(&metadata, id));
+        let charge = ChargeObject::new(visa_charge(&metadata, true), refunds);
+        assert_eq!(charge.refunds.data.len(), EMBEDDED_REFUNDS);
+        assert_eq!(
+            charge.refunds.data[0].balance_transaction.as_deref(),
+            Some("txn_0")
+        );
+        assert!(charge.refunds.has_more);
+        assert_eq!(charge.refunds.url, "/v1/charges/ch_abc/refunds");
+    }
+}
