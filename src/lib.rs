@@ -21,6 +21,6 @@ pub mod workshop;
 
 // The core's modules, under the names the server has always used.
 pub use oncepay_core::{
-    charges, error, events, faults, operation, params, problem, recovery, refunds, retry_after,
-    speed, sweeper,
+    charges, error, events, faults, objects, operation, params, problem, recovery, refunds,
+    retry_after, speed, sweeper,
 };

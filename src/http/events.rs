@@ -14,9 +14,10 @@ use super::extract::{ById, PageParams, QueryParams};
 use super::list::List;
 use super::problem::{ApiError, found};
 use crate::app::AppState;
-use crate::events::domain::{EventObject, take_type_filter};
+use crate::events::domain::take_type_filter;
 use crate::events::store::{self, Position};
 use crate::events::{Event, EventType};
+use crate::objects::EventObject;
 use crate::webhooks::domain::DeliveryObject;
 use crate::webhooks::store as webhooks;
 

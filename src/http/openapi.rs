@@ -22,7 +22,10 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 
 use crate::app::AppState;
+use crate::charges::ChargeStatus;
+use crate::events::EventType;
 use crate::problem::ProblemCode;
+use crate::refunds::RefundStatus;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -44,8 +47,10 @@ gets `429 rate_limit` with `Retry-After`.",
     // `security(())`: health, metrics, this document and the workshop's
     // page and receivers.
     security(("bearer" = []), ("basic" = [])),
+    // The statuses and event types are the core's; the objects refer to them
+    // by name (see `oncepay_api::objects`).
     components(
-        schemas(Problem, StripeError, ProblemCode),
+        schemas(Problem, StripeError, ProblemCode, ChargeStatus, RefundStatus, EventType),
         responses(
             BadRequest, Unauthorized, PaymentFailed, NotFound, InFlight, TooLarge,
             UnsupportedMediaType, KeyReused, TooManyRequests, InternalError, Unavailable

@@ -18,7 +18,7 @@ use super::auth::Authenticated;
 use super::extract::{QueryParams, RawBody, decode};
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::events::domain::EventObject;
+use crate::objects::EventObject;
 use crate::params::{ParamError, Params};
 use crate::params::{required, string};
 use crate::problem::{Problem, ProblemCode};

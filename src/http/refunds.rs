@@ -15,9 +15,9 @@ use super::extract::{ById, IdempotentPost};
 use super::idempotent;
 use super::problem::{ApiError, found};
 use crate::app::AppState;
+use crate::objects::RefundObject;
 use crate::operation;
 use crate::operation::refund::CreateRefund;
-use crate::refunds::domain::RefundObject;
 use crate::refunds::{NewRefund, store};
 
 pub fn router() -> OpenApiRouter<AppState> {

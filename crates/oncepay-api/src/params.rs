@@ -530,27 +530,6 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}_{random}")
 }
 
-/// A field Stripe has and oncepay does not model: always `null` (serde
-/// writes a unit struct as `null`).
-#[derive(Clone, Copy, Debug, serde::Serialize)]
-pub struct Unmodelled;
-
-/// Its schema: `null`, and nothing else.
-#[cfg(feature = "openapi")]
-impl utoipa::PartialSchema for Unmodelled {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::schema::Type::Null)
-            .description(Some(
-                "Always null: a field of Stripe's that oncepay does not model",
-            ))
-            .into()
-    }
-}
-
-#[cfg(feature = "openapi")]
-impl utoipa::ToSchema for Unmodelled {}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,8 +19,9 @@
 //!   client should retry, and the durations it all runs by.
 //! - [`faults`]: the crash points the failure tests ask for.
 //!
-//! [`problem`] and [`params`] are the API's vocabulary (the `oncepay-api`
-//! crate). docs/design.md gives the reading order.
+//! [`problem`], [`params`] and [`objects`] (the objects the API sends,
+//! which the records build from their facts) are the API's vocabulary (the
+//! `oncepay-api` crate). docs/design.md gives the reading order.
 
 /// `as_str` (the name a status is stored and shown under) and `Display` for
 /// an enum of unit variants stored as text: written once for every status.
@@ -61,4 +62,4 @@ pub mod speed;
 pub mod sweeper;
 
 // The API's vocabulary, under the names the core has always used.
-pub use oncepay_api::{params, problem};
+pub use oncepay_api::{objects, params, problem};

@@ -1,18 +1,19 @@
-//! What a charge is: its validated parameters, its stored row and its API object.
+//! What a charge is: its validated parameters and its stored row, which
+//! hands its facts to the API's charge object (`oncepay_api::objects`).
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use uuid::Uuid;
 
 use super::currency::Currency;
 use crate::amount::Amount;
-use crate::params::{ParamError, Params, Unmodelled, new_id, required, shorten, string};
+use crate::objects::{ChargeFacts, ChargeObject};
+use crate::params::{ParamError, Params, new_id, required, shorten, string};
 use crate::problem::ProblemCode;
 use crate::processor::TestToken;
 use crate::refunds::Refund;
-use test_cards::{Card, Decline};
+use test_cards::{Decline, Verdict};
 
 /// The longest `description` a charge takes, in characters.
 const MAX_DESCRIPTION_CHARS: usize = 1000;
@@ -96,6 +97,7 @@ impl NewCharge {
 
 /// A charge's lifecycle: `pending` until the processor's outcome is recorded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+// The API's objects name this schema (`oncepay_api::objects`).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(rename_all = "lowercase"))]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
@@ -129,307 +131,6 @@ pub struct Charge {
     pub created_at: DateTime<Utc>,
 }
 
-/// Stripe's empty form of an object oncepay does not model: `{}`.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct Empty {}
-
-/// The charge object of the API: every field of Stripe's charge, in Stripe's
-/// order (`id`, `object`, then by name). What oncepay does not model is
-/// `null` or Stripe's empty form (see docs/decisions.md).
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[cfg_attr(feature = "openapi", schema(as = Charge))]
-pub struct ChargeObject<'a> {
-    /// `ch_` and 24 letters or digits.
-    #[cfg_attr(feature = "openapi", schema(example = "ch_FSqF13LohwPRt53icfinsfKa"))]
-    pub id: &'a str,
-    #[cfg_attr(feature = "openapi", schema(example = "charge"))]
-    pub object: &'static str,
-    /// Integer minor units (2000 = 20.00 USD).
-    #[cfg_attr(feature = "openapi", schema(example = 2000))]
-    pub amount: i64,
-    /// The amount captured: all of it for a paid charge (oncepay captures
-    /// at once), nothing otherwise.
-    #[cfg_attr(feature = "openapi", schema(example = 2000))]
-    pub amount_captured: i64,
-    #[cfg_attr(feature = "openapi", schema(example = 0))]
-    pub amount_refunded: i64,
-    pub application: Unmodelled,
-    pub application_fee: Unmodelled,
-    pub application_fee_amount: Unmodelled,
-    /// `txn_...` for a paid charge, `null` otherwise.
-    #[cfg_attr(feature = "openapi", schema(example = "txn_FSqF13LohwPRt53icfinsfKa"))]
-    pub balance_transaction: Option<String>,
-    pub billing_details: BillingDetails,
-    /// `ONCEPAY` for a paid charge, `null` otherwise.
-    #[cfg_attr(feature = "openapi", schema(example = "ONCEPAY"))]
-    pub calculated_statement_descriptor: Option<&'static str>,
-    /// Stripe's flags: the charge succeeded (oncepay captures at once, so
-    /// a paid charge is a captured one).
-    pub captured: bool,
-    /// Unix seconds.
-    #[cfg_attr(feature = "openapi", schema(example = 1764892800))]
-    pub created: i64,
-    #[cfg_attr(feature = "openapi", schema(example = "usd"))]
-    pub currency: &'a str,
-    pub customer: Unmodelled,
-    #[cfg_attr(feature = "openapi", schema(example = "Order 6735"))]
-    pub description: Option<&'a str>,
-    /// Always false.
-    pub disputed: bool,
-    pub failure_balance_transaction: Unmodelled,
-    /// The decline's code (`card_declined`, `insufficient_funds`, `expired_card`,
-    /// `incorrect_cvc`, `processing_error`) or `processing_abandoned`.
-    #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
-    pub failure_code: Option<&'a str>,
-    #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
-    pub failure_message: Option<&'a str>,
-    /// Always `{}`.
-    pub fraud_details: Empty,
-    pub livemode: bool,
-    #[cfg_attr(feature = "openapi", schema(example = json!({"order_id": "6735"})))]
-    pub metadata: &'a BTreeMap<String, String>,
-    pub on_behalf_of: Unmodelled,
-    /// What the card network (or the fraud check) said; `null` while the
-    /// charge is pending and for an abandoned one, which no network answered.
-    pub outcome: Option<ChargeOutcome>,
-    /// The charge succeeded.
-    pub paid: bool,
-    pub payment_intent: Unmodelled,
-    /// The card's id, `card_...` (the same as `source.id`).
-    #[cfg_attr(feature = "openapi", schema(example = "card_FSqF13LohwPRt53icfinsfKa"))]
-    pub payment_method: Option<String>,
-    pub payment_method_details: Option<PaymentMethodDetails>,
-    pub receipt_email: Unmodelled,
-    pub receipt_number: Unmodelled,
-    pub receipt_url: Unmodelled,
-    pub refunded: bool,
-    /// The charge's refunds, newest first, as a list object.
-    pub refunds: RefundList<'a>,
-    pub review: Unmodelled,
-    pub shipping: Unmodelled,
-    /// The card charged, as a card object.
-    pub source: Option<SourceCard>,
-    pub source_transfer: Unmodelled,
-    pub statement_descriptor: Unmodelled,
-    pub statement_descriptor_suffix: Unmodelled,
-    #[cfg_attr(feature = "openapi", schema(value_type = ChargeStatus, example = "succeeded"))]
-    pub status: &'a str,
-    pub transfer_data: Unmodelled,
-    pub transfer_group: Unmodelled,
-}
-
-/// The charge's statement descriptor when the merchant sets none.
-pub const STATEMENT_DESCRIPTOR: &str = "ONCEPAY";
-
-/// How many of a charge's refunds its object lists, as Stripe does.
-pub const EMBEDDED_REFUNDS: usize = 10;
-
-/// A charge's refunds as its object embeds them, newest first: the first
-/// 10, with `has_more` for the rest.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct RefundList<'a> {
-    #[cfg_attr(feature = "openapi", schema(example = "list"))]
-    pub object: &'static str,
-    pub data: Vec<crate::refunds::domain::RefundObject<'a>>,
-    pub has_more: bool,
-    /// `/v1/charges/{id}/refunds`.
-    pub url: String,
-}
-
-/// Billing details: oncepay takes none, so every member is null.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct BillingDetails {
-    pub address: Address,
-    pub email: Unmodelled,
-    pub name: Unmodelled,
-    pub phone: Unmodelled,
-    pub tax_id: Unmodelled,
-}
-
-/// An address oncepay does not know: every member null.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct Address {
-    pub city: Unmodelled,
-    pub country: Unmodelled,
-    pub line1: Unmodelled,
-    pub line2: Unmodelled,
-    pub postal_code: Unmodelled,
-    pub state: Unmodelled,
-}
-
-const NO_BILLING_DETAILS: BillingDetails = BillingDetails {
-    address: Address {
-        city: Unmodelled,
-        country: Unmodelled,
-        line1: Unmodelled,
-        line2: Unmodelled,
-        postal_code: Unmodelled,
-        state: Unmodelled,
-    },
-    email: Unmodelled,
-    name: Unmodelled,
-    phone: Unmodelled,
-    tax_id: Unmodelled,
-};
-
-/// Stripe's outcome of the authorization.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ChargeOutcome {
-    pub advice_code: Unmodelled,
-    pub network_advice_code: Unmodelled,
-    pub network_decline_code: Unmodelled,
-    /// `approved_by_network`, `declined_by_network` or `not_sent_to_network`.
-    #[cfg_attr(feature = "openapi", schema(example = "approved_by_network"))]
-    pub network_status: &'static str,
-    /// The decline code, or `highest_risk_level` for a charge blocked as fraud; null when authorized.
-    #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
-    pub reason: Option<&'static str>,
-    /// `normal`, or `highest` for a charge blocked as fraud.
-    #[cfg_attr(feature = "openapi", schema(example = "normal"))]
-    pub risk_level: &'static str,
-    #[cfg_attr(feature = "openapi", schema(example = "Payment complete."))]
-    pub seller_message: &'static str,
-    /// `authorized`, `issuer_declined` or `blocked`.
-    #[serde(rename = "type")]
-    #[cfg_attr(feature = "openapi", schema(example = "authorized"))]
-    pub kind: &'static str,
-}
-
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct PaymentMethodDetails {
-    pub card: CardDetails,
-    #[serde(rename = "type")]
-    #[cfg_attr(feature = "openapi", schema(example = "card"))]
-    pub kind: &'static str,
-}
-
-/// The test token's card.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct CardDetails {
-    /// The amount authorized: the charge's, once the network approved it; null otherwise.
-    #[cfg_attr(feature = "openapi", schema(example = 2000))]
-    pub amount_authorized: Option<i64>,
-    pub authorization_code: Unmodelled,
-    /// `visa`, `mastercard`, `amex` or `discover`.
-    #[cfg_attr(feature = "openapi", schema(example = "visa"))]
-    pub brand: &'static str,
-    pub checks: CardChecks,
-    #[cfg_attr(feature = "openapi", schema(example = "US"))]
-    pub country: &'static str,
-    #[cfg_attr(feature = "openapi", schema(example = 12))]
-    pub exp_month: i64,
-    #[cfg_attr(feature = "openapi", schema(example = 2034))]
-    pub exp_year: i64,
-    pub extended_authorization: FeatureStatus,
-    #[cfg_attr(feature = "openapi", schema(example = "Xt5EWLLDS7FJjR1c"))]
-    pub fingerprint: &'static str,
-    /// `credit` or `debit`.
-    #[cfg_attr(feature = "openapi", schema(example = "credit"))]
-    pub funding: &'static str,
-    pub incremental_authorization: FeatureStatus,
-    pub installments: Unmodelled,
-    #[cfg_attr(feature = "openapi", schema(example = "4242"))]
-    pub last4: &'static str,
-    pub mandate: Unmodelled,
-    pub multicapture: FeatureStatus,
-    #[cfg_attr(feature = "openapi", schema(example = "visa"))]
-    pub network: &'static str,
-    pub network_token: NetworkToken,
-    pub network_transaction_id: Unmodelled,
-    pub overcapture: Overcapture,
-    pub regulated_status: Unmodelled,
-    pub three_d_secure: Unmodelled,
-    pub transaction_link_id: Unmodelled,
-    pub wallet: Unmodelled,
-}
-
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct CardChecks {
-    pub address_line1_check: Unmodelled,
-    pub address_postal_code_check: Unmodelled,
-    /// `pass`, or `fail` for the card declined for its CVC.
-    #[cfg_attr(feature = "openapi", schema(example = "pass"))]
-    pub cvc_check: &'static str,
-}
-
-/// A card feature oncepay never offers.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct FeatureStatus {
-    /// `disabled` or `unavailable`.
-    #[cfg_attr(feature = "openapi", schema(example = "unavailable"))]
-    pub status: &'static str,
-}
-
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct NetworkToken {
-    /// Always false.
-    pub used: bool,
-}
-
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct Overcapture {
-    #[cfg_attr(feature = "openapi", schema(example = 2000))]
-    pub maximum_amount_capturable: i64,
-    /// Always `unavailable`.
-    #[cfg_attr(feature = "openapi", schema(example = "unavailable"))]
-    pub status: &'static str,
-}
-
-/// The charge's `source`: the card, as Stripe's card object shows it.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct SourceCard {
-    /// `card_...`, the same as the charge's `payment_method`.
-    #[cfg_attr(feature = "openapi", schema(example = "card_FSqF13LohwPRt53icfinsfKa"))]
-    pub id: String,
-    #[cfg_attr(feature = "openapi", schema(example = "card"))]
-    pub object: &'static str,
-    pub address_city: Unmodelled,
-    pub address_country: Unmodelled,
-    pub address_line1: Unmodelled,
-    pub address_line1_check: Unmodelled,
-    pub address_line2: Unmodelled,
-    pub address_state: Unmodelled,
-    pub address_zip: Unmodelled,
-    pub address_zip_check: Unmodelled,
-    /// As the card object spells it: `Visa`, `MasterCard`, `American Express`, `Discover`.
-    #[cfg_attr(feature = "openapi", schema(example = "Visa"))]
-    pub brand: &'static str,
-    #[cfg_attr(feature = "openapi", schema(example = "US"))]
-    pub country: &'static str,
-    pub customer: Unmodelled,
-    #[cfg_attr(feature = "openapi", schema(example = "pass"))]
-    pub cvc_check: &'static str,
-    pub dynamic_last4: Unmodelled,
-    #[cfg_attr(feature = "openapi", schema(example = 12))]
-    pub exp_month: i64,
-    #[cfg_attr(feature = "openapi", schema(example = 2034))]
-    pub exp_year: i64,
-    #[cfg_attr(feature = "openapi", schema(example = "Xt5EWLLDS7FJjR1c"))]
-    pub fingerprint: &'static str,
-    #[cfg_attr(feature = "openapi", schema(example = "credit"))]
-    pub funding: &'static str,
-    #[cfg_attr(feature = "openapi", schema(example = "4242"))]
-    pub last4: &'static str,
-    /// Always `{}`.
-    pub metadata: Empty,
-    pub name: Unmodelled,
-    pub tokenization_method: Unmodelled,
-    pub wallet: Unmodelled,
-}
-
 impl Charge {
     /// The charge's card, from its test token (every stored `source` is one).
     pub fn token(&self) -> Option<TestToken> {
@@ -443,156 +144,37 @@ impl Charge {
         (self.failure_code.as_deref() == Some(decline.code)).then_some(decline)
     }
 
-    /// The API object, with `refunds`, the charge's refunds, newest first
-    /// (the first [`EMBEDDED_REFUNDS`] are shown). Ids derived from the
-    /// charge's (`card_...`, `txn_...`) are the same at every render.
+    /// The API object, with `refunds`, the charge's refunds, newest first.
     pub fn to_object<'a>(&'a self, refunds: &'a [Refund]) -> ChargeObject<'a> {
-        let succeeded = self.status == ChargeStatus::Succeeded;
-        let suffix = self.id.strip_prefix("ch_").unwrap_or(&self.id);
-        let card_id = format!("card_{suffix}");
-        let token = self.token();
-        let outcome = match (self.status, token) {
-            (ChargeStatus::Succeeded, Some(token)) => Some(token.verdict()),
-            (ChargeStatus::Failed, Some(token)) if self.decline().is_some() => {
-                Some(token.verdict())
-            }
-            _ => None,
-        }
-        .map(|verdict| ChargeOutcome {
-            advice_code: Unmodelled,
-            network_advice_code: Unmodelled,
-            network_decline_code: Unmodelled,
-            network_status: verdict.network_status,
-            reason: verdict.reason,
-            risk_level: verdict.risk_level,
-            seller_message: verdict.seller_message,
-            kind: verdict.kind,
-        });
-        let details = token.map(|token| {
-            let card = token.card();
-            PaymentMethodDetails {
-                card: CardDetails {
-                    amount_authorized: succeeded.then_some(self.amount),
-                    authorization_code: Unmodelled,
-                    brand: card.brand,
-                    checks: CardChecks {
-                        address_line1_check: Unmodelled,
-                        address_postal_code_check: Unmodelled,
-                        cvc_check: token.cvc_check(),
-                    },
-                    country: card.country,
-                    exp_month: Card::EXP_MONTH,
-                    exp_year: Card::EXP_YEAR,
-                    extended_authorization: FeatureStatus { status: "disabled" },
-                    fingerprint: card.fingerprint,
-                    funding: card.funding,
-                    incremental_authorization: FeatureStatus {
-                        status: "unavailable",
-                    },
-                    installments: Unmodelled,
-                    last4: card.last4,
-                    mandate: Unmodelled,
-                    multicapture: FeatureStatus {
-                        status: "unavailable",
-                    },
-                    network: card.brand,
-                    network_token: NetworkToken { used: false },
-                    network_transaction_id: Unmodelled,
-                    overcapture: Overcapture {
-                        maximum_amount_capturable: self.amount,
-                        status: "unavailable",
-                    },
-                    regulated_status: Unmodelled,
-                    three_d_secure: Unmodelled,
-                    transaction_link_id: Unmodelled,
-                    wallet: Unmodelled,
-                },
-                kind: "card",
-            }
-        });
-        let source = token.map(|token| {
-            let card = token.card();
-            SourceCard {
-                id: card_id.clone(),
-                object: "card",
-                address_city: Unmodelled,
-                address_country: Unmodelled,
-                address_line1: Unmodelled,
-                address_line1_check: Unmodelled,
-                address_line2: Unmodelled,
-                address_state: Unmodelled,
-                address_zip: Unmodelled,
-                address_zip_check: Unmodelled,
-                brand: card.display_brand(),
-                country: card.country,
-                customer: Unmodelled,
-                cvc_check: token.cvc_check(),
-                dynamic_last4: Unmodelled,
-                exp_month: Card::EXP_MONTH,
-                exp_year: Card::EXP_YEAR,
-                fingerprint: card.fingerprint,
-                funding: card.funding,
-                last4: card.last4,
-                metadata: Empty {},
-                name: Unmodelled,
-                tokenization_method: Unmodelled,
-                wallet: Unmodelled,
-            }
-        });
-        ChargeObject {
+        let facts = ChargeFacts {
             id: &self.id,
-            object: "charge",
             amount: self.amount,
-            amount_captured: if succeeded { self.amount } else { 0 },
             amount_refunded: self.amount_refunded,
-            application: Unmodelled,
-            application_fee: Unmodelled,
-            application_fee_amount: Unmodelled,
-            balance_transaction: succeeded.then(|| format!("txn_{suffix}")),
-            billing_details: NO_BILLING_DETAILS,
-            calculated_statement_descriptor: succeeded.then_some(STATEMENT_DESCRIPTOR),
-            captured: succeeded,
             created: self.created_at.timestamp(),
             currency: &self.currency,
-            customer: Unmodelled,
             description: self.description.as_deref(),
-            disputed: false,
-            failure_balance_transaction: Unmodelled,
             failure_code: self.failure_code.as_deref(),
             failure_message: self.failure_message.as_deref(),
-            fraud_details: Empty {},
-            livemode: false,
             metadata: &self.metadata.0,
-            on_behalf_of: Unmodelled,
-            outcome,
-            paid: succeeded,
-            payment_intent: Unmodelled,
-            payment_method: token.map(|_| card_id),
-            payment_method_details: details,
-            receipt_email: Unmodelled,
-            receipt_number: Unmodelled,
-            receipt_url: Unmodelled,
-            refunded: self.amount_refunded > 0 && self.amount_refunded == self.amount,
-            refunds: RefundList {
-                object: "list",
-                data: refunds
-                    .iter()
-                    .take(EMBEDDED_REFUNDS)
-                    .map(Refund::to_object)
-                    .collect(),
-                has_more: refunds.len() > EMBEDDED_REFUNDS,
-                url: format!("/v1/charges/{}/refunds", self.id),
-            },
-            review: Unmodelled,
-            shipping: Unmodelled,
-            source,
-            source_transfer: Unmodelled,
-            statement_descriptor: Unmodelled,
-            statement_descriptor_suffix: Unmodelled,
+            paid: self.status == ChargeStatus::Succeeded,
             status: self.status.as_str(),
-            transfer_data: Unmodelled,
-            transfer_group: Unmodelled,
-        }
+            token: self.token(),
+            verdict: self.verdict(),
+        };
+        ChargeObject::new(facts, refunds.iter().map(Refund::to_object))
+    }
+
+    /// What the card network (or the fraud check) said: for a charge that
+    /// succeeded or was declined; `None` while it is pending and for an
+    /// abandoned one, which no network answered.
+    fn verdict(&self) -> Option<Verdict> {
+        let token = self.token()?;
+        let answered = match self.status {
+            ChargeStatus::Succeeded => true,
+            ChargeStatus::Failed => self.decline().is_some(),
+            ChargeStatus::Pending => false,
+        };
+        answered.then(|| token.verdict())
     }
 }
 

@@ -1,9 +1,12 @@
-//! What an event is: its type, the row a settle writes, and its API object.
+//! What an event is: its type, the row a settle writes, and the filter a
+//! list takes; the row hands its facts to the API's event object
+//! (`oncepay_api::objects`).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::objects::{EventObject, EventRequest};
 use crate::params::{ParamError, Params, shorten};
 use crate::params::{new_id, string};
 use crate::problem::ProblemCode;
@@ -14,6 +17,7 @@ pub const MAX_FILTER_TYPES: usize = 20;
 /// What happened, with Stripe's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, sqlx::Type)]
 #[sqlx(type_name = "text")]
+// The API's objects name this schema (`oncepay_api::objects`).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum EventType {
     /// A charge succeeded: the money moved.
@@ -116,96 +120,21 @@ pub struct Event {
     pub pending_webhooks: i32,
 }
 
-/// The event object of the API, in Stripe's shape: what happened to a
-/// charge or a refund, one event per final state change, written in the
-/// same transaction as the change, never changed afterwards.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[cfg_attr(feature = "openapi", schema(as = Event))]
-pub struct EventObject<'a> {
-    /// `evt_` and 24 letters or digits.
-    #[cfg_attr(feature = "openapi", schema(example = "evt_1NbB3eCTYkz2mVgqA8rW0hXp"))]
-    pub id: &'a str,
-    #[cfg_attr(feature = "openapi", schema(example = "event"))]
-    pub object: &'static str,
-    /// Always null: oncepay renders its objects one way only, so no version is named.
-    pub api_version: Option<&'static str>,
-    /// Unix seconds: when the change was made.
-    #[cfg_attr(feature = "openapi", schema(example = 1764892800))]
-    pub created: i64,
-    pub data: EventData<'a>,
-    pub livemode: bool,
-    /// Webhook deliveries the event was given when it was written, one per
-    /// endpoint that enabled its type then; fixed, like the rest of the
-    /// event (where each stands: `/v1/events/{id}/deliveries`).
-    #[cfg_attr(feature = "openapi", schema(minimum = 0, example = 1))]
-    pub pending_webhooks: i32,
-    pub request: EventRequest<'a>,
-    #[serde(rename = "type")]
-    #[cfg_attr(feature = "openapi", schema(value_type = EventType))]
-    pub kind: &'static str,
-}
-
-/// The object the event is about, as the API rendered it at that moment.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct EventData<'a> {
-    #[cfg_attr(feature = "openapi", schema(schema_with = charge_or_refund))]
-    pub object: &'a Value,
-}
-
-/// The schema of an event's `data.object`: a charge or a refund.
-#[cfg(feature = "openapi")]
-fn charge_or_refund() -> utoipa::openapi::schema::Schema {
-    use utoipa::ToSchema;
-    use utoipa::openapi::Ref;
-    utoipa::openapi::schema::OneOfBuilder::new()
-        .item(Ref::from_schema_name(
-            crate::charges::domain::ChargeObject::name(),
-        ))
-        .item(Ref::from_schema_name(
-            crate::refunds::domain::RefundObject::name(),
-        ))
-        .description(Some(
-            "A charge for `charge.*` events, a refund for `refund.*` events",
-        ))
-        .build()
-        .into()
-}
-
-/// The API request that settled the object.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct EventRequest<'a> {
-    /// Its `X-Request-Id`; null when the sweeper settled the object.
-    #[cfg_attr(
-        feature = "openapi",
-        schema(example = "0b6f3a52-5d1e-4c8a-9a57-2f1d8e4b7c90")
-    )]
-    pub id: Option<&'a str>,
-    /// The key that guards the object, if it has one.
-    #[cfg_attr(feature = "openapi", schema(example = "order-6735-charge"))]
-    pub idempotency_key: Option<&'a str>,
-}
-
 impl Event {
+    /// The API object.
     pub fn to_object(&self) -> EventObject<'_> {
-        EventObject {
-            id: &self.id,
-            object: "event",
-            api_version: None,
-            created: self.created_at.timestamp(),
-            data: EventData {
-                object: &self.data.0,
-            },
-            livemode: false,
-            pending_webhooks: self.pending_webhooks,
-            request: EventRequest {
-                id: self.request_id.as_deref(),
-                idempotency_key: self.idempotency_key.as_deref(),
-            },
-            kind: self.kind.as_str(),
-        }
+        let request = EventRequest {
+            id: self.request_id.as_deref(),
+            idempotency_key: self.idempotency_key.as_deref(),
+        };
+        EventObject::new(
+            &self.id,
+            self.kind.as_str(),
+            self.created_at.timestamp(),
+            &self.data.0,
+            self.pending_webhooks,
+            request,
+        )
     }
 }
 

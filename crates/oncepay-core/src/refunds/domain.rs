@@ -1,14 +1,15 @@
-//! What a refund is: its validated parameters, its stored row and its API object.
+//! What a refund is: its validated parameters and its stored row, which
+//! hands its facts to the API's refund object (`oncepay_api::objects`).
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use uuid::Uuid;
 
 use crate::amount::Amount;
+use crate::objects::{RefundFacts, RefundObject};
 use crate::params::{ParamError, Params, shorten};
-use crate::params::{Unmodelled, new_id, required, string};
+use crate::params::{new_id, required, string};
 use crate::problem::ProblemCode;
 
 /// Why a refund was asked for, with Stripe's names.
@@ -104,6 +105,7 @@ impl NewRefund {
 /// answers; then `succeeded`, or `failed` when the card's issuer refused it
 /// for good (its reservation is given back on the charge).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+// The API's objects name this schema (`oncepay_api::objects`).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(rename_all = "lowercase"))]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
@@ -136,104 +138,21 @@ pub struct Refund {
     pub failure_reason: Option<String>,
 }
 
-/// The refund object of the API: every field of Stripe's refund, in
-/// Stripe's order (`id`, `object`, then by name); what oncepay does not
-/// model is `null` (see docs/decisions.md).
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[cfg_attr(feature = "openapi", schema(as = Refund))]
-pub struct RefundObject<'a> {
-    /// `re_` and 24 letters or digits.
-    #[cfg_attr(feature = "openapi", schema(example = "re_3Kq8ZtLbVn2WcXy7Hd0PfRsA"))]
-    pub id: &'a str,
-    #[cfg_attr(feature = "openapi", schema(example = "refund"))]
-    pub object: &'static str,
-    /// Integer minor units.
-    #[cfg_attr(feature = "openapi", schema(example = 500))]
-    pub amount: i64,
-    /// `txn_...` once the refund succeeded, `null` otherwise.
-    #[cfg_attr(feature = "openapi", schema(example = "txn_3Kq8ZtLbVn2WcXy7Hd0PfRsA"))]
-    pub balance_transaction: Option<String>,
-    /// The charge refunded.
-    #[cfg_attr(feature = "openapi", schema(example = "ch_FSqF13LohwPRt53icfinsfKa"))]
-    pub charge: &'a str,
-    /// Unix seconds.
-    #[cfg_attr(feature = "openapi", schema(example = 1764892800))]
-    pub created: i64,
-    #[cfg_attr(feature = "openapi", schema(example = "usd"))]
-    pub currency: &'a str,
-    pub customer: Unmodelled,
-    pub customer_account: Unmodelled,
-    /// Where the money goes back: the card charged.
-    pub destination_details: DestinationDetails,
-    /// Why the refund failed (`declined`), else null.
-    #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
-    pub failure_reason: Option<&'a str>,
-    #[cfg_attr(feature = "openapi", schema(example = json!({"order_id": "6735"})))]
-    pub metadata: &'a BTreeMap<String, String>,
-    pub payment_intent: Unmodelled,
-    pub payment_method: Unmodelled,
-    /// `duplicate`, `fraudulent` or `requested_by_customer`, as asked.
-    #[cfg_attr(feature = "openapi", schema(example = "requested_by_customer"))]
-    pub reason: Option<&'a str>,
-    pub receipt_number: Unmodelled,
-    pub source_transfer_reversal: Unmodelled,
-    /// `failed` when the card's issuer refused the refund; its amount can be
-    /// refunded again.
-    #[cfg_attr(feature = "openapi", schema(value_type = RefundStatus, example = "succeeded"))]
-    pub status: &'a str,
-    pub transfer_reversal: Unmodelled,
-}
-
-/// Where a refund's money goes: back to the card.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct DestinationDetails {
-    pub card: CardRefund,
-    #[serde(rename = "type")]
-    #[cfg_attr(feature = "openapi", schema(example = "card"))]
-    pub kind: &'static str,
-}
-
-/// A refund to a card: oncepay's card gateway refunds a settled payment
-/// (`refund`), never reverses an authorization.
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct CardRefund {
-    /// Always `refund`.
-    #[serde(rename = "type")]
-    #[cfg_attr(feature = "openapi", schema(example = "refund"))]
-    pub kind: &'static str,
-}
-
 impl Refund {
+    /// The API object.
     pub fn to_object(&self) -> RefundObject<'_> {
-        let suffix = self.id.strip_prefix("re_").unwrap_or(&self.id);
-        RefundObject {
+        RefundObject::new(RefundFacts {
             id: &self.id,
-            object: "refund",
             amount: self.amount,
-            balance_transaction: (self.status == RefundStatus::Succeeded)
-                .then(|| format!("txn_{suffix}")),
             charge: &self.charge_id,
             created: self.created_at.timestamp(),
             currency: &self.currency,
-            customer: Unmodelled,
-            customer_account: Unmodelled,
-            destination_details: DestinationDetails {
-                card: CardRefund { kind: "refund" },
-                kind: "card",
-            },
             failure_reason: self.failure_reason.as_deref(),
             metadata: &self.metadata.0,
-            payment_intent: Unmodelled,
-            payment_method: Unmodelled,
             reason: self.reason.as_deref(),
-            receipt_number: Unmodelled,
-            source_transfer_reversal: Unmodelled,
             status: self.status.as_str(),
-            transfer_reversal: Unmodelled,
-        }
+            succeeded: self.status == RefundStatus::Succeeded,
+        })
     }
 }
 
