@@ -14,6 +14,7 @@ use uuid::Uuid;
 use super::auth::Authenticated;
 use super::extract::{ById, IdempotentPost, PageParams, QueryParams};
 use super::idempotent;
+use super::input::FromParams;
 use super::list::List;
 use super::problem::{ApiError, found};
 use crate::app::AppState;

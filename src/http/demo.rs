@@ -20,6 +20,7 @@ use utoipa_axum::routes;
 use super::auth::Authenticated;
 use super::extract::{NoQuery, QueryParams, RawBody, decode};
 use super::idempotent::{self, REPLAYED};
+use super::input::FromParams;
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::charges::NewCharge;

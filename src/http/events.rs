@@ -11,10 +11,10 @@ use uuid::Uuid;
 
 use super::auth::Authenticated;
 use super::extract::{ById, PageParams, QueryParams};
+use super::input::take_type_filter;
 use super::list::List;
 use super::problem::{ApiError, found};
 use crate::app::AppState;
-use crate::events::domain::take_type_filter;
 use crate::events::store::{self, Position};
 use crate::events::{Event, EventType};
 use crate::objects::EventObject;

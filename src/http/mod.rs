@@ -11,6 +11,7 @@ pub mod faults;
 pub mod health;
 pub mod idempotency_keys;
 pub mod idempotent;
+pub mod input;
 pub mod list;
 pub mod observe;
 pub mod openapi;

@@ -13,6 +13,7 @@ use utoipa_axum::routes;
 use super::auth::Authenticated;
 use super::extract::{ById, IdempotentPost};
 use super::idempotent;
+use super::input::FromParams;
 use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::objects::RefundObject;

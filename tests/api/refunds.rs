@@ -1,6 +1,7 @@
 //! Refunds: replays, partial and full refunds, races between refunds with
 //! different keys, refusals, roll-forward recovery, and the balance.
 
+use oncepay::http::input::FromParams;
 use std::sync::Arc;
 use std::time::Duration;
 

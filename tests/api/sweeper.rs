@@ -1,6 +1,7 @@
 //! The background task: stale charges settled both ways, late authorizations
 //! fenced off, expired keys deleted, several sweepers sharing the work.
 
+use oncepay::http::input::FromParams;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -3,9 +3,8 @@
 //! import it from here.
 
 use serde::Serialize;
-use serde_json::Value;
 
-use crate::params::{Encoding, ParamError};
+use crate::params::ParamError;
 use crate::problem::ProblemCode;
 
 /// Smallest and largest amount, in minor units (cents for USD).
@@ -34,40 +33,10 @@ impl Amount {
     pub fn minor_units(self) -> i64 {
         self.0
     }
-
-    /// Reads `amount`: a JSON integer, or a string of digits in a form.
-    pub fn from_param(value: Value, encoding: Encoding) -> Result<Self, ParamError> {
-        let invalid = || {
-            ParamError::new(
-                ProblemCode::ParameterInvalidInteger,
-                "amount",
-                "Amount must be a whole number of minor units (e.g. 2000 for 20.00 USD)",
-            )
-        };
-        let number = match (value, encoding) {
-            (Value::Number(n), Encoding::Json) => match (n.as_i64(), n.as_u64()) {
-                (Some(i), _) => i,
-                (None, Some(_)) => return Err(too_large()),
-                (None, None) => return Err(invalid()),
-            },
-            (Value::String(s), Encoding::Form) => {
-                let digits = s.strip_prefix('-').unwrap_or(&s);
-                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(invalid());
-                }
-                match s.parse::<i64>() {
-                    Ok(i) => i,
-                    Err(_) if s.starts_with('-') => i64::MIN,
-                    Err(_) => return Err(too_large()),
-                }
-            }
-            _ => return Err(invalid()),
-        };
-        Amount::new(number)
-    }
 }
 
-fn too_large() -> ParamError {
+/// The error of an amount above [`MAX_AMOUNT`].
+pub fn too_large() -> ParamError {
     ParamError::new(
         ProblemCode::AmountTooLarge,
         "amount",

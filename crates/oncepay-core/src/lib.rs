@@ -5,9 +5,9 @@
 //!   pending record, call the processor outside any transaction, settle.
 //! - [`idempotency`]: the key, the request's fingerprint, and the store that
 //!   claims, completes, reads, leases and expires keys.
-//! - [`charges`], [`refunds`]: the records, their validated input, their SQL
-//!   and the settle that ends a pending one; [`amount`] and [`settled`],
-//!   which both use and neither owns.
+//! - [`charges`], [`refunds`]: the records, their input as the server's edge
+//!   validated it, their SQL and the settle that ends a pending one;
+//!   [`amount`] and [`settled`], which both use and neither owns.
 //! - [`events`]: the events a settle writes in its own transaction (the outbox).
 //! - [`processor`]: the card processor behind a trait, the keys derived for
 //!   it, and how a call can fail.

@@ -7,12 +7,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::objects::{EventObject, EventRequest};
-use crate::params::{ParamError, Params, shorten};
-use crate::params::{new_id, string};
-use crate::problem::ProblemCode;
-
-/// The most types one `types` filter may name, as Stripe allows.
-pub const MAX_FILTER_TYPES: usize = 20;
+use crate::params::new_id;
 
 /// What happened, with Stripe's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, sqlx::Type)]
@@ -138,75 +133,6 @@ impl Event {
     }
 }
 
-/// Takes the list's type filter out of `params`: `type` (one type) or
-/// `types` (up to [`MAX_FILTER_TYPES`]; a form sends `types[]=...` or
-/// `types[N]=...`, as the Stripe SDKs send a list), not both. `None`: every
-/// type.
-pub fn take_type_filter(params: &mut Params) -> Result<Option<Vec<EventType>>, ParamError> {
-    match (params.take("type"), params.take("types")) {
-        (Some(_), Some(_)) => Err(ParamError::new(
-            ProblemCode::ParametersExclusive,
-            "types",
-            "You may only specify one of these parameters: type, types.",
-        )),
-        (Some(one), None) => Ok(Some(vec![parse_filter(&string(one, "type")?, "type")?])),
-        (None, Some(many)) => {
-            let invalid_type = || {
-                ParamError::new(
-                    ProblemCode::ParameterInvalidType,
-                    "types",
-                    "types must be a list of event types, e.g. types[]=charge.succeeded",
-                )
-            };
-            let items: Vec<Value> = match many {
-                Value::Array(items) => items,
-                Value::Object(entries) => {
-                    if let Some(name) = entries
-                        .keys()
-                        .find(|k| !k.bytes().all(|b| b.is_ascii_digit()))
-                    {
-                        return Err(ParamError::unknown(&format!("types[{name}]")));
-                    }
-                    entries.into_iter().map(|(_, v)| v).collect()
-                }
-                _ => return Err(invalid_type()),
-            };
-            if items.len() > MAX_FILTER_TYPES {
-                return Err(ParamError::new(
-                    ProblemCode::ParameterTooLong,
-                    "types",
-                    format!("types can name at most {MAX_FILTER_TYPES} event types"),
-                ));
-            }
-            let types = items
-                .into_iter()
-                .map(|item| match item {
-                    Value::String(name) => parse_filter(&name, "types"),
-                    _ => Err(invalid_type()),
-                })
-                .collect::<Result<_, _>>()?;
-            Ok(Some(types))
-        }
-        (None, None) => Ok(None),
-    }
-}
-
-/// The event type `name` names, or `invalid_event_type` for `param`.
-fn parse_filter(name: &str, param: &str) -> Result<EventType, ParamError> {
-    EventType::parse(name).ok_or_else(|| {
-        let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
-        ParamError::new(
-            ProblemCode::InvalidEventType,
-            param,
-            format!(
-                "Invalid event type: {}. Use one of {}",
-                shorten(name),
-                known.join(", ")
-            ),
-        )
-    })
-}
-
 /// A new event id: `evt_` and 24 random letters and digits.
 pub fn new_event_id() -> String {
     new_id("evt")
@@ -223,58 +149,6 @@ mod tests {
         }
         assert_eq!(EventType::parse("charge.*"), None);
         assert_eq!(EventType::parse("charge.succeed"), None);
-    }
-
-    fn filter(query: &str) -> Result<Option<Vec<EventType>>, ProblemCode> {
-        let mut params = Params::from_form(query.as_bytes()).unwrap();
-        take_type_filter(&mut params).map_err(|e| e.code)
-    }
-
-    #[test]
-    fn a_type_filter_is_read_in_every_spelling() {
-        assert_eq!(filter(""), Ok(None));
-        assert_eq!(
-            filter("type=charge.failed"),
-            Ok(Some(vec![EventType::ChargeFailed]))
-        );
-        let both = Ok(Some(vec![
-            EventType::RefundFailed,
-            EventType::ChargeRefunded,
-        ]));
-        assert_eq!(
-            filter("types[]=refund.failed&types[]=charge.refunded"),
-            both
-        );
-        assert_eq!(
-            filter("types[0]=refund.failed&types[1]=charge.refunded"),
-            both
-        );
-    }
-
-    #[test]
-    fn a_bad_type_filter_is_refused_with_its_code() {
-        assert_eq!(filter("type=charge.*"), Err(ProblemCode::InvalidEventType));
-        assert_eq!(filter("types[]=charge"), Err(ProblemCode::InvalidEventType));
-        assert_eq!(
-            filter("type=charge.failed&types[]=charge.failed"),
-            Err(ProblemCode::ParametersExclusive)
-        );
-        assert_eq!(
-            filter("types[x]=charge.failed"),
-            Err(ProblemCode::ParameterUnknown)
-        );
-        assert_eq!(
-            filter("types=charge.failed"),
-            Err(ProblemCode::ParameterInvalidType)
-        );
-        assert_eq!(
-            filter("type[]=charge.failed"),
-            Err(ProblemCode::ParameterInvalidType)
-        );
-        let many = vec!["types[]=charge.failed"; 21].join("&");
-        assert_eq!(filter(&many), Err(ProblemCode::ParameterTooLong));
-        let twenty = vec!["types[]=charge.failed"; 20].join("&");
-        assert!(filter(&twenty).is_ok());
     }
 
     #[test]

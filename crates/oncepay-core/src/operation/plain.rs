@@ -13,11 +13,10 @@ use uuid::Uuid;
 
 use super::charge::CreateCharge;
 use super::{Answer, Engine, Guard, run};
-use crate::charges::NewCharge;
+use crate::charges::{Amount, Currency, NewCharge};
 use crate::idempotency::IdempotencyKey;
-use crate::params::Params;
 use crate::processor::{
-    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
+    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
 };
 use crate::settings::Timeouts;
 use crate::speed::Plain;
@@ -71,8 +70,13 @@ fn engine(pool: PgPool, processor: Arc<CountingProcessor>) -> Engine {
 }
 
 fn charge() -> NewCharge {
-    let body = br#"{"amount": 2000, "currency": "usd", "source": "tok_visa"}"#;
-    NewCharge::from_params(Params::from_json(body).unwrap()).unwrap()
+    NewCharge {
+        amount: Amount::new(2000).unwrap(),
+        currency: Currency::parse("usd").unwrap(),
+        source: TestToken::parse("tok_visa").unwrap(),
+        description: None,
+        metadata: Default::default(),
+    }
 }
 
 #[sqlx::test(migrations = "../../migrations")]

@@ -1,0 +1,508 @@
+//! The bodies and queries of the API's requests, validated into the core's
+//! types at the edge: each parameter read once, with a problem that names
+//! it, and every unknown one refused. The core takes the validated values
+//! ([`NewCharge`], [`NewRefund`]) and never sees a body.
+
+use serde_json::Value;
+
+use crate::charges::{Currency, NewCharge};
+use crate::events::EventType;
+use crate::params::{Encoding, ParamError, Params, required, shorten, string};
+use crate::problem::ProblemCode;
+use crate::processor::TestToken;
+use crate::refunds::{NewRefund, RefundReason};
+use oncepay_core::amount::{Amount, too_large};
+
+/// The longest `description` a charge takes, in characters.
+const MAX_DESCRIPTION_CHARS: usize = 1000;
+
+/// The most types one `types` filter may name, as Stripe allows.
+pub const MAX_FILTER_TYPES: usize = 20;
+
+/// A request's parameters, validated into `Self`.
+pub trait FromParams: Sized {
+    /// Validates every parameter, and refuses unknown ones.
+    fn from_params(params: Params) -> Result<Self, ParamError>;
+}
+
+impl FromParams for NewCharge {
+    fn from_params(mut params: Params) -> Result<Self, ParamError> {
+        let encoding = params.encoding;
+        let amount = parse_amount(required(&mut params, "amount")?, encoding)?;
+        let currency = string(required(&mut params, "currency")?, "currency")?;
+        let currency = Currency::parse(&currency).ok_or_else(|| {
+            ParamError::new(
+                ProblemCode::InvalidCurrency,
+                "currency",
+                format!(
+                    "Invalid currency: {}. Use a three-letter ISO 4217 code such as usd",
+                    shorten(&currency)
+                ),
+            )
+        })?;
+        let source = string(required(&mut params, "source")?, "source")?;
+        let source = TestToken::parse(&source).ok_or_else(|| {
+            ParamError::new(
+                ProblemCode::ResourceMissing,
+                "source",
+                format!(
+                    "No such token: '{}'. Use a test token such as tok_visa",
+                    shorten(&source)
+                ),
+            )
+        })?;
+        let description = params
+            .take("description")
+            .map(|v| string(v, "description"))
+            .transpose()?;
+        if let Some(d) = &description {
+            if d.chars().count() > MAX_DESCRIPTION_CHARS {
+                return Err(ParamError::new(
+                    ProblemCode::ParameterTooLong,
+                    "description",
+                    format!("Description must be at most {MAX_DESCRIPTION_CHARS} characters"),
+                ));
+            }
+        }
+        let metadata = params.take_metadata()?;
+        params.refuse_expand()?;
+        params.reject_unknown()?;
+        Ok(NewCharge {
+            amount,
+            currency,
+            source,
+            description,
+            metadata,
+        })
+    }
+}
+
+impl FromParams for NewRefund {
+    fn from_params(mut params: Params) -> Result<Self, ParamError> {
+        let encoding = params.encoding;
+        let charge = string(required(&mut params, "charge")?, "charge")?;
+        let amount = params
+            .take("amount")
+            .map(|v| parse_amount(v, encoding))
+            .transpose()?;
+        let reason = params
+            .take("reason")
+            .map(|v| string(v, "reason"))
+            .transpose()?
+            .map(|reason| {
+                RefundReason::parse(&reason).ok_or_else(|| {
+                    ParamError::new(ProblemCode::InvalidReason,
+                        "reason",
+                        format!(
+                            "Invalid reason: {}. Use duplicate, fraudulent or requested_by_customer",
+                            shorten(&reason)
+                        ),
+                    )
+                })
+            })
+            .transpose()?;
+        let metadata = params.take_metadata()?;
+        params.refuse_expand()?;
+        params.reject_unknown()?;
+        Ok(NewRefund {
+            charge,
+            amount,
+            reason,
+            metadata,
+        })
+    }
+}
+
+/// Reads `amount`: a JSON integer, or a string of digits in a form.
+fn parse_amount(value: Value, encoding: Encoding) -> Result<Amount, ParamError> {
+    let invalid = || {
+        ParamError::new(
+            ProblemCode::ParameterInvalidInteger,
+            "amount",
+            "Amount must be a whole number of minor units (e.g. 2000 for 20.00 USD)",
+        )
+    };
+    let number = match (value, encoding) {
+        (Value::Number(n), Encoding::Json) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => i,
+            (None, Some(_)) => return Err(too_large()),
+            (None, None) => return Err(invalid()),
+        },
+        (Value::String(s), Encoding::Form) => {
+            let digits = s.strip_prefix('-').unwrap_or(&s);
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(invalid());
+            }
+            match s.parse::<i64>() {
+                Ok(i) => i,
+                Err(_) if s.starts_with('-') => i64::MIN,
+                Err(_) => return Err(too_large()),
+            }
+        }
+        _ => return Err(invalid()),
+    };
+    Amount::new(number)
+}
+
+/// Takes the list's type filter out of `params`: `type` (one type) or
+/// `types` (up to [`MAX_FILTER_TYPES`]; a form sends `types[]=...` or
+/// `types[N]=...`, as the Stripe SDKs send a list), not both. `None`: every
+/// type.
+pub fn take_type_filter(params: &mut Params) -> Result<Option<Vec<EventType>>, ParamError> {
+    match (params.take("type"), params.take("types")) {
+        (Some(_), Some(_)) => Err(ParamError::new(
+            ProblemCode::ParametersExclusive,
+            "types",
+            "You may only specify one of these parameters: type, types.",
+        )),
+        (Some(one), None) => Ok(Some(vec![parse_filter(&string(one, "type")?, "type")?])),
+        (None, Some(many)) => {
+            let invalid_type = || {
+                ParamError::new(
+                    ProblemCode::ParameterInvalidType,
+                    "types",
+                    "types must be a list of event types, e.g. types[]=charge.succeeded",
+                )
+            };
+            let items: Vec<Value> = match many {
+                Value::Array(items) => items,
+                Value::Object(entries) => {
+                    if let Some(name) = entries
+                        .keys()
+                        .find(|k| !k.bytes().all(|b| b.is_ascii_digit()))
+                    {
+                        return Err(ParamError::unknown(&format!("types[{name}]")));
+                    }
+                    entries.into_iter().map(|(_, v)| v).collect()
+                }
+                _ => return Err(invalid_type()),
+            };
+            if items.len() > MAX_FILTER_TYPES {
+                return Err(ParamError::new(
+                    ProblemCode::ParameterTooLong,
+                    "types",
+                    format!("types can name at most {MAX_FILTER_TYPES} event types"),
+                ));
+            }
+            let types = items
+                .into_iter()
+                .map(|item| match item {
+                    Value::String(name) => parse_filter(&name, "types"),
+                    _ => Err(invalid_type()),
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(Some(types))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+/// The event type `name` names, or `invalid_event_type` for `param`.
+fn parse_filter(name: &str, param: &str) -> Result<EventType, ParamError> {
+    EventType::parse(name).ok_or_else(|| {
+        let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+        ParamError::new(
+            ProblemCode::InvalidEventType,
+            param,
+            format!(
+                "Invalid event type: {}. Use one of {}",
+                shorten(name),
+                known.join(", ")
+            ),
+        )
+    })
+}
+
+#[cfg(test)]
+mod charge_tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn parse_json(body: Value) -> Result<NewCharge, ParamError> {
+        NewCharge::from_params(Params::from_json(body.to_string().as_bytes()).unwrap())
+    }
+
+    fn code(body: Value) -> &'static str {
+        parse_json(body).unwrap_err().code.as_str()
+    }
+
+    #[test]
+    fn json_and_form_with_equal_parameters_are_equal() {
+        let json = parse_json(json!({
+            "source": "tok_visa", "currency": "USD", "amount": 2000,
+            "metadata": {"b": "2", "a": "1"}
+        }))
+        .unwrap();
+        let form = NewCharge::from_params(
+            Params::from_form(
+                b"amount=2000&currency=usd&source=tok_visa&metadata[a]=1&metadata[b]=2",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(json, form);
+        assert_eq!(json.canonical(), form.canonical());
+    }
+
+    #[test]
+    fn amounts_must_be_whole_positive_numbers_in_range() {
+        let base =
+            |amount: Value| json!({"amount": amount, "currency": "usd", "source": "tok_visa"});
+        assert_eq!(code(base(json!(0))), "amount_too_small");
+        assert_eq!(code(base(json!(-5))), "amount_too_small");
+        assert_eq!(code(base(json!(100_000_000))), "amount_too_large");
+        assert_eq!(code(base(json!(u64::MAX))), "amount_too_large");
+        assert_eq!(code(base(json!(20.5))), "parameter_invalid_integer");
+        assert_eq!(code(base(json!(20.0))), "parameter_invalid_integer");
+        assert_eq!(code(base(json!("2000"))), "parameter_invalid_integer");
+        assert_eq!(code(base(json!(true))), "parameter_invalid_integer");
+        assert!(parse_json(base(json!(99_999_999))).is_ok());
+    }
+
+    #[test]
+    fn form_amounts_must_be_digits() {
+        let form = |amount: &str| {
+            let body = format!("amount={amount}&currency=usd&source=tok_visa");
+            NewCharge::from_params(Params::from_form(body.as_bytes()).unwrap())
+                .map_err(|e| e.code.as_str())
+        };
+        assert_eq!(form("20.5"), Err("parameter_invalid_integer"));
+        assert_eq!(form("1e3"), Err("parameter_invalid_integer"));
+        assert_eq!(form(""), Err("parameter_invalid_integer"));
+        assert_eq!(form("-1"), Err("amount_too_small"));
+        assert_eq!(form("99999999999999999999"), Err("amount_too_large"));
+        assert_eq!(form("-99999999999999999999"), Err("amount_too_small"));
+        assert!(form("2000").is_ok());
+    }
+
+    #[test]
+    fn unknown_missing_and_mistyped_parameters_are_named() {
+        let err = parse_json(
+            json!({"amount": 1, "currency": "usd", "source": "tok_visa", "capture": false}),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (err.code.as_str(), err.param.as_str()),
+            ("parameter_unknown", "capture")
+        );
+        let err = parse_json(json!({"amount": 1, "source": "tok_visa"})).unwrap_err();
+        assert_eq!(
+            (err.code.as_str(), err.param.as_str()),
+            ("parameter_missing", "currency")
+        );
+        assert_eq!(
+            code(json!({"amount": 1, "currency": 840, "source": "tok_visa"})),
+            "parameter_invalid_type"
+        );
+        assert_eq!(
+            code(json!({"amount": 1, "currency": "usx", "source": "tok_visa"})),
+            "invalid_currency"
+        );
+        assert_eq!(
+            code(json!({"amount": 1, "currency": "usd", "source": "tok_nope"})),
+            "resource_missing"
+        );
+    }
+
+    #[test]
+    fn descriptions_and_metadata_have_limits() {
+        let base = |extra: Value| {
+            let mut body = json!({"amount": 1, "currency": "usd", "source": "tok_visa"});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            code(body)
+        };
+        assert_eq!(
+            base(json!({"description": "x".repeat(1001)})),
+            "parameter_too_long"
+        );
+        let many: serde_json::Map<String, Value> =
+            (0..51).map(|i| (format!("k{i}"), json!("v"))).collect();
+        assert_eq!(base(json!({"metadata": many})), "metadata_invalid");
+        assert_eq!(
+            base(json!({"metadata": {"k".repeat(41): "v"}})),
+            "metadata_invalid"
+        );
+        assert_eq!(
+            base(json!({"metadata": {"k": "v".repeat(501)}})),
+            "metadata_invalid"
+        );
+        assert_eq!(base(json!({"metadata": {"k": 1}})), "metadata_invalid");
+        assert_eq!(base(json!({"metadata": ["k"]})), "metadata_invalid");
+        assert!(
+            parse_json(json!({
+                "amount": 1, "currency": "usd", "source": "tok_visa",
+                "description": "é".repeat(1000), "metadata": {"k".repeat(40): "v".repeat(500)}
+            }))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn any_changed_value_changes_the_canonical_form() {
+        let base = json!({"amount": 2000, "currency": "usd", "source": "tok_visa", "metadata": {"a": "1"}});
+        let canonical = parse_json(base.clone()).unwrap().canonical();
+        for (field, value) in [
+            ("amount", json!(2001)),
+            ("currency", json!("eur")),
+            ("source", json!("tok_mastercard")),
+            ("description", json!("x")),
+            ("metadata", json!({"a": "2"})),
+        ] {
+            let mut changed = base.clone();
+            changed[field] = value;
+            assert_ne!(
+                parse_json(changed).unwrap().canonical(),
+                canonical,
+                "{field}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod refund_tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn parse_json(body: Value) -> Result<NewRefund, ParamError> {
+        NewRefund::from_params(Params::from_json(body.to_string().as_bytes()).unwrap())
+    }
+
+    fn code(body: Value) -> &'static str {
+        parse_json(body).unwrap_err().code.as_str()
+    }
+
+    #[test]
+    fn json_and_form_with_equal_parameters_are_equal() {
+        let json = parse_json(json!({
+            "charge": "ch_1", "amount": 500, "reason": "duplicate", "metadata": {"b": "2", "a": "1"}
+        }))
+        .unwrap();
+        let form = NewRefund::from_params(
+            Params::from_form(
+                b"charge=ch_1&amount=500&reason=duplicate&metadata[a]=1&metadata[b]=2",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(json, form);
+        assert_eq!(json.canonical(), form.canonical());
+    }
+
+    #[test]
+    fn only_the_charge_is_required() {
+        let refund = parse_json(json!({"charge": "ch_1"})).unwrap();
+        assert_eq!((refund.amount, refund.reason), (None, None));
+        assert_eq!(code(json!({"amount": 100})), "parameter_missing");
+        assert_eq!(code(json!({"charge": 7})), "parameter_invalid_type");
+    }
+
+    #[test]
+    fn bad_amounts_reasons_metadata_and_unknown_parameters_are_refused() {
+        assert_eq!(
+            code(json!({"charge": "ch_1", "amount": 0})),
+            "amount_too_small"
+        );
+        assert_eq!(
+            code(json!({"charge": "ch_1", "amount": "5"})),
+            "parameter_invalid_integer"
+        );
+        assert_eq!(
+            code(json!({"charge": "ch_1", "amount": 100_000_000})),
+            "amount_too_large"
+        );
+        assert_eq!(
+            code(json!({"charge": "ch_1", "reason": "bored"})),
+            "invalid_reason"
+        );
+        assert_eq!(
+            code(json!({"charge": "ch_1", "metadata": {"k": 1}})),
+            "metadata_invalid"
+        );
+        assert_eq!(
+            code(json!({"charge": "ch_1", "currency": "usd"})),
+            "parameter_unknown"
+        );
+    }
+
+    #[test]
+    fn any_changed_value_changes_the_canonical_form() {
+        let base =
+            json!({"charge": "ch_1", "amount": 500, "reason": "duplicate", "metadata": {"a": "1"}});
+        let canonical = parse_json(base.clone()).unwrap().canonical();
+        for (field, value) in [
+            ("charge", json!("ch_2")),
+            ("amount", json!(501)),
+            ("amount", Value::Null),
+            ("reason", json!("fraudulent")),
+            ("metadata", json!({"a": "2"})),
+        ] {
+            let mut changed = base.clone();
+            changed[field] = value;
+            assert_ne!(
+                parse_json(changed).unwrap().canonical(),
+                canonical,
+                "{field}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod filter_tests {
+    use super::*;
+
+    fn filter(query: &str) -> Result<Option<Vec<EventType>>, ProblemCode> {
+        let mut params = Params::from_form(query.as_bytes()).unwrap();
+        take_type_filter(&mut params).map_err(|e| e.code)
+    }
+
+    #[test]
+    fn a_type_filter_is_read_in_every_spelling() {
+        assert_eq!(filter(""), Ok(None));
+        assert_eq!(
+            filter("type=charge.failed"),
+            Ok(Some(vec![EventType::ChargeFailed]))
+        );
+        let both = Ok(Some(vec![
+            EventType::RefundFailed,
+            EventType::ChargeRefunded,
+        ]));
+        assert_eq!(
+            filter("types[]=refund.failed&types[]=charge.refunded"),
+            both
+        );
+        assert_eq!(
+            filter("types[0]=refund.failed&types[1]=charge.refunded"),
+            both
+        );
+    }
+
+    #[test]
+    fn a_bad_type_filter_is_refused_with_its_code() {
+        assert_eq!(filter("type=charge.*"), Err(ProblemCode::InvalidEventType));
+        assert_eq!(filter("types[]=charge"), Err(ProblemCode::InvalidEventType));
+        assert_eq!(
+            filter("type=charge.failed&types[]=charge.failed"),
+            Err(ProblemCode::ParametersExclusive)
+        );
+        assert_eq!(
+            filter("types[x]=charge.failed"),
+            Err(ProblemCode::ParameterUnknown)
+        );
+        assert_eq!(
+            filter("types=charge.failed"),
+            Err(ProblemCode::ParameterInvalidType)
+        );
+        assert_eq!(
+            filter("type[]=charge.failed"),
+            Err(ProblemCode::ParameterInvalidType)
+        );
+        let many = vec!["types[]=charge.failed"; 21].join("&");
+        assert_eq!(filter(&many), Err(ProblemCode::ParameterTooLong));
+        let twenty = vec!["types[]=charge.failed"; 20].join("&");
+        assert!(filter(&twenty).is_ok());
+    }
+}
