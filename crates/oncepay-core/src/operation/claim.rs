@@ -20,7 +20,7 @@ use crate::idempotency::{
 use crate::operation::timing::{Waits, count_outcome, count_shed};
 use crate::operation::{Engine, Guard};
 use crate::problem::{Problem, ProblemCode};
-use crate::speed::{CachedAnswer, News, Refused, Shed};
+use crate::speed::{CachedAnswer, KeyWatch, News, Refused, Shed};
 
 /// How long before `REQUEST_TIMEOUT` a wait gives up, so that its `409`
 /// still goes out.
@@ -210,7 +210,7 @@ pub enum Begun {
     Written,
 }
 
-/// What [`begin`] does next.
+/// Where a request's key stands in [`after_read`], and what it does next.
 enum Step {
     /// Try to claim the key (one locking statement).
     Claim,
@@ -218,6 +218,8 @@ enum Step {
     Lease,
     /// Wait for news of the key in flight, without touching the database.
     Wait,
+    /// Done: what the key says.
+    Begun(Begun),
 }
 
 /// Opens step 2 for `resource` on `route`: a transaction holding the claim
@@ -302,7 +304,8 @@ pub fn from_cache(
 
 /// [`begin`] after the read of the request's key (`found`, just read
 /// without a lock, by [`keys::find`] or by the statement that tried to
-/// claim it with its record).
+/// claim it with its record): a loop over the steps of a key's life, each
+/// step a method of [`Pursuit`] that says which comes next.
 pub async fn after_read(
     engine: &Engine,
     request: &Request,
@@ -319,147 +322,198 @@ pub async fn after_read(
     // answer `503` in its place.
     let deadline = (Instant::now() + request.wait)
         .min(request.deadline(engine) - WAIT_MARGIN.min(engine.timeouts.request));
-    let wait = deadline.saturating_duration_since(Instant::now());
-    let mut step = Step::Claim;
-    // When this request last had a read of the key of its own finished: only
-    // shared polls begun after it can tell it anything new.
-    let mut known_at = Instant::now();
-    if let Some(stored) = found {
-        match stored.status {
-            KeyStatus::Completed => {
-                if let Some(answer) = remember(engine, request.merchant_id, key, stored) {
-                    return answer_from(request, route, &answer, false);
-                }
-            }
-            KeyStatus::Processing if !wait.is_zero() && same(&stored, request, route) => {
-                step = Step::Wait;
-            }
-            KeyStatus::Processing => {}
-        }
-    }
-    let mut waiter = None;
-    let mut waited = false;
-    // Bounded until this request writes: once it has settled a stale key,
-    // its next steps are never shed.
-    let mut queue = Queue::Bounded;
+    let mut pursuit = Pursuit {
+        engine,
+        request,
+        route,
+        resource,
+        key,
+        deadline,
+        known_at: Instant::now(),
+        waiter: None,
+        waited: false,
+        queue: Queue::Bounded,
+    };
+    let mut step = pursuit.first(found)?;
     loop {
         step = match step {
-            Step::Claim => {
-                let mut tx = request.transaction(engine, queue).await?;
-                let claim = Claim {
-                    merchant_id: request.merchant_id,
-                    key,
-                    method: "POST",
-                    path: route,
-                    fingerprint: request.fingerprint,
-                    resource,
-                    ttl: engine.timeouts.key_ttl,
-                    arrived: request.arrived,
-                    deadline: request.deadline(engine).into_std(),
-                };
-                let claimed = keys::claim(&mut tx, claim).await?;
-                known_at = Instant::now();
-                let stored = match claimed {
-                    ClaimOutcome::Claimed { took_over } => {
-                        count_outcome(if took_over {
-                            "expired_taken_over"
-                        } else {
-                            "executed"
-                        });
-                        return Ok(Begun::Claimed(tx));
-                    }
-                    ClaimOutcome::Taken(stored) => *stored,
-                    ClaimOutcome::TooLate => return Err(request.answered_before_claim()),
-                };
-                tx.rollback().await?;
-                if stored.status == KeyStatus::Completed {
-                    let answer = remember(engine, request.merchant_id, key, stored)
-                        .ok_or_else(|| Error::internal("a completed key without its response"))?;
-                    return answer_from(request, route, &answer, waited);
-                }
-                if !same(&stored, request, route) {
-                    count_outcome("reused");
-                    return Ok(Begun::Reused);
-                }
-                Step::Lease
+            Step::Claim => pursuit.claim().await?,
+            Step::Lease => pursuit.lease().await?,
+            Step::Wait => pursuit.wait().await?,
+            Step::Begun(begun) => return Ok(begun),
+        };
+    }
+}
+
+/// One request's pursuit of its key in [`after_read`]: what it asks, and
+/// what it has learnt of the key so far.
+struct Pursuit<'a> {
+    engine: &'a Engine,
+    request: &'a Request,
+    route: &'static str,
+    resource: Option<&'a Resource>,
+    key: &'a IdempotencyKey,
+    /// When a wait for the key in flight gives up.
+    deadline: Instant,
+    /// When this request last had a read of the key of its own finished:
+    /// only shared polls begun after it can tell it anything new.
+    known_at: Instant,
+    /// The shared wait this request joined, if any.
+    waiter: Option<Box<dyn KeyWatch>>,
+    /// Whether it waited (`Prefer: wait=N`) at all.
+    waited: bool,
+    /// Bounded until this request writes: once it has settled a stale key,
+    /// its next steps are never shed.
+    queue: Queue,
+}
+
+impl Pursuit<'_> {
+    /// The first step, from the key as read: its answer when completed, a
+    /// wait when in flight and the request will wait; else the claim.
+    fn first(&self, found: Option<StoredKey>) -> Result<Step, Error> {
+        let Some(stored) = found else {
+            return Ok(Step::Claim);
+        };
+        let will_wait = self.deadline > Instant::now();
+        match stored.status {
+            KeyStatus::Completed => Ok(self.answer(stored)?.unwrap_or(Step::Claim)),
+            KeyStatus::Processing if will_wait && same(&stored, self.request, self.route) => {
+                Ok(Step::Wait)
             }
-            Step::Lease => {
-                request.still_awaited(engine)?;
-                let stale = keys::lease_one(
-                    &engine.pool,
-                    request.merchant_id,
-                    key,
-                    engine.timeouts.processing,
-                )
-                .await?;
-                known_at = Instant::now();
-                if let Some(stale) = stale {
-                    tracing::info!(resource = ?stale, "a retry found its key stale; settling it");
-                    crate::recovery::recover(
-                        &engine.pool,
-                        engine.processor.as_ref(),
-                        &stale,
-                        engine.timeouts.key_ttl,
-                        request.request_id.as_deref(),
-                    )
-                    .await
-                    .map_err(|e| Error::from_recovery(e, &engine.timeouts))?;
-                    count_outcome("stale_recovered");
-                    queue = Queue::Kept;
-                    Step::Claim
-                } else if Instant::now() < deadline {
-                    Step::Wait
+            KeyStatus::Processing => Ok(Step::Claim),
+        }
+    }
+
+    /// Claims the key in a transaction: ours, its saved answer, reused, or
+    /// in flight (then a lease, in case it is stale).
+    async fn claim(&mut self) -> Result<Step, Error> {
+        let (engine, request) = (self.engine, self.request);
+        let mut tx = request.transaction(engine, self.queue).await?;
+        let claim = Claim {
+            merchant_id: request.merchant_id,
+            key: self.key,
+            method: "POST",
+            path: self.route,
+            fingerprint: request.fingerprint,
+            resource: self.resource,
+            ttl: engine.timeouts.key_ttl,
+            arrived: request.arrived,
+            deadline: request.deadline(engine).into_std(),
+        };
+        let claimed = keys::claim(&mut tx, claim).await?;
+        self.known_at = Instant::now();
+        let stored = match claimed {
+            ClaimOutcome::Claimed { took_over } => {
+                count_outcome(if took_over {
+                    "expired_taken_over"
                 } else {
-                    count_outcome("in_use");
-                    return Ok(Begun::InUse { waited });
-                }
-            }
-            Step::Wait => {
-                waited = true;
-                let shared = waiter.get_or_insert_with(|| {
-                    engine.fast.watch(
-                        &engine.pool,
-                        engine.timeouts.processing,
-                        request.merchant_id,
-                        key,
-                    )
+                    "executed"
                 });
-                let waiting = std::time::Instant::now();
-                let news = tokio::select! {
-                    news = tokio::time::timeout_at(deadline, shared.news_since(known_at)) => news,
-                    () = request.client_gone.cancelled() => {
-                        tracing::info!("the client hung up; stopped waiting for the key in flight");
-                        count_outcome("wait_abandoned");
-                        return Ok(Begun::InUse { waited });
-                    }
-                };
-                request.waits.key(waiting.elapsed());
-                match news {
-                    Err(_) => {
-                        count_outcome("in_use");
-                        return Ok(Begun::InUse { waited });
-                    }
-                    Ok(Some(News::Completed(stored))) => {
-                        match remember(engine, request.merchant_id, key, StoredKey::clone(&stored))
-                        {
-                            Some(answer) => {
-                                return answer_from(request, route, &answer, waited);
-                            }
-                            None => Step::Claim,
-                        }
-                    }
-                    Ok(Some(News::Stale)) => Step::Lease,
-                    Ok(Some(News::Gone)) => Step::Claim,
-                    Ok(Some(News::InFlight)) => Step::Wait,
-                    Ok(None) => {
-                        // The shared wait ended under us: look again, and
-                        // join a new one if still in flight.
-                        waiter = None;
-                        Step::Claim
-                    }
-                }
+                return Ok(Step::Begun(Begun::Claimed(tx)));
+            }
+            ClaimOutcome::Taken(stored) => *stored,
+            ClaimOutcome::TooLate => return Err(request.answered_before_claim()),
+        };
+        tx.rollback().await?;
+        if stored.status == KeyStatus::Completed {
+            return self
+                .answer(stored)?
+                .ok_or_else(|| Error::internal("a completed key without its response"));
+        }
+        if !same(&stored, request, self.route) {
+            count_outcome("reused");
+            return Ok(Step::Begun(Begun::Reused));
+        }
+        Ok(Step::Lease)
+    }
+
+    /// Leases the key if it is stale and settles its record by the
+    /// sweeper's own procedure, then claims again; else waits, or answers
+    /// `409` once the wait is over.
+    async fn lease(&mut self) -> Result<Step, Error> {
+        let (engine, request) = (self.engine, self.request);
+        request.still_awaited(engine)?;
+        let processing = engine.timeouts.processing;
+        let stale =
+            keys::lease_one(&engine.pool, request.merchant_id, self.key, processing).await?;
+        self.known_at = Instant::now();
+        let Some(stale) = stale else {
+            return Ok(if Instant::now() < self.deadline {
+                Step::Wait
+            } else {
+                self.in_use("in_use")
+            });
+        };
+        tracing::info!(resource = ?stale, "a retry found its key stale; settling it");
+        crate::recovery::recover(
+            &engine.pool,
+            engine.processor.as_ref(),
+            &stale,
+            engine.timeouts.key_ttl,
+            request.request_id.as_deref(),
+        )
+        .await
+        .map_err(|e| Error::from_recovery(e, &engine.timeouts))?;
+        count_outcome("stale_recovered");
+        self.queue = Queue::Kept;
+        Ok(Step::Claim)
+    }
+
+    /// Waits for news of the key in flight (the process's shared wait),
+    /// holding no connection and no lock, until the wait is over or the
+    /// client hangs up.
+    async fn wait(&mut self) -> Result<Step, Error> {
+        let (engine, request, key) = (self.engine, self.request, self.key);
+        self.waited = true;
+        let shared = self.waiter.get_or_insert_with(|| {
+            let processing = engine.timeouts.processing;
+            engine
+                .fast
+                .watch(&engine.pool, processing, request.merchant_id, key)
+        });
+        let waiting = std::time::Instant::now();
+        let news = tokio::select! {
+            news = tokio::time::timeout_at(self.deadline, shared.news_since(self.known_at)) => news,
+            () = request.client_gone.cancelled() => {
+                tracing::info!("the client hung up; stopped waiting for the key in flight");
+                return Ok(self.in_use("wait_abandoned"));
             }
         };
+        request.waits.key(waiting.elapsed());
+        Ok(match news {
+            Err(_) => self.in_use("in_use"),
+            Ok(Some(News::Completed(stored))) => self
+                .answer(StoredKey::clone(&stored))?
+                .unwrap_or(Step::Claim),
+            Ok(Some(News::Stale)) => Step::Lease,
+            Ok(Some(News::Gone)) => Step::Claim,
+            Ok(Some(News::InFlight)) => Step::Wait,
+            Ok(None) => {
+                // The shared wait ended under us: look again, and join a
+                // new one if still in flight.
+                self.waiter = None;
+                Step::Claim
+            }
+        })
+    }
+
+    /// The answer of a completed key just read (remembered in the cache),
+    /// as the last step; `None` when the row holds no answer.
+    fn answer(&self, stored: StoredKey) -> Result<Option<Step>, Error> {
+        let (engine, request) = (self.engine, self.request);
+        match remember(engine, request.merchant_id, self.key, stored) {
+            Some(answer) => answer_from(request, self.route, &answer, self.waited)
+                .map(|begun| Some(Step::Begun(begun))),
+            None => Ok(None),
+        }
+    }
+
+    /// `409`, counted as `outcome`: the key is still in flight.
+    fn in_use(&self, outcome: &'static str) -> Step {
+        count_outcome(outcome);
+        Step::Begun(Begun::InUse {
+            waited: self.waited,
+        })
     }
 }
 
