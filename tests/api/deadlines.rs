@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use oncepay::idempotency::store::{self as keys, FirstClaim, PendingCharge};
+use oncepay::idempotency::store::{self as keys, PendingCharge};
 use oncepay::idempotency::{Claim, ClaimOutcome, Fingerprint, IdempotencyKey, Resource};
 
 use crate::helpers::{TestApp, spawn_app};
@@ -125,7 +125,13 @@ async fn a_claim_that_reaches_postgres_after_its_deadline_never_takes_over_an_ex
         .unwrap();
     tx.rollback().await.unwrap();
     assert!(
-        matches!(outcome, ClaimOutcome::Claimed { took_over: true }),
+        matches!(
+            outcome,
+            ClaimOutcome::Claimed {
+                took_over: true,
+                ..
+            }
+        ),
         "{outcome:?}"
     );
 }
@@ -142,7 +148,7 @@ async fn a_charge_claimed_with_its_record_after_its_deadline_writes_neither_key_
     )
     .await
     .unwrap();
-    assert!(matches!(first, FirstClaim::TooLate), "{first:?}");
+    assert!(matches!(first, ClaimOutcome::TooLate), "{first:?}");
     assert_eq!(key_rows(&app, "late-one-statement").await, []);
     assert_eq!(charges(&app, "ch_late_one").await, 0, "no charge written");
 }
@@ -160,7 +166,7 @@ async fn a_charge_claimed_with_its_record_after_its_deadline_never_takes_over_an
     )
     .await
     .unwrap();
-    assert!(matches!(first, FirstClaim::TooLate), "{first:?}");
+    assert!(matches!(first, ClaimOutcome::TooLate), "{first:?}");
     assert_eq!(
         key_rows(&app, "late-one-expired").await,
         [("completed".to_owned(), None)]
@@ -178,7 +184,7 @@ async fn a_charge_claimed_with_its_record_after_its_deadline_never_takes_over_an
     assert!(
         matches!(
             first,
-            FirstClaim::Claimed {
+            ClaimOutcome::Claimed {
                 took_over: true,
                 ..
             }

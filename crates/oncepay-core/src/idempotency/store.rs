@@ -266,6 +266,7 @@ impl Claim<'_> {
     }
 }
 
+/// What a claim's statement did.
 #[derive(Debug)]
 pub enum ClaimOutcome {
     /// This request holds the key now.
@@ -273,11 +274,16 @@ pub enum ClaimOutcome {
         /// The key existed, had expired, and was taken over (`xmax <> 0`:
         /// the row was updated, not inserted).
         took_over: bool,
+        /// When the statement wrote the pending record with the claim
+        /// ([`claim_with_charge`]): the record's `created_at`.
+        created_at: Option<DateTime<Utc>>,
     },
-    /// Someone else holds, or held, the key; here is its row.
-    Taken(Box<StoredKey>),
+    /// Someone else holds, or held, the key: its row as the statement saw
+    /// it; `None` when a request with the same key committed its claim
+    /// while this one ran (the caller looks again).
+    Taken(Option<Box<StoredKey>>),
     /// The statement reached the database after the request's deadline:
-    /// nothing was claimed.
+    /// nothing was claimed or written.
     TooLate,
 }
 
@@ -314,7 +320,10 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     .fetch_optional(&mut *tx)
     .await?;
     if let Some(took_over) = claimed {
-        return Ok(ClaimOutcome::Claimed { took_over });
+        return Ok(ClaimOutcome::Claimed {
+            took_over,
+            created_at: None,
+        });
     }
     // No row means no conflict, so the insert itself was refused: too late.
     // So is a read that reaches the database after the deadline.
@@ -330,7 +339,7 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     .fetch_optional(&mut *tx)
     .await?;
     match row {
-        Some(row) => Ok(ClaimOutcome::Taken(Box::new(row.into_stored(sent)?))),
+        Some(row) => Ok(ClaimOutcome::Taken(Some(Box::new(row.into_stored(sent)?)))),
         None => Ok(ClaimOutcome::TooLate),
     }
 }
@@ -347,24 +356,6 @@ pub struct PendingCharge<'a> {
     pub metadata: &'a str,
 }
 
-/// What [`claim_with_charge`] did.
-#[derive(Debug)]
-pub enum FirstClaim {
-    /// The key is this request's, and the pending charge is written and
-    /// committed with it; `created_at` is the charge's.
-    Claimed {
-        took_over: bool,
-        created_at: DateTime<Utc>,
-    },
-    /// The key was taken: its row as this statement's snapshot saw it (no
-    /// lock taken), or `None` when a request with the same key committed its
-    /// claim while this one ran. The caller goes on as after a plain read.
-    Taken(Option<Box<StoredKey>>),
-    /// The statement reached the database after the request's deadline:
-    /// nothing was claimed or written.
-    TooLate,
-}
-
 /// Step 2 of a new charge in one statement, its own transaction: reads the
 /// key; if there is none, or only one the takeover rule lets it take over,
 /// claims it (the same `idempotency_key_claim` as [`claim`], in time as
@@ -376,7 +367,7 @@ pub async fn claim_with_charge(
     db: impl PgExecutor<'_>,
     claim: &Claim<'_>,
     charge: &PendingCharge<'_>,
-) -> sqlx::Result<FirstClaim> {
+) -> sqlx::Result<ClaimOutcome> {
     let sent = Instant::now();
     let row = sqlx::query!(
         r#"WITH existing AS (
@@ -417,12 +408,12 @@ pub async fn claim_with_charge(
     .fetch_one(db)
     .await?;
     if !row.in_time {
-        return Ok(FirstClaim::TooLate);
+        return Ok(ClaimOutcome::TooLate);
     }
     if let (Some(took_over), Some(created_at)) = (row.took_over, row.charge_created_at) {
-        return Ok(FirstClaim::Claimed {
+        return Ok(ClaimOutcome::Claimed {
             took_over,
-            created_at,
+            created_at: Some(created_at),
         });
     }
     // An expired completed row the claim could not take over (another
@@ -432,7 +423,7 @@ pub async fn claim_with_charge(
             && (row.status.as_deref() == Some(KeyStatus::Processing.as_str())
                 || row.remaining_ms.is_some_and(|ms| ms > 0.0))
     });
-    Ok(FirstClaim::Taken(
+    Ok(ClaimOutcome::Taken(
         existing
             .map(|row| row.into_stored(sent).map(Box::new))
             .transpose()?,

@@ -13,8 +13,8 @@ use crate::charges::settle::{self, Settled};
 use crate::charges::{Charge, ChargeStatus, NewCharge, store};
 use crate::error::Error;
 use crate::faults::Fault;
-use crate::idempotency::store::{FirstClaim, PendingCharge};
-use crate::idempotency::{Claim, Resource, SavedResponse, store as keys};
+use crate::idempotency::store::PendingCharge;
+use crate::idempotency::{Claim, ClaimOutcome, Resource, SavedResponse, store as keys};
 use crate::operation::Engine;
 use crate::operation::{Operation, Written, claim};
 use crate::problem::{Problem, ProblemCode};
@@ -69,7 +69,7 @@ impl Operation for CreateCharge {
         engine: &Engine,
         request: &claim::Request,
         claim: &Claim<'_>,
-    ) -> Result<Option<FirstClaim>, Error> {
+    ) -> Result<Option<ClaimOutcome>, Error> {
         let metadata = serde_json::to_string(&self.charge.metadata).expect("metadata serialises");
         let pending = PendingCharge {
             id: self.id(),
@@ -81,7 +81,11 @@ impl Operation for CreateCharge {
         };
         let mut db = request.connection(engine).await?;
         let first = keys::claim_with_charge(&mut *db, claim, &pending).await?;
-        if let FirstClaim::Claimed { created_at, .. } = &first {
+        if let ClaimOutcome::Claimed {
+            created_at: Some(created_at),
+            ..
+        } = &first
+        {
             self.pending = Some(Charge {
                 id: self.id().to_owned(),
                 merchant_id: self.merchant_id,

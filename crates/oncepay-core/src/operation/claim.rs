@@ -403,7 +403,7 @@ impl Pursuit<'_> {
         let claimed = keys::claim(&mut tx, claim).await?;
         self.known_at = Instant::now();
         let stored = match claimed {
-            ClaimOutcome::Claimed { took_over } => {
+            ClaimOutcome::Claimed { took_over, .. } => {
                 count_outcome(if took_over {
                     "expired_taken_over"
                 } else {
@@ -411,7 +411,8 @@ impl Pursuit<'_> {
                 });
                 return Ok(Step::Begun(Begun::Claimed(tx)));
             }
-            ClaimOutcome::Taken(stored) => *stored,
+            ClaimOutcome::Taken(Some(stored)) => *stored,
+            ClaimOutcome::Taken(None) => return Ok(Step::Claim),
             ClaimOutcome::TooLate => return Err(request.answered_before_claim()),
         };
         tx.rollback().await?;

@@ -42,8 +42,9 @@ use self::timing::{Phase, Phases, Ran, Timing, count_outcome};
 use crate::charges::settle::Settled;
 use crate::error::Error;
 use crate::faults::{Fault, crash_if};
-use crate::idempotency::store::FirstClaim;
-use crate::idempotency::{Claim, Fingerprint, IdempotencyKey, Resource, SavedResponse};
+use crate::idempotency::{
+    Claim, ClaimOutcome, Fingerprint, IdempotencyKey, Resource, SavedResponse,
+};
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{Processor, ProcessorError, WireFault};
 use crate::retry_after;
@@ -133,7 +134,7 @@ pub trait Operation: Send + Sync + 'static {
         engine: &Engine,
         request: &claim::Request,
         claim: &Claim<'_>,
-    ) -> impl Future<Output = Result<Option<FirstClaim>, Error>> + Send {
+    ) -> impl Future<Output = Result<Option<ClaimOutcome>, Error>> + Send {
         let _ = (engine, request, claim);
         async { Ok(None) }
     }
@@ -365,11 +366,11 @@ async fn claim_new<O: Operation>(
     };
     let claimed = operation.claim_with_record(engine, request, &first).await?;
     if let Some(first) = &claimed {
-        engine.fast.learn(matches!(first, FirstClaim::Taken(_)));
+        engine.fast.learn(matches!(first, ClaimOutcome::Taken(_)));
     }
     Ok(match claimed {
         None => claim::after_read(engine, request, O::ROUTE, Some(resource), None).await?,
-        Some(FirstClaim::Claimed { took_over, .. }) => {
+        Some(ClaimOutcome::Claimed { took_over, .. }) => {
             count_outcome(if took_over {
                 "expired_taken_over"
             } else {
@@ -377,8 +378,8 @@ async fn claim_new<O: Operation>(
             });
             Begun::Written
         }
-        Some(FirstClaim::TooLate) => return Err(request.answered_before_claim()),
-        Some(FirstClaim::Taken(found)) => {
+        Some(ClaimOutcome::TooLate) => return Err(request.answered_before_claim()),
+        Some(ClaimOutcome::Taken(found)) => {
             let found = found.map(|stored| *stored);
             claim::after_read(engine, request, O::ROUTE, Some(resource), found).await?
         }
