@@ -39,8 +39,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     tag = "charges",
     params(super::openapi::IdempotencyHeaders),
     request_body(content(
-        (super::openapi::CreateCharge = "application/json"),
-        (super::openapi::CreateCharge = "application/x-www-form-urlencoded")
+        (NewCharge = "application/json"),
+        (NewCharge = "application/x-www-form-urlencoded")
     )),
     responses(
         (status = 201, description = "Charged (or the saved answer, with `Idempotent-Replayed: true`)", body = ChargeObject,

@@ -183,8 +183,8 @@ struct Effects {
     tag = "workshop",
     params(("Idempotency-Key" = String, Header, description = "Required here")),
     request_body(content(
-        (super::openapi::CreateCharge = "application/json"),
-        (super::openapi::CreateCharge = "application/x-www-form-urlencoded")
+        (NewCharge = "application/json"),
+        (NewCharge = "application/x-www-form-urlencoded")
     )),
     responses(
         (status = 201, description = "Charged, or looked up", body = ChargeObject),
@@ -317,8 +317,8 @@ fn required_key(state: &AppState, headers: &HeaderMap) -> Result<String, ApiErro
     tag = "workshop",
     params(("Idempotency-Key" = String, Header, description = "Required here")),
     request_body(content(
-        (super::openapi::CreateRefund = "application/json"),
-        (super::openapi::CreateRefund = "application/x-www-form-urlencoded")
+        (NewRefund = "application/json"),
+        (NewRefund = "application/x-www-form-urlencoded")
     )),
     responses(
         (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = RefundObject),
@@ -413,8 +413,8 @@ fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, A
         ("Oncepay-Fault" = Option<String>, Header, nullable = false, description = "`crash-after-commit` (with `FAULT_INJECTION=true`): abort the process after the charge committed, before the answer is written to Redis")
     ),
     request_body(content(
-        (super::openapi::CreateCharge = "application/json"),
-        (super::openapi::CreateCharge = "application/x-www-form-urlencoded")
+        (NewCharge = "application/json"),
+        (NewCharge = "application/x-www-form-urlencoded")
     )),
     responses(
         (status = 201, description = "Charged (or the answer saved in Redis, with `Idempotent-Replayed: true`)", body = ChargeObject),

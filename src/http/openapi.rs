@@ -134,69 +134,6 @@ pub fn swagger_ui() -> utoipa_swagger_ui::SwaggerUi {
     )
 }
 
-/// The parameters of `POST /v1/charges`, as JSON or as a form
-/// (`metadata[key]=value`). Unknown parameters are refused.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct CreateCharge {
-    /// Integer minor units (2000 = 20.00 USD), 1 to 99 999 999.
-    #[schema(minimum = 1, maximum = 99_999_999, example = 2000)]
-    amount: i64,
-    /// An ISO 4217 code, any case; stored in lower case.
-    #[schema(example = "usd", min_length = 3, max_length = 3)]
-    currency: String,
-    /// A test token: `tok_visa`, `tok_visa_debit`, `tok_mastercard`,
-    /// `tok_mastercard_debit`, `tok_amex`, `tok_discover` succeed;
-    /// `tok_chargeDeclined`, `tok_chargeDeclinedInsufficientFunds`,
-    /// `tok_chargeDeclinedExpiredCard`, `tok_chargeDeclinedIncorrectCvc`,
-    /// `tok_chargeDeclinedProcessingError`, `tok_chargeDeclinedFraudulent`,
-    /// `tok_chargeDeclinedLostCard`, `tok_chargeDeclinedStolenCard` are declined;
-    /// `tok_processorTimeoutAfterCapture`, `tok_processorUnavailable` simulate faults;
-    /// `tok_refundFail` pays, and the first refund of it is refused (`failed`).
-    #[schema(example = "tok_visa")]
-    source: String,
-    /// Up to 1000 characters.
-    #[schema(max_length = 1000, example = "Order 6735")]
-    description: Option<String>,
-    /// Up to 50 keys of 1 to 40 characters; string values of up to 500.
-    #[schema(example = json!({"order_id": "6735"}))]
-    metadata: Option<BTreeMap<String, String>>,
-}
-
-/// The parameters of `POST /v1/refunds`, as JSON or as a form.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct CreateRefund {
-    /// The id of a succeeded charge.
-    #[schema(example = "ch_FSqF13LohwPRt53icfinsfKa")]
-    charge: String,
-    /// Integer minor units; default: what is left to refund.
-    #[schema(minimum = 1, example = 500)]
-    amount: Option<i64>,
-    /// `duplicate`, `fraudulent` or `requested_by_customer`.
-    #[schema(example = "requested_by_customer")]
-    reason: Option<String>,
-    #[schema(example = json!({"order_id": "6735"}))]
-    metadata: Option<BTreeMap<String, String>>,
-}
-
-/// The parameters of a new webhook endpoint.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct CreateWebhookEndpoint {
-    /// Where to send events: an absolute `http` or `https` URL, without
-    /// credentials, at most 2048 characters.
-    #[schema(example = "https://example.com/webhooks/oncepay")]
-    url: String,
-    /// The event types to send, or `["*"]` for all. A form sends
-    /// `enabled_events[]=charge.succeeded` (or `enabled_events[0]=...`).
-    #[schema(example = json!(["charge.succeeded", "charge.refunded"]))]
-    enabled_events: Vec<String>,
-    /// At most 5000 characters.
-    #[schema(example = "The order system")]
-    description: Option<String>,
-}
-
 /// An error (RFC 9457). `code` is stable and machine-readable; `param`
 /// names the parameter at fault; `charge` names the failed charge of a
 /// decline; `request_id` is the request's `X-Request-Id` (a saved decline

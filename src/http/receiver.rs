@@ -55,8 +55,8 @@ fn fault(misbehaviour: Misbehaviour) -> Option<&'static str> {
     path = "/demo/receivers",
     tag = "workshop",
     request_body(content(
-        (CreateReceiver = "application/json"),
-        (CreateReceiver = "application/x-www-form-urlencoded")
+        (NewReceiver = "application/json"),
+        (NewReceiver = "application/x-www-form-urlencoded")
     )),
     responses(
         (status = 200, description = "Set up", body = DemoReceiver),
@@ -263,32 +263,6 @@ async fn receive(
             }
         }
     }
-}
-
-/// The parameters of `POST /demo/receivers`.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct CreateReceiver {
-    /// The run tag: 1 to 200 characters. The receiver acts only on events
-    /// about charges with this `metadata[demo_run]`.
-    #[schema(example = "demo-1")]
-    run: String,
-    /// `naive` (ships for every delivery) or `inbox` (ships once per event id).
-    #[schema(example = "inbox")]
-    mode: String,
-    /// The signing secret of the webhook endpoint that sends to this
-    /// receiver: `whsec_` and up to 100 letters or digits.
-    #[schema(example = "whsec_1NbB3eCTYkz2mVgqA8rW0hXpq3RtY6Uz")]
-    secret: String,
-    /// Answer the first N deliveries of each event with a failure, after
-    /// the work committed: 0 to 10, default 0.
-    #[schema(minimum = 0, maximum = 10, example = 0)]
-    fail_first: Option<i32>,
-    /// `crash-after-delivery`: on those first N, answer `200` with
-    /// `Oncepay-Fault: crash-after-delivery` instead of `500` (needs
-    /// `FAULT_INJECTION=true`).
-    #[schema(example = "crash-after-delivery")]
-    fault: Option<String>,
 }
 
 /// A receiver as set up.

@@ -35,8 +35,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     tag = "refunds",
     params(super::openapi::IdempotencyHeaders),
     request_body(content(
-        (super::openapi::CreateRefund = "application/json"),
-        (super::openapi::CreateRefund = "application/x-www-form-urlencoded")
+        (NewRefund = "application/json"),
+        (NewRefund = "application/x-www-form-urlencoded")
     )),
     responses(
         (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = RefundObject,

@@ -40,8 +40,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     tag = "webhooks",
     params(super::openapi::IdempotencyHeaders),
     request_body(content(
-        (super::openapi::CreateWebhookEndpoint = "application/json"),
-        (super::openapi::CreateWebhookEndpoint = "application/x-www-form-urlencoded")
+        (NewEndpoint = "application/json"),
+        (NewEndpoint = "application/x-www-form-urlencoded")
     )),
     responses(
         (status = 201, description = "Created, with its `secret` (or the saved answer, with `Idempotent-Replayed: true`)", body = EndpointObject,

@@ -19,12 +19,22 @@ const MAX_DESCRIPTION_CHARS: usize = 5000;
 /// In `enabled_events`, every type, present and future.
 pub const ALL_EVENTS: &str = "*";
 
-/// The validated parameters of `POST /v1/webhook_endpoints`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The validated parameters of `POST /v1/webhook_endpoints`. The API's
+/// document describes them under the name `CreateWebhookEndpoint`.
+#[derive(Clone, Debug, PartialEq, Eq, ToSchema)]
+#[schema(as = CreateWebhookEndpoint, description = "The parameters of a new webhook endpoint.")]
 pub struct NewEndpoint {
+    /// Where to send events: an absolute `http` or `https` URL, without
+    /// credentials, at most 2048 characters.
+    #[schema(example = "https://example.com/webhooks/oncepay")]
     pub url: String,
-    /// Sorted and without repeats: `["*"]`, or event type names.
+    /// The event types to send, or `["*"]` for all. A form sends
+    /// `enabled_events[]=charge.succeeded` (or `enabled_events[0]=...`).
+    // Validated: sorted and without repeats, `["*"]` or event type names.
+    #[schema(example = json!(["charge.succeeded", "charge.refunded"]))]
     pub enabled_events: Vec<String>,
+    /// At most 5000 characters.
+    #[schema(example = "The order system")]
     pub description: Option<String>,
 }
 

@@ -70,14 +70,30 @@ pub enum Misbehaviour {
     CrashAfterDelivery,
 }
 
-/// The validated parameters of `POST /demo/receivers`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The validated parameters of `POST /demo/receivers`. The API's document
+/// describes them under the name `CreateReceiver`.
+#[derive(Clone, Debug, PartialEq, Eq, utoipa::ToSchema)]
+#[schema(as = CreateReceiver, description = "The parameters of `POST /demo/receivers`.")]
 pub struct NewReceiver {
+    /// The run tag: 1 to 200 characters. The receiver acts only on events
+    /// about charges with this `metadata[demo_run]`.
+    #[schema(example = "demo-1")]
     pub run: String,
+    /// `naive` (ships for every delivery) or `inbox` (ships once per event id).
+    #[schema(value_type = String, example = "inbox")]
     pub mode: Mode,
-    /// The webhook endpoint's signing secret, `whsec_...`.
+    /// The signing secret of the webhook endpoint that sends to this
+    /// receiver: `whsec_` and up to 100 letters or digits.
+    #[schema(example = "whsec_1NbB3eCTYkz2mVgqA8rW0hXpq3RtY6Uz")]
     pub secret: String,
+    /// Answer the first N deliveries of each event with a failure, after
+    /// the work committed: 0 to 10, default 0.
+    #[schema(value_type = Option<i32>, minimum = 0, maximum = 10, example = 0)]
     pub fail_first: i32,
+    /// `crash-after-delivery`: on those first N, answer `200` with
+    /// `Oncepay-Fault: crash-after-delivery` instead of `500` (needs
+    /// `FAULT_INJECTION=true`).
+    #[schema(rename = "fault", value_type = Option<String>, example = "crash-after-delivery")]
     pub misbehaviour: Misbehaviour,
 }
 

@@ -15,15 +15,39 @@ use crate::processor::TestToken;
 use crate::refunds::Refund;
 use test_cards::{Decline, Verdict};
 
-/// The parameters of `POST /v1/charges`, validated.
+/// The parameters of `POST /v1/charges`, validated. The API's document
+/// describes them under the name `CreateCharge`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = CreateCharge, description = CREATE_CHARGE))]
 pub struct NewCharge {
+    /// Integer minor units (2000 = 20.00 USD), 1 to 99 999 999.
+    #[cfg_attr(feature = "openapi", schema(value_type = i64, minimum = 1, maximum = 99_999_999, example = 2000))]
     pub amount: Amount,
+    /// An ISO 4217 code, any case; stored in lower case.
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "usd", min_length = 3, max_length = 3))]
     pub currency: Currency,
+    /// A test token: `tok_visa`, `tok_visa_debit`, `tok_mastercard`,
+    /// `tok_mastercard_debit`, `tok_amex`, `tok_discover` succeed;
+    /// `tok_chargeDeclined`, `tok_chargeDeclinedInsufficientFunds`,
+    /// `tok_chargeDeclinedExpiredCard`, `tok_chargeDeclinedIncorrectCvc`,
+    /// `tok_chargeDeclinedProcessingError`, `tok_chargeDeclinedFraudulent`,
+    /// `tok_chargeDeclinedLostCard`, `tok_chargeDeclinedStolenCard` are declined;
+    /// `tok_processorTimeoutAfterCapture`, `tok_processorUnavailable` simulate faults;
+    /// `tok_refundFail` pays, and the first refund of it is refused (`failed`).
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "tok_visa"))]
     pub source: TestToken,
+    /// Up to 1000 characters.
+    #[cfg_attr(feature = "openapi", schema(max_length = 1000, example = "Order 6735"))]
     pub description: Option<String>,
+    /// Up to 50 keys of 1 to 40 characters; string values of up to 500.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<BTreeMap<String, String>>, example = json!({"order_id": "6735"})))]
     pub metadata: BTreeMap<String, String>,
 }
+
+/// How the API's document describes [`NewCharge`]: as a request's body.
+#[cfg(feature = "openapi")]
+const CREATE_CHARGE: &str = "The parameters of `POST /v1/charges`, as JSON or as a form\n(`metadata[key]=value`). Unknown parameters are refused.";
 
 impl NewCharge {
     /// A canonical encoding of the parameters for the request fingerprint:

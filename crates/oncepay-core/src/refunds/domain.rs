@@ -38,15 +38,24 @@ impl RefundReason {
     }
 }
 
-/// The parameters of `POST /v1/refunds`, validated.
+/// The parameters of `POST /v1/refunds`, validated. The API's document
+/// describes them under the name `CreateRefund`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = CreateRefund, description = "The parameters of `POST /v1/refunds`, as JSON or as a form."))]
 pub struct NewRefund {
-    /// The charge's id, as given: whether it exists, is the merchant's and can
-    /// be refunded is decided by the reservation, not here.
+    /// The id of a succeeded charge.
+    // As given: whether it exists, is the merchant's and can be refunded is
+    // decided by the reservation, not here.
+    #[cfg_attr(feature = "openapi", schema(example = "ch_FSqF13LohwPRt53icfinsfKa"))]
     pub charge: String,
-    /// `None` refunds whatever is left of the charge.
+    /// Integer minor units; default: what is left to refund.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<i64>, minimum = 1, example = 500))]
     pub amount: Option<Amount>,
+    /// `duplicate`, `fraudulent` or `requested_by_customer`.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "requested_by_customer"))]
     pub reason: Option<RefundReason>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<BTreeMap<String, String>>, example = json!({"order_id": "6735"})))]
     pub metadata: BTreeMap<String, String>,
 }
 
