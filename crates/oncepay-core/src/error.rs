@@ -135,9 +135,9 @@ pub fn service_unavailable(retry_after: u64) -> Problem {
 }
 
 /// `503 overloaded`: more requests than the database pool serves, and this
-/// one waited its turn for a connection past its bound (see
-/// [`crate::admission`]); it began no work, so a retry runs as if it were
-/// the first.
+/// one waited its turn for a connection past its bound (in the server's
+/// admission queue, `src/admission.rs`); it began no work, so a retry runs
+/// as if it were the first.
 pub fn overloaded() -> Problem {
     Problem::new(
         ProblemCode::Overloaded,

@@ -54,8 +54,8 @@ impl KeyStatus {
 /// The record a key guards: the charge or the refund its request creates.
 ///
 /// The key table names it in two nullable columns, `charge_id` and
-/// `refund_id`, of which the schema allows at most one. [`Resource::columns`]
-/// and [`Resource::from_columns`] are the only places that know it: every
+/// `refund_id`, of which the schema allows at most one. `Resource::columns`
+/// and `Resource::from_columns` are the only places that know it: every
 /// statement binds both columns and matches `(charge_id = $a OR refund_id =
 /// $b)`, which the NULL side never matches.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -463,7 +463,7 @@ async fn complete_key(
 }
 
 /// Marks the key that guards the refund `refund_id` completed with its saved
-/// response, kept for at least `ttl` ([`complete_key`]). Returns the key it
+/// response, kept for at least `ttl` (`complete_key`). Returns the key it
 /// completed, if any. (A charge's key is completed by the charge's
 /// one-statement settle, [`crate::charges::store::settle_and_complete`],
 /// with the same SQL function.)
@@ -478,7 +478,7 @@ pub async fn complete_for(
 }
 
 /// Marks the key `merchant_id` holds as `key` completed with its saved
-/// response ([`complete_key`]), in the claim's own transaction: for a record
+/// response (`complete_key`), in the claim's own transaction: for a record
 /// written and answered there (a webhook endpoint), which needs no settle
 /// later. `false` when the key is not this transaction's `processing` claim.
 pub async fn complete(

@@ -91,7 +91,7 @@ impl Request {
     }
 
     /// The error of a request answered before its claim could take effect:
-    /// checked before the claim is sent ([`Request::still_awaited`]), and by
+    /// checked before the claim is sent (`Request::still_awaited`), and by
     /// the database when the claim arrives ([`ClaimOutcome::TooLate`]).
     pub fn answered_before_claim(&self) -> Error {
         tracing::info!(
@@ -103,12 +103,12 @@ impl Request {
     }
 
     /// A pooled connection to begin the request's work on (to read or
-    /// claim its key), waited for in the bounded queue of
-    /// [`crate::admission`] and never past the request's deadline (a
-    /// cancelled wait for a connection is safe: sqlx closes a connection it
+    /// claim its key), waited for in the bounded queue the fast paths keep
+    /// (the server's `src/admission.rs`) and never past the request's
+    /// deadline (a cancelled wait for a connection is safe: sqlx closes a connection it
     /// had half handed over). `503 overloaded` when the queue's bound passed
     /// first: nothing was begun. An error once the request was answered
-    /// (see [`Request::still_awaited`]).
+    /// (see `Request::still_awaited`).
     pub async fn connection(&self, engine: &Engine) -> Result<PoolConnection<Postgres>, Error> {
         self.connection_in(engine, Queue::Bounded).await
     }
@@ -227,8 +227,9 @@ enum Step {
 /// key already holds.
 ///
 /// A request that finds its key in flight and asked to wait joins the
-/// process's shared wait on that key ([`crate::idempotency::wait`]): it holds
-/// no connection and takes no lock while it waits, answers from the
+/// process's shared wait on that key ([`crate::speed::KeyWatch`]: the
+/// server's `src/idempotency/wait.rs`, or a poll of its own): it holds no
+/// connection and takes no lock while it waits, answers from the
 /// completed row the poll read, claims again if the key was given back, and
 /// stops when its client hangs up.
 ///
@@ -261,10 +262,11 @@ pub async fn begin(
 }
 
 /// The request's `key` as [`keys::find`] reads it, read with the other
-/// requests' keys of the moment ([`crate::idempotency::reads`]); `None` when
-/// there is none, or when that read could not be made before the request's
-/// deadline (the claim that follows finds a taken key itself). `503
-/// overloaded` when the reads' queue is full: nothing was begun.
+/// requests' keys of the moment (the server's coalesced reads,
+/// `src/idempotency/reads.rs`); `None` when there is none, or when that
+/// read could not be made before the request's deadline (the claim that
+/// follows finds a taken key itself). `503 overloaded` when the reads'
+/// queue is full: nothing was begun.
 pub async fn read(
     engine: &Engine,
     request: &Request,
@@ -305,7 +307,7 @@ pub fn from_cache(
 /// [`begin`] after the read of the request's key (`found`, just read
 /// without a lock, by [`keys::find`] or by the statement that tried to
 /// claim it with its record): a loop over the steps of a key's life, each
-/// step a method of [`Pursuit`] that says which comes next.
+/// step a method of `Pursuit` that says which comes next.
 pub async fn after_read(
     engine: &Engine,
     request: &Request,

@@ -24,7 +24,7 @@ pub enum Phase {
     /// its start, and between its end and the handler's waking.
     TaskHandoff,
     /// Waiting for a pooled connection to claim on, in the admission queue
-    /// ([`crate::admission`]).
+    /// (the server's `src/admission.rs`).
     PoolWait,
     /// Waiting for the same request in flight (`Prefer: wait=N`).
     KeyWait,
