@@ -17,7 +17,7 @@ use oncepay_core::amount::{Amount, too_large};
 const MAX_DESCRIPTION_CHARS: usize = 1000;
 
 /// The most types one `types` filter may name, as Stripe allows.
-pub const MAX_FILTER_TYPES: usize = 20;
+const MAX_FILTER_TYPES: usize = 20;
 
 /// A request's parameters, validated into `Self`.
 pub trait FromParams: Sized {

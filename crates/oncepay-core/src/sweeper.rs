@@ -215,9 +215,12 @@ async fn stale_unguarded(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|row| match row.charge {
-            true => Resource::Charge(row.id),
-            false => Resource::Refund(row.id),
+        .map(|row| {
+            if row.charge {
+                Resource::Charge(row.id)
+            } else {
+                Resource::Refund(row.id)
+            }
         })
         .collect())
 }

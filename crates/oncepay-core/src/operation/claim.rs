@@ -413,11 +413,14 @@ impl Pursuit<'_> {
                 });
                 return Ok(Step::Begun(Begun::Claimed(tx)));
             }
-            ClaimOutcome::Taken(Some(stored)) => *stored,
-            ClaimOutcome::Taken(None) => return Ok(Step::Claim),
+            ClaimOutcome::Taken(stored) => stored,
             ClaimOutcome::TooLate => return Err(request.answered_before_claim()),
         };
         tx.rollback().await?;
+        // No row was read (see `ClaimOutcome::Taken`): look again.
+        let Some(stored) = stored.map(|stored| *stored) else {
+            return Ok(Step::Claim);
+        };
         if stored.status == KeyStatus::Completed {
             return self
                 .answer(stored)?
