@@ -37,7 +37,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     post,
     path = "/v1/charges",
     tag = "charges",
-    params(super::openapi::IdempotencyHeaders),
+    params(super::extract::IdempotentPost),
     request_body(content(
         (NewCharge = "application/json"),
         (NewCharge = "application/x-www-form-urlencoded")

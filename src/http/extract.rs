@@ -8,6 +8,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
+use utoipa::IntoParams;
 use uuid::Uuid;
 
 use super::auth::Authenticated;
@@ -52,15 +53,28 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
 /// An idempotent `POST`: its idempotency headers and its decoded
 /// parameters, refused in the order a client fixes them: the body's size,
 /// the `Idempotency-Key`, `Oncepay-Fault`, the body's encoding.
+///
+/// Its headers are the operations' documented parameters (`IntoParams`).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
 pub struct IdempotentPost {
     /// The request's `X-Request-Id` (set before any handler runs).
+    #[param(ignore)]
     pub request_id: Option<String>,
+    /// 1 to 255 visible ASCII characters, one per logical operation; the
+    /// quoted RFC 8941 form names the same key.
+    #[param(rename = "Idempotency-Key", value_type = String, required = false)]
     pub key: Option<IdempotencyKey>,
+    #[param(ignore)]
     pub fault: Option<Fault>,
-    /// From `Prefer: wait=N`.
+    /// `wait=N` (N up to 10): if the same request is in flight, wait for it
+    /// and replay its answer instead of 409.
+    #[param(rename = "Prefer", value_type = String, required = false, example = "wait=5")]
     pub wait: Duration,
     /// When the request arrived (see [`observe::Arrived`]).
+    #[param(ignore)]
     pub arrived: Instant,
+    #[param(ignore)]
     pub params: Params,
 }
 

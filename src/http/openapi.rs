@@ -4,12 +4,13 @@
 //! `GET /openapi.json`, and rendered by Swagger UI at `GET /docs` (see
 //! [`swagger_ui`]).
 //!
-//! The schemas of the answers are derived from the types the handlers
-//! serialise (`ToSchema`). What this module writes by hand is what no type
-//! describes: the request bodies, which are read as generic parameters, and
-//! the problem, whose body is written field by field (docs/decisions.md
-//! says why); `scripts/contract` runs schemathesis against the served
-//! document to catch any drift in those.
+//! Every schema is derived from a type the server really uses (`ToSchema`,
+//! `IntoParams`): the objects it serialises, the request bodies' validating
+//! types, the problem's body (`oncepay_api::problem::Body`) and the
+//! idempotency headers (`IdempotentPost`). What this module writes by hand
+//! is the document's frame: its description, the security schemes and the
+//! error responses; `scripts/contract` runs schemathesis against the served
+//! document.
 
 use std::collections::BTreeMap;
 
@@ -19,12 +20,12 @@ use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
-use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
+use utoipa::{IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 
 use crate::app::AppState;
 use crate::charges::ChargeStatus;
 use crate::events::EventType;
-use crate::problem::ProblemCode;
+use crate::problem::{Body as Problem, ProblemCode, StripeError};
 use crate::refunds::RefundStatus;
 
 #[derive(OpenApi)]
@@ -132,76 +133,6 @@ pub fn swagger_ui() -> utoipa_swagger_ui::SwaggerUi {
             .persist_authorization(true)
             .validator_url("none"),
     )
-}
-
-/// An error (RFC 9457). `code` is stable and machine-readable; `param`
-/// names the parameter at fault; `charge` names the failed charge of a
-/// decline; `request_id` is the request's `X-Request-Id` (a saved decline
-/// names the request that first got it, and its replays, sent exactly as
-/// first saved, name that one too; it is absent when recovery settled the
-/// charge); `error` is the same problem in Stripe's shape, for the Stripe
-/// SDKs.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct Problem {
-    /// A relative URI, `/problems/{code}`.
-    #[schema(example = "/problems/card_declined")]
-    r#type: String,
-    #[schema(example = "Payment Required")]
-    title: String,
-    #[schema(example = 402)]
-    status: u16,
-    #[schema(example = "Your card was declined.")]
-    detail: String,
-    code: ProblemCode,
-    param: Option<String>,
-    #[schema(example = "ch_FSqF13LohwPRt53icfinsfKa")]
-    charge: Option<String>,
-    /// The refund a `processor_unavailable` or `processing_outcome_unknown` refund answer is about.
-    refund: Option<String>,
-    request_id: Option<String>,
-    error: StripeError,
-}
-
-/// A problem as Stripe's API shows it, read by the Stripe SDKs to raise
-/// their typed errors (`CardError`, `InvalidRequestError`, ...).
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct StripeError {
-    /// `card_error` (a decline or an abandoned payment), `idempotency_error`
-    /// (a key reused with other parameters), `invalid_request_error` (bad
-    /// parameters, an unknown resource, authentication, a key in flight) or
-    /// `api_error` (a `5xx`).
-    #[schema(example = "card_error")]
-    r#type: String,
-    /// The problem's `code`.
-    code: ProblemCode,
-    /// For a declined card: `generic_decline`, `insufficient_funds`, `expired_card`,
-    /// `incorrect_cvc`, `processing_error`, `fraudulent`, `lost_card` or `stolen_card`.
-    #[schema(example = "generic_decline")]
-    decline_code: Option<String>,
-    /// The problem's `detail`.
-    #[schema(example = "Your card was declined.")]
-    message: String,
-    /// The parameter at fault.
-    param: Option<String>,
-    /// The failed charge.
-    charge: Option<String>,
-}
-
-/// The `Idempotency-Key` and `Prefer` request headers of every idempotent POST.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Header)]
-#[allow(dead_code)]
-pub struct IdempotencyHeaders {
-    /// 1 to 255 visible ASCII characters, one per logical operation; the
-    /// quoted RFC 8941 form names the same key.
-    #[param(rename = "Idempotency-Key", value_type = String, required = false)]
-    idempotency_key: Option<String>,
-    /// `wait=N` (N up to 10): if the same request is in flight, wait for it
-    /// and replay its answer instead of 409.
-    #[param(rename = "Prefer", value_type = String, required = false, example = "wait=5")]
-    prefer: Option<String>,
 }
 
 /// Declares the error responses, one per status, all problems: for each, a

@@ -173,7 +173,7 @@ macro_rules! receiver_route {
                 (status = 400, response = super::openapi::BadRequest),
                 (status = 413, response = super::openapi::TooLarge),
                 (status = 500, description = "Failed on purpose after its work committed (`receiver_failed_on_purpose`, `fail_first`), or a bug",
-                 body = super::openapi::Problem, content_type = "application/problem+json"),
+                 body = crate::problem::Body, content_type = "application/problem+json"),
                 (status = 503, response = super::openapi::Unavailable)
             )
         )]

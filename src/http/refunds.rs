@@ -33,7 +33,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     post,
     path = "/v1/refunds",
     tag = "refunds",
-    params(super::openapi::IdempotencyHeaders),
+    params(super::extract::IdempotentPost),
     request_body(content(
         (NewRefund = "application/json"),
         (NewRefund = "application/x-www-form-urlencoded")

@@ -38,7 +38,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     post,
     path = "/v1/webhook_endpoints",
     tag = "webhooks",
-    params(super::openapi::IdempotencyHeaders),
+    params(super::extract::IdempotentPost),
     request_body(content(
         (NewEndpoint = "application/json"),
         (NewEndpoint = "application/x-www-form-urlencoded")

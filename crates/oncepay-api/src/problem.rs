@@ -7,7 +7,8 @@
 use std::borrow::Cow;
 
 use http::{HeaderName, HeaderValue, StatusCode, header};
-use serde_json::{Map, Value, json};
+use serde::{Serialize, Serializer};
+use serde_json::{Map, Value};
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
@@ -414,6 +415,12 @@ impl ProblemCode {
     }
 }
 
+impl Serialize for ProblemCode {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
 impl std::fmt::Display for ProblemCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -519,48 +526,123 @@ impl Problem {
         self
     }
 
-    /// The same problem in Stripe's shape, the body's `error` member, which
-    /// the Stripe SDKs read to raise their typed errors.
-    fn stripe_error(&self) -> Value {
-        let mut error = Map::new();
-        error.insert("type".into(), self.code.error_type().as_str().into());
-        error.insert("code".into(), self.code.as_str().into());
-        if let Some(decline_code) = self.decline_code.or(self.code.decline_code()) {
-            error.insert("decline_code".into(), decline_code.into());
-        }
-        error.insert("message".into(), self.detail.clone().into());
-        if let Some(param) = &self.param {
-            error.insert("param".into(), param.clone().into());
-        }
-        if let Some(charge) = self.extra.get("charge") {
-            error.insert("charge".into(), charge.clone());
-        }
-        Value::Object(error)
-    }
-
     /// The body, as saved for replay and as sent: the RFC 9457 members,
     /// the extras, and `error` in Stripe's shape.
     pub fn body(&self) -> Vec<u8> {
-        let mut body = json!({
-            "type": format!("/problems/{}", self.code),
-            "title": title_of(self.status),
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-            "code": self.code.as_str(),
-        });
-        let object = body.as_object_mut().expect("a JSON object");
-        if let Some(param) = &self.param {
-            object.insert("param".into(), param.clone().into());
-        }
-        object.extend(self.extra.clone());
-        object.insert("error".into(), self.stripe_error());
-        serde_json::to_vec(&body).expect("serialising a JSON value cannot fail")
+        let named = |name: &str| self.extra.get(name);
+        let body = Body {
+            kind: format!("/problems/{}", self.code),
+            title: title_of(self.status),
+            status: self.status.as_u16(),
+            detail: &self.detail,
+            code: self.code,
+            param: self.param.as_deref(),
+            charge: named("charge"),
+            refund: named("refund"),
+            more: self
+                .extra
+                .iter()
+                .filter(|(name, _)| !Body::NAMED.contains(&name.as_str()))
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect(),
+            request_id: named("request_id"),
+            error: StripeError {
+                kind: self.code.error_type().as_str(),
+                code: self.code,
+                decline_code: self.decline_code.or(self.code.decline_code()),
+                message: &self.detail,
+                param: self.param.as_deref(),
+                charge: named("charge"),
+            },
+        };
+        serde_json::to_vec(&body).expect("a problem's body serialises")
     }
+}
+
+/// An error (RFC 9457). `code` is stable and machine-readable; `param`
+/// names the parameter at fault; `charge` names the failed charge of a
+/// decline; `request_id` is the request's `X-Request-Id` (a saved decline
+/// names the request that first got it, and its replays, sent exactly as
+/// first saved, name that one too; it is absent when recovery settled the
+/// charge); `error` is the same problem in Stripe's shape, for the Stripe
+/// SDKs.
+#[derive(Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = Problem))]
+pub struct Body<'a> {
+    /// A relative URI, `/problems/{code}`.
+    #[serde(rename = "type")]
+    #[cfg_attr(feature = "openapi", schema(example = "/problems/card_declined"))]
+    kind: String,
+    #[cfg_attr(feature = "openapi", schema(example = "Payment Required"))]
+    title: &'static str,
+    #[cfg_attr(feature = "openapi", schema(example = 402))]
+    status: u16,
+    #[cfg_attr(feature = "openapi", schema(example = "Your card was declined."))]
+    detail: &'a str,
+    code: ProblemCode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    param: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = Option<String>, example = "ch_FSqF13LohwPRt53icfinsfKa")
+    )]
+    charge: Option<&'a Value>,
+    /// The refund a `processor_unavailable` or `processing_outcome_unknown` refund answer is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    refund: Option<&'a Value>,
+    /// The extras no schema names (the workshop's), in the order given.
+    #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    more: Map<String, Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    request_id: Option<&'a Value>,
+    error: StripeError<'a>,
+}
+
+impl Body<'_> {
+    /// The extras the schema names.
+    const NAMED: [&'static str; 3] = ["charge", "refund", "request_id"];
+}
+
+/// A problem as Stripe's API shows it, read by the Stripe SDKs to raise
+/// their typed errors (`CardError`, `InvalidRequestError`, ...).
+#[derive(Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StripeError<'a> {
+    /// `card_error` (a decline or an abandoned payment), `idempotency_error`
+    /// (a key reused with other parameters), `invalid_request_error` (bad
+    /// parameters, an unknown resource, authentication, a key in flight) or
+    /// `api_error` (a `5xx`).
+    #[serde(rename = "type")]
+    #[cfg_attr(feature = "openapi", schema(example = "card_error"))]
+    kind: &'static str,
+    /// The problem's `code`.
+    code: ProblemCode,
+    /// For a declined card: `generic_decline`, `insufficient_funds`, `expired_card`,
+    /// `incorrect_cvc`, `processing_error`, `fraudulent`, `lost_card` or `stolen_card`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(example = "generic_decline"))]
+    decline_code: Option<&'static str>,
+    /// The problem's `detail`.
+    #[cfg_attr(feature = "openapi", schema(example = "Your card was declined."))]
+    message: &'a str,
+    /// The parameter at fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    param: Option<&'a str>,
+    /// The failed charge.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    charge: Option<&'a Value>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn every_code_has_the_status_its_documentation_gives() {
