@@ -54,10 +54,10 @@ async fn create(
     Authenticated(merchant): Authenticated,
     post: IdempotentPost,
 ) -> Result<Response, ApiError> {
-    let (guard, params) = post.split(merchant.id);
+    let (guard, params, clock) = post.split(merchant.id, ROUTE);
     let charge = NewCharge::from_params(params)?;
-    let ran = operation::run(&state.engine, guard, CreateCharge::new(merchant.id, charge)).await;
-    Ok(idempotent::respond(ran))
+    let answer = operation::run(&state.engine, guard, CreateCharge::new(merchant.id, charge)).await;
+    Ok(idempotent::respond(&clock, answer))
 }
 
 /// One of the merchant's charges.

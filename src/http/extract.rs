@@ -2,6 +2,7 @@
 //! `application/x-www-form-urlencoded`, within `MAX_BODY_BYTES`) and path
 //! parameters.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -21,6 +22,7 @@ use crate::merchants::Merchant;
 use crate::operation::Guard;
 use crate::params::Params;
 use crate::problem::{Problem, ProblemCode};
+use crate::telemetry::timing::Stopwatch;
 
 /// The raw body, read within the configured limit.
 pub struct RawBody(pub Bytes);
@@ -79,9 +81,10 @@ pub struct IdempotentPost {
 }
 
 impl IdempotentPost {
-    /// The guard of the operation this request asks for, and its
-    /// parameters.
-    pub fn split(self, merchant_id: Uuid) -> (Guard, Params) {
+    /// The guard of the operation on `route` this request asks for, its
+    /// parameters, and the clock its phases are timed on.
+    pub fn split(self, merchant_id: Uuid, route: &'static str) -> (Guard, Params, Arc<Stopwatch>) {
+        let clock = Stopwatch::start(route, self.arrived);
         let guard = Guard {
             merchant_id,
             request_id: self.request_id,
@@ -89,8 +92,9 @@ impl IdempotentPost {
             wait: self.wait,
             fault: self.fault,
             arrived: self.arrived,
+            clock: clock.clone(),
         };
-        (guard, self.params)
+        (guard, self.params, clock)
     }
 }
 

@@ -11,20 +11,20 @@ use axum::response::{IntoResponse, Response};
 
 use super::problem::ApiError;
 use crate::app::AppState;
+use crate::error::Error;
 use crate::idempotency::{IdempotencyKey, SavedResponse};
 use crate::operation::Answer;
-use crate::operation::timing::Ran;
 use crate::problem::{Problem, ProblemCode};
-use crate::telemetry::timing;
+use crate::telemetry::timing::Stopwatch;
 
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// The longest `Prefer: wait=N` honoured, in seconds.
 const MAX_WAIT_SECS: u64 = 10;
 
 /// The response for how an operation ended: its answer, or its error as a
-/// problem. Rendering it records the operation's timing.
-pub fn respond(ran: Ran) -> Response {
-    timing::render(ran, |answer| match answer {
+/// problem. Rendering it records the operation's timing on `clock`.
+pub fn respond(clock: &Stopwatch, answer: Result<Answer, Error>) -> Response {
+    clock.render(answer, |answer| match answer {
         Ok(Answer::Fresh(saved)) => send(saved),
         Ok(Answer::Replayed { saved, waited }) => replay(saved, waited),
         Err(e) => ApiError(e).into_response(),

@@ -17,8 +17,8 @@ use super::input::FromParams;
 use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::objects::RefundObject;
-use crate::operation;
 use crate::operation::refund::CreateRefund;
+use crate::operation::{self, Operation};
 use crate::refunds::{NewRefund, store};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -49,10 +49,10 @@ async fn create(
     Authenticated(merchant): Authenticated,
     post: IdempotentPost,
 ) -> Result<Response, ApiError> {
-    let (guard, params) = post.split(merchant.id);
+    let (guard, params, clock) = post.split(merchant.id, CreateRefund::ROUTE);
     let refund = NewRefund::from_params(params)?;
-    let ran = operation::run(&state.engine, guard, CreateRefund::new(merchant.id, refund)).await;
-    Ok(idempotent::respond(ran))
+    let answer = operation::run(&state.engine, guard, CreateRefund::new(merchant.id, refund)).await;
+    Ok(idempotent::respond(&clock, answer))
 }
 
 /// One of the merchant's refunds.

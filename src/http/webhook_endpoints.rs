@@ -54,18 +54,18 @@ async fn create(
     Authenticated(merchant): Authenticated,
     post: IdempotentPost,
 ) -> Result<Response, ApiError> {
-    let (guard, params) = post.split(merchant.id);
+    let (guard, params, clock) = post.split(merchant.id, ROUTE);
     let endpoint = NewEndpoint::from_params(params)?;
     endpoint
         .check_address(AddressGuard::new(state.config.webhooks.allow_private))
         .await?;
-    let ran = write::run(
+    let answer = write::run(
         &state.engine,
         guard,
         CreateEndpoint::new(merchant.id, endpoint),
     )
     .await;
-    Ok(idempotent::respond(ran))
+    Ok(idempotent::respond(&clock, answer))
 }
 
 /// One of the merchant's webhook endpoints (without its secret).

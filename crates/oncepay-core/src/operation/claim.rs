@@ -17,10 +17,10 @@ use crate::idempotency::{
     Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
     StoredKey, store as keys,
 };
-use crate::operation::timing::{Waits, count_outcome, count_shed};
+use crate::operation::timing::{Clock, Phase, count_outcome, count_shed};
 use crate::operation::{Engine, Guard};
 use crate::problem::{Problem, ProblemCode};
-use crate::speed::{CachedAnswer, KeyWatch, News, Refused, Shed};
+use crate::speed::{CachedAnswer, FastPaths, KeyWatch, News, Plain, Refused, Shed};
 
 /// How long before `REQUEST_TIMEOUT` a wait gives up, so that its `409`
 /// still goes out.
@@ -44,9 +44,8 @@ pub struct Request {
     pub client_gone: CancellationToken,
     /// When the request arrived.
     pub arrived: std::time::Instant,
-    /// How long it waited for connections, and for the same request in
-    /// flight (see [`crate::operation::timing`]).
-    pub waits: Waits,
+    /// What its phases, the waits among them, are timed on.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Request {
@@ -66,7 +65,7 @@ impl Request {
             wait: guard.wait,
             client_gone,
             arrived: guard.arrived,
-            waits: Waits::default(),
+            clock: guard.clock,
         };
         (request, hang_up)
     }
@@ -123,12 +122,9 @@ impl Request {
         let deadline = self.deadline(engine);
         let acquired = match queue {
             Queue::Bounded => engine.fast.connection(&engine.pool, deadline).await,
-            Queue::Kept => match tokio::time::timeout_at(deadline, engine.pool.acquire()).await {
-                Ok(acquired) => acquired.map_err(Refused::Pool),
-                Err(_) => Err(Refused::Deadline),
-            },
+            Queue::Kept => Plain.connection(&engine.pool, deadline).await,
         };
-        self.waits.pool(asked.elapsed());
+        self.clock.add(Phase::PoolWait, asked.elapsed());
         if let Err(Refused::Shed { waited }) = &acquired {
             // One line per shed request would flood the log just when the
             // process has least to spare: debug only; the metric counts.
@@ -175,9 +171,9 @@ enum Queue {
     /// In the admission queue, shed once its bound passes: for a request
     /// that has done nothing yet, so that being turned away costs nothing.
     Bounded,
-    /// Straight from the pool, until the deadline, never shed: for a request
-    /// that has already written (it settled its stale key), which keeps its
-    /// admission for the rest of its steps.
+    /// Straight from the pool until the deadline, never shed (the plain
+    /// way, [`Plain`]): for a request that has already written (it settled
+    /// its stale key), which keeps its admission for the rest of its steps.
     Kept,
 }
 
@@ -485,7 +481,7 @@ impl Pursuit<'_> {
                 return Ok(self.in_use("wait_abandoned"));
             }
         };
-        request.waits.key(waiting.elapsed());
+        request.clock.add(Phase::KeyWait, waiting.elapsed());
         Ok(match news {
             Err(_) => self.in_use("in_use"),
             Ok(Some(News::Completed(stored))) => self

@@ -16,7 +16,7 @@
 //! An operation with no processor call (creating a webhook endpoint) is a
 //! [`write::Write`] instead: claim, record and answer in one transaction.
 //!
-//! Each run is timed phase by phase ([`timing`]); the server records it.
+//! Each run is timed phase by phase on the request's clock ([`timing`]).
 
 pub mod charge;
 pub mod claim;
@@ -38,7 +38,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use self::claim::Begun;
-use self::timing::{Phase, Phases, Ran, Timing, count_outcome};
+use self::timing::{Clock, Phase, count_outcome};
 use crate::charges::settle::Settled;
 use crate::error::Error;
 use crate::faults::{Fault, crash_if};
@@ -67,7 +67,6 @@ pub struct Engine {
 
 /// Who asks, with which key, and how: everything about a request that is
 /// not the operation's own parameters.
-#[derive(Debug)]
 pub struct Guard {
     pub merchant_id: Uuid,
     /// The request's `X-Request-Id`, which the events of the record it
@@ -83,6 +82,8 @@ pub struct Guard {
     /// When the request arrived: its work may begin only while its client
     /// still waits for the answer, and before `REQUEST_TIMEOUT` from here.
     pub arrived: std::time::Instant,
+    /// What its phases are timed on.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// The answer to a guarded operation.
@@ -191,73 +192,57 @@ pub trait Operation: Send + Sync + 'static {
 /// `REQUEST_TIMEOUT` passed), a wait for a key in flight stops, while claimed
 /// work goes on to the end. Work not yet claimed by then never is: the
 /// client was told to retry, and its retry may already have done it.
-/// The answer comes with its timing, for the server to record.
-pub async fn run<O: Operation>(engine: &Engine, guard: Guard, operation: O) -> Ran {
-    let (mut timing, started) = Timing::begin(O::ROUTE, guard.arrived);
-    let answer = guarded(engine, guard, operation, &mut timing, started).await;
-    Ran { answer, timing }
-}
-
-async fn guarded<O: Operation>(
+pub async fn run<O: Operation>(
     engine: &Engine,
     guard: Guard,
     operation: O,
-    timing: &mut Timing,
-    started: Instant,
 ) -> Result<Answer, Error> {
+    let clock = guard.clock.clone();
+    let started = clock.lap(Phase::Extract, guard.arrived);
     let fingerprint = Fingerprint::of("POST", O::ROUTE, &operation.canonical());
-    timing.phases.since(Phase::Fingerprint, started);
+    clock.lap(Phase::Fingerprint, started);
     let fault = guard.fault;
     let (request, _hang_up) = claim::Request::of(O::ROUTE, guard, fingerprint);
     // A retry of a finished operation is answered from memory here, with
     // no task: there is no work that a hang-up could cut short.
     match claim::from_cache(engine, &request, O::ROUTE)? {
         Some(Begun::Replay { saved, waited }) => {
-            timing.cached = true;
+            clock.cached();
             return Ok(Answer::Replayed { saved, waited });
         }
         Some(Begun::Reused) => {
-            timing.cached = true;
+            clock.cached();
             return Err(reused(request.key.as_ref()).into());
         }
         _ => {}
     }
     let engine_owned = engine.clone();
-    in_task(engine, timing, O::NOUN, async move {
-        let mut phases = Phases::default();
-        let answer = claim_and_work(engine_owned, request, operation, fault, &mut phases).await;
-        (answer, phases)
-    })
-    .await
+    let work = claim_and_work(engine_owned, request, operation, fault);
+    in_task(engine, clock, O::NOUN, work).await
 }
 
 /// Runs `work` in a task of [`Engine::tasks`] and returns its answer,
-/// adding its phases to `timing`, and the time its start and the handler's
-/// waking waited for the scheduler as [`Phase::TaskHandoff`]. `noun` names
-/// the task in the error of one that failed.
+/// marking the time its start and the handler's waking waited for the
+/// scheduler as [`Phase::TaskHandoff`] on `clock`. `noun` names the task in
+/// the error of one that failed.
 pub(crate) async fn in_task(
     engine: &Engine,
-    timing: &mut Timing,
+    clock: Arc<dyn Clock>,
     noun: &str,
-    work: impl Future<Output = (Result<Answer, Error>, Phases)> + Send + 'static,
+    work: impl Future<Output = Result<Answer, Error>> + Send + 'static,
 ) -> Result<Answer, Error> {
     let spawned = Instant::now();
+    let task_clock = clock.clone();
     let task = engine.tasks.clone().spawn(
         async move {
-            let started = Instant::now();
-            let (answer, mut phases) = work.await;
-            phases.add(
-                Phase::TaskHandoff,
-                started.saturating_duration_since(spawned),
-            );
-            (answer, phases, Instant::now())
+            task_clock.lap(Phase::TaskHandoff, spawned);
+            (work.await, Instant::now())
         }
         .instrument(tracing::Span::current()),
     );
     match task.await {
-        Ok((answer, phases, ended)) => {
-            timing.phases.merge(&phases);
-            timing.phases.since(Phase::TaskHandoff, ended);
+        Ok((answer, ended)) => {
+            clock.lap(Phase::TaskHandoff, ended);
             answer
         }
         Err(e) => Err(Error::Internal(
@@ -271,11 +256,10 @@ async fn claim_and_work<O: Operation>(
     request: claim::Request,
     mut operation: O,
     fault: Option<Fault>,
-    phases: &mut Phases,
 ) -> Result<Answer, Error> {
     let claiming = Instant::now();
     let claimed = claim_or_answer(&engine, &request, &mut operation).await;
-    phases.claimed(claiming, &request.waits);
+    request.clock.lap(Phase::Claim, claiming);
     if let Some(answer) = claimed? {
         return Ok(answer);
     }
@@ -288,7 +272,7 @@ async fn claim_and_work<O: Operation>(
         &operation,
         request.request_id.as_deref(),
         fault,
-        phases,
+        request.clock.as_ref(),
     )
     .await
     .map_err(|e| e.awaiting_recovery(&engine.timeouts));
@@ -391,13 +375,13 @@ async fn work_and_settle<O: Operation>(
     operation: &O,
     request_id: Option<&str>,
     fault: Option<Fault>,
-    phases: &mut Phases,
+    clock: &dyn Clock,
 ) -> Result<Answer, Error> {
     let calling = Instant::now();
     let outcome = operation
         .call_processor(engine.processor.as_ref(), Fault::at_processor(fault))
         .await;
-    let called = phases.since(Phase::Processor, calling);
+    let called = clock.lap(Phase::Processor, calling);
     crash_if(fault, Fault::CrashAfterProcessor);
     match outcome {
         // Recorded and final, whatever it was: settling saves it on the key.
@@ -406,11 +390,11 @@ async fn work_and_settle<O: Operation>(
                 // Taken from the pool directly, not through the admission
                 // queue: claimed work is never turned away.
                 let mut db = engine.pool.acquire().await?;
-                let settling = phases.since(Phase::SettlePoolWait, called);
+                let settling = clock.lap(Phase::SettlePoolWait, called);
                 let settled = operation
                     .settle(engine, &mut db, &outcome, request_id, fault)
                     .await;
-                phases.since(Phase::Settle, settling);
+                clock.lap(Phase::Settle, settling);
                 settled?
             };
             match settled {
@@ -421,7 +405,7 @@ async fn work_and_settle<O: Operation>(
                 Settled::Already => {
                     let reading = Instant::now();
                     let answer = settled_elsewhere(engine, operation, request_id).await;
-                    phases.since(Phase::Settle, reading);
+                    clock.lap(Phase::Settle, reading);
                     answer
                 }
             }
@@ -432,7 +416,7 @@ async fn work_and_settle<O: Operation>(
                 Ok(None) => settled_elsewhere(engine, operation, request_id).await,
                 Err(e) => Err(e),
             };
-            phases.since(Phase::Settle, called);
+            clock.lap(Phase::Settle, called);
             answer
         }
         Err(e @ ProcessorError::OutcomeUnknown(_)) => {

@@ -10,7 +10,7 @@ use std::time::Instant;
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use super::claim::{self, Begun};
-use super::timing::{Phase, Phases, Ran, Timing};
+use super::timing::Phase;
 use super::{Answer, Guard};
 use crate::error::Error;
 use crate::idempotency::{Fingerprint, SavedResponse, store as keys};
@@ -38,31 +38,29 @@ pub trait Write: Send + Sync {
 /// does: a request dropped by `REQUEST_TIMEOUT` or a client hanging up must
 /// not cancel a transaction half-way (sqlx cannot cancel a `BEGIN` in flight
 /// safely); a wait for the key in flight still stops when the client goes.
-/// The answer comes with its timing, for the server to record.
-pub async fn run<W: Write + 'static>(engine: &Engine, guard: Guard, write: W) -> Ran {
-    let (mut timing, started) = Timing::begin(W::ROUTE, guard.arrived);
+pub async fn run<W: Write + 'static>(
+    engine: &Engine,
+    guard: Guard,
+    write: W,
+) -> Result<Answer, Error> {
+    let clock = guard.clock.clone();
+    let started = clock.lap(Phase::Extract, guard.arrived);
     let fingerprint = Fingerprint::of("POST", W::ROUTE, &write.canonical());
-    timing.phases.since(Phase::Fingerprint, started);
+    clock.lap(Phase::Fingerprint, started);
     let (request, _hang_up) = claim::Request::of(W::ROUTE, guard, fingerprint);
-    let owned = engine.clone();
-    let answer = super::in_task(engine, &mut timing, "write", async move {
-        let mut phases = Phases::default();
-        let answer = claim_and_write(&owned, request, write, &mut phases).await;
-        (answer, phases)
-    })
-    .await;
-    Ran { answer, timing }
+    let work = claim_and_write(engine.clone(), request, write);
+    super::in_task(engine, clock, "write", work).await
 }
 
 async fn claim_and_write<W: Write>(
-    engine: &Engine,
+    engine: Engine,
     request: claim::Request,
     write: W,
-    phases: &mut Phases,
 ) -> Result<Answer, Error> {
+    let engine = &engine;
     let claiming = Instant::now();
     let begun = claim::begin(engine, &request, W::ROUTE, None).await;
-    phases.claimed(claiming, &request.waits);
+    request.clock.lap(Phase::Claim, claiming);
     let tx = match begun? {
         Begun::Claimed(tx) => tx,
         Begun::Replay { saved, waited } => return Ok(Answer::Replayed { saved, waited }),
@@ -74,7 +72,7 @@ async fn claim_and_write<W: Write>(
     };
     let writing = Instant::now();
     let written = write_and_commit(engine, &request, &write, tx).await;
-    phases.since(Phase::Write, writing);
+    request.clock.lap(Phase::Write, writing);
     let saved = written?;
     claim::finished(engine, &request);
     Ok(Answer::Fresh(saved))
