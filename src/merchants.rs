@@ -77,6 +77,13 @@ pub struct Merchant {
     pub name: String,
 }
 
+impl Merchant {
+    /// The merchant from its row's `id` and `name`.
+    fn from_row(id: Uuid, name: String) -> Self {
+        Merchant { id, name }
+    }
+}
+
 /// Creates a merchant with a new key and returns both.
 pub async fn create(db: impl PgExecutor<'_>, name: &str) -> sqlx::Result<(Merchant, ApiKey)> {
     let key = ApiKey::generate();
@@ -156,10 +163,7 @@ pub async fn ensure(
     .fetch_optional(db)
     .await?
     .ok_or(sqlx::Error::RowNotFound)?;
-    let merchant = Merchant {
-        id: row.id,
-        name: row.name,
-    };
+    let merchant = Merchant::from_row(row.id, row.name);
     Ok(match row.in_use {
         true => Ensured::InUse(merchant),
         false => Ensured::RolledAway {
@@ -209,10 +213,7 @@ pub async fn authenticate(
     .fetch_optional(db)
     .await?;
     Ok(row.map(|row| KeyHolder {
-        merchant: Merchant {
-            id: row.id,
-            name: row.name,
-        },
+        merchant: Merchant::from_row(row.id, row.name),
         expires_in: row
             .expires_in_ms
             .map(|ms| Duration::from_millis(ms.max(0.0) as u64)),
@@ -265,10 +266,7 @@ pub async fn roll_key(
     .fetch_optional(db)
     .await?;
     Ok(row.map(|row| Rolled {
-        merchant: Merchant {
-            id: row.id,
-            name: row.name,
-        },
+        merchant: Merchant::from_row(row.id, row.name),
         key,
         old_key_expires_at: row.old_key_expires_at,
         expired_older: row.expired_older,

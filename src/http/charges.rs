@@ -88,11 +88,10 @@ fn no_such_charge(id: &str, param: &str) -> ApiError {
     super::problem::no_such("charge", id, param)
 }
 
-/// Which page of a list: the newest, the one after a charge (older), or
-/// the one before it (newer).
+/// Which page of a list: the one after a charge (older), or the newest
+/// when there is none; or the one before a charge (newer).
 enum Page {
-    First,
-    After(Charge),
+    After(Option<Charge>),
     Before(Charge),
 }
 
@@ -118,25 +117,19 @@ async fn list(
 ) -> Result<Response, ApiError> {
     let PageParams { limit, cursor } = PageParams::take(params, "charge")?;
     let page = match cursor {
-        None => Page::First,
+        None => Page::After(None),
         Some((name, id)) => {
             let cursor = store::find(&state.pool, merchant.id, &id)
                 .await?
                 .ok_or_else(|| no_such_charge(&id, name))?;
             if name == "starting_after" {
-                Page::After(cursor)
+                Page::After(Some(cursor))
             } else {
                 Page::Before(cursor)
             }
         }
     };
-    let mut charges = match &page {
-        Page::First => page_after(&state.pool, merchant.id, None, limit + 1).await?,
-        Page::After(cursor) => {
-            page_after(&state.pool, merchant.id, Some(cursor), limit + 1).await?
-        }
-        Page::Before(cursor) => page_before(&state.pool, merchant.id, cursor, limit + 1).await?,
-    };
+    let mut charges = read_page(&state.pool, merchant.id, &page, limit + 1).await?;
     let has_more = charges.len() as i64 > limit;
     charges.truncate(limit as usize);
     if matches!(page, Page::Before(_)) {
@@ -152,55 +145,58 @@ async fn list(
     Ok(Json(List::new(ROUTE, has_more, data)).into_response())
 }
 
-/// Up to `limit` charges, newest first, strictly after the cursor charge
-/// `starting_after` when given. The caller checks the cursor exists.
-async fn page_after(
-    db: impl PgExecutor<'_>,
-    merchant_id: Uuid,
-    starting_after: Option<&Charge>,
-    limit: i64,
-) -> sqlx::Result<Vec<Charge>> {
-    sqlx::query_as!(
-        Charge,
-        r#"SELECT id, merchant_id, amount, currency, source, description,
+/// A `query_as!` of the merchant's [`Charge`]s, with `$page` (the position
+/// against the cursor, the order) appended. A macro because sqlx checks only
+/// literal text: each expansion, its `$page` appended, is checked against
+/// the schema like any query.
+macro_rules! merchant_charges {
+    ($page:literal, $($arg:expr),+ $(,)?) => {
+        sqlx::query_as!(
+            Charge,
+            r#"SELECT id, merchant_id, amount, currency, source, description,
                   metadata AS "metadata: _", status AS "status: _",
                   failure_code, failure_message, amount_refunded, created_at
              FROM charges
             WHERE merchant_id = $1
-              AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
-            ORDER BY created_at DESC, id DESC
-            LIMIT $4"#,
-        merchant_id,
-        starting_after.map(|c| c.created_at),
-        starting_after.map(|c| c.id.as_str()),
-        limit,
-    )
-    .fetch_all(db)
-    .await
+              AND "# + $page + " LIMIT $4",
+            $($arg),+
+        )
+    };
 }
 
-/// Up to `limit` charges strictly newer than `ending_before`, oldest first:
-/// the ones nearest the cursor, which the caller shows newest first.
-async fn page_before(
+/// Up to `limit` charges of `page`: after its cursor (strictly older, or
+/// the newest when it has none), newest first; or strictly newer than its
+/// cursor, oldest first: the ones nearest it, which the caller shows newest
+/// first. The caller checks the cursor exists.
+async fn read_page(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
-    ending_before: &Charge,
+    page: &Page,
     limit: i64,
 ) -> sqlx::Result<Vec<Charge>> {
-    sqlx::query_as!(
-        Charge,
-        r#"SELECT id, merchant_id, amount, currency, source, description,
-                  metadata AS "metadata: _", status AS "status: _",
-                  failure_code, failure_message, amount_refunded, created_at
-             FROM charges
-            WHERE merchant_id = $1 AND (created_at, id) > ($2, $3)
-            ORDER BY created_at, id
-            LIMIT $4"#,
-        merchant_id,
-        ending_before.created_at,
-        ending_before.id.as_str(),
-        limit,
-    )
-    .fetch_all(db)
-    .await
+    match page {
+        Page::After(cursor) => {
+            merchant_charges!(
+                "($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
+                 ORDER BY created_at DESC, id DESC",
+                merchant_id,
+                cursor.as_ref().map(|c| c.created_at),
+                cursor.as_ref().map(|c| c.id.as_str()),
+                limit,
+            )
+            .fetch_all(db)
+            .await
+        }
+        Page::Before(cursor) => {
+            merchant_charges!(
+                "(created_at, id) > ($2, $3) ORDER BY created_at, id",
+                merchant_id,
+                cursor.created_at,
+                cursor.id.as_str(),
+                limit,
+            )
+            .fetch_all(db)
+            .await
+        }
+    }
 }

@@ -45,11 +45,7 @@ async fn retrieve(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
-    let event = found(
-        store::find(&state.pool, merchant.id, &id).await?,
-        "event",
-        &id,
-    )?;
+    let event = find(&state, merchant.id, &id).await?;
     Ok(Json(event.to_object()).into_response())
 }
 
@@ -69,11 +65,7 @@ async fn deliveries(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
 ) -> Result<Response, ApiError> {
-    let event = found(
-        store::find(&state.pool, merchant.id, &id).await?,
-        "event",
-        &id,
-    )?;
+    let event = find(&state, merchant.id, &id).await?;
     let deliveries = webhooks::deliveries_of(&state.pool, event.seq).await?;
     let attempts = webhooks::attempts_of(&state.pool, event.seq).await?;
     let data: Vec<_> = deliveries
@@ -82,6 +74,15 @@ async fn deliveries(
         .collect();
     let url = format!("{ROUTE}/{}/deliveries", event.id);
     Ok(Json(List::new(url, false, data)).into_response())
+}
+
+/// The merchant's event `id`, or `404 resource_missing`.
+async fn find(state: &AppState, merchant_id: Uuid, id: &str) -> Result<Event, ApiError> {
+    found(
+        store::find(&state.pool, merchant_id, id).await?,
+        "event",
+        id,
+    )
 }
 
 fn no_such_event(id: &str, param: &str) -> ApiError {
@@ -119,27 +120,20 @@ async fn list(
     let PageParams { limit, cursor } = PageParams::take(params, "event")?;
     let types: Option<Vec<&str>> = types.map(|types| types.iter().map(|t| t.as_str()).collect());
     let types = types.as_deref();
-    let (events, has_more) = match cursor {
-        Some((name @ "ending_before", id)) => {
-            let after = cursor_position(&state, merchant.id, name, &id).await?;
-            let mut events = list_newer(&state.pool, merchant.id, types, after, limit + 1).await?;
-            let has_more = events.len() as i64 > limit;
-            // The `limit` next to the cursor, newest first like every page.
-            events.truncate(limit as usize);
-            events.reverse();
-            (events, has_more)
+    let (from, newer) = match cursor {
+        Some((name, id)) => {
+            let from = cursor_position(&state, merchant.id, name, &id).await?;
+            (from, name == "ending_before")
         }
-        cursor => {
-            let before = match cursor {
-                Some((name, id)) => cursor_position(&state, merchant.id, name, &id).await?,
-                None => Position::END,
-            };
-            let mut events = list_older(&state.pool, merchant.id, types, before, limit + 1).await?;
-            let has_more = events.len() as i64 > limit;
-            events.truncate(limit as usize);
-            (events, has_more)
-        }
+        None => (Position::END, false),
     };
+    let mut events = list_page(&state.pool, merchant.id, types, from, newer, limit + 1).await?;
+    let has_more = events.len() as i64 > limit;
+    events.truncate(limit as usize);
+    if newer {
+        // The `limit` next to the cursor, newest first like every page.
+        events.reverse();
+    }
     let data: Vec<_> = events.iter().map(|e| e.to_object()).collect();
     Ok(Json(List::new(ROUTE, has_more, data)).into_response())
 }
@@ -156,72 +150,70 @@ async fn cursor_position(
         .ok_or_else(|| no_such_event(id, name))
 }
 
-// The two queries below show an event only once its transaction id is below
-// the xmin of the statement's snapshot: every transaction that began writing
-// before it has ended, so no event can still commit at a position before it,
-// and a client paging forward from any event it was shown misses none.
-// Events written since are held back until then (see docs/decisions.md).
-
-/// Up to `limit` events, newest first, before `before` in the list's order
-/// ([`Position::END`] for the newest), of the `types` when given.
-async fn list_older(
-    db: impl PgExecutor<'_>,
-    merchant_id: Uuid,
-    types: Option<&[&str]>,
-    before: Position,
-    limit: i64,
-) -> sqlx::Result<Vec<Event>> {
-    sqlx::query_as!(
-        Event,
-        r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
+/// A `query_as!` of the merchant's [`Event`]s of the `types` when given,
+/// with `$page` (the position against the cursor, the order) appended.
+///
+/// It shows an event only once its transaction id is below the xmin of the
+/// statement's snapshot: every transaction that began writing before it
+/// has ended, so no event can still commit at a position before it, and a
+/// client paging forward from any event it was shown misses none. Events
+/// written since are held back until then (see docs/decisions.md). A macro
+/// because sqlx checks only literal text: each expansion, its `$page`
+/// appended, is checked against the schema like any query.
+macro_rules! visible_events {
+    ($page:literal, $merchant_id:expr, $types:expr, $from:expr, $limit:expr) => {
+        sqlx::query_as!(
+            Event,
+            r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
                   request_id, idempotency_key, created_at,
                   (SELECT count(*) FROM webhook_deliveries d
                     WHERE d.event_seq = events.seq)::int AS "pending_webhooks!"
              FROM events
             WHERE merchant_id = $1
               AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-              AND (txid, seq) < ($3, $4)
               AND ($2::text[] IS NULL OR type = ANY($2))
-            ORDER BY txid DESC, seq DESC
-            LIMIT $5"#,
-        merchant_id,
-        types as Option<&[&str]>,
-        before.txid,
-        before.seq,
-        limit,
-    )
-    .fetch_all(db)
-    .await
+              AND "#
+                + $page
+                + " LIMIT $5",
+            $merchant_id,
+            $types as Option<&[&str]>,
+            $from.txid,
+            $from.seq,
+            $limit,
+        )
+    };
 }
 
-/// Up to `limit` events after `after` in the list's order, the oldest of
-/// them first, of the `types` when given: the page before a cursor.
-async fn list_newer(
+/// Up to `limit` events next to `from` in the list's order, of the `types`
+/// when given: before it, newest first ([`Position::END`] for the newest);
+/// or, when `newer`, after it, the oldest first: the page before a cursor.
+async fn list_page(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
     types: Option<&[&str]>,
-    after: Position,
+    from: Position,
+    newer: bool,
     limit: i64,
 ) -> sqlx::Result<Vec<Event>> {
-    sqlx::query_as!(
-        Event,
-        r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
-                  request_id, idempotency_key, created_at,
-                  (SELECT count(*) FROM webhook_deliveries d
-                    WHERE d.event_seq = events.seq)::int AS "pending_webhooks!"
-             FROM events
-            WHERE merchant_id = $1
-              AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-              AND (txid, seq) > ($3, $4)
-              AND ($2::text[] IS NULL OR type = ANY($2))
-            ORDER BY txid, seq
-            LIMIT $5"#,
-        merchant_id,
-        types as Option<&[&str]>,
-        after.txid,
-        after.seq,
-        limit,
-    )
-    .fetch_all(db)
-    .await
+    if newer {
+        visible_events!(
+            "(txid, seq) > ($3, $4) ORDER BY txid, seq",
+            merchant_id,
+            types,
+            from,
+            limit
+        )
+        .fetch_all(db)
+        .await
+    } else {
+        visible_events!(
+            "(txid, seq) < ($3, $4) ORDER BY txid DESC, seq DESC",
+            merchant_id,
+            types,
+            from,
+            limit
+        )
+        .fetch_all(db)
+        .await
+    }
 }

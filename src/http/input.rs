@@ -213,50 +213,128 @@ fn parse_filter(name: &str, param: &str) -> Result<EventType, ParamError> {
     })
 }
 
+/// The bodies of charges and refunds: what every body must do (read alike
+/// from JSON and from a form, change its canonical form with any value),
+/// then what each refuses.
 #[cfg(test)]
-mod charge_tests {
+mod body_tests {
     use super::*;
-    use serde_json::{Value, json};
+    use serde_json::json;
 
-    fn parse_json(body: Value) -> Result<NewCharge, ParamError> {
-        NewCharge::from_params(Params::from_json(body.to_string().as_bytes()).unwrap())
+    /// `T` read from `body`, sent as JSON.
+    fn parse_json<T: FromParams>(body: Value) -> Result<T, ParamError> {
+        T::from_params(Params::from_json(body.to_string().as_bytes()).unwrap())
     }
 
-    fn code(body: Value) -> &'static str {
-        parse_json(body).unwrap_err().code.as_str()
+    /// The code of the problem `T` refuses `body` with.
+    fn code<T: FromParams + std::fmt::Debug>(body: Value) -> &'static str {
+        parse_json::<T>(body).unwrap_err().code.as_str()
+    }
+
+    /// The code of the problem a charge's `body` is refused with.
+    fn charge_code(body: Value) -> &'static str {
+        code::<NewCharge>(body)
+    }
+
+    /// The code of the problem a refund's `body` is refused with.
+    fn refund_code(body: Value) -> &'static str {
+        code::<NewRefund>(body)
+    }
+
+    /// Asserts that `json` and the form `form` read as one `T`, with one
+    /// canonical form.
+    #[track_caller]
+    fn assert_json_and_form_agree<T: FromParams + PartialEq + std::fmt::Debug>(
+        json: Value,
+        form: &[u8],
+        canonical: fn(&T) -> Vec<u8>,
+    ) {
+        let json: T = parse_json(json).unwrap();
+        let form = T::from_params(Params::from_form(form).unwrap()).unwrap();
+        assert_eq!(json, form);
+        assert_eq!(canonical(&json), canonical(&form));
+    }
+
+    /// Asserts that each of `changes`, made to `base` alone, changes the
+    /// canonical form.
+    #[track_caller]
+    fn assert_each_change_changes_canonical<T: FromParams + std::fmt::Debug>(
+        base: Value,
+        changes: Vec<(&str, Value)>,
+        canonical: fn(&T) -> Vec<u8>,
+    ) {
+        let unchanged = canonical(&parse_json(base.clone()).unwrap());
+        for (field, value) in changes {
+            let mut changed = base.clone();
+            changed[field] = value;
+            assert_ne!(
+                canonical(&parse_json(changed).unwrap()),
+                unchanged,
+                "{field}"
+            );
+        }
     }
 
     #[test]
     fn json_and_form_with_equal_parameters_are_equal() {
-        let json = parse_json(json!({
-            "source": "tok_visa", "currency": "USD", "amount": 2000,
-            "metadata": {"b": "2", "a": "1"}
-        }))
-        .unwrap();
-        let form = NewCharge::from_params(
-            Params::from_form(
-                b"amount=2000&currency=usd&source=tok_visa&metadata[a]=1&metadata[b]=2",
-            )
-            .unwrap(),
-        )
-        .unwrap();
-        assert_eq!(json, form);
-        assert_eq!(json.canonical(), form.canonical());
+        assert_json_and_form_agree(
+            json!({
+                "source": "tok_visa", "currency": "USD", "amount": 2000,
+                "metadata": {"b": "2", "a": "1"}
+            }),
+            b"amount=2000&currency=usd&source=tok_visa&metadata[a]=1&metadata[b]=2",
+            NewCharge::canonical,
+        );
+        assert_json_and_form_agree(
+            json!({
+                "charge": "ch_1", "amount": 500, "reason": "duplicate", "metadata": {"b": "2", "a": "1"}
+            }),
+            b"charge=ch_1&amount=500&reason=duplicate&metadata[a]=1&metadata[b]=2",
+            NewRefund::canonical,
+        );
     }
 
+    #[test]
+    fn any_changed_value_changes_the_canonical_form() {
+        assert_each_change_changes_canonical(
+            json!({"amount": 2000, "currency": "usd", "source": "tok_visa", "metadata": {"a": "1"}}),
+            vec![
+                ("amount", json!(2001)),
+                ("currency", json!("eur")),
+                ("source", json!("tok_mastercard")),
+                ("description", json!("x")),
+                ("metadata", json!({"a": "2"})),
+            ],
+            NewCharge::canonical,
+        );
+        assert_each_change_changes_canonical(
+            json!({"charge": "ch_1", "amount": 500, "reason": "duplicate", "metadata": {"a": "1"}}),
+            vec![
+                ("charge", json!("ch_2")),
+                ("amount", json!(501)),
+                ("amount", Value::Null),
+                ("reason", json!("fraudulent")),
+                ("metadata", json!({"a": "2"})),
+            ],
+            NewRefund::canonical,
+        );
+    }
     #[test]
     fn amounts_must_be_whole_positive_numbers_in_range() {
         let base =
             |amount: Value| json!({"amount": amount, "currency": "usd", "source": "tok_visa"});
-        assert_eq!(code(base(json!(0))), "amount_too_small");
-        assert_eq!(code(base(json!(-5))), "amount_too_small");
-        assert_eq!(code(base(json!(100_000_000))), "amount_too_large");
-        assert_eq!(code(base(json!(u64::MAX))), "amount_too_large");
-        assert_eq!(code(base(json!(20.5))), "parameter_invalid_integer");
-        assert_eq!(code(base(json!(20.0))), "parameter_invalid_integer");
-        assert_eq!(code(base(json!("2000"))), "parameter_invalid_integer");
-        assert_eq!(code(base(json!(true))), "parameter_invalid_integer");
-        assert!(parse_json(base(json!(99_999_999))).is_ok());
+        assert_eq!(charge_code(base(json!(0))), "amount_too_small");
+        assert_eq!(charge_code(base(json!(-5))), "amount_too_small");
+        assert_eq!(charge_code(base(json!(100_000_000))), "amount_too_large");
+        assert_eq!(charge_code(base(json!(u64::MAX))), "amount_too_large");
+        assert_eq!(charge_code(base(json!(20.5))), "parameter_invalid_integer");
+        assert_eq!(charge_code(base(json!(20.0))), "parameter_invalid_integer");
+        assert_eq!(
+            charge_code(base(json!("2000"))),
+            "parameter_invalid_integer"
+        );
+        assert_eq!(charge_code(base(json!(true))), "parameter_invalid_integer");
+        assert!(parse_json::<NewCharge>(base(json!(99_999_999))).is_ok());
     }
 
     #[test]
@@ -277,7 +355,7 @@ mod charge_tests {
 
     #[test]
     fn unknown_missing_and_mistyped_parameters_are_named() {
-        let err = parse_json(
+        let err = parse_json::<NewCharge>(
             json!({"amount": 1, "currency": "usd", "source": "tok_visa", "capture": false}),
         )
         .unwrap_err();
@@ -285,21 +363,21 @@ mod charge_tests {
             (err.code.as_str(), err.param.as_str()),
             ("parameter_unknown", "capture")
         );
-        let err = parse_json(json!({"amount": 1, "source": "tok_visa"})).unwrap_err();
+        let err = parse_json::<NewCharge>(json!({"amount": 1, "source": "tok_visa"})).unwrap_err();
         assert_eq!(
             (err.code.as_str(), err.param.as_str()),
             ("parameter_missing", "currency")
         );
         assert_eq!(
-            code(json!({"amount": 1, "currency": 840, "source": "tok_visa"})),
+            charge_code(json!({"amount": 1, "currency": 840, "source": "tok_visa"})),
             "parameter_invalid_type"
         );
         assert_eq!(
-            code(json!({"amount": 1, "currency": "usx", "source": "tok_visa"})),
+            charge_code(json!({"amount": 1, "currency": "usx", "source": "tok_visa"})),
             "invalid_currency"
         );
         assert_eq!(
-            code(json!({"amount": 1, "currency": "usd", "source": "tok_nope"})),
+            charge_code(json!({"amount": 1, "currency": "usd", "source": "tok_nope"})),
             "resource_missing"
         );
     }
@@ -311,7 +389,7 @@ mod charge_tests {
             body.as_object_mut()
                 .unwrap()
                 .extend(extra.as_object().unwrap().clone());
-            code(body)
+            charge_code(body)
         };
         assert_eq!(
             base(json!({"description": "x".repeat(1001)})),
@@ -331,7 +409,7 @@ mod charge_tests {
         assert_eq!(base(json!({"metadata": {"k": 1}})), "metadata_invalid");
         assert_eq!(base(json!({"metadata": ["k"]})), "metadata_invalid");
         assert!(
-            parse_json(json!({
+            parse_json::<NewCharge>(json!({
                 "amount": 1, "currency": "usd", "source": "tok_visa",
                 "description": "é".repeat(1000), "metadata": {"k".repeat(40): "v".repeat(500)}
             }))
@@ -340,112 +418,26 @@ mod charge_tests {
     }
 
     #[test]
-    fn any_changed_value_changes_the_canonical_form() {
-        let base = json!({"amount": 2000, "currency": "usd", "source": "tok_visa", "metadata": {"a": "1"}});
-        let canonical = parse_json(base.clone()).unwrap().canonical();
-        for (field, value) in [
-            ("amount", json!(2001)),
-            ("currency", json!("eur")),
-            ("source", json!("tok_mastercard")),
-            ("description", json!("x")),
-            ("metadata", json!({"a": "2"})),
-        ] {
-            let mut changed = base.clone();
-            changed[field] = value;
-            assert_ne!(
-                parse_json(changed).unwrap().canonical(),
-                canonical,
-                "{field}"
-            );
-        }
-    }
-}
-
-#[cfg(test)]
-mod refund_tests {
-    use super::*;
-    use serde_json::{Value, json};
-
-    fn parse_json(body: Value) -> Result<NewRefund, ParamError> {
-        NewRefund::from_params(Params::from_json(body.to_string().as_bytes()).unwrap())
-    }
-
-    fn code(body: Value) -> &'static str {
-        parse_json(body).unwrap_err().code.as_str()
-    }
-
-    #[test]
-    fn json_and_form_with_equal_parameters_are_equal() {
-        let json = parse_json(json!({
-            "charge": "ch_1", "amount": 500, "reason": "duplicate", "metadata": {"b": "2", "a": "1"}
-        }))
-        .unwrap();
-        let form = NewRefund::from_params(
-            Params::from_form(
-                b"charge=ch_1&amount=500&reason=duplicate&metadata[a]=1&metadata[b]=2",
-            )
-            .unwrap(),
-        )
-        .unwrap();
-        assert_eq!(json, form);
-        assert_eq!(json.canonical(), form.canonical());
-    }
-
-    #[test]
     fn only_the_charge_is_required() {
-        let refund = parse_json(json!({"charge": "ch_1"})).unwrap();
+        let refund = parse_json::<NewRefund>(json!({"charge": "ch_1"})).unwrap();
         assert_eq!((refund.amount, refund.reason), (None, None));
-        assert_eq!(code(json!({"amount": 100})), "parameter_missing");
-        assert_eq!(code(json!({"charge": 7})), "parameter_invalid_type");
+        assert_eq!(refund_code(json!({"amount": 100})), "parameter_missing");
+        assert_eq!(refund_code(json!({"charge": 7})), "parameter_invalid_type");
     }
 
     #[test]
     fn bad_amounts_reasons_metadata_and_unknown_parameters_are_refused() {
-        assert_eq!(
-            code(json!({"charge": "ch_1", "amount": 0})),
-            "amount_too_small"
-        );
-        assert_eq!(
-            code(json!({"charge": "ch_1", "amount": "5"})),
-            "parameter_invalid_integer"
-        );
-        assert_eq!(
-            code(json!({"charge": "ch_1", "amount": 100_000_000})),
-            "amount_too_large"
-        );
-        assert_eq!(
-            code(json!({"charge": "ch_1", "reason": "bored"})),
-            "invalid_reason"
-        );
-        assert_eq!(
-            code(json!({"charge": "ch_1", "metadata": {"k": 1}})),
-            "metadata_invalid"
-        );
-        assert_eq!(
-            code(json!({"charge": "ch_1", "currency": "usd"})),
-            "parameter_unknown"
-        );
-    }
-
-    #[test]
-    fn any_changed_value_changes_the_canonical_form() {
-        let base =
-            json!({"charge": "ch_1", "amount": 500, "reason": "duplicate", "metadata": {"a": "1"}});
-        let canonical = parse_json(base.clone()).unwrap().canonical();
-        for (field, value) in [
-            ("charge", json!("ch_2")),
-            ("amount", json!(501)),
-            ("amount", Value::Null),
-            ("reason", json!("fraudulent")),
-            ("metadata", json!({"a": "2"})),
+        for (field, value, expected) in [
+            ("amount", json!(0), "amount_too_small"),
+            ("amount", json!("5"), "parameter_invalid_integer"),
+            ("amount", json!(100_000_000), "amount_too_large"),
+            ("reason", json!("bored"), "invalid_reason"),
+            ("metadata", json!({"k": 1}), "metadata_invalid"),
+            ("currency", json!("usd"), "parameter_unknown"),
         ] {
-            let mut changed = base.clone();
-            changed[field] = value;
-            assert_ne!(
-                parse_json(changed).unwrap().canonical(),
-                canonical,
-                "{field}"
-            );
+            let mut body = json!({"charge": "ch_1"});
+            body[field] = value;
+            assert_eq!(refund_code(body), expected, "{field}");
         }
     }
 }

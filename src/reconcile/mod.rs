@@ -38,7 +38,7 @@ use crate::processor::{
     authorization_key, reconcile_refund_key, refund_key,
 };
 use crate::refunds::RefundStatus;
-use store::{ChargeRow, RefundRow};
+use store::{ChargeRow, Pick, RefundRow};
 
 /// What kind of difference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -98,21 +98,24 @@ pub struct Side {
 }
 
 impl Side {
+    /// oncepay's side of a charge.
     fn charge(c: &ChargeRow) -> Self {
-        Side {
-            status: c.status.as_str().to_owned(),
-            amount: Some(c.amount),
-            currency: Some(c.currency.clone()),
-            created: c.created_at,
-        }
+        Self::oncepay(c.status.as_str(), c.amount, &c.currency, c.created_at)
     }
 
+    /// oncepay's side of a refund.
     fn refund(r: &RefundRow) -> Self {
+        Self::oncepay(r.status.as_str(), r.amount, &r.currency, r.created_at)
+    }
+
+    /// oncepay's side of a charge or refund: it always knows the amount and
+    /// the currency.
+    fn oncepay(status: &str, amount: i64, currency: &str, created: DateTime<Utc>) -> Self {
         Side {
-            status: r.status.as_str().to_owned(),
-            amount: Some(r.amount),
-            currency: Some(r.currency.clone()),
-            created: r.created_at,
+            status: status.to_owned(),
+            amount: Some(amount),
+            currency: Some(currency.to_owned()),
+            created,
         }
     }
 
@@ -418,18 +421,12 @@ impl Reconciler {
         let checked_operations = listed.len();
         let mut operations: HashMap<String, LedgerOperation> =
             listed.into_iter().map(|o| (o.key.clone(), o)).collect();
+        let (charges, refunds) =
+            store::records(&self.pool, Pick::CreatedIn(window.since, window.until)).await?;
         let mut charges: HashMap<String, ChargeRow> =
-            store::charges_in(&self.pool, window.since, window.until)
-                .await?
-                .into_iter()
-                .map(|c| (c.id.clone(), c))
-                .collect();
+            charges.into_iter().map(|c| (c.id.clone(), c)).collect();
         let mut refunds: HashMap<String, RefundRow> =
-            store::refunds_in(&self.pool, window.since, window.until)
-                .await?
-                .into_iter()
-                .map(|r| (r.id.clone(), r))
-                .collect();
+            refunds.into_iter().map(|r| (r.id.clone(), r)).collect();
         let checked = Checked {
             charges: charges.len(),
             refunds: refunds.len(),
@@ -466,10 +463,12 @@ impl Reconciler {
         };
         let charge_ids = outside("auth:", &|id| charges.contains_key(id));
         let refund_ids = outside("refund:", &|id| refunds.contains_key(id));
-        for c in store::charges_by_id(&self.pool, &charge_ids).await? {
+        let (more_charges, more_refunds) =
+            store::records(&self.pool, Pick::Ids(&charge_ids, &refund_ids)).await?;
+        for c in more_charges {
             charges.insert(c.id.clone(), c);
         }
-        for r in store::refunds_by_id(&self.pool, &refund_ids).await? {
+        for r in more_refunds {
             refunds.insert(r.id.clone(), r);
         }
         let unlisted: Vec<String> = charges

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::{PgConnection, PgExecutor, PgPool};
 
 use crate::charges::ChargeStatus;
 use crate::refunds::RefundStatus;
@@ -35,15 +35,15 @@ pub struct RefundRow {
     pub created_at: DateTime<Utc>,
 }
 
-/// Every charge created in `[from, until)`.
-pub async fn charges_in(
-    db: impl PgExecutor<'_>,
-    from: DateTime<Utc>,
-    until: DateTime<Utc>,
-) -> sqlx::Result<Vec<ChargeRow>> {
-    sqlx::query_as!(
-        ChargeRow,
-        r#"SELECT c.id, c.amount, c.currency, c.status AS "status: ChargeStatus", c.created_at,
+/// A `query_as!` of [`ChargeRow`]s, each charge with what its refunds gave
+/// back, for the charges the `WHERE` clause `$filter` keeps (`c` is the
+/// charge). A macro because sqlx checks only literal text: each expansion,
+/// its filter appended, is checked against the schema like any query.
+macro_rules! charge_rows {
+    ($filter:literal, $($arg:expr),+ $(,)?) => {
+        sqlx::query_as!(
+            ChargeRow,
+            r#"SELECT c.id, c.amount, c.currency, c.status AS "status: ChargeStatus", c.created_at,
                   r.refunded AS "amount_refunded!", r.pending AS "refund_pending!"
              FROM charges c
             CROSS JOIN LATERAL (
@@ -51,66 +51,62 @@ pub async fn charges_in(
                              AS refunded,
                          coalesce(bool_or(status = 'pending'), false) AS pending
                     FROM refunds WHERE charge_id = c.id) r
-            WHERE c.created_at >= $1 AND c.created_at < $2"#,
-        from,
-        until,
-    )
-    .fetch_all(db)
-    .await
+            "# + $filter,
+            $($arg),+
+        )
+    };
 }
 
-/// The charges among `ids`.
-pub async fn charges_by_id(
-    db: impl PgExecutor<'_>,
-    ids: &[String],
-) -> sqlx::Result<Vec<ChargeRow>> {
-    sqlx::query_as!(
-        ChargeRow,
-        r#"SELECT c.id, c.amount, c.currency, c.status AS "status: ChargeStatus", c.created_at,
-                  r.refunded AS "amount_refunded!", r.pending AS "refund_pending!"
-             FROM charges c
-            CROSS JOIN LATERAL (
-                  SELECT coalesce(sum(amount) FILTER (WHERE status = 'succeeded'), 0)::bigint
-                             AS refunded,
-                         coalesce(bool_or(status = 'pending'), false) AS pending
-                    FROM refunds WHERE charge_id = c.id) r
-            WHERE c.id = ANY($1)"#,
-        ids,
-    )
-    .fetch_all(db)
-    .await
+/// A `query_as!` of [`RefundRow`]s, for the refunds the `WHERE` clause
+/// `$filter` keeps (a macro for the reason [`charge_rows`] is one).
+macro_rules! refund_rows {
+    ($filter:literal, $($arg:expr),+ $(,)?) => {
+        sqlx::query_as!(
+            RefundRow,
+            r#"SELECT id, charge_id, amount, currency, status AS "status: RefundStatus", created_at
+             FROM refunds "# + $filter,
+            $($arg),+
+        )
+    };
 }
 
-/// Every refund created in `[from, until)`.
-pub async fn refunds_in(
-    db: impl PgExecutor<'_>,
-    from: DateTime<Utc>,
-    until: DateTime<Utc>,
-) -> sqlx::Result<Vec<RefundRow>> {
-    sqlx::query_as!(
-        RefundRow,
-        r#"SELECT id, charge_id, amount, currency, status AS "status: RefundStatus", created_at
-             FROM refunds WHERE created_at >= $1 AND created_at < $2"#,
-        from,
-        until,
-    )
-    .fetch_all(db)
-    .await
+/// Which of oncepay's charges and refunds reconciliation reads.
+#[derive(Clone, Copy, Debug)]
+pub enum Pick<'a> {
+    /// Those created in `[from, until)`.
+    CreatedIn(DateTime<Utc>, DateTime<Utc>),
+    /// The charges among the first ids, and the refunds among the second.
+    Ids(&'a [String], &'a [String]),
 }
 
-/// The refunds among `ids`.
-pub async fn refunds_by_id(
-    db: impl PgExecutor<'_>,
-    ids: &[String],
-) -> sqlx::Result<Vec<RefundRow>> {
-    sqlx::query_as!(
-        RefundRow,
-        r#"SELECT id, charge_id, amount, currency, status AS "status: RefundStatus", created_at
-             FROM refunds WHERE id = ANY($1)"#,
-        ids,
-    )
-    .fetch_all(db)
-    .await
+/// The charges and the refunds `pick` names, the charges read first.
+pub async fn records(
+    pool: &PgPool,
+    pick: Pick<'_>,
+) -> sqlx::Result<(Vec<ChargeRow>, Vec<RefundRow>)> {
+    // Each expansion is a type of its own: each arm reads its own two.
+    Ok(match pick {
+        Pick::CreatedIn(from, until) => (
+            charge_rows!(
+                "WHERE c.created_at >= $1 AND c.created_at < $2",
+                from,
+                until
+            )
+            .fetch_all(pool)
+            .await?,
+            refund_rows!("WHERE created_at >= $1 AND created_at < $2", from, until)
+                .fetch_all(pool)
+                .await?,
+        ),
+        Pick::Ids(charges, refunds) => (
+            charge_rows!("WHERE c.id = ANY($1)", charges)
+                .fetch_all(pool)
+                .await?,
+            refund_rows!("WHERE id = ANY($1)", refunds)
+                .fetch_all(pool)
+                .await?,
+        ),
+    })
 }
 
 /// The advisory lock the periodic job holds while it runs ("reconcil" in

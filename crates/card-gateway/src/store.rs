@@ -78,15 +78,15 @@ pub async fn insert_void(db: impl PgExecutor<'_>, account: &str, key: &str) -> s
     Ok(done.rows_affected() == 1)
 }
 
-/// The operation `account` recorded under `key`.
-pub async fn find(
-    db: impl PgExecutor<'_>,
-    account: &str,
-    key: &str,
-) -> sqlx::Result<Option<Operation>> {
-    sqlx::query_as!(
-        Operation,
-        r#"SELECT o.key, o.kind, o.outcome, o.amount, o.currency, o.source, o.decline_code,
+/// A `query_as!` of [`Operation`]s, each with what its refunds gave back,
+/// for the rows the `WHERE` clause `$filter` keeps (`o` is the operation).
+/// A macro because sqlx checks only literal text: each expansion, its filter
+/// appended, is checked against the schema like any query.
+macro_rules! operations {
+    ($filter:literal, $($arg:expr),+ $(,)?) => {
+        sqlx::query_as!(
+            Operation,
+            r#"SELECT o.key, o.kind, o.outcome, o.amount, o.currency, o.source, o.decline_code,
                   o.payment_key, o.created, r.refunds AS "refunds!", r.refunded AS "amount_refunded!"
              FROM operations o
              CROSS JOIN LATERAL (
@@ -94,12 +94,21 @@ pub async fn find(
                      FROM operations x
                     WHERE x.account = o.account AND x.payment_key = o.key
                       AND x.outcome = 'refunded') r
-            WHERE o.account = $1 AND o.key = $2"#,
-        account,
-        key,
-    )
-    .fetch_optional(db)
-    .await
+            "# + $filter,
+            $($arg),+
+        )
+    };
+}
+
+/// The operation `account` recorded under `key`.
+pub async fn find(
+    db: impl PgExecutor<'_>,
+    account: &str,
+    key: &str,
+) -> sqlx::Result<Option<Operation>> {
+    operations!("WHERE o.account = $1 AND o.key = $2", account, key)
+        .fetch_optional(db)
+        .await
 }
 
 /// A page of `account`'s ledger in `[from, until)`, oldest first (by `created`,
@@ -113,22 +122,13 @@ pub async fn list(
     limit: i64,
 ) -> sqlx::Result<Vec<Operation>> {
     let (after_created, after_key) = after.map(|o| (o.created, o.key.as_str())).unzip();
-    sqlx::query_as!(
-        Operation,
-        r#"SELECT o.key, o.kind, o.outcome, o.amount, o.currency, o.source, o.decline_code,
-                  o.payment_key, o.created, r.refunds AS "refunds!", r.refunded AS "amount_refunded!"
-             FROM operations o
-             CROSS JOIN LATERAL (
-                   SELECT count(*) AS refunds, coalesce(sum(x.amount), 0)::bigint AS refunded
-                     FROM operations x
-                    WHERE x.account = o.account AND x.payment_key = o.key
-                      AND x.outcome = 'refunded') r
-            WHERE o.account = $1
+    operations!(
+        "WHERE o.account = $1
               AND o.created >= coalesce($2, '-infinity'::timestamptz)
               AND o.created < coalesce($3, 'infinity'::timestamptz)
               AND ($4::timestamptz IS NULL OR (o.created, o.key) > ($4, $5::text))
             ORDER BY o.created, o.key
-            LIMIT $6"#,
+            LIMIT $6",
         account,
         from,
         until,
