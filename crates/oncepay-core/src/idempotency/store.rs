@@ -233,33 +233,26 @@ pub struct Claim<'a> {
     /// none: its key is never left `processing`.
     pub resource: Option<&'a Resource>,
     pub ttl: Duration,
-    /// When the claiming request arrived: an expired answer is taken over
-    /// only if it was saved before then (see [`claim`]).
+    /// When the claiming request arrived (see [`claim`]).
     pub arrived: Instant,
-    /// When the claiming request is answered `503 request_timeout` at the
-    /// latest: past it, its client may have retried, so the claim must not
-    /// take effect (see [`claim`]).
+    /// When it is answered `503 request_timeout` at the latest (see [`claim`]).
     pub deadline: Instant,
 }
 
 impl Claim<'_> {
-    /// How long ago the request arrived, in milliseconds, taken just before
-    /// the claim's statement is sent. The statement subtracts it from
-    /// `statement_timestamp()` (when the database received the statement),
-    /// so the rule compares two readings of the database's clock. A
-    /// statement delayed on the wire makes the request look younger by the
-    /// delay, which the deadline bounds.
+    /// How long ago the request arrived, in milliseconds, just before the
+    /// statement is sent: the statement subtracts it from
+    /// `statement_timestamp()`, so the takeover rule compares two readings
+    /// of the database's clock (a delay on the wire, bounded by the
+    /// deadline, makes the request look younger).
     fn age_ms(&self) -> f64 {
         self.arrived.elapsed().as_secs_f64() * 1000.0
     }
 
     /// The request's deadline on this instance's wall clock, read just
-    /// before the statement is sent. The statement compares it with
-    /// `statement_timestamp()`, the moment the database received it, so a
-    /// statement held on the wire however long is refused once it arrives
-    /// late. Clocks agree within the server's `config::MAX_CLOCK_SKEW`; the
-    /// configuration keeps a key's lifetime longer than the deadline plus
-    /// that bound, so no answer can expire before a claim made in time.
+    /// before the statement is sent, which compares it with
+    /// `statement_timestamp()`. Clocks agree within the server's
+    /// `config::MAX_CLOCK_SKEW`, and keys outlive the deadline plus that.
     fn deadline_at(&self) -> DateTime<Utc> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         Utc::now() + chrono::TimeDelta::from_std(left).unwrap_or(chrono::TimeDelta::MAX)

@@ -16,7 +16,7 @@ use crate::faults::Fault;
 use crate::idempotency::store::PendingCharge;
 use crate::idempotency::{Claim, ClaimOutcome, Resource, SavedResponse, store as keys};
 use crate::operation::Engine;
-use crate::operation::{Operation, Written, claim};
+use crate::operation::{Operation, claim};
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{self, Authorization, Outcome, Processor, ProcessorError, WireFault};
 use crate::retry_after;
@@ -104,10 +104,10 @@ impl Operation for CreateCharge {
         Ok(Some(first))
     }
 
-    async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<Written, Error> {
+    async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<(), Error> {
         self.pending =
             Some(store::insert_pending(tx, self.id(), self.merchant_id, &self.charge).await?);
-        Ok(Written::Pending)
+        Ok(())
     }
 
     async fn call_processor(

@@ -14,12 +14,12 @@ use uuid::Uuid;
 
 use crate::error::{Error, overloaded};
 use crate::idempotency::{
-    Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, SavedResponse,
-    StoredKey, store as keys,
+    Claim, ClaimOutcome, Fingerprint, IdempotencyKey, KeyStatus, Resource, StoredKey, store as keys,
 };
 use crate::operation::timing::{Clock, Phase, count_outcome, count_shed};
-use crate::operation::{Engine, Guard};
+use crate::operation::{Answer, Engine, Guard};
 use crate::problem::{Problem, ProblemCode};
+use crate::retry_after;
 use crate::speed::{CachedAnswer, FastPaths, KeyWatch, News, Plain, Refused, Shed};
 
 /// How long before `REQUEST_TIMEOUT` a wait gives up, so that its `409`
@@ -50,10 +50,17 @@ pub struct Request {
 
 impl Request {
     /// The request that `guard` describes, for the operation on `route`
-    /// whose parameters have `fingerprint`; with the guard that marks its
-    /// client gone when dropped (as the handler's future is when the client
-    /// hangs up, see [`crate::operation::run`]).
-    pub fn of(route: &'static str, guard: Guard, fingerprint: Fingerprint) -> (Self, DropGuard) {
+    /// whose parameters have the `canonical` form (fingerprinted here); with
+    /// the guard that marks its client gone when dropped (as the handler's
+    /// future is when the client hangs up, see [`crate::operation::run`]).
+    pub fn of(
+        route: &'static str,
+        guard: Guard,
+        canonical: impl FnOnce() -> Vec<u8>,
+    ) -> (Self, DropGuard) {
+        let started = guard.clock.lap(Phase::Extract, guard.arrived);
+        let fingerprint = Fingerprint::of("POST", route, &canonical());
+        guard.clock.lap(Phase::Fingerprint, started);
         let client_gone = CancellationToken::new();
         let hang_up = client_gone.clone().drop_guard();
         let request = Request {
@@ -75,13 +82,30 @@ impl Request {
         Instant::from_std(self.arrived) + engine.timeouts.request
     }
 
+    /// This request's claim of its `key`, for `resource`.
+    pub fn claim<'a>(
+        &'a self,
+        engine: &Engine,
+        key: &'a IdempotencyKey,
+        resource: Option<&'a Resource>,
+    ) -> Claim<'a> {
+        Claim {
+            merchant_id: self.merchant_id,
+            key,
+            method: "POST",
+            path: self.route,
+            fingerprint: self.fingerprint,
+            resource,
+            ttl: engine.timeouts.key_ttl,
+            arrived: self.arrived,
+            deadline: self.deadline(engine).into_std(),
+        }
+    }
+
     /// Whether this request may still begin work: its client still waits
-    /// for the answer and its deadline has not passed. A request answered
-    /// `503` was told to retry, and its retry may have done the work by
-    /// now, on this instance or another; if it began the work later, with
-    /// the key expired or deleted meanwhile, it would do it a second time.
-    /// So whatever claims or writes checks this first, on a connection
-    /// already in hand, with nothing left to wait for before it is sent.
+    /// for the answer and its deadline has not passed. The rule is the
+    /// claim's ([`keys::claim`] says why); this checks it in the process,
+    /// on a connection already in hand, just before a claim or write is sent.
     fn still_awaited(&self, engine: &Engine) -> Result<(), Error> {
         if self.client_gone.is_cancelled() || Instant::now() >= self.deadline(engine) {
             return Err(self.answered_before_claim());
@@ -89,25 +113,26 @@ impl Request {
         Ok(())
     }
 
-    /// The error of a request answered before its claim could take effect:
-    /// checked before the claim is sent (`Request::still_awaited`), and by
-    /// the database when the claim arrives ([`ClaimOutcome::TooLate`]).
+    /// `503 request_timeout`: the request was answered (or its client hung
+    /// up) before its claim could take effect, so nothing was claimed.
     pub fn answered_before_claim(&self) -> Error {
         tracing::info!(
             waited_ms = self.arrived.elapsed().as_millis() as u64,
             "the request was answered before its work could begin; nothing claimed"
         );
         count_outcome("answered_before_claim");
-        too_late()
+        Problem::new(
+            ProblemCode::RequestTimeout,
+            "The request took too long and was stopped before any work began. Retry (a POST with the same Idempotency-Key).",
+        )
+        .with_retry_after(retry_after::SOON)
+        .into()
     }
 
-    /// A pooled connection to begin the request's work on (to read or
-    /// claim its key), waited for in the bounded queue the fast paths keep
+    /// A pooled connection to claim on, waited for in the admission queue
     /// (the server's `src/admission.rs`) and never past the request's
-    /// deadline (a cancelled wait for a connection is safe: sqlx closes a connection it
-    /// had half handed over). `503 overloaded` when the queue's bound passed
-    /// first: nothing was begun. An error once the request was answered
-    /// (see `Request::still_awaited`).
+    /// deadline: `503 overloaded` when the queue's bound passed first, an
+    /// error once the request was answered (`Request::still_awaited`).
     pub async fn connection(&self, engine: &Engine) -> Result<PoolConnection<Postgres>, Error> {
         self.connection_in(engine, Queue::Bounded).await
     }
@@ -140,17 +165,14 @@ impl Request {
         match acquired {
             Ok(connection) => Ok(connection),
             Err(Refused::Pool(e)) => Err(e.into()),
-            Err(Refused::Deadline | Refused::Shed { .. }) => Err(too_late()),
+            Err(Refused::Deadline | Refused::Shed { .. }) => Err(self.answered_before_claim()),
         }
     }
 
-    /// A transaction for a claim; an error once the request was answered,
-    /// as for [`Request::connection`]. Unlike the wait for a connection,
-    /// `BEGIN` is never cut short by the deadline: sqlx cannot cancel a
-    /// `BEGIN` in flight safely (the connection would go back to the pool
-    /// inside a transaction nobody ends, and every statement run on it
-    /// afterwards would be lost), so the check comes after it, and a late
-    /// request rolls its empty transaction back.
+    /// A transaction for a claim, as for [`Request::connection`]. `BEGIN`
+    /// is never cut short (sqlx cannot cancel one in flight safely: the
+    /// connection would go back to the pool inside a transaction nobody
+    /// ends), so the check comes after it.
     async fn transaction(
         &self,
         engine: &Engine,
@@ -177,33 +199,53 @@ enum Queue {
     Kept,
 }
 
-/// The error of a request whose work did not begin before it was answered
-/// (the client already has `503 request_timeout`, or hung up).
-fn too_late() -> Error {
+/// `422`: the key was used with other parameters (or on another route).
+fn reused(key: &IdempotencyKey) -> Error {
+    count_outcome("reused");
     Problem::new(
-        ProblemCode::RequestTimeout,
-        "The request took too long and was stopped before any work began. Retry (a POST with the same Idempotency-Key).",
+        ProblemCode::IdempotencyKeyReused,
+        format!(
+            "Keys are for one operation only: '{}' was used with different parameters. Use a new key for a new operation.",
+            key.as_str()
+        ),
     )
-    .with_retry_after(crate::retry_after::SOON)
+    .with_param("Idempotency-Key")
     .into()
 }
 
-/// What a request's key says, once claimed or read.
+/// `409`: the same request is still in flight under the key (and did not
+/// finish within the wait, if the request asked to wait).
+fn in_use(waited: bool) -> Error {
+    let detail = if waited {
+        "A request with this Idempotency-Key is still in progress and did not finish within the wait."
+    } else {
+        "A request with this Idempotency-Key is still in progress. Retry later, or send 'Prefer: wait=5'."
+    };
+    Problem::new(ProblemCode::IdempotencyKeyInUse, detail)
+        .with_retry_after(retry_after::SOON)
+        .into()
+}
+
+/// Counts a claim that took effect.
+pub(crate) fn count_claimed(took_over: bool) {
+    count_outcome(if took_over {
+        "expired_taken_over"
+    } else {
+        "executed"
+    });
+}
+
+/// What a request's key says, once claimed or read. (A key in flight is
+/// `409`, and a key reused `422`: errors.)
 pub enum Begun {
     /// The key is ours (or there is none): write the business record in
     /// this transaction and commit.
     Claimed(Transaction<'static, Postgres>),
-    /// The key holds a saved answer to this very request: replay it.
-    /// `waited` when the request waited for it (`Prefer: wait=N`).
-    Replay { saved: SavedResponse, waited: bool },
-    /// The same request is still in flight under the key (and did not
-    /// finish within the wait, if the request asked to wait).
-    InUse { waited: bool },
-    /// The key was used with other parameters (or on another route).
-    Reused,
     /// The key is ours, and the record was written and committed with the
     /// claim, in one statement ([`crate::operation::Operation::claim_with_record`]).
     Written,
+    /// The key's saved answer to this very request, to replay.
+    Answered(Answer),
 }
 
 /// Where a request's key stands in [`after_read`], and what it does next.
@@ -218,43 +260,25 @@ enum Step {
     Begun(Begun),
 }
 
-/// Opens step 2 for `resource` on `route`: a transaction holding the claim
-/// on the request's key, a plain transaction when it has none, or what the
-/// key already holds.
+/// Opens step 2 for `resource`: a transaction holding the claim on the
+/// request's key, a plain transaction when it has none, or what the key
+/// already holds.
 ///
-/// A request that finds its key in flight and asked to wait joins the
-/// process's shared wait on that key ([`crate::speed::KeyWatch`]: the
-/// server's `src/idempotency/wait.rs`, or a poll of its own): it holds no
-/// connection and takes no lock while it waits, answers from the
-/// completed row the poll read, claims again if the key was given back, and
-/// stops when its client hangs up.
-///
-/// When the key is held by a request that has been `processing` for longer
-/// than `PROCESSING_TIMEOUT`, this request leases it (one conditional update,
-/// as the sweeper does) and settles its record by the sweeper's own
-/// procedure ([`crate::recovery::recover`]); then it answers from the key.
-/// Every other request that tried the lease in vain goes back to waiting.
+/// The fast path for a retry of a finished operation: a completed key
+/// cannot change until it expires, so it is answered from one plain read,
+/// with no transaction and no row lock. The same read sends a request
+/// willing to wait on a key in flight straight to the wait, without a lock
+/// either.
 pub async fn begin(
     engine: &Engine,
     request: &Request,
-    route: &'static str,
     resource: Option<&Resource>,
 ) -> Result<Begun, Error> {
-    let Some(key) = &request.key else {
-        return Ok(Begun::Claimed(
-            request.transaction(engine, Queue::Bounded).await?,
-        ));
+    let found = match &request.key {
+        Some(key) => read(engine, request, key).await?,
+        None => None,
     };
-    if let Some(begun) = from_cache(engine, request, route)? {
-        return Ok(begun);
-    }
-    // The fast path for a retry of a finished operation: a completed key
-    // cannot change until it expires, so it is answered from one plain
-    // read, with no transaction and no row lock. The same read sends a
-    // request willing to wait on a key in flight straight to the wait,
-    // without a lock either.
-    let found = read(engine, request, key).await?;
-    after_read(engine, request, route, resource, found).await
+    after_read(engine, request, resource, found).await
 }
 
 /// The request's `key` as [`keys::find`] reads it, read with the other
@@ -283,31 +307,37 @@ pub async fn read(
     }
 }
 
-/// The answer a request's key has in this process's cache, if any: a
-/// completed key cannot change until it expires, so it is answered from
-/// memory. `None` for a request without a key.
-pub fn from_cache(
-    engine: &Engine,
-    request: &Request,
-    route: &'static str,
-) -> Result<Option<Begun>, Error> {
+/// The answer a request's key has in this process's cache, if any (a
+/// completed key cannot change until it expires): its saved answer, or
+/// `422` if the request asks for something else.
+pub fn from_cache(engine: &Engine, request: &Request) -> Result<Option<Answer>, Error> {
     let Some(key) = &request.key else {
         return Ok(None);
     };
-    match engine.fast.cached(request.merchant_id, key) {
-        Some(answer) => answer_from(request, route, &answer, false).map(Some),
-        None => Ok(None),
-    }
+    let Some(answer) = engine.fast.cached(request.merchant_id, key) else {
+        return Ok(None);
+    };
+    request.clock.cached();
+    answer_from(request, key, &answer, false).map(Some)
 }
 
 /// [`begin`] after the read of the request's key (`found`, just read
 /// without a lock, by [`keys::find`] or by the statement that tried to
 /// claim it with its record): a loop over the steps of a key's life, each
 /// step a method of `Pursuit` that says which comes next.
+///
+/// A request that finds its key in flight and asked to wait joins the
+/// process's shared wait on that key ([`crate::speed::KeyWatch`]): it holds
+/// no connection and takes no lock while it waits, answers from the
+/// completed row the poll read, claims again if the key was given back, and
+/// stops when its client hangs up. When the key has been `processing` for
+/// longer than `PROCESSING_TIMEOUT`, the request leases it (one conditional
+/// update, as the sweeper does) and settles its record by the sweeper's own
+/// procedure ([`crate::recovery::recover`]); every other request that tried
+/// the lease in vain goes back to waiting.
 pub async fn after_read(
     engine: &Engine,
     request: &Request,
-    route: &'static str,
     resource: Option<&Resource>,
     found: Option<StoredKey>,
 ) -> Result<Begun, Error> {
@@ -323,7 +353,6 @@ pub async fn after_read(
     let mut pursuit = Pursuit {
         engine,
         request,
-        route,
         resource,
         key,
         deadline,
@@ -348,7 +377,6 @@ pub async fn after_read(
 struct Pursuit<'a> {
     engine: &'a Engine,
     request: &'a Request,
-    route: &'static str,
     resource: Option<&'a Resource>,
     key: &'a IdempotencyKey,
     /// When a wait for the key in flight gives up.
@@ -375,9 +403,7 @@ impl Pursuit<'_> {
         let will_wait = self.deadline > Instant::now();
         match stored.status {
             KeyStatus::Completed => Ok(self.answer(stored)?.unwrap_or(Step::Claim)),
-            KeyStatus::Processing if will_wait && same(&stored, self.request, self.route) => {
-                Ok(Step::Wait)
-            }
+            KeyStatus::Processing if will_wait && same(&stored, self.request) => Ok(Step::Wait),
             KeyStatus::Processing => Ok(Step::Claim),
         }
     }
@@ -387,31 +413,16 @@ impl Pursuit<'_> {
     async fn claim(&mut self) -> Result<Step, Error> {
         let (engine, request) = (self.engine, self.request);
         let mut tx = request.transaction(engine, self.queue).await?;
-        let claim = Claim {
-            merchant_id: request.merchant_id,
-            key: self.key,
-            method: "POST",
-            path: self.route,
-            fingerprint: request.fingerprint,
-            resource: self.resource,
-            ttl: engine.timeouts.key_ttl,
-            arrived: request.arrived,
-            deadline: request.deadline(engine).into_std(),
-        };
-        let claimed = keys::claim(&mut tx, claim).await?;
-        self.known_at = Instant::now();
-        let stored = match claimed {
+        let claim = request.claim(engine, self.key, self.resource);
+        let stored = match keys::claim(&mut tx, claim).await? {
             ClaimOutcome::Claimed { took_over, .. } => {
-                count_outcome(if took_over {
-                    "expired_taken_over"
-                } else {
-                    "executed"
-                });
+                count_claimed(took_over);
                 return Ok(Step::Begun(Begun::Claimed(tx)));
             }
             ClaimOutcome::Taken(stored) => stored,
             ClaimOutcome::TooLate => return Err(request.answered_before_claim()),
         };
+        self.known_at = Instant::now();
         tx.rollback().await?;
         // No row was read (see `ClaimOutcome::Taken`): look again.
         let Some(stored) = stored.map(|stored| *stored) else {
@@ -422,9 +433,8 @@ impl Pursuit<'_> {
                 .answer(stored)?
                 .ok_or_else(|| Error::internal("a completed key without its response"));
         }
-        if !same(&stored, request, self.route) {
-            count_outcome("reused");
-            return Ok(Step::Begun(Begun::Reused));
+        if !same(&stored, request) {
+            return Err(reused(self.key));
         }
         Ok(Step::Lease)
     }
@@ -440,11 +450,10 @@ impl Pursuit<'_> {
             keys::lease_one(&engine.pool, request.merchant_id, self.key, processing).await?;
         self.known_at = Instant::now();
         let Some(stale) = stale else {
-            return Ok(if Instant::now() < self.deadline {
-                Step::Wait
-            } else {
-                self.in_use("in_use")
-            });
+            if Instant::now() < self.deadline {
+                return Ok(Step::Wait);
+            }
+            return Err(self.in_use("in_use"));
         };
         tracing::info!(resource = ?stale, "a retry found its key stale; settling it");
         crate::recovery::recover(
@@ -478,12 +487,12 @@ impl Pursuit<'_> {
             news = tokio::time::timeout_at(self.deadline, shared.news_since(self.known_at)) => news,
             () = request.client_gone.cancelled() => {
                 tracing::info!("the client hung up; stopped waiting for the key in flight");
-                return Ok(self.in_use("wait_abandoned"));
+                return Err(self.in_use("wait_abandoned"));
             }
         };
         request.clock.add(Phase::KeyWait, waiting.elapsed());
         Ok(match news {
-            Err(_) => self.in_use("in_use"),
+            Err(_) => return Err(self.in_use("in_use")),
             Ok(Some(News::Completed(stored))) => self
                 .answer(StoredKey::clone(&stored))?
                 .unwrap_or(Step::Claim),
@@ -504,18 +513,16 @@ impl Pursuit<'_> {
     fn answer(&self, stored: StoredKey) -> Result<Option<Step>, Error> {
         let (engine, request) = (self.engine, self.request);
         match remember(engine, request.merchant_id, self.key, stored) {
-            Some(answer) => answer_from(request, self.route, &answer, self.waited)
-                .map(|begun| Some(Step::Begun(begun))),
+            Some(answer) => answer_from(request, self.key, &answer, self.waited)
+                .map(|answer| Some(Step::Begun(Begun::Answered(answer)))),
             None => Ok(None),
         }
     }
 
     /// `409`, counted as `outcome`: the key is still in flight.
-    fn in_use(&self, outcome: &'static str) -> Step {
+    fn in_use(&self, outcome: &'static str) -> Error {
         count_outcome(outcome);
-        Step::Begun(Begun::InUse {
-            waited: self.waited,
-        })
+        in_use(self.waited)
     }
 }
 
@@ -529,8 +536,8 @@ pub fn finished(engine: &Engine, request: &Request) {
 }
 
 /// Whether a stored key was claimed for this very request.
-fn same(stored: &StoredKey, request: &Request, route: &str) -> bool {
-    stored.fingerprint == request.fingerprint && stored.request_path == route
+fn same(stored: &StoredKey, request: &Request) -> bool {
+    stored.fingerprint == request.fingerprint && stored.request_path == request.route
 }
 
 /// The saved answer of a key just read from the database, if it is
@@ -554,31 +561,21 @@ fn remember(
     Some(answer)
 }
 
-/// What a completed key means for a request: reused if it asks for
+/// What a completed key means for a request: `422` if it asks for
 /// something else, else its saved answer, to replay.
 fn answer_from(
     request: &Request,
-    route: &str,
+    key: &IdempotencyKey,
     answer: &CachedAnswer,
     waited: bool,
-) -> Result<Begun, Error> {
-    if answer.fingerprint != request.fingerprint || answer.route != route {
-        count_outcome("reused");
-        return Ok(Begun::Reused);
+) -> Result<Answer, Error> {
+    if answer.fingerprint != request.fingerprint || answer.route != request.route {
+        return Err(reused(key));
     }
     count_outcome("replayed");
     // The clone shares the body with the cache.
-    Ok(Begun::Replay {
+    Ok(Answer::Replayed {
         saved: answer.response.clone(),
         waited,
     })
-}
-
-/// What the key of a resource someone else (the sweeper, a retry) settled
-/// while this request was working saved, if it has a key.
-pub async fn saved_answer(
-    engine: &Engine,
-    resource: &Resource,
-) -> Result<Option<SavedResponse>, Error> {
-    Ok(keys::saved_for_resource(&engine.pool, resource).await?)
 }

@@ -38,12 +38,12 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use self::claim::Begun;
-use self::timing::{Clock, Phase, count_outcome};
+use self::timing::{Clock, Phase};
 use crate::charges::settle::Settled;
 use crate::error::Error;
 use crate::faults::{Fault, crash_if};
 use crate::idempotency::{
-    Claim, ClaimOutcome, Fingerprint, IdempotencyKey, Resource, SavedResponse,
+    Claim, ClaimOutcome, IdempotencyKey, Resource, SavedResponse, store as keys,
 };
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{Processor, ProcessorError, WireFault};
@@ -96,16 +96,6 @@ pub enum Answer {
     Replayed { saved: SavedResponse, waited: bool },
 }
 
-/// What [`Operation::write_pending`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Written {
-    /// The pending record is written; the claim may commit.
-    Pending,
-    /// The operation cannot be done (see [`Operation::refusal`]); the claim
-    /// is rolled back with everything else.
-    Refused,
-}
-
 /// The work of one kind of record, plugged into [`run`].
 pub trait Operation: Send + Sync + 'static {
     /// What the processor answers, which settles the record.
@@ -139,16 +129,12 @@ pub trait Operation: Send + Sync + 'static {
         let _ = (engine, request, claim);
         async { Ok(None) }
     }
-    /// Step 2: writes the pending record in the claim's transaction.
+    /// Step 2: writes the pending record in the claim's transaction. An
+    /// error (the operation cannot be done) rolls the claim back with it.
     fn write_pending(
         &mut self,
         tx: &mut PgConnection,
-    ) -> impl Future<Output = Result<Written, Error>> + Send;
-    /// Why the operation was [`Written::Refused`], read after the rollback.
-    fn refusal(&self, engine: &Engine) -> impl Future<Output = Error> + Send {
-        let _ = engine;
-        async { Error::internal(format!("{} refused without a reason", Self::NOUN)) }
-    }
+    ) -> impl Future<Output = Result<(), Error>> + Send;
     /// Step 3: the processor call, idempotent on the record's processor
     /// key, asking the gateway for `fault` if any ([`Fault::Processor`]).
     fn call_processor(
@@ -197,27 +183,15 @@ pub async fn run<O: Operation>(
     guard: Guard,
     operation: O,
 ) -> Result<Answer, Error> {
-    let clock = guard.clock.clone();
-    let started = clock.lap(Phase::Extract, guard.arrived);
-    let fingerprint = Fingerprint::of("POST", O::ROUTE, &operation.canonical());
-    clock.lap(Phase::Fingerprint, started);
     let fault = guard.fault;
-    let (request, _hang_up) = claim::Request::of(O::ROUTE, guard, fingerprint);
+    let (request, _hang_up) = claim::Request::of(O::ROUTE, guard, || operation.canonical());
     // A retry of a finished operation is answered from memory here, with
     // no task: there is no work that a hang-up could cut short.
-    match claim::from_cache(engine, &request, O::ROUTE)? {
-        Some(Begun::Replay { saved, waited }) => {
-            clock.cached();
-            return Ok(Answer::Replayed { saved, waited });
-        }
-        Some(Begun::Reused) => {
-            clock.cached();
-            return Err(reused(request.key.as_ref()).into());
-        }
-        _ => {}
+    if let Some(answer) = claim::from_cache(engine, &request)? {
+        return Ok(answer);
     }
-    let engine_owned = engine.clone();
-    let work = claim_and_work(engine_owned, request, operation, fault);
+    let clock = request.clock.clone();
+    let work = claim_and_work(engine.clone(), request, operation, fault);
     in_task(engine, clock, O::NOUN, work).await
 }
 
@@ -289,85 +263,63 @@ async fn claim_or_answer<O: Operation>(
     operation: &mut O,
 ) -> Result<Option<Answer>, Error> {
     let resource = operation.resource();
-    let begun = match (claim::from_cache(engine, request, O::ROUTE)?, &request.key) {
-        (Some(begun), _) => begun,
-        (None, None) => claim::begin(engine, request, O::ROUTE, Some(&resource)).await?,
-        // While retries are common, a retry of a finished operation (or of
-        // one in flight) is answered from a plain read of its key, and only
-        // a key found free is claimed; else the claim's statement reads the
-        // key itself (see `crate::idempotency::reads`).
-        (None, Some(key)) => {
-            let read = if engine.fast.worth_reading() {
-                claim::read(engine, request, key).await?
-            } else {
-                None
-            };
-            match read {
-                Some(found) => {
-                    engine.fast.learn(true);
-                    claim::after_read(engine, request, O::ROUTE, Some(&resource), Some(found))
-                        .await?
-                }
-                None => claim_new(engine, request, operation, key, &resource).await?,
-            }
+    // While retries are common, a retry of a finished operation (or of one
+    // in flight) is answered from a plain read of its key, and only a key
+    // found free is claimed; else the claim's statement reads the key
+    // itself (see the server's `src/idempotency/reads.rs`).
+    let found = match &request.key {
+        Some(key) if engine.fast.worth_reading() => claim::read(engine, request, key).await?,
+        _ => None,
+    };
+    let begun = match found {
+        Some(found) => {
+            engine.fast.learn(true);
+            claim::after_read(engine, request, Some(&resource), Some(found)).await?
         }
+        None => claim_new(engine, request, operation, &resource).await?,
     };
     match begun {
         Begun::Written => Ok(None),
         Begun::Claimed(mut tx) => {
-            if operation.write_pending(&mut tx).await? == Written::Refused {
+            if let Err(refused) = operation.write_pending(&mut tx).await {
                 tx.rollback().await?;
-                return Err(operation.refusal(engine).await);
+                return Err(refused);
             }
             tx.commit().await?;
             Ok(None)
         }
-        Begun::Replay { saved, waited } => Ok(Some(Answer::Replayed { saved, waited })),
-        Begun::InUse { waited } => Err(in_use(waited).into()),
-        Begun::Reused => Err(reused(request.key.as_ref()).into()),
+        Begun::Answered(answer) => Ok(Some(answer)),
     }
 }
 
-/// Claims `key`, which a read just found free (or did not read), with the
-/// record in one statement when the kind has one.
+/// Claims the request's key, which a read just found free (or did not
+/// read), with the record in one statement when the kind has one.
 async fn claim_new<O: Operation>(
     engine: &Engine,
     request: &claim::Request,
     operation: &mut O,
-    key: &IdempotencyKey,
     resource: &Resource,
 ) -> Result<Begun, Error> {
-    let first = Claim {
-        merchant_id: request.merchant_id,
-        key,
-        method: "POST",
-        path: O::ROUTE,
-        fingerprint: request.fingerprint,
-        resource: Some(resource),
-        ttl: engine.timeouts.key_ttl,
-        arrived: request.arrived,
-        deadline: request.deadline(engine).into_std(),
+    let claimed = match &request.key {
+        Some(key) => {
+            let first = request.claim(engine, key, Some(resource));
+            operation.claim_with_record(engine, request, &first).await?
+        }
+        None => None,
     };
-    let claimed = operation.claim_with_record(engine, request, &first).await?;
     if let Some(first) = &claimed {
         engine.fast.learn(matches!(first, ClaimOutcome::Taken(_)));
     }
-    Ok(match claimed {
-        None => claim::after_read(engine, request, O::ROUTE, Some(resource), None).await?,
+    let found = match claimed {
+        None => None,
         Some(ClaimOutcome::Claimed { took_over, .. }) => {
-            count_outcome(if took_over {
-                "expired_taken_over"
-            } else {
-                "executed"
-            });
-            Begun::Written
+            claim::count_claimed(took_over);
+            return Ok(Begun::Written);
         }
         Some(ClaimOutcome::TooLate) => return Err(request.answered_before_claim()),
-        Some(ClaimOutcome::Taken(found)) => {
-            let found = found.map(|stored| *stored);
-            claim::after_read(engine, request, O::ROUTE, Some(resource), found).await?
-        }
-    })
+        Some(ClaimOutcome::Taken(found)) => found.map(|stored| *stored),
+    };
+    claim::after_read(engine, request, Some(resource), found).await
 }
 
 async fn work_and_settle<O: Operation>(
@@ -445,30 +397,8 @@ async fn settled_elsewhere<O: Operation>(
     operation: &O,
     request_id: Option<&str>,
 ) -> Result<Answer, Error> {
-    if let Some(saved) = claim::saved_answer(engine, &operation.resource()).await? {
+    if let Some(saved) = keys::saved_for_resource(&engine.pool, &operation.resource()).await? {
         return Ok(Answer::Fresh(saved));
     }
     Ok(Answer::Fresh(operation.render(engine, request_id).await?))
-}
-
-/// `422`: the key was used with other parameters.
-pub(crate) fn reused(key: Option<&IdempotencyKey>) -> Problem {
-    Problem::new(
-        ProblemCode::IdempotencyKeyReused,
-        format!(
-            "Keys are for one operation only: '{}' was used with different parameters. Use a new key for a new operation.",
-            key.map_or("", IdempotencyKey::as_str)
-        ),
-    )
-    .with_param("Idempotency-Key")
-}
-
-/// `409`: the same request is still in flight.
-pub(crate) fn in_use(waited: bool) -> Problem {
-    let detail = if waited {
-        "A request with this Idempotency-Key is still in progress and did not finish within the wait."
-    } else {
-        "A request with this Idempotency-Key is still in progress. Retry later, or send 'Prefer: wait=5'."
-    };
-    Problem::new(ProblemCode::IdempotencyKeyInUse, detail).with_retry_after(retry_after::SOON)
 }

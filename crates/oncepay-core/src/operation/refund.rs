@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::faults::Fault;
 use crate::idempotency::{Resource, SavedResponse};
 use crate::operation::Engine;
-use crate::operation::{Operation, Written};
+use crate::operation::Operation;
 use crate::params::shorten;
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{Processor, ProcessorError, RefundOutcome, WireFault};
@@ -78,20 +78,16 @@ impl Operation for CreateRefund {
         self.refund.canonical()
     }
 
-    async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<Written, Error> {
+    async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<(), Error> {
         let amount = self.refund.amount.map(|a| a.minor_units());
         let Some(reserved) =
             store::reserve(&mut *tx, self.merchant_id, &self.refund.charge, amount).await?
         else {
-            return Ok(Written::Refused);
+            return Err(refused(tx, self.merchant_id, &self.refund).await);
         };
         store::insert_pending(tx, &self.id, self.merchant_id, &self.refund, &reserved).await?;
         self.reserved = Some(reserved);
-        Ok(Written::Pending)
-    }
-
-    async fn refusal(&self, engine: &Engine) -> Error {
-        refused(engine, self.merchant_id, &self.refund).await
+        Ok(())
     }
 
     async fn call_processor(
@@ -147,11 +143,11 @@ impl Operation for CreateRefund {
     }
 }
 
-/// Why nothing could be reserved, read after the update decided. The charge
-/// may have changed since; the answer describes what the update saw as well
-/// as a later read can.
-async fn refused(engine: &Engine, merchant_id: Uuid, refund: &NewRefund) -> Error {
-    let charge = match charges::find(&engine.pool, merchant_id, &refund.charge).await {
+/// Why nothing could be reserved, read on `db` after the update decided. The
+/// charge may have changed since; the answer describes what the update saw
+/// as well as a later read can.
+async fn refused(db: &mut PgConnection, merchant_id: Uuid, refund: &NewRefund) -> Error {
+    let charge = match charges::find(db, merchant_id, &refund.charge).await {
         Ok(Some(charge)) => charge,
         Ok(None) => {
             return Problem::new(

@@ -13,7 +13,7 @@ use super::claim::{self, Begun};
 use super::timing::Phase;
 use super::{Answer, Guard};
 use crate::error::Error;
-use crate::idempotency::{Fingerprint, SavedResponse, store as keys};
+use crate::idempotency::{SavedResponse, store as keys};
 use crate::operation::Engine;
 
 /// The work of one kind of record, plugged into [`run`].
@@ -43,11 +43,11 @@ pub async fn run<W: Write + 'static>(
     guard: Guard,
     write: W,
 ) -> Result<Answer, Error> {
-    let clock = guard.clock.clone();
-    let started = clock.lap(Phase::Extract, guard.arrived);
-    let fingerprint = Fingerprint::of("POST", W::ROUTE, &write.canonical());
-    clock.lap(Phase::Fingerprint, started);
-    let (request, _hang_up) = claim::Request::of(W::ROUTE, guard, fingerprint);
+    let (request, _hang_up) = claim::Request::of(W::ROUTE, guard, || write.canonical());
+    if let Some(answer) = claim::from_cache(engine, &request)? {
+        return Ok(answer);
+    }
+    let clock = request.clock.clone();
     let work = claim_and_write(engine.clone(), request, write);
     super::in_task(engine, clock, "write", work).await
 }
@@ -59,13 +59,11 @@ async fn claim_and_write<W: Write>(
 ) -> Result<Answer, Error> {
     let engine = &engine;
     let claiming = Instant::now();
-    let begun = claim::begin(engine, &request, W::ROUTE, None).await;
+    let begun = claim::begin(engine, &request, None).await;
     request.clock.lap(Phase::Claim, claiming);
     let tx = match begun? {
         Begun::Claimed(tx) => tx,
-        Begun::Replay { saved, waited } => return Ok(Answer::Replayed { saved, waited }),
-        Begun::InUse { waited } => return Err(super::in_use(waited).into()),
-        Begun::Reused => return Err(super::reused(request.key.as_ref()).into()),
+        Begun::Answered(answer) => return Ok(answer),
         Begun::Written => {
             return Err(Error::internal("a write's claim has no record of its own"));
         }
