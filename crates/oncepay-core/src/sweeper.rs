@@ -62,6 +62,7 @@ pub struct Sweeper {
 }
 
 impl Sweeper {
+    /// A sweeper over `pool` that asks `processor`.
     pub fn new(pool: PgPool, processor: Arc<dyn Processor>, settings: SweepSettings) -> Self {
         Sweeper {
             pool,

@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use http::StatusCode;
 use sqlx::{Connection, PgConnection, PgPool};
 
 use super::{Charge, ChargeStatus, store};
@@ -17,6 +16,7 @@ use crate::idempotency::SavedResponse;
 use crate::problem::{self, Problem, ProblemCode};
 use crate::processor::Outcome;
 pub use crate::settled::Settled;
+use crate::settled::created;
 
 /// The failure code of a charge whose processor attempt was voided.
 pub const ABANDONED: &str = ProblemCode::ProcessingAbandoned.as_str();
@@ -120,14 +120,7 @@ pub async fn settle_or_crash(
 /// what that request got.
 pub fn response_for(charge: &Charge, request_id: Option<&str>) -> SavedResponse {
     if charge.status == ChargeStatus::Succeeded {
-        return SavedResponse {
-            status: StatusCode::CREATED.as_u16(),
-            content_type: "application/json".into(),
-            location: Some(format!("/v1/charges/{}", charge.id)),
-            body: serde_json::to_vec(&charge.to_object(&[]))
-                .expect("a charge serialises")
-                .into(),
-        };
+        return created(format!("/v1/charges/{}", charge.id), &charge.to_object(&[]));
     }
     let code = match charge.failure_code.as_deref() {
         Some("insufficient_funds") => ProblemCode::InsufficientFunds,

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use http::StatusCode;
 use sqlx::{Connection, PgConnection, PgPool};
 
 use super::{Refund, store};
@@ -14,7 +13,7 @@ use crate::events::{EventType, NewEvent, store as events};
 use crate::faults::{Fault, crash_if};
 use crate::idempotency::{SavedResponse, store as keys};
 use crate::processor::{self, Processor, RefundOutcome};
-use crate::settled::Settled;
+use crate::settled::{Settled, created};
 
 /// Settles `refund_id` with `outcome` if it is still pending
 /// ([`store::succeed_pending`], [`store::fail_pending`]).
@@ -127,12 +126,5 @@ pub async fn refund_at_processor(
 
 /// The response a settled refund gets, and that its key saves for replay.
 pub fn response_for(refund: &Refund) -> SavedResponse {
-    SavedResponse {
-        status: StatusCode::CREATED.as_u16(),
-        content_type: "application/json".into(),
-        location: Some(format!("/v1/refunds/{}", refund.id)),
-        body: serde_json::to_vec(&refund.to_object())
-            .expect("a refund serialises")
-            .into(),
-    }
+    created(format!("/v1/refunds/{}", refund.id), &refund.to_object())
 }
