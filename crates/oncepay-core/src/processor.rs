@@ -2,10 +2,9 @@
 //! to the card gateway over HTTP (`oncepay processor`, or the one `oncepay
 //! serve` embeds), and tests wrap it to fail on purpose.
 //!
-//! Like a real gateway, a processor is idempotent on the *processor key* that
-//! the service derives from its own charge id (never the client's key): a
-//! repeated authorization with the same key returns the first outcome and
-//! moves no more money.
+//! Like a real gateway, a processor is idempotent on the *processor key*,
+//! derived from the service's own ids (never the client's key): a repeat
+//! under the same key returns the first outcome and moves no more money.
 
 use async_trait::async_trait;
 

@@ -38,37 +38,32 @@ pub async fn recover(
     key_ttl: Duration,
     request_id: Option<&str>,
 ) -> anyhow::Result<Option<Recovered>> {
-    let (settled, recovered) = match resource {
+    let recovered = match resource {
         Resource::Charge(id) => {
             let outcome = processor
                 .void_unless_recorded(&processor::authorization_key(id))
                 .await?;
             let settled = charge_settle::settle(pool, id, &outcome, key_ttl, request_id).await?;
-            (settled, Recovered::Charge(outcome))
-        }
-        Resource::Refund(id) => {
-            let Some(refund) = refunds::find_any(pool, id).await? else {
-                return Ok(None);
-            };
-            if refund.status != RefundStatus::Pending {
+            if let Settled::Already = settled {
                 return Ok(None);
             }
+            tracing::info!(charge = %id, ?outcome, "settled a stale charge");
+            Recovered::Charge(outcome)
+        }
+        Resource::Refund(id) => {
+            let refund = refunds::find_any(pool, id).await?;
+            let Some(refund) = refund.filter(|r| r.status == RefundStatus::Pending) else {
+                return Ok(None);
+            };
             let outcome =
                 refund_settle::refund_at_processor(processor, &Pending::from(refund), None).await?;
             let settled = refund_settle::settle(pool, id, &outcome, key_ttl, request_id).await?;
-            (settled, Recovered::Refund(outcome))
+            if let Settled::Already = settled {
+                return Ok(None);
+            }
+            tracing::info!(refund = %id, ?outcome, "rolled a stale refund forward");
+            Recovered::Refund(outcome)
         }
     };
-    if let Settled::Already = settled {
-        return Ok(None);
-    }
-    match &recovered {
-        Recovered::Charge(outcome) => {
-            tracing::info!(charge = %resource.id(), ?outcome, "settled a stale charge");
-        }
-        Recovered::Refund(outcome) => {
-            tracing::info!(refund = %resource.id(), ?outcome, "rolled a stale refund forward");
-        }
-    }
     Ok(Some(recovered))
 }

@@ -1,7 +1,8 @@
 //! The background task in every `serve` process (and `oncepay sweep`):
-//! settles the charges and refunds left `pending` by [`crate::recovery`],
-//! and deletes expired keys. Several sweepers may run at once: stale keys
-//! are leased ([`keys::lease_stale`]), and every settle is conditional.
+//! settles, by [`crate::recovery`], the charges and refunds a crash or a
+//! lost answer left `pending`, and deletes expired keys. Several sweepers may
+//! run at once: stale keys are leased ([`keys::lease_stale`]), and every
+//! settle is conditional.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,7 +54,7 @@ pub struct SweepReport {
     pub keys_deleted: u64,
 }
 
-/// The sweeper.
+/// Settles stale records and deletes expired keys, a pass at a time.
 #[derive(Clone)]
 pub struct Sweeper {
     pool: PgPool,
