@@ -64,23 +64,19 @@ pub async fn settle_or_crash(
     request_id: Option<&str>,
     fault: Option<Fault>,
 ) -> sqlx::Result<Settled> {
-    // An abandoned attempt is a `charge.failed` too, told apart by its
-    // `failure_code`, as it is in the API.
-    let (status, failure, kind) = match outcome {
-        Outcome::Succeeded => (ChargeStatus::Succeeded, None, EventType::ChargeSucceeded),
-        Outcome::Declined { code, message } => (
-            ChargeStatus::Failed,
-            Some((code.as_str(), message.as_str())),
-            EventType::ChargeFailed,
-        ),
-        Outcome::Voided => (
-            ChargeStatus::Failed,
-            Some((
-                ABANDONED,
-                "The payment was abandoned before the card network answered; no money moved.",
-            )),
-            EventType::ChargeFailed,
-        ),
+    let failure = match outcome {
+        Outcome::Succeeded => None,
+        Outcome::Declined { code, message } => Some((code.as_str(), message.as_str())),
+        // An abandoned attempt is a `charge.failed` too, told apart by its
+        // `failure_code`, as it is in the API.
+        Outcome::Voided => Some((
+            ABANDONED,
+            "The payment was abandoned before the card network answered; no money moved.",
+        )),
+    };
+    let (status, kind) = match failure {
+        None => (ChargeStatus::Succeeded, EventType::ChargeSucceeded),
+        Some(_) => (ChargeStatus::Failed, EventType::ChargeFailed),
     };
     let charge = Charge {
         status,

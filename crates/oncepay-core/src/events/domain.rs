@@ -63,8 +63,7 @@ crate::stored_as_text!(EventType {
     RefundFailed => "refund.failed",
 });
 
-/// An event a settle is about to write, its object rendered as the API
-/// renders it.
+/// An event a settle is about to write.
 #[derive(Clone, Debug)]
 pub struct NewEvent {
     pub id: String,
