@@ -1,6 +1,5 @@
 //! An amount of money in integer minor units, validated once at the edge:
-//! what a charge takes and a refund gives back, so both charges and refunds
-//! import it from here.
+//! what a charge takes and a refund gives back.
 
 use serde::Serialize;
 
@@ -16,6 +15,7 @@ pub const MAX_AMOUNT: i64 = 99_999_999;
 pub struct Amount(i64);
 
 impl Amount {
+    /// `minor_units` if within range, else the parameter error to show.
     pub fn new(minor_units: i64) -> Result<Self, ParamError> {
         if minor_units < MIN_AMOUNT {
             Err(ParamError::new(
@@ -30,6 +30,7 @@ impl Amount {
         }
     }
 
+    /// The amount in minor units.
     pub fn minor_units(self) -> i64 {
         self.0
     }

@@ -83,10 +83,9 @@ impl Error {
         Error::Internal(anyhow::anyhow!("{message}"))
     }
 
-    /// An error from work that leaves its record pending for recovery when
-    /// it fails: recovering a stale key, or the naive demo path. A processor
-    /// failure is a `503` to retry once recovery can have settled the
-    /// record, not a bug.
+    /// An error from work that leaves its record pending for recovery
+    /// (recovering a stale key, the naive demo path): a processor failure is
+    /// a `503` to retry once recovery can have settled it, not a bug.
     pub fn from_recovery(e: anyhow::Error, timeouts: &Timeouts) -> Self {
         let Some(processor) = e.downcast_ref::<ProcessorError>() else {
             return Error::from(e).awaiting_recovery(timeouts);
@@ -107,10 +106,8 @@ impl Error {
             .into()
     }
 
-    /// For an error after the processor was called: the record stays
-    /// pending until recovery settles it, so a database outage's `503`
-    /// tells the client to come back once that can have happened, not in a
-    /// second (when it would only get `409`).
+    /// For an error after the processor was called: a database outage's
+    /// `503` waits for recovery ([`retry_after::until_recovered`]).
     pub fn awaiting_recovery(self, timeouts: &Timeouts) -> Self {
         match self {
             Error::Unavailable(error) => {
@@ -134,10 +131,8 @@ pub fn service_unavailable(retry_after: u64) -> Problem {
     .with_retry_after(retry_after)
 }
 
-/// `503 overloaded`: more requests than the database pool serves, and this
-/// one waited its turn for a connection past its bound (in the server's
-/// admission queue, `src/admission.rs`); it began no work, so a retry runs
-/// as if it were the first.
+/// `503 overloaded`: this request waited for a database connection past its
+/// bound (the server's `src/admission.rs`) and began no work.
 pub fn overloaded() -> Problem {
     Problem::new(
         ProblemCode::Overloaded,
@@ -146,10 +141,8 @@ pub fn overloaded() -> Problem {
     .with_retry_after(retry_after::SOON)
 }
 
-/// Errors that mean "the database cannot serve now", not "a bug": it is
-/// unreachable, it refuses new connections, or it ended the session. A
-/// retry may succeed once it is back, so these are a `503` with
-/// `Retry-After`, never a `500`.
+/// Errors that mean "the database cannot serve now" (unreachable, refusing
+/// connections, or ending the session), not "a bug": a `503`, never a `500`.
 pub fn is_unavailable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)

@@ -1,8 +1,6 @@
 //! Fault injection points, for the failure tests and the workshop: with
-//! `FAULT_INJECTION=true`, a request can ask (`Oncepay-Fault`) to fail on
-//! purpose at a chosen point of its workflow, or ask the card gateway for a
-//! wire fault on its processor call (`processor-drop-after-record`, ...,
-//! sent on as `Processor-Fault`). Off by default.
+//! `FAULT_INJECTION=true` (off by default), a request can ask
+//! (`Oncepay-Fault`) to fail on purpose at a chosen point ([`Fault`]).
 
 use crate::processor::WireFault;
 
@@ -27,15 +25,12 @@ pub enum Fault {
     /// attempt is recorded. Asked for by the receiver, in its answer
     /// (`Oncepay-Fault: crash-after-delivery`), never by a request.
     CrashAfterDelivery,
-    /// Abort the process after the charge committed in Postgres, before
-    /// its answer is written to Redis: the workshop's key store outside the
-    /// business transaction (`POST /demo/redis/charges`) only, which reads
-    /// it from its request itself; the real endpoints refuse it.
+    /// Abort the process after the charge committed in Postgres, before its
+    /// answer is written to Redis: for the workshop's `POST /demo/redis/charges`
+    /// only, which reads it itself; the real endpoints refuse it.
     CrashAfterCommit,
-    /// Ask the card gateway for a wire fault on this request's processor
-    /// call (`Oncepay-Fault: processor-<fault>`, sent on as
-    /// `Processor-Fault: <fault>`): the gateway must run with
-    /// `PROCESSOR_FAULT_INJECTION=true`.
+    /// Ask the card gateway for a [`WireFault`] on this request's processor
+    /// call (`Oncepay-Fault: processor-<fault>`, sent on as `Processor-Fault`).
     Processor(WireFault),
 }
 

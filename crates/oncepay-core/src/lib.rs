@@ -5,22 +5,19 @@
 //!   pending record, call the processor outside any transaction, settle.
 //! - [`idempotency`]: the key, the request's fingerprint, and the store that
 //!   claims, completes, reads, leases and expires keys.
-//! - [`charges`], [`refunds`]: the records, their input as the server's edge
-//!   validated it, their SQL and the settle that ends a pending one;
-//!   [`amount`] and [`settled`], which both use and neither owns.
+//! - [`charges`], [`refunds`]: the records, their validated input, their SQL
+//!   and their settle; [`amount`] and [`settled`], which both use.
 //! - [`events`]: the events a settle writes in its own transaction (the outbox).
 //! - [`processor`]: the card processor behind a trait, the keys derived for
 //!   it, and how a call can fail.
 //! - [`recovery`], [`sweeper`]: settling a stale record, and the loop that
 //!   finds them and deletes expired keys.
-//! - [`speed`]: the seams where a server plugs in its fast paths, and their
-//!   plain defaults.
+//! - [`speed`]: the seams for a server's fast paths, and plain defaults.
 //! - [`error`], [`retry_after`], [`settings`]: what fails and how, when a
 //!   client should retry, and the durations it all runs by.
 //! - [`faults`]: the crash points the failure tests ask for.
 //!
-//! [`problem`], [`params`] and [`objects`] (the objects the API sends,
-//! which the records build from their facts) are the API's vocabulary (the
+//! [`problem`], [`params`] and [`objects`] are the API's vocabulary (the
 //! `oncepay-api` crate). docs/design.md gives the reading order.
 
 /// `as_str` (the name a status is stored and shown under) and `Display` for

@@ -2,10 +2,9 @@
 //! to the card gateway over HTTP (`oncepay processor`, or the one `oncepay
 //! serve` embeds), and tests wrap it to fail on purpose.
 //!
-//! Like a real gateway, a processor is idempotent on the *processor key* that
-//! the service derives from its own charge id (never the client's key): a
-//! repeated authorization with the same key returns the first outcome and
-//! moves no more money.
+//! Like a real gateway, a processor is idempotent on the *processor key*,
+//! derived from the service's own ids (never the client's key): a repeat
+//! under the same key returns the first outcome and moves no more money.
 
 use async_trait::async_trait;
 
@@ -22,9 +21,8 @@ pub fn refund_key(refund_id: &str) -> String {
     format!("refund:{refund_id}")
 }
 
-/// The processor key of the refund that reconciliation makes to give back
-/// an orphan payment: derived from the payment's key, so running the fix
-/// again finds that refund instead of making another.
+/// The processor key of reconciliation's refund of an orphan payment:
+/// derived from the payment's key, so a second run finds that refund.
 pub fn reconcile_refund_key(payment_key: &str) -> String {
     format!("{RECONCILE_REFUND_PREFIX}{payment_key}")
 }
@@ -55,12 +53,10 @@ pub struct Refund<'a> {
     pub fault: Option<WireFault>,
 }
 
-/// A failure the gateway makes on purpose when asked with its
-/// `Processor-Fault` request header (and run with
-/// `PROCESSOR_FAULT_INJECTION=true`): what a real network and a real
-/// provider do now and then, on demand. Each attempt of a call carries it;
-/// the gateway applies it only to the attempt that records the operation,
-/// so a repeat under the same key finds the outcome and is answered.
+/// A failure the gateway makes on purpose, as real networks and providers
+/// do now and then, when asked with `Processor-Fault` (and run with
+/// `PROCESSOR_FAULT_INJECTION=true`): only on the attempt that records the
+/// operation, so a repeat under the same key is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WireFault {
     /// `503`, nothing recorded.
@@ -80,13 +76,10 @@ impl WireFault {
 
     /// The fault a `Processor-Fault` value names.
     pub fn parse(value: &str) -> Option<WireFault> {
-        match value {
-            "fail-before-record" => Some(WireFault::FailBeforeRecord),
-            "drop-after-record" => Some(WireFault::DropAfterRecord),
-            "slow" => Some(WireFault::Slow),
-            "crash-after-record" => Some(WireFault::CrashAfterRecord),
-            _ => None,
-        }
+        use WireFault::*;
+        [FailBeforeRecord, DropAfterRecord, Slow, CrashAfterRecord]
+            .into_iter()
+            .find(|fault| fault.as_str() == value)
     }
 
     /// Its `Processor-Fault` value.
@@ -159,8 +152,7 @@ pub trait Processor: Send + Sync + 'static {
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError>;
 
     /// Refunds part or all of a recorded payment, idempotently on
-    /// `processor_key`: a repeat returns the recorded outcome and moves no
-    /// more money. `Ok` means the outcome is recorded, refunded or failed.
+    /// `processor_key`; `Ok` means the outcome, refunded or failed, is recorded.
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError>;
 
     /// Looks up what is recorded under a payment's key, moving nothing:

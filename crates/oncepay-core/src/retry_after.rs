@@ -22,8 +22,7 @@ use std::time::Duration;
 
 use crate::settings::Timeouts;
 
-/// A retry may get the answer at once; one second keeps clients from
-/// spinning.
+/// A retry may get the answer at once; one second keeps clients from spinning.
 pub const SOON: u64 = 1;
 
 /// Seconds until recovery has settled a record left pending now:

@@ -1,5 +1,4 @@
-//! The durations the guarantee is tuned by, as the server's configuration
-//! sets them.
+//! The durations the guarantee is tuned by, as the server's configuration sets them.
 
 use std::time::Duration;
 
@@ -11,8 +10,7 @@ pub struct Timeouts {
     /// How long a key may stay `processing` before a retry or the sweeper
     /// may lease it and settle its record (`PROCESSING_TIMEOUT`).
     pub processing: Duration,
-    /// How long a request may take before it is answered `503`
-    /// (`REQUEST_TIMEOUT`).
+    /// How long a request may take before it is answered `503` (`REQUEST_TIMEOUT`).
     pub request: Duration,
     /// How often the sweeper looks for stale records (`SWEEP_INTERVAL`).
     pub sweep_interval: Duration,

@@ -1,6 +1,8 @@
-//! What a settle did, for both records that settle (charges and refunds):
-//! the one type their settles return and recovery reads, so neither imports
-//! the other's settle for it.
+//! What a settle did, and the answer a created record's key saves: shared by
+//! both records' settles, so neither imports the other's.
+
+use http::StatusCode;
+use serde::Serialize;
 
 use crate::idempotency::SavedResponse;
 
@@ -11,4 +13,16 @@ pub enum Settled {
     Now(SavedResponse),
     /// The record had been settled already; nothing was written.
     Already,
+}
+
+/// The `201` of a created record: where it lives, and its API object.
+pub fn created(location: String, object: &impl Serialize) -> SavedResponse {
+    SavedResponse {
+        status: StatusCode::CREATED.as_u16(),
+        content_type: "application/json".into(),
+        location: Some(location),
+        body: serde_json::to_vec(object)
+            .expect("an API object serialises")
+            .into(),
+    }
 }

@@ -1,10 +1,8 @@
 //! The background task in every `serve` process (and `oncepay sweep`):
-//! finds charges and refunds left `pending` by a crash or a lost processor
-//! answer and settles each by [`crate::recovery`], and deletes expired keys in bounded batches, within a time budget.
-//!
-//! Several sweepers may run at once. Stale keys are leased (`FOR UPDATE SKIP
-//! LOCKED`, then a fresh `locked_at`), and every write is conditional, so
-//! no row is settled twice and a late request changes nothing.
+//! settles, by [`crate::recovery`], the charges and refunds a crash or a
+//! lost answer left `pending`, and deletes expired keys. Several sweepers may
+//! run at once: stale keys are leased ([`keys::lease_stale`]), and every
+//! settle is conditional.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,12 +13,10 @@ use crate::idempotency::{Resource, store as keys};
 use crate::processor::{Outcome, Processor, RefundOutcome};
 use crate::recovery::{Recovered, recover};
 
-/// How long one pass may go on deleting expired keys: batch after batch
-/// until none is left or this is spent. A backlog is cleared at the full
-/// rate the database allows rather than at a fixed count per pass, so no
-/// sustained rate of new keys can outgrow the deletes; and a pass still ends
-/// within about a second, so stale records (settled first in every pass)
-/// never wait behind a large backlog. Each batch is its own short statement.
+/// How long one pass may go on deleting expired keys, batch after batch
+/// (each its own short statement): a backlog is cleared as fast as the
+/// database allows, so no rate of new keys outgrows the deletes, and a pass
+/// still ends soon, so stale records never wait behind it.
 pub const DELETE_BUDGET: Duration = Duration::from_secs(1);
 
 /// What a sweeper does, and how much at a time.
@@ -39,15 +35,12 @@ pub struct SweepSettings {
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SweepReport {
-    /// Stale keys this pass leased (at most one batch): the records it
-    /// took on, which no other sweeper touches until the lease is stale.
+    /// Stale keys this pass leased (at most one batch).
     pub leased: u64,
-    /// Leases this pass did not work on: lost to another sweeper while the
-    /// batch was worked through, or not reached within the pass's budget.
-    /// They lapse, and whoever sweeps next takes them on.
+    /// Leases lost to another sweeper or not reached within the pass's
+    /// budget: they lapse, and whoever sweeps next takes them on.
     pub leases_given_up: u64,
-    /// Stale pending records without a key that this pass found; several
-    /// sweepers may find the same one (fencing and settling stay idempotent).
+    /// Stale pending records without a key (several sweepers may find one).
     pub unguarded: u64,
     /// Stale charges found paid at the processor, now `succeeded`.
     pub settled_succeeded: u64,
@@ -61,7 +54,7 @@ pub struct SweepReport {
     pub keys_deleted: u64,
 }
 
-/// The sweeper.
+/// Settles stale records and deletes expired keys, a pass at a time.
 #[derive(Clone)]
 pub struct Sweeper {
     pool: PgPool,
@@ -70,6 +63,7 @@ pub struct Sweeper {
 }
 
 impl Sweeper {
+    /// A sweeper over `pool` that asks `processor`.
     pub fn new(pool: PgPool, processor: Arc<dyn Processor>, settings: SweepSettings) -> Self {
         Sweeper {
             pool,
@@ -83,18 +77,16 @@ impl Sweeper {
         let mut report = SweepReport::default();
         let SweepSettings {
             processing_timeout: timeout,
-            key_ttl: _,
             batch_size,
             delete_budget,
+            ..
         } = self.settings;
         let leases = keys::lease_stale(&self.pool, timeout, batch_size).await?;
         report.leased = leases.len() as u64;
         let keyless = stale_unguarded(&self.pool, timeout, batch_size).await?;
         report.unguarded = keyless.len() as u64;
-        // Records are recovered one at a time, each with processor calls, so a
-        // batch may take a while. The pass stops taking on records once half
-        // of PROCESSING_TIMEOUT is spent: the leases it did not reach lapse
-        // and go to whoever sweeps next, and the deletes below still run.
+        // Records are recovered one at a time, with processor calls: the
+        // pass takes on no more once half of PROCESSING_TIMEOUT is spent.
         let recovering = Instant::now();
         let in_budget = || recovering.elapsed() < timeout / 2;
         for mut lease in leases {
@@ -102,8 +94,7 @@ impl Sweeper {
                 report.leases_given_up += 1;
                 continue;
             }
-            // Renewed just before the work, so the key cannot go stale and be
-            // leased by someone else while this record is being recovered.
+            // Renewed just before its work, so no one leases it meanwhile.
             match keys::renew(&self.pool, &mut lease).await {
                 Ok(true) => self.recover_one(&lease.resource, &mut report).await,
                 Ok(false) => report.leases_given_up += 1,
@@ -185,8 +176,7 @@ impl Sweeper {
 }
 
 /// Pending charges and refunds older than `timeout` that no `processing` key
-/// guards (the keyless ones a crash left behind), up to `limit` of each,
-/// oldest first; keyed ones are found through their key.
+/// guards, up to `limit` of each, oldest first.
 async fn stale_unguarded(
     db: impl PgExecutor<'_>,
     timeout: Duration,

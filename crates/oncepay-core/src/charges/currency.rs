@@ -32,6 +32,7 @@ impl Currency {
             .map(|_| Currency(lower))
     }
 
+    /// The code, in lower case.
     pub fn as_str(&self) -> &str {
         &self.0
     }

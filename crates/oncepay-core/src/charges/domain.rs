@@ -107,8 +107,7 @@ impl Charge {
         TestToken::parse(&self.source)
     }
 
-    /// The decline of a failed charge, as its card reports it: `None` for a
-    /// charge that did not fail, or failed otherwise (an abandoned one).
+    /// The decline of a charge its card declined; `None` for any other.
     pub fn decline(&self) -> Option<Decline> {
         let decline = self.token()?.decline()?;
         (self.failure_code.as_deref() == Some(decline.code)).then_some(decline)
@@ -134,9 +133,8 @@ impl Charge {
         ChargeObject::new(facts, refunds.iter().map(Refund::to_object))
     }
 
-    /// What the card network (or the fraud check) said: for a charge that
-    /// succeeded or was declined; `None` while it is pending and for an
-    /// abandoned one, which no network answered.
+    /// What the card network (or the fraud check) said; `None` for a pending
+    /// or abandoned charge, which no network answered.
     fn verdict(&self) -> Option<Verdict> {
         let token = self.token()?;
         let answered = match self.status {

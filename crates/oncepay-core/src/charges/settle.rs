@@ -1,12 +1,12 @@
 //! Settling a charge: the processor's outcome becomes the charge's final
-//! status, its key's saved response and its event (`charge.succeeded` or
-//! `charge.failed`), in one statement. Shared by the request that made the
-//! charge and by recovery ([`crate::recovery`]), so both write exactly the
-//! same thing and whichever comes second changes nothing.
+//! status, its key's saved response and its event, in one statement
+//! ([`store::settle_and_complete`]). The request that made the charge and
+//! recovery ([`crate::recovery`]) both settle here. Every settle takes
+//! `key_ttl`, how long its key keeps the answer at least, and `request_id`,
+//! the request its event names (`None` for the sweeper).
 
 use std::time::Duration;
 
-use http::StatusCode;
 use sqlx::{Connection, PgConnection, PgPool};
 
 use super::{Charge, ChargeStatus, store};
@@ -16,15 +16,13 @@ use crate::idempotency::SavedResponse;
 use crate::problem::{self, Problem, ProblemCode};
 use crate::processor::Outcome;
 pub use crate::settled::Settled;
+use crate::settled::created;
 
 /// The failure code of a charge whose processor attempt was voided.
 pub const ABANDONED: &str = ProblemCode::ProcessingAbandoned.as_str();
 
-/// Settles `charge_id` with `outcome` if it is still pending; its key keeps
-/// the answer for at least `key_ttl` from now. `request_id` names the request
-/// doing it in the charge's event (`None` for the sweeper). The charge is
-/// read first, for its answer and its event; recovery and the tests settle
-/// this way, a request with the charge it wrote ([`settle_or_crash`]).
+/// Settles `charge_id` with `outcome` if it is still pending, reading the
+/// charge first: how recovery and the tests settle.
 pub async fn settle(
     pool: &PgPool,
     charge_id: &str,
@@ -36,8 +34,8 @@ pub async fn settle(
     settle_on(&mut db, charge_id, outcome, key_ttl, request_id, None).await
 }
 
-/// [`settle`] on `db`, a connection taken from the pool for it, for a
-/// request that may ask to crash ([`Fault::CrashBeforeSettleCommit`]).
+/// [`settle`] on `db`, for a request that may ask to crash
+/// ([`Fault::CrashBeforeSettleCommit`]).
 pub async fn settle_on(
     db: &mut PgConnection,
     charge_id: &str,
@@ -54,14 +52,10 @@ pub async fn settle_on(
     }
 }
 
-/// Settles `pending` (the charge as written, still pending) with `outcome`,
-/// in one statement: the charge's final status, its key's saved answer and
-/// its event, rendered here from what the charge becomes, are written only
-/// if the conditional update moves it out of `pending`
-/// ([`store::settle_and_complete`]). A request that asks to crash
-/// ([`Fault::CrashBeforeSettleCommit`]) runs that statement in a
-/// transaction and dies before its commit. `db` is a connection taken
-/// from the pool for it.
+/// Settles `pending`, the charge as the request wrote it, with `outcome`:
+/// renders what it becomes, its answer and its event, and writes them if it
+/// is still pending. With [`Fault::CrashBeforeSettleCommit`] the statement
+/// runs in a transaction the process dies in before its commit.
 pub async fn settle_or_crash(
     db: &mut PgConnection,
     pending: &Charge,
@@ -70,23 +64,19 @@ pub async fn settle_or_crash(
     request_id: Option<&str>,
     fault: Option<Fault>,
 ) -> sqlx::Result<Settled> {
-    // An abandoned attempt is a `charge.failed` too, told apart by its
-    // `failure_code`, as it is in the API.
-    let (status, failure, kind) = match outcome {
-        Outcome::Succeeded => (ChargeStatus::Succeeded, None, EventType::ChargeSucceeded),
-        Outcome::Declined { code, message } => (
-            ChargeStatus::Failed,
-            Some((code.as_str(), message.as_str())),
-            EventType::ChargeFailed,
-        ),
-        Outcome::Voided => (
-            ChargeStatus::Failed,
-            Some((
-                ABANDONED,
-                "The payment was abandoned before the card network answered; no money moved.",
-            )),
-            EventType::ChargeFailed,
-        ),
+    let failure = match outcome {
+        Outcome::Succeeded => None,
+        Outcome::Declined { code, message } => Some((code.as_str(), message.as_str())),
+        // An abandoned attempt is a `charge.failed` too, told apart by its
+        // `failure_code`, as it is in the API.
+        Outcome::Voided => Some((
+            ABANDONED,
+            "The payment was abandoned before the card network answered; no money moved.",
+        )),
+    };
+    let (status, kind) = match failure {
+        None => (ChargeStatus::Succeeded, EventType::ChargeSucceeded),
+        Some(_) => (ChargeStatus::Failed, EventType::ChargeFailed),
     };
     let charge = Charge {
         status,
@@ -104,9 +94,6 @@ pub async fn settle_or_crash(
         event: &event,
         request_id,
     };
-    // The update in the statement decides: only the statement that moves the
-    // charge out of `pending` writes the answer and the one event of that
-    // change.
     let settled = if fault == Some(Fault::CrashBeforeSettleCommit) {
         let mut tx = db.begin().await?;
         let settled = store::settle_and_complete(&mut *tx, &settle).await?;
@@ -123,22 +110,13 @@ pub async fn settle_or_crash(
     Ok(Settled::Now(response))
 }
 
-/// The response a settled charge gets, and that its key saves for replay:
-/// `201` with the charge when it succeeded, `402` with a problem naming the
-/// failed charge when it did not, and the request that settled it
-/// (`request_id`, as every fresh problem does; none when recovery did).
-/// The request id is part of the saved bytes, so a replay names the request
-/// that first got the answer, and stays byte for byte what that one got.
+/// The response a settled charge gets, and its key saves for replay: `201`
+/// with the charge, or `402` with a problem naming the failed charge and
+/// `request_id`, the request that settled it, so a replay is byte for byte
+/// what that request got.
 pub fn response_for(charge: &Charge, request_id: Option<&str>) -> SavedResponse {
     if charge.status == ChargeStatus::Succeeded {
-        return SavedResponse {
-            status: StatusCode::CREATED.as_u16(),
-            content_type: "application/json".into(),
-            location: Some(format!("/v1/charges/{}", charge.id)),
-            body: serde_json::to_vec(&charge.to_object(&[]))
-                .expect("a charge serialises")
-                .into(),
-        };
+        return created(format!("/v1/charges/{}", charge.id), &charge.to_object(&[]));
     }
     let code = match charge.failure_code.as_deref() {
         Some("insufficient_funds") => ProblemCode::InsufficientFunds,

@@ -34,28 +34,24 @@ pub async fn insert_pending(
     .await
 }
 
-/// A charge's settle, as one statement: what it becomes, the answer its key
-/// saves, and the event that says so.
+/// What a charge's settle writes: what the charge becomes, the answer its
+/// key saves, and the event that says so.
 pub struct Settle<'a> {
     /// The charge as it will be once settled.
     pub settled: &'a Charge,
     pub response: &'a SavedResponse,
     pub key_ttl: std::time::Duration,
     pub event: &'a NewEvent,
-    /// The request settling it, named by the event.
     pub request_id: Option<&'a str>,
 }
 
-/// Settles a pending charge in one statement, its own transaction: the
-/// conditional update (`WHERE status = 'pending'`) decides, and only if it
-/// changed the row are the key completed with the saved answer, the event
-/// written and its webhook deliveries fanned out. Returns `None` when the
-/// charge was not pending any more (someone else settled it, and what they
-/// wrote stands), else the key it completed, if any.
-///
-/// The key is completed by the SQL function that completes every key
-/// (`idempotency_key_complete`, see [`crate::idempotency::store`]), which
-/// keeps the answer for at least `key_ttl` from now.
+/// Settles a pending charge in one statement, its own transaction. The
+/// conditional update (`WHERE status = 'pending'`) decides: only if it
+/// changed the row are the key completed (by `idempotency_key_complete`, as
+/// every key is, see [`crate::idempotency::store`]), the event written and
+/// its webhook deliveries fanned out, so whichever settle comes second
+/// changes nothing. `None` when the charge was not pending any more, else
+/// the key it completed, if any.
 pub async fn settle_and_complete(
     db: impl PgExecutor<'_>,
     settle: &Settle<'_>,

@@ -49,31 +49,21 @@ impl EventType {
         EventType::RefundFailed,
     ];
 
-    /// As stored, and as the API shows it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventType::ChargeSucceeded => "charge.succeeded",
-            EventType::ChargeFailed => "charge.failed",
-            EventType::ChargeRefunded => "charge.refunded",
-            EventType::RefundSucceeded => "refund.succeeded",
-            EventType::RefundFailed => "refund.failed",
-        }
-    }
-
     /// The type a name names, if any.
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.as_str() == name)
     }
 }
 
-impl std::fmt::Display for EventType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+crate::stored_as_text!(EventType {
+    ChargeSucceeded => "charge.succeeded",
+    ChargeFailed => "charge.failed",
+    ChargeRefunded => "charge.refunded",
+    RefundSucceeded => "refund.succeeded",
+    RefundFailed => "refund.failed",
+});
 
-/// An event a settle is about to write: its id, what happened, and the
-/// object it happened to, rendered by the API's own serialisation.
+/// An event a settle is about to write.
 #[derive(Clone, Debug)]
 pub struct NewEvent {
     pub id: String,
@@ -85,7 +75,7 @@ pub struct NewEvent {
 }
 
 impl NewEvent {
-    /// A new event of `kind` about `object` (whose id is `object_id`), with a fresh id.
+    /// A new event of `kind` about `object`, whose id is `object_id`.
     pub fn new(kind: EventType, object_id: &str, object: &impl Serialize) -> Self {
         NewEvent {
             id: new_event_id(),
@@ -99,8 +89,8 @@ impl NewEvent {
 /// An event as stored.
 #[derive(Clone, Debug)]
 pub struct Event {
-    /// The order events were inserted in (not the order they committed in);
-    /// what deliveries refer to.
+    /// The order events were inserted in (not committed in); what
+    /// deliveries refer to.
     pub seq: i64,
     pub id: String,
     pub kind: EventType,
@@ -109,9 +99,8 @@ pub struct Event {
     pub request_id: Option<String>,
     pub idempotency_key: Option<String>,
     pub created_at: DateTime<Utc>,
-    /// The webhook deliveries it was given when it was written, one per
-    /// endpoint that enabled its type then: fixed, like the rest of the
-    /// event, so that every copy sent and every read show the same bytes.
+    /// The deliveries it was given when written, one per endpoint that
+    /// enabled its type then: fixed, so every copy and read shows the same bytes.
     pub pending_webhooks: i32,
 }
 

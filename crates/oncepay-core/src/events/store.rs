@@ -1,17 +1,14 @@
-//! The events table's SQL. Events are only ever inserted, by a settle in its
-//! own transaction, together with their webhook deliveries, and read;
-//! nothing updates or deletes one. Each row keeps the id of the transaction
-//! that wrote it (`txid`, the column's default), the list's order.
+//! The events table's SQL: events are inserted and read, never changed.
+//! Each row keeps the id of the transaction that wrote it (`txid`, the
+//! column's default), the list's order.
 
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
 use super::{Event, EventType, NewEvent};
 
-/// Writes `events`, of one merchant, in one statement, in the order given.
-/// Called by a settle in its transaction, after the conditional update that
-/// settled the object returned it: that update decides, so an event exists
-/// exactly when its state change does.
+/// Writes `events`, of one merchant, in the order given: called by a settle
+/// in its transaction, once its conditional update changed the record.
 pub async fn insert(
     tx: &mut PgConnection,
     merchant_id: Uuid,
@@ -75,8 +72,8 @@ pub async fn find(
     .await
 }
 
-/// Where an event stands in the list: the id of the transaction that wrote
-/// it, then its `seq`. A list page is a range of positions.
+/// Where an event stands in the list, `txid` then `seq`: a page is a range
+/// of positions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Position {
     pub txid: i64,

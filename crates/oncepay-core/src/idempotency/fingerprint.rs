@@ -20,6 +20,7 @@ impl Fingerprint {
         Fingerprint(hasher.finalize().into())
     }
 
+    /// A stored fingerprint; `None` unless it is 32 bytes.
     pub fn from_slice(bytes: &[u8]) -> Option<Self> {
         bytes.try_into().ok().map(Fingerprint)
     }

@@ -47,6 +47,7 @@ impl IdempotencyKey {
         Self::parse(first.as_bytes()).map(Some)
     }
 
+    /// The key as the client chose it (unquoted).
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -6,8 +6,7 @@
 use std::time::{Duration, Instant};
 
 /// A phase of a guarded operation, in the order a request meets them. The
-/// phases never overlap, so their durations add up to at most the whole
-/// operation's; what they leave out is the code between them.
+/// phases never overlap: their durations add up to at most the whole's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// From the request's arrival until the operation begins: reading the
@@ -23,20 +22,17 @@ pub enum Phase {
     PoolWait,
     /// Waiting for the same request in flight (`Prefer: wait=N`).
     KeyWait,
-    /// Claiming the key with the pending record, or reading what the key
-    /// holds (and settling it, when found stale): marked as the whole of
-    /// step 2, which a clock counts less the two waits above, since both
-    /// happen only within it.
+    /// Claiming the key with the pending record, or reading what it holds
+    /// (settling it, when stale): marked whole, counted less the two waits
+    /// above, which happen only within it.
     Claim,
     /// The processor's call.
     Processor,
-    /// Waiting for a pooled connection to settle on, from the pool directly
-    /// (claimed work is never turned away): behind every request queued
-    /// for one, the admission queue's included.
+    /// Waiting for a connection to settle on, from the pool directly
+    /// (claimed work is never turned away), behind every queued request.
     SettlePoolWait,
-    /// Settling the record and saving its answer on the key; or, when the
-    /// processor was unavailable or someone else settled the record, what
-    /// follows from that.
+    /// Settling the record and saving its answer on the key, or what follows
+    /// when the processor was unavailable or another settle came first.
     Settle,
     /// For an operation without a processor ([`super::write::Write`]): its
     /// record, its saved answer and the commit, in the claim's transaction.

@@ -19,22 +19,19 @@ pub enum RefundReason {
     RequestedByCustomer,
 }
 
-impl RefundReason {
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "duplicate" => Some(RefundReason::Duplicate),
-            "fraudulent" => Some(RefundReason::Fraudulent),
-            "requested_by_customer" => Some(RefundReason::RequestedByCustomer),
-            _ => None,
-        }
-    }
+crate::stored_as_text!(RefundReason {
+    Duplicate => "duplicate",
+    Fraudulent => "fraudulent",
+    RequestedByCustomer => "requested_by_customer",
+});
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RefundReason::Duplicate => "duplicate",
-            RefundReason::Fraudulent => "fraudulent",
-            RefundReason::RequestedByCustomer => "requested_by_customer",
-        }
+impl RefundReason {
+    /// The reason a name names, if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        use RefundReason::*;
+        [Duplicate, Fraudulent, RequestedByCustomer]
+            .into_iter()
+            .find(|reason| reason.as_str() == name)
     }
 }
 
@@ -60,9 +57,8 @@ pub struct NewRefund {
 }
 
 impl NewRefund {
-    /// A canonical encoding of the parameters for the request fingerprint
-    /// (see [`crate::charges::NewCharge::canonical`]). An absent amount and
-    /// an explicit one equal to what is left are different requests.
+    /// The encoding the fingerprint hashes (see [`crate::charges::NewCharge::canonical`]):
+    /// an absent amount and an explicit one equal to what is left are different requests.
     pub fn canonical(&self) -> Vec<u8> {
         let canonical = serde_json::json!([
             self.charge,

@@ -1,13 +1,11 @@
-//! Settling a refund: once the processor has recorded its outcome, the
-//! refund becomes `succeeded` (or `failed`, its reservation given back), its
-//! key saves the response and its events are written (`refund.succeeded`
-//! and `charge.refunded`, or `refund.failed`), in one transaction. Shared by the request that
-//! made the refund and by recovery ([`crate::recovery`]), which rolls a stuck
-//! refund forward with [`refund_at_processor`].
+//! Settling a refund: the processor's outcome becomes, in one transaction,
+//! the refund's final status, its key's saved response and its events. The
+//! request that made the refund and recovery ([`crate::recovery`]) both
+//! settle here, taking `key_ttl` and `request_id` as a charge's settle does
+//! ([`crate::charges::settle`]).
 
 use std::time::Duration;
 
-use http::StatusCode;
 use sqlx::{Connection, PgConnection, PgPool};
 
 use super::{Refund, store};
@@ -15,13 +13,10 @@ use crate::events::{EventType, NewEvent, store as events};
 use crate::faults::{Fault, crash_if};
 use crate::idempotency::{SavedResponse, store as keys};
 use crate::processor::{self, Processor, RefundOutcome};
-use crate::settled::Settled;
+use crate::settled::{Settled, created};
 
-/// Settles `refund_id` with the processor's `outcome` if it is still
-/// pending: `succeeded`, or `failed` with its reservation given back. Its key
-/// completes in the same transaction and keeps the answer for at least
-/// `key_ttl` from now, and its events are written, naming `request_id` (the
-/// request doing it; `None` for the sweeper).
+/// Settles `refund_id` with `outcome` if it is still pending
+/// ([`store::succeed_pending`], [`store::fail_pending`]).
 pub async fn settle(
     pool: &PgPool,
     refund_id: &str,
@@ -33,9 +28,8 @@ pub async fn settle(
     settle_or_crash(&mut db, refund_id, outcome, key_ttl, request_id, None).await
 }
 
-/// [`settle`], for a request that may ask to crash
-/// ([`Fault::CrashBeforeSettleCommit`]) just before the commit, on `db`, a
-/// connection taken from the pool for it.
+/// [`settle`] on `db`, for a request that may ask to crash
+/// ([`Fault::CrashBeforeSettleCommit`]).
 pub async fn settle_or_crash(
     db: &mut PgConnection,
     refund_id: &str,
@@ -74,8 +68,6 @@ pub async fn settle_or_crash(
         tx.rollback().await?;
         return Ok(Settled::Already);
     };
-    // The update above decided: only this transaction settled the refund,
-    // so only it writes the refund's events.
     let response = response_for(&refund);
     let key = keys::complete_for(&mut tx, &refund.id, &response, key_ttl).await?;
     events::insert(
@@ -112,9 +104,8 @@ impl From<Refund> for Pending {
     }
 }
 
-/// The processor call of a refund: idempotent on `refund:{id}`, against the
-/// payment recorded under the charge's authorization key, asking the
-/// gateway for `fault` if any.
+/// The processor call of a refund, idempotent on [`processor::refund_key`],
+/// asking the gateway for `fault` if any.
 pub async fn refund_at_processor(
     processor: &dyn Processor,
     refund: &Pending,
@@ -135,12 +126,5 @@ pub async fn refund_at_processor(
 
 /// The response a settled refund gets, and that its key saves for replay.
 pub fn response_for(refund: &Refund) -> SavedResponse {
-    SavedResponse {
-        status: StatusCode::CREATED.as_u16(),
-        content_type: "application/json".into(),
-        location: Some(format!("/v1/refunds/{}", refund.id)),
-        body: serde_json::to_vec(&refund.to_object())
-            .expect("a refund serialises")
-            .into(),
-    }
+    created(format!("/v1/refunds/{}", refund.id), &refund.to_object())
 }

@@ -1,5 +1,4 @@
-//! The refunds table's SQL, and the reservation of a refund's amount on its
-//! charge.
+//! The refunds table's SQL, and the reservation of a refund's amount on its charge.
 
 use std::collections::BTreeMap;
 
@@ -69,10 +68,9 @@ pub async fn insert_pending(
     Ok(())
 }
 
-/// Marks a pending refund succeeded, and returns it with its charge as the
-/// charge stands (its `amount_refunded` already counts the refund, reserved
-/// when it was made). `None` means the refund was not pending any more:
-/// something else settled it first, and what it wrote stands.
+/// Marks a pending refund succeeded, and returns it with its charge as it
+/// stands (its `amount_refunded` counts the refund since its reservation).
+/// `None` when it was not pending any more: another settle came first.
 pub async fn succeed_pending(
     tx: &mut PgConnection,
     id: &str,
@@ -130,9 +128,9 @@ pub async fn succeed_pending(
 }
 
 /// Marks a pending refund failed with `reason` and gives its reservation
-/// back on the charge, so the amount can be refunded again. `None` means it
-/// was not pending any more: something else settled it first. The refund row
-/// is locked first, then the charge, the order settling and reserving use.
+/// back, so the amount can be refunded again; `None` as for
+/// [`succeed_pending`]. Locks the refund, then the charge: the order
+/// settling and reserving use.
 pub async fn fail_pending(
     tx: &mut PgConnection,
     id: &str,
@@ -196,9 +194,8 @@ async fn find_scoped(
     .await
 }
 
-/// The refunds of `charge_ids`, each charge's newest first, as the charge
-/// objects embed them: one statement for a whole page of charges. Charge
-/// ids are unique across merchants, so the ids alone scope them.
+/// The refunds of `charge_ids` (a page of charges, one statement), each
+/// charge's newest first. Charge ids are unique, so they alone scope them.
 pub async fn of_charges(
     db: impl PgExecutor<'_>,
     charge_ids: &[String],
