@@ -7,6 +7,7 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod db;
+pub mod events;
 pub mod fast_paths;
 pub mod http;
 pub mod idempotency;
@@ -21,6 +22,6 @@ pub mod workshop;
 
 // The core's modules, under the names the server has always used.
 pub use oncepay_core::{
-    charges, error, events, faults, objects, operation, params, problem, recovery, refunds,
-    retry_after, speed, sweeper,
+    charges, error, faults, objects, operation, params, problem, recovery, refunds, retry_after,
+    speed, sweeper,
 };

@@ -15,8 +15,7 @@ use super::input::take_type_filter;
 use super::list::List;
 use super::problem::{ApiError, found};
 use crate::app::AppState;
-use crate::events::store::{self, Position};
-use crate::events::{Event, EventType};
+use crate::events::{self, Event, EventType, Position};
 use crate::objects::EventObject;
 use crate::webhooks::domain::DeliveryObject;
 use crate::webhooks::store as webhooks;
@@ -79,7 +78,7 @@ async fn deliveries(
 /// The merchant's event `id`, or `404 resource_missing`.
 async fn find(state: &AppState, merchant_id: Uuid, id: &str) -> Result<Event, ApiError> {
     found(
-        store::find(&state.pool, merchant_id, id).await?,
+        events::find(&state.pool, merchant_id, id).await?,
         "event",
         id,
     )
@@ -145,7 +144,7 @@ async fn cursor_position(
     name: &str,
     id: &str,
 ) -> Result<Position, ApiError> {
-    store::position(&state.pool, merchant_id, id)
+    events::position(&state.pool, merchant_id, id)
         .await?
         .ok_or_else(|| no_such_event(id, name))
 }

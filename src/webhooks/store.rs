@@ -1,6 +1,6 @@
 //! The webhook tables' SQL: endpoints, and the deliveries the worker claims
 //! and records. Deliveries are written with their events (see
-//! [`crate::events::store::insert`]); every change after that is one
+//! [`oncepay_core::events::store::insert`]); every change after that is one
 //! conditional statement.
 
 use std::time::Duration;

@@ -30,9 +30,7 @@ pub struct CachedAnswer {
     /// The fingerprint of the request that claimed it.
     pub fingerprint: Fingerprint,
     pub response: SavedResponse,
-    /// The monotonic instant after which the answer is not served: the
-    /// instant taken before the row was read plus the lifetime the database
-    /// gave the row in that read ([`StoredKey::deadline`]).
+    /// When the answer stops being served ([`StoredKey::deadline`]).
     pub deadline: std::time::Instant,
 }
 

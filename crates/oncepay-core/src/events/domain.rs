@@ -1,12 +1,8 @@
-//! What an event is: its type, the row a settle writes, and the filter a
-//! list takes; the row hands its facts to the API's event object
-//! (`oncepay_api::objects`).
+//! What an event is: its type, and the row a settle writes. (The server
+//! reads events back, for the API and for webhook deliveries.)
 
-use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::Value;
 
-use crate::objects::{EventObject, EventRequest};
 use crate::params::new_id;
 
 /// What happened, with Stripe's names.
@@ -83,42 +79,6 @@ impl NewEvent {
             object_id: object_id.to_owned(),
             data: serde_json::to_string(object).expect("an API object serialises"),
         }
-    }
-}
-
-/// An event as stored.
-#[derive(Clone, Debug)]
-pub struct Event {
-    /// The order events were inserted in (not committed in); what
-    /// deliveries refer to.
-    pub seq: i64,
-    pub id: String,
-    pub kind: EventType,
-    /// The object's snapshot, key order kept.
-    pub data: sqlx::types::Json<Value>,
-    pub request_id: Option<String>,
-    pub idempotency_key: Option<String>,
-    pub created_at: DateTime<Utc>,
-    /// The deliveries it was given when written, one per endpoint that
-    /// enabled its type then: fixed, so every copy and read shows the same bytes.
-    pub pending_webhooks: i32,
-}
-
-impl Event {
-    /// The API object.
-    pub fn to_object(&self) -> EventObject<'_> {
-        let request = EventRequest {
-            id: self.request_id.as_deref(),
-            idempotency_key: self.idempotency_key.as_deref(),
-        };
-        EventObject::new(
-            &self.id,
-            self.kind.as_str(),
-            self.created_at.timestamp(),
-            &self.data.0,
-            self.pending_webhooks,
-            request,
-        )
     }
 }
 

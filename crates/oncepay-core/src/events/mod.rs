@@ -3,10 +3,10 @@
 //! transaction (a transactional outbox). An event holds the object as the API
 //! rendered it at that moment and is never changed afterwards.
 //!
-//! - [`domain`]: the types, the new events a settle writes, the API object.
-//! - [`store`]: the SQL that writes, reads and lists them.
+//! - [`domain`]: the types, and the new events a settle writes.
+//! - [`store`]: the SQL that writes them.
 
 pub mod domain;
 pub mod store;
 
-pub use domain::{Event, EventType, NewEvent};
+pub use domain::{EventType, NewEvent};

@@ -1,11 +1,11 @@
-//! The events table's SQL: events are inserted and read, never changed.
-//! Each row keeps the id of the transaction that wrote it (`txid`, the
-//! column's default), the list's order.
+//! The events table's SQL: events are inserted, never changed. Each row
+//! keeps the id of the transaction that wrote it (`txid`, the column's
+//! default), the order the API lists them in.
 
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Event, EventType, NewEvent};
+use super::NewEvent;
 
 /// Writes `events`, of one merchant, in the order given: called by a settle
 /// in its transaction, once its conditional update changed the record.
@@ -50,56 +50,4 @@ pub async fn insert(
     .execute(tx)
     .await?;
     Ok(())
-}
-
-/// One event by id; `merchant_id` scopes it, so another merchant's id is not found.
-pub async fn find(
-    db: impl PgExecutor<'_>,
-    merchant_id: Uuid,
-    id: &str,
-) -> sqlx::Result<Option<Event>> {
-    sqlx::query_as!(
-        Event,
-        r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
-                  request_id, idempotency_key, created_at,
-                  (SELECT count(*) FROM webhook_deliveries d
-                    WHERE d.event_seq = events.seq)::int AS "pending_webhooks!"
-             FROM events WHERE merchant_id = $1 AND id = $2"#,
-        merchant_id,
-        id,
-    )
-    .fetch_optional(db)
-    .await
-}
-
-/// Where an event stands in the list, `txid` then `seq`: a page is a range
-/// of positions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Position {
-    pub txid: i64,
-    pub seq: i64,
-}
-
-impl Position {
-    /// After every event: the first page's upper bound.
-    pub const END: Position = Position {
-        txid: i64::MAX,
-        seq: i64::MAX,
-    };
-}
-
-/// The list position of one event, by id; `merchant_id` scopes it.
-pub async fn position(
-    db: impl PgExecutor<'_>,
-    merchant_id: Uuid,
-    id: &str,
-) -> sqlx::Result<Option<Position>> {
-    sqlx::query_as!(
-        Position,
-        "SELECT txid, seq FROM events WHERE merchant_id = $1 AND id = $2",
-        merchant_id,
-        id,
-    )
-    .fetch_optional(db)
-    .await
 }

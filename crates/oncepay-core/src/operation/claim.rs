@@ -137,6 +137,14 @@ impl Request {
         self.connection_in(engine, Queue::Bounded).await
     }
 
+    /// `503 overloaded`: shed before any work began. (Logged at debug level
+    /// only, where it is shed: a line per request would flood the log just
+    /// when the process has least to spare; the metric counts.)
+    fn shed(&self) -> Error {
+        count_shed(self.route);
+        overloaded().into()
+    }
+
     /// [`Request::connection`], waited for as `queue` says.
     async fn connection_in(
         &self,
@@ -151,14 +159,11 @@ impl Request {
         };
         self.clock.add(Phase::PoolWait, asked.elapsed());
         if let Err(Refused::Shed { waited }) = &acquired {
-            // One line per shed request would flood the log just when the
-            // process has least to spare: debug only; the metric counts.
             tracing::debug!(
                 waited_ms = waited.as_millis() as u64,
                 "no connection within the queue's bound; shed before any work"
             );
-            count_shed(self.route);
-            return Err(overloaded().into());
+            return Err(self.shed());
         }
         // A wait cut at the deadline fails the check below, which says so.
         self.still_awaited(engine)?;
@@ -261,14 +266,10 @@ enum Step {
 }
 
 /// Opens step 2 for `resource`: a transaction holding the claim on the
-/// request's key, a plain transaction when it has none, or what the key
-/// already holds.
-///
-/// The fast path for a retry of a finished operation: a completed key
-/// cannot change until it expires, so it is answered from one plain read,
-/// with no transaction and no row lock. The same read sends a request
-/// willing to wait on a key in flight straight to the wait, without a lock
-/// either.
+/// request's key (a plain one when it has none), or what the key holds.
+/// The key is read first, without a lock: a retry of a finished operation
+/// is answered from that read, and a request that will wait on a key in
+/// flight goes straight to the wait.
 pub async fn begin(
     engine: &Engine,
     request: &Request,
@@ -281,12 +282,10 @@ pub async fn begin(
     after_read(engine, request, resource, found).await
 }
 
-/// The request's `key` as [`keys::find`] reads it, read with the other
-/// requests' keys of the moment (the server's coalesced reads,
-/// `src/idempotency/reads.rs`); `None` when there is none, or when that
-/// read could not be made before the request's deadline (the claim that
-/// follows finds a taken key itself). `503 overloaded` when the reads'
-/// queue is full: nothing was begun.
+/// The request's `key` as [`keys::find`] reads it (through the fast paths:
+/// the server coalesces reads); `None` too when the read missed the
+/// request's deadline (the claim that follows reads a taken key itself).
+/// `503 overloaded` when reads are shed.
 pub async fn read(
     engine: &Engine,
     request: &Request,
@@ -301,8 +300,7 @@ pub async fn read(
         Ok(found) => Ok(found),
         Err(Shed) => {
             tracing::debug!("the queue of key reads is full; shed before any work");
-            count_shed(request.route);
-            Err(overloaded().into())
+            Err(request.shed())
         }
     }
 }
@@ -321,20 +319,16 @@ pub fn from_cache(engine: &Engine, request: &Request) -> Result<Option<Answer>, 
     answer_from(request, key, &answer, false).map(Some)
 }
 
-/// [`begin`] after the read of the request's key (`found`, just read
-/// without a lock, by [`keys::find`] or by the statement that tried to
-/// claim it with its record): a loop over the steps of a key's life, each
-/// step a method of `Pursuit` that says which comes next.
+/// [`begin`] after the read of the request's key (`found`, read without a
+/// lock, by [`keys::find`] or by the statement that tried to claim it with
+/// its record): a loop over the steps of a key's life, each step a method
+/// of `Pursuit` that says which comes next.
 ///
-/// A request that finds its key in flight and asked to wait joins the
-/// process's shared wait on that key ([`crate::speed::KeyWatch`]): it holds
-/// no connection and takes no lock while it waits, answers from the
-/// completed row the poll read, claims again if the key was given back, and
-/// stops when its client hangs up. When the key has been `processing` for
-/// longer than `PROCESSING_TIMEOUT`, the request leases it (one conditional
-/// update, as the sweeper does) and settles its record by the sweeper's own
-/// procedure ([`crate::recovery::recover`]); every other request that tried
-/// the lease in vain goes back to waiting.
+/// A wait holds no connection and no lock, and stops when the client hangs
+/// up. A key `processing` for longer than `PROCESSING_TIMEOUT` is leased
+/// (one conditional update, as the sweeper does) and its record settled by
+/// the sweeper's own procedure ([`crate::recovery::recover`]); the requests
+/// that tried the lease in vain go back to waiting.
 pub async fn after_read(
     engine: &Engine,
     request: &Request,

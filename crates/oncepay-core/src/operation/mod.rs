@@ -114,12 +114,9 @@ pub trait Operation: Send + Sync + 'static {
     /// The parameters in a canonical form, for the key's fingerprint.
     fn canonical(&self) -> Vec<u8>;
     /// Step 2 in one statement, for a kind whose pending record the claim's
-    /// own statement can write: claims the key and writes the record, or
-    /// reads what the key holds (as the plain read of [`claim::begin`]
-    /// would). `None`, the default: the kind has no such statement, and the
-    /// claim runs in a transaction with [`Operation::write_pending`].
-    /// The statement runs on a connection from [`claim::Request::connection`],
-    /// so that it is never sent once the request was answered.
+    /// own statement can write (on a connection from
+    /// [`claim::Request::connection`]). `None`, the default: the claim runs
+    /// in a transaction with [`Operation::write_pending`].
     fn claim_with_record(
         &mut self,
         engine: &Engine,
@@ -144,9 +141,8 @@ pub trait Operation: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Outcome, ProcessorError>> + Send;
     /// Step 4: settles the record with `outcome` if still pending, saves
     /// its answer on its key and writes its events (naming `request_id`),
-    /// in one transaction on `db`, a connection taken from the pool for it;
-    /// with [`Fault::CrashBeforeSettleCommit`], the process aborts just
-    /// before that transaction commits.
+    /// in one transaction on `db` (aborting just before its commit with
+    /// [`Fault::CrashBeforeSettleCommit`]).
     fn settle(
         &self,
         engine: &Engine,
@@ -185,26 +181,34 @@ pub async fn run<O: Operation>(
 ) -> Result<Answer, Error> {
     let fault = guard.fault;
     let (request, _hang_up) = claim::Request::of(O::ROUTE, guard, || operation.canonical());
-    // A retry of a finished operation is answered from memory here, with
-    // no task: there is no work that a hang-up could cut short.
+    let engine_owned = engine.clone();
+    in_task(engine, request, O::NOUN, |request| {
+        claim_and_work(engine_owned, request, operation, fault)
+    })
+    .await
+}
+
+/// Answers `request` from the replay cache, or runs `work` (steps 2 to 4)
+/// for it in a task of [`Engine::tasks`] and returns its answer, marking
+/// the time its start and the handler's waking waited for the scheduler as
+/// [`Phase::TaskHandoff`]. `noun` names the task in the error of one that
+/// failed.
+pub(crate) async fn in_task<W>(
+    engine: &Engine,
+    request: claim::Request,
+    noun: &str,
+    work: impl FnOnce(claim::Request) -> W,
+) -> Result<Answer, Error>
+where
+    W: Future<Output = Result<Answer, Error>> + Send + 'static,
+{
+    // A retry of a finished operation is answered from memory, with no
+    // task: there is no work that a hang-up could cut short.
     if let Some(answer) = claim::from_cache(engine, &request)? {
         return Ok(answer);
     }
     let clock = request.clock.clone();
-    let work = claim_and_work(engine.clone(), request, operation, fault);
-    in_task(engine, clock, O::NOUN, work).await
-}
-
-/// Runs `work` in a task of [`Engine::tasks`] and returns its answer,
-/// marking the time its start and the handler's waking waited for the
-/// scheduler as [`Phase::TaskHandoff`] on `clock`. `noun` names the task in
-/// the error of one that failed.
-pub(crate) async fn in_task(
-    engine: &Engine,
-    clock: Arc<dyn Clock>,
-    noun: &str,
-    work: impl Future<Output = Result<Answer, Error>> + Send + 'static,
-) -> Result<Answer, Error> {
+    let work = work(request);
     let spawned = Instant::now();
     let task_clock = clock.clone();
     let task = engine.tasks.clone().spawn(

@@ -44,12 +44,9 @@ pub async fn run<W: Write + 'static>(
     write: W,
 ) -> Result<Answer, Error> {
     let (request, _hang_up) = claim::Request::of(W::ROUTE, guard, || write.canonical());
-    if let Some(answer) = claim::from_cache(engine, &request)? {
-        return Ok(answer);
-    }
-    let clock = request.clock.clone();
-    let work = claim_and_write(engine.clone(), request, write);
-    super::in_task(engine, clock, "write", work).await
+    let engine_owned = engine.clone();
+    let work = |request| claim_and_write(engine_owned, request, write);
+    super::in_task(engine, request, "write", work).await
 }
 
 async fn claim_and_write<W: Write>(
