@@ -15,12 +15,57 @@ use super::input::take_type_filter;
 use super::list::List;
 use super::problem::{ApiError, found};
 use crate::app::AppState;
-use crate::events::{self, Event, EventType, Position};
+use crate::events::{Event, EventType};
 use crate::objects::EventObject;
 use crate::webhooks::domain::DeliveryObject;
 use crate::webhooks::store as webhooks;
 
 const ROUTE: &str = "/v1/events";
+
+/// A `query_as!` of the merchant's (`$1`) [`Event`]s that also match the
+/// SQL in brackets: the columns of an event are written once, for the
+/// look-up and the list. A macro because sqlx checks only literal text:
+/// each expansion, its filter appended, is checked like any query.
+macro_rules! select_events {
+    ([$($filter:tt)+], $($arg:expr),+ $(,)?) => {
+        sqlx::query_as!(
+            Event,
+            r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
+                      request_id, idempotency_key, created_at,
+                      (SELECT count(*) FROM webhook_deliveries d
+                        WHERE d.event_seq = events.seq)::int AS "pending_webhooks!"
+                 FROM events
+                WHERE merchant_id = $1 AND "# + $($filter)+,
+            $($arg),+
+        )
+    };
+}
+
+/// The merchant's events of the `types` when given, with `$page` (the
+/// position against the cursor, the order) appended.
+///
+/// It shows an event only once its transaction id is below the xmin of the
+/// statement's snapshot: every transaction that began writing before it
+/// has ended, so no event can still commit at a position before it, and a
+/// client paging forward from any event it was shown misses none. Events
+/// written since are held back until then (see docs/decisions.md).
+macro_rules! visible_events {
+    ($page:literal, $merchant_id:expr, $types:expr, $from:expr, $limit:expr) => {
+        select_events!(
+            [
+                "txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+                 AND ($2::text[] IS NULL OR type = ANY($2)) AND "
+                    + $page
+                    + " LIMIT $5"
+            ],
+            $merchant_id,
+            $types as Option<&[&str]>,
+            $from.txid,
+            $from.seq,
+            $limit,
+        )
+    };
+}
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -77,11 +122,10 @@ async fn deliveries(
 
 /// The merchant's event `id`, or `404 resource_missing`.
 async fn find(state: &AppState, merchant_id: Uuid, id: &str) -> Result<Event, ApiError> {
-    found(
-        events::find(&state.pool, merchant_id, id).await?,
-        "event",
-        id,
-    )
+    let event = select_events!(["id = $2"], merchant_id, id)
+        .fetch_optional(&state.pool)
+        .await?;
+    found(event, "event", id)
 }
 
 fn no_such_event(id: &str, param: &str) -> ApiError {
@@ -137,50 +181,38 @@ async fn list(
     Ok(Json(List::new(ROUTE, has_more, data)).into_response())
 }
 
+/// Where an event stands in the list, `txid` then `seq`: a page is a range
+/// of positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Position {
+    txid: i64,
+    seq: i64,
+}
+
+impl Position {
+    /// After every event: the first page's upper bound.
+    const END: Position = Position {
+        txid: i64::MAX,
+        seq: i64::MAX,
+    };
+}
+
 /// Where the cursor event `id`, given as parameter `name`, stands in the list.
 async fn cursor_position(
     state: &AppState,
-    merchant_id: uuid::Uuid,
+    merchant_id: Uuid,
     name: &str,
     id: &str,
 ) -> Result<Position, ApiError> {
-    events::position(&state.pool, merchant_id, id)
-        .await?
-        .ok_or_else(|| no_such_event(id, name))
-}
-
-/// A `query_as!` of the merchant's [`Event`]s of the `types` when given,
-/// with `$page` (the position against the cursor, the order) appended.
-///
-/// It shows an event only once its transaction id is below the xmin of the
-/// statement's snapshot: every transaction that began writing before it
-/// has ended, so no event can still commit at a position before it, and a
-/// client paging forward from any event it was shown misses none. Events
-/// written since are held back until then (see docs/decisions.md). A macro
-/// because sqlx checks only literal text: each expansion, its `$page`
-/// appended, is checked against the schema like any query.
-macro_rules! visible_events {
-    ($page:literal, $merchant_id:expr, $types:expr, $from:expr, $limit:expr) => {
-        sqlx::query_as!(
-            Event,
-            r#"SELECT seq, id, type AS "kind: EventType", data AS "data: _",
-                  request_id, idempotency_key, created_at,
-                  (SELECT count(*) FROM webhook_deliveries d
-                    WHERE d.event_seq = events.seq)::int AS "pending_webhooks!"
-             FROM events
-            WHERE merchant_id = $1
-              AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-              AND ($2::text[] IS NULL OR type = ANY($2))
-              AND "#
-                + $page
-                + " LIMIT $5",
-            $merchant_id,
-            $types as Option<&[&str]>,
-            $from.txid,
-            $from.seq,
-            $limit,
-        )
-    };
+    sqlx::query_as!(
+        Position,
+        "SELECT txid, seq FROM events WHERE merchant_id = $1 AND id = $2",
+        merchant_id,
+        id,
+    )
+    .fetch_optional(&state.pool)
+    .await?
+    .ok_or_else(|| no_such_event(id, name))
 }
 
 /// Up to `limit` events next to `from` in the list's order, of the `types`

@@ -102,15 +102,24 @@ pub async fn settle_and_complete(
     Ok(row.settled.then_some(row.key))
 }
 
-/// Deletes a pending charge whose processor call certainly recorded nothing.
-pub async fn delete_pending(tx: &mut PgConnection, id: &str) -> sqlx::Result<u64> {
-    let deleted = sqlx::query!(
-        "DELETE FROM charges WHERE id = $1 AND status = 'pending'",
+/// Gives a charge back with its key, in one statement, when its processor
+/// call certainly recorded nothing: deletes the charge if still pending and,
+/// then only, its key if still `processing`, so a retry runs anew (the
+/// charge goes first, in the settle's lock order). `false` when the charge
+/// was settled meanwhile (by the sweeper): that answer stands.
+pub async fn release_pending(db: impl PgExecutor<'_>, id: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"WITH charge AS (
+               DELETE FROM charges WHERE id = $1 AND status = 'pending' RETURNING id),
+           key AS (
+               DELETE FROM idempotency_keys
+                WHERE charge_id = $1 AND status = 'processing'
+                  AND EXISTS (SELECT 1 FROM charge))
+           SELECT EXISTS (SELECT 1 FROM charge) AS "released!""#,
         id
     )
-    .execute(tx)
-    .await?;
-    Ok(deleted.rows_affected())
+    .fetch_one(db)
+    .await
 }
 
 /// One charge by id; `merchant_id` scopes it, so another merchant's id is not found.

@@ -485,19 +485,6 @@ pub async fn complete(
     Ok(complete_key(tx, None, held, response, ttl).await?.is_some())
 }
 
-/// Gives a charge's key back when its work could not start (the processor
-/// recorded nothing): the claim is deleted, so a retry runs anew. Only the
-/// holder's own claim, still processing, is deleted.
-pub async fn release(tx: &mut PgConnection, charge_id: &str) -> sqlx::Result<u64> {
-    let released = sqlx::query!(
-        "DELETE FROM idempotency_keys WHERE charge_id = $1 AND status = 'processing'",
-        charge_id
-    )
-    .execute(tx)
-    .await?;
-    Ok(released.rows_affected())
-}
-
 /// A merchant's key, unless it is unknown or expired
 /// (`idempotency_key_expired`). A `completed` row never changes until it
 /// expires, so reading it needs no transaction and no lock: a replay costs

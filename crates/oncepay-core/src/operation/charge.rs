@@ -157,17 +157,10 @@ impl Operation for CreateCharge {
     }
 
     async fn processor_unavailable(&self, engine: &Engine) -> Result<Option<Problem>, Error> {
-        // Nothing was recorded: give the key back so a retry runs anew. The
-        // charge goes first, in the same lock order as settling; if it is no
-        // longer pending, the sweeper settled it meanwhile and that answer
-        // stands.
-        let mut tx = engine.pool.begin().await?;
-        if store::delete_pending(&mut tx, self.id()).await? == 0 {
-            tx.rollback().await?;
+        // Nothing was recorded: give the charge and its key back.
+        if !store::release_pending(&engine.pool, self.id()).await? {
             return Ok(None);
         }
-        keys::release(&mut tx, self.id()).await?;
-        tx.commit().await?;
         Ok(Some(
             Problem::new(
                 ProblemCode::ProcessorUnavailable,
