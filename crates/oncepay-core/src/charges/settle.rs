@@ -31,22 +31,9 @@ pub async fn settle(
     request_id: Option<&str>,
 ) -> sqlx::Result<Settled> {
     let mut db = pool.acquire().await?;
-    settle_on(&mut db, charge_id, outcome, key_ttl, request_id, None).await
-}
-
-/// [`settle`] on `db`, for a request that may ask to crash
-/// ([`Fault::CrashBeforeSettleCommit`]).
-pub async fn settle_on(
-    db: &mut PgConnection,
-    charge_id: &str,
-    outcome: &Outcome,
-    key_ttl: Duration,
-    request_id: Option<&str>,
-    fault: Option<Fault>,
-) -> sqlx::Result<Settled> {
     match store::find_any(&mut *db, charge_id).await? {
         Some(charge) if charge.status == ChargeStatus::Pending => {
-            settle_or_crash(db, &charge, outcome, key_ttl, request_id, fault).await
+            settle_or_crash(&mut db, &charge, outcome, key_ttl, request_id, None).await
         }
         _ => Ok(Settled::Already),
     }

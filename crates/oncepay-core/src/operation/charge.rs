@@ -135,14 +135,14 @@ impl Operation for CreateCharge {
         request_id: Option<&str>,
         fault: Option<Fault>,
     ) -> sqlx::Result<Settled> {
+        // Step 2 wrote the pending charge (or its statement did) before
+        // any settle can run.
+        let pending = self
+            .pending
+            .as_ref()
+            .expect("the charge is written pending");
         let ttl = engine.timeouts.key_ttl;
-        match &self.pending {
-            Some(pending) => {
-                settle::settle_or_crash(db, pending, outcome, ttl, request_id, fault).await
-            }
-            // Without the charge as written (never after step 2), read it.
-            None => settle::settle_on(db, self.id(), outcome, ttl, request_id, fault).await,
-        }
+        settle::settle_or_crash(db, pending, outcome, ttl, request_id, fault).await
     }
 
     async fn render(
