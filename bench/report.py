@@ -73,14 +73,16 @@ SCENARIOS = [
      "anchor": ("pgbench", "pk", "pk_lookup.sql"), "same": ("pgbench", "replay", "replay.sql")},
     {"key": "storm", "label": "retry storm",
      "anchor": ("pgbench", "storm", "storm mix, same SQL"), "same": None},
-    # BENCH_BASELINE_BIN's new charges and replays from the cache, each
-    # measured right after the service's: the same anchors, so the two
-    # ratios compare the binaries.
+    # BENCH_BASELINE_BIN's new charges, replays from the cache and replays
+    # missing it, each measured right after the service's: the same
+    # anchors, so the two ratios compare the binaries.
     {"key": "new", "side": "baseline", "label": "new charges, BENCH_BASELINE_BIN",
      "anchor": ("combined", "minimum", "minimum.sql + gateway.sql + HTTP hop"),
      "same": ("combined", "new", "new_charge.sql + gateway.sql + HTTP hop")},
     {"key": "replay", "side": "baseline", "label": "replays, cache hits, BENCH_BASELINE_BIN",
      "anchor": ("ceiling", "ceiling", "HTTP ceiling"), "same": None},
+    {"key": "replay_miss", "side": "baseline", "label": "replays, cache misses, BENCH_BASELINE_BIN",
+     "anchor": ("pgbench", "pk", "pk_lookup.sql"), "same": ("pgbench", "replay", "replay.sql")},
 ]
 # The new-charge anchors, each the sum of three parts measured one after the
 # other at the same client count: oncepay's SQL on its database (pgbench),
@@ -495,6 +497,15 @@ def table(raw_path, out_dir):
         target("new charges / BENCH_BASELINE_BIN's new charges (by clients)",
                ", ".join(f"{c}: {v:.2f}" for c, v in versus.items()), ">= 0.8",
                all(v >= 0.8 for v in versus.values()))
+    for key, label in [("replay", "replays from the cache"), ("replay_miss", "replays missing the cache")]:
+        versus = {}
+        for c in TARGET_CLIENTS:
+            mine, theirs = find("oncepay", key, c), find("baseline", key, c)
+            if mine and theirs and theirs["rps"]:
+                versus[c] = ratio(mine["rps"], theirs["rps"])
+        if versus:
+            target(f"{label} / BENCH_BASELINE_BIN's (by clients)",
+                   ", ".join(f"{c}: {v:.2f}" for c, v in versus.items()), "reported", True)
     for key, what in [("round_trips_per_new_charge", "new charge"),
                       ("round_trips_per_new_charge_at_the_gateway", "new charge at the gateway"),
                       ("round_trips_per_replay", "replay"),

@@ -181,9 +181,8 @@ pub async fn run<O: Operation>(
 ) -> Result<Answer, Error> {
     let fault = guard.fault;
     let (request, _hang_up) = claim::Request::of(O::ROUTE, guard, || operation.canonical());
-    let engine_owned = engine.clone();
     in_task(engine, request, O::NOUN, |request| {
-        claim_and_work(engine_owned, request, operation, fault)
+        claim_and_work(engine.clone(), request, operation, fault)
     })
     .await
 }

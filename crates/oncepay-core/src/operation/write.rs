@@ -44,8 +44,7 @@ pub async fn run<W: Write + 'static>(
     write: W,
 ) -> Result<Answer, Error> {
     let (request, _hang_up) = claim::Request::of(W::ROUTE, guard, || write.canonical());
-    let engine_owned = engine.clone();
-    let work = |request| claim_and_write(engine_owned, request, write);
+    let work = |request| claim_and_write(engine.clone(), request, write);
     super::in_task(engine, request, "write", work).await
 }
 
