@@ -29,7 +29,8 @@ die() {
     exit 1
 }
 
-step() { printf '\n%s: ==> %s\n' "$me" "$*" >&2; }
+# step WHAT: announces a step of a script, with the seconds since it began.
+step() { printf '\n%s: ==> %s (at %ss)\n' "$me" "$*" "$SECONDS" >&2; }
 
 # gateway_key BIN URL FILE NAME LOG: prints a secret key of the card gateway
 # at URL, whose ledger is PROCESSOR_DATABASE_URL: the one kept in FILE while

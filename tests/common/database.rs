@@ -5,6 +5,8 @@
 // Each test binary uses part of this module.
 #![allow(dead_code)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -39,9 +41,10 @@ impl TestDb {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let name = format!("oncepay_test_{created}_{}", Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(admin_url)
-            .await
-            .expect("connect to the admin database");
+        let mut admin = match PgConnection::connect(admin_url).await {
+            Ok(admin) => admin,
+            Err(e) => no_database(admin_url, e),
+        };
         sqlx::query(&format!("CREATE DATABASE {name}"))
             .execute(&mut admin)
             .await
@@ -92,9 +95,49 @@ impl Drop for TestDb {
     }
 }
 
+/// The server the tests make their databases on: `DATABASE_URL`, else the
+/// local Postgres that scripts/test looks for first.
 fn admin_url() -> String {
-    std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL must point at a Postgres server (scripts/test sets it up)")
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| LOCAL_POSTGRES.to_owned())
+}
+
+/// Where a machine set up as the README says has its Postgres.
+const LOCAL_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// Fails a test that found no Postgres to make its database on. The first
+/// such failure says why and what to do; the others only point at it, so a
+/// run without a database explains itself once, not once per test.
+fn no_database(admin_url: &str, e: sqlx::Error) -> ! {
+    static EXPLAINED: AtomicBool = AtomicBool::new(false);
+    if EXPLAINED.swap(true, Ordering::SeqCst) {
+        panic!("no Postgres for the test databases (another failing test says why)");
+    }
+    panic!(
+        "no Postgres for the test databases at {}: {e}\n\
+         Set DATABASE_URL to a server where the user may create databases, for example\n  \
+         DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo test --test api\n\
+         or run scripts/test, which finds or starts one.",
+        without_password(admin_url)
+    )
+}
+
+/// `url` with any password left out, fit for a message.
+fn without_password(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    match (rest.find('@'), rest.find(':')) {
+        (Some(at), Some(colon)) if colon < at => {
+            format!(
+                "{}{}:***{}",
+                &url[..scheme_end],
+                &rest[..colon],
+                &rest[at..]
+            )
+        }
+        _ => url.to_owned(),
+    }
 }
 
 /// Replaces the database name of a `postgres://` URL.
