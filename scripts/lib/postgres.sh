@@ -316,6 +316,16 @@ oncepay_pg_ensure() {
                 _oncepay_pg_say "using Postgres from DATABASE_URL: $(oncepay_pg_redact "$DATABASE_URL")"
                 return 0
             fi
+            # The server answers but the database is not there yet: make it.
+            local base="${DATABASE_URL%%\?*}"
+            local query="${DATABASE_URL#"$base"}" name="${base##*/}"
+            if [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] &&
+                _oncepay_pg_reachable "${base%/*}/postgres$query"; then
+                _oncepay_pg_createdb "${base%/*}/postgres$query" "$name" || return 1
+                export DATABASE_URL
+                _oncepay_pg_say "using Postgres from DATABASE_URL: $(oncepay_pg_redact "$DATABASE_URL")"
+                return 0
+            fi
             _oncepay_pg_say "DATABASE_URL $(oncepay_pg_redact "$DATABASE_URL") is not reachable; looking further"
         fi
         # 2. The usual local server.
