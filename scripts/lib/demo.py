@@ -33,10 +33,12 @@ import argparse
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import sys
+import textwrap
 import threading
 import time
 import urllib.error
@@ -236,13 +238,62 @@ def at_once(*calls):
 # The scenarios
 
 
+# The eleven blocks in the order they run: number, title, and the rule each
+# one teaches, printed as its last line.
+BLOCKS = [
+    (1, "A retry without a key applies the effect again",
+     "without a key, a retry is a new order to the server: it applies the effect again"),
+    (2, "The same retries with an idempotency key",
+     "one key per logical operation: every retry gets the first answer, and the effect happens once"),
+    (3, "The window: the effect happened, the answer did not arrive",
+     "a lost answer is not a failed charge: the retry with the same key gets the saved answer"),
+    (4, "Two retries at the same moment, one key",
+     "claim the key before the work, in one atomic statement; a look-up first lets both through"),
+    (5, "A new key per attempt protects nothing",
+     "the key belongs to the operation, never to an attempt"),
+    (6, "A webhook delivered three times",
+     "deliveries come at least once: the receiver keeps an inbox of event ids, written with its effect"),
+    (7, "Idempotency is not concurrency control",
+     "a key stops a retry, not a race: a balance takes one conditional update"),
+    (8, "The key kept outside the business transaction",
+     "the key and the business write commit together"),
+    (9, "A TTL shorter than the client's retry horizon",
+     "TTL >= the longest retry horizon of any client"),
+    (10, "The same key to the provider",
+     "the key the provider gets is derived from the operation, never from the attempt"),
+    (11, "An acknowledged charge lost in a failover",
+     "acknowledge only what the standby you fail over to already has"),
+]
+TITLES = {number: title for number, title, _ in BLOCKS}
+RULES = {number: rule for number, _, rule in BLOCKS}
+
+
+def chosen_blocks(spec):
+    """The block numbers SPEC names: `4`, `1,3`, `2-5`, or a mix; all when
+    SPEC is None. A ValueError names what is wrong."""
+    if spec is None:
+        return [number for number, _, _ in BLOCKS]
+    chosen = set()
+    for piece in spec.split(","):
+        first, _, last = piece.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise ValueError(f"'{piece}' is not a block number or a range such as 2-5")
+        numbers = range(int(first), int(last or first) + 1)
+        unknown = [n for n in numbers if n not in TITLES] or ([] if numbers else [piece])
+        if unknown:
+            raise ValueError(f"no block {unknown[0]} (the blocks are 1 to {len(BLOCKS)})")
+        chosen.update(numbers)
+    return [number for number, _, _ in BLOCKS if number in chosen]
+
+
 class Block:
     """One titled block: rows of (part, name, value), the effect counts read
     from the database, and the counts expected."""
 
-    def __init__(self, number, title):
+    def __init__(self, number, title=None):
         self.number = number
-        self.title = title
+        self.title = title or TITLES[number]
+        self.rule = RULES.get(number)
         self.rows = []
         self.effects = {}
         self.expected = {}
@@ -319,7 +370,7 @@ class Demo:
         return answer
 
     def retry_without_a_key(self):
-        b = Block(1, "A retry without a key applies the effect again")
+        b = Block(1)
         run = self.run_tag(1)
         b.runs.append(run)
         answers = [self.charge(run) for _ in range(4)]
@@ -329,7 +380,7 @@ class Demo:
         return b
 
     def retries_with_a_key(self):
-        b = Block(2, "The same retries with an idempotency key")
+        b = Block(2)
         run, key = self.run_tag(2), self.new_key()
         b.runs.append(run)
         answers = [self.charge(run, key) for _ in range(4)]
@@ -339,7 +390,7 @@ class Demo:
         return b
 
     def the_window(self, fault_injection):
-        b = Block(3, "The window: the effect happened, the answer did not arrive")
+        b = Block(3)
         if not fault_injection:
             b.skipped = "the server runs without FAULT_INJECTION=true"
             return b
@@ -354,7 +405,7 @@ class Demo:
         return b
 
     def two_at_once(self, naive_endpoint):
-        b = Block(4, "Two retries at the same moment, one key")
+        b = Block(4)
         run, key = self.run_tag("4-claimed-first"), self.new_key()
         b.runs.append(run)
         answers = at_once(lambda: self.charge(run, key), lambda: self.charge(run, key))
@@ -382,7 +433,7 @@ class Demo:
         return b
 
     def a_new_key_per_attempt(self):
-        b = Block(5, "A new key per attempt protects nothing")
+        b = Block(5)
         run, key = self.run_tag("5-one-key"), self.new_key()
         b.runs.append(run)
         b.part("three attempts, one key")
@@ -404,7 +455,7 @@ class Demo:
         return b
 
     def a_webhook_delivered_three_times(self, receivers):
-        b = Block(6, "A webhook delivered three times")
+        b = Block(6)
         if not receivers:
             b.skipped = "the webhook receivers need DEMO_UNSAFE_ENDPOINTS=true and WEBHOOK_ALLOW_PRIVATE=true on the server"
             return b
@@ -459,7 +510,7 @@ class Demo:
         return b
 
     def refunds_at_once(self, naive_endpoint):
-        b = Block(7, "Idempotency is not concurrency control")
+        b = Block(7)
         b.row("each charge", f"{REFUND_CHARGE}, then two refunds of {REFUND_EACH} at the same moment, a key each")
         parts = [
             ("one_update", "one conditional update (POST /v1/refunds)", "/v1/refunds", 1),
@@ -496,7 +547,7 @@ class Demo:
         return b
 
     def the_same_key_to_the_provider(self, fault_injection, naive_endpoint):
-        b = Block(10, "The same key to the provider")
+        b = Block(10)
         if not (fault_injection and naive_endpoint):
             b.skipped = "this scenario needs FAULT_INJECTION=true and DEMO_UNSAFE_ENDPOINTS=true on the server"
             return b
@@ -522,12 +573,10 @@ class Demo:
                 raise Unusable(f"GET /demo/processor/payments answered {describe_problem(counted)}")
             payments = b.count(name, int(counted.body["payments"]), expected)
             b.row("payments in the processor's ledger", f"{payments} ({counted.body.get('charged')} charged)")
-        b.part(None)
-        b.row("the rule", "the key the provider gets is derived from the operation, never from the attempt")
         return b
 
     def an_acknowledged_charge_lost_in_a_failover(self, lab):
-        b = Block(11, "An acknowledged charge lost in a failover")
+        b = Block(11)
         if lab is None:
             b.skipped = (
                 "it starts and kills Postgres servers of its own: it runs from scripts/demo "
@@ -555,7 +604,7 @@ class Demo:
             time.sleep(0.05)
 
     def key_outside_the_transaction(self, settings):
-        b = Block(8, "The key kept outside the business transaction")
+        b = Block(8)
         server = self.pitfalls
         missing = pitfalls_missing(settings, redis=True)
         if missing:
@@ -609,12 +658,10 @@ class Demo:
         retry = server.charge(run, key)
         b.row(f"{self.at(started)}  retry", b.say(retry))
         b.row("times the effect was applied", b.count("key_in_the_transaction", server.effects(run), 1))
-        b.part(None)
-        b.row("the rule", "the key and the business write commit together")
         return b
 
     def a_ttl_shorter_than_the_retry_horizon(self, settings):
-        b = Block(9, "A TTL shorter than the client's retry horizon")
+        b = Block(9)
         server = self.pitfalls
         missing = pitfalls_missing(settings, redis=False)
         if missing:
@@ -641,8 +688,6 @@ class Demo:
             if gone.status == 404:
                 b.row("the key, just before the retry", "unknown or expired (404)")
             b.row("times the effect was applied", b.count(name, server.effects(run), expected))
-        b.part(None)
-        b.row("the rule", "TTL >= the longest retry horizon of any client")
         return b
 
     def delivered(self, event):
@@ -776,46 +821,62 @@ class Style:
         return self._wrap("1;31", text)
 
 
-def render_text(blocks, mismatches, style, width):
-    names = [len(name) + (2 if part else 0) for b in blocks for part, name, _ in b.rows]
-    column = max(names, default=20) + 3
-    out = []
-    for b in blocks:
-        out.append(style.bold(f"{b.number}. {b.title.upper()}"))
-        if b.skipped and not b.rows:
-            out.append(f"   (not run: {b.skipped})")
-        current = None
-        for part, name, value in b.rows:
-            if part != current:
-                current = part
-                if part:
-                    out.append(f"   {part}")
-            indent = "     " if part else "   "
-            label = f"{indent}{name}".ljust(column + 3)
-            out.extend(wrap_value(label, str(value), width))
-        out.append("")
-    if mismatches:
-        out.append(style.red("NOT AS EXPECTED:"))
-        out.extend(f"   {m}" for m in mismatches)
-    else:
-        out.append("Every count above was read from the database after its scenario, and is as expected.")
+# What `#n` counts, said once, under the first block that shows one.
+NUMBERS_LEGEND = "#n is the n-th distinct charge this block made: the same n, the same charge"
+
+
+def render_block(b, style, width, legend):
+    """One block as text, its rule last; with LEGEND, what `#n` counts."""
+    names = [len(name) + (2 if part else 0) for part, name, _ in b.rows]
+    column = max(names + [len("the rule")], default=20) + 3
+    out = [style.bold(f"{b.number}. {b.title.upper()}")]
+    if legend:
+        out.extend(wrap_value("   ", f"({NUMBERS_LEGEND})", width))
+    if b.skipped and not b.rows:
+        out.extend(wrap_value("   ", f"(not run: {b.skipped})", width))
+    current = None
+    for part, name, value in b.rows:
+        if part != current:
+            current = part
+            if part:
+                out.extend(wrap_value("   ", part, width))
+        indent = "     " if part else "   "
+        label = f"{indent}{name}".ljust(column + 3)
+        out.extend(wrap_value(label, str(value), width))
+    if b.rule:
+        out.extend(wrap_value("   " + "the rule".ljust(column), b.rule, width))
+    out.append("")
     return "\n".join(out)
 
 
+def shows_numbers(b):
+    return any(re.search(r"#\d", str(value)) for _, _, value in b.rows)
+
+
+def render_end(mismatches, style):
+    if mismatches:
+        return "\n".join([style.red("NOT AS EXPECTED:")] + [f"   {m}" for m in mismatches])
+    return "Every count above was read from the database after its scenario, and is as expected."
+
+
 def wrap_value(label, value, width):
-    """One row; a long ` | ` list continues under itself when the terminal is
-    too narrow (width None: never wrap)."""
+    """One row, fitted to WIDTH columns (None: never wrapped): a long ` | `
+    list continues under itself piece by piece, other text word by word."""
     if width is None or len(label) + len(value) <= width:
         return [label + value]
-    lines, line = [], ""
-    for piece in value.split(" | "):
-        candidate = piece if not line else line + " | " + piece
-        if line and len(label) + len(candidate) > width:
-            lines.append(line + " |")
-            line = piece
-        else:
-            line = candidate
-    lines.append(line)
+    room = max(width - len(label), 20)
+    if " | " in value:
+        lines, line = [], ""
+        for piece in value.split(" | "):
+            candidate = piece if not line else line + " | " + piece
+            if line and len(candidate) > room:
+                lines.append(line + " |")
+                line = piece
+            else:
+                line = candidate
+        lines.append(line)
+    else:
+        lines = textwrap.wrap(value, room) or [value]
     pad = " " * len(label)
     return [label + lines[0]] + [pad + l for l in lines[1:]]
 
@@ -830,6 +891,7 @@ def render_json(server, blocks, mismatches):
                 {
                     "scenario": b.number,
                     "title": b.title.upper(),
+                    "rule": b.rule,
                     "runs": b.runs,
                     "rows": [
                         {"part": part, "name": name, "value": value} if part else {"name": name, "value": value}
@@ -849,7 +911,12 @@ def render_json(server, blocks, mismatches):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--url", help="the server, e.g. http://127.0.0.1:8080 (needed unless --list)")
+    parser.add_argument("--list", action="store_true", help="name the blocks, run nothing")
+    parser.add_argument(
+        "--block", metavar="N", help="run only these blocks: a number, a list or a range (4; 1,3; 2-5)"
+    )
+    parser.add_argument("--step", action="store_true", help="wait for Enter before each block")
     parser.add_argument(
         "--key",
         default=os.environ.get("ONCEPAY_API_KEY"),
@@ -874,6 +941,18 @@ def main():
         help="scenario 11: a Postgres server (not one it fails over) for the card gateway's ledger",
     )
     args = parser.parse_args()
+    try:
+        chosen = chosen_blocks(args.block)
+    except ValueError as e:
+        parser.error(f"--block: {e}")
+    if args.list:
+        for number in chosen:
+            print(f"{number:2}. {TITLES[number]}")
+        return 0
+    if not args.url:
+        parser.error("--url is needed (the server to run the blocks against)")
+    if args.step and args.json:
+        parser.error("--step is for a presenter, --json for a program: not both")
     if not args.key:
         parser.error("no API key: pass --key or set ONCEPAY_API_KEY")
     given = [args.failover_bin, args.pg_bin, args.failover_dir, args.failover_database_url]
@@ -910,26 +989,40 @@ def main():
                 args.failover_bin, args.pg_bin, args.failover_dir, args.failover_database_url, args.key, Server
             )
             where += " (scenario 11 on Postgres servers and oncepay processes of its own)"
-        log(f"running the eleven scenarios against {where} (run tags {demo.prefix}-*)")
-        blocks = [
-            demo.retry_without_a_key(),
-            demo.retries_with_a_key(),
-            demo.the_window(fault_injection),
-            demo.two_at_once(naive_endpoint),
-            demo.a_new_key_per_attempt(),
-            demo.a_webhook_delivered_three_times(receivers),
-            demo.refunds_at_once(naive_endpoint),
-            demo.key_outside_the_transaction(settings),
-            demo.a_ttl_shorter_than_the_retry_horizon(settings),
-            demo.the_same_key_to_the_provider(fault_injection, naive_endpoint),
-            demo.an_acknowledged_charge_lost_in_a_failover(lab),
-        ]
+        scenarios = {
+            1: demo.retry_without_a_key,
+            2: demo.retries_with_a_key,
+            3: lambda: demo.the_window(fault_injection),
+            4: lambda: demo.two_at_once(naive_endpoint),
+            5: demo.a_new_key_per_attempt,
+            6: lambda: demo.a_webhook_delivered_three_times(receivers),
+            7: lambda: demo.refunds_at_once(naive_endpoint),
+            8: lambda: demo.key_outside_the_transaction(settings),
+            9: lambda: demo.a_ttl_shorter_than_the_retry_horizon(settings),
+            10: lambda: demo.the_same_key_to_the_provider(fault_injection, naive_endpoint),
+            11: lambda: demo.an_acknowledged_charge_lost_in_a_failover(lab),
+        }
+        which = "the eleven blocks" if len(chosen) == len(BLOCKS) else "block " + ", ".join(map(str, chosen))
+        log(f"running {which} against {where} (run tags {demo.prefix}-*)")
+        tty = sys.stdout.isatty()
+        style = Style(tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb")
+        width = shutil.get_terminal_size().columns if tty else None
+        blocks, legend_due = [], True
+        for number in chosen:
+            if args.step:
+                input(style.bold(f"[Enter] runs block {number}: {TITLES[number]} "))
+            block = scenarios[number]()
+            blocks.append(block)
+            if not args.json:
+                legend = legend_due and shows_numbers(block)
+                legend_due = legend_due and not legend
+                print(render_block(block, style, width, legend), flush=True)
     except Unusable as e:
         log(f"error: {e}")
         return 2
 
     mismatches = [m for b in blocks for m in b.mismatches()]
-    naive = next(b for b in blocks if b.number == 4).effects.get("key_written_after_the_work")
+    naive = next((b.effects.get("key_written_after_the_work") for b in blocks if b.number == 4), None)
     slowest = max(demo.timings, default=0)
     if naive == 1 and slowest < 0.2:
         mismatches.append(
@@ -939,10 +1032,7 @@ def main():
     if args.json:
         print(render_json(server, blocks, mismatches))
     else:
-        tty = sys.stdout.isatty()
-        style = Style(tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb")
-        width = shutil.get_terminal_size().columns if tty else None
-        print(render_text(blocks, mismatches, style, width))
+        print(render_end(mismatches, style))
     for m in mismatches:
         log(f"not as expected: {m}")
     return 1 if mismatches else 0

@@ -251,8 +251,6 @@ class Lab:
             self.part(block, synchronous=True)
         finally:
             self.clean_up()
-        block.part(None)
-        block.row("the rule", "acknowledge only what the standby you fail over to already has")
 
     def part(self, b, synchronous):
         name = "sync" if synchronous else "async"
