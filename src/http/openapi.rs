@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::StatusCode;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -25,7 +26,7 @@ use utoipa::{IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 use crate::app::AppState;
 use crate::charges::ChargeStatus;
 use crate::events::EventType;
-use crate::problem::{Body as Problem, ProblemCode, StripeError};
+use crate::problem::{self, Body as Problem, ProblemCode, StripeError};
 use crate::refunds::RefundStatus;
 
 #[derive(OpenApi)]
@@ -136,25 +137,33 @@ pub fn swagger_ui() -> utoipa_swagger_ui::SwaggerUi {
 }
 
 /// Declares the error responses, one per status, all problems: for each, a
-/// unit struct whose `ToResponse` is a `Problem` body with its description
-/// (and the header it carries).
+/// unit struct whose `ToResponse` is a `Problem` body with its description,
+/// an example (a problem of that status, rendered by the code that sends
+/// them) and the header it carries.
 macro_rules! problem_responses {
-    ($($name:ident: $description:expr $(, $header:literal = $explained:expr)?;)*) => {$(
+    ($($name:ident: $description:expr, $example:expr $(, $header:literal = $explained:expr)?;)*) => {$(
         pub struct $name;
 
         impl<'s> ToResponse<'s> for $name {
             fn response() -> (&'s str, RefOr<Response>) {
                 let headers: &[(&str, &str)] = &[$(($header, $explained))?];
-                (stringify!($name), problem_response($description, headers).into())
+                (stringify!($name), problem_response($description, $example, headers).into())
             }
         }
     )*};
 }
 
-/// A response whose body is a `Problem`, with string headers.
-fn problem_response(description: &str, headers: &[(&str, &str)]) -> Response {
+/// A response whose body is a `Problem`, with `example` as the body shown
+/// and string headers.
+fn problem_response(
+    description: &str,
+    example: problem::Problem,
+    headers: &[(&str, &str)],
+) -> Response {
+    let example = example.with_extra("request_id", "7679969c-eecf-463f-92c7-1f5eaeeb7586");
     let body = ContentBuilder::new()
         .schema(Some(Ref::from_schema_name(Problem::name())))
+        .example(serde_json::from_slice(&example.body()).ok())
         .build();
     let mut response = ResponseBuilder::new()
         .description(description)
@@ -170,19 +179,33 @@ fn problem_response(description: &str, headers: &[(&str, &str)]) -> Response {
 }
 
 problem_responses! {
-    BadRequest: "Bad input (see `code` and `param`); nothing was written";
-    Unauthorized: "No or a wrong API key (`WWW-Authenticate`)";
-    PaymentFailed: "Declined or abandoned; saved and replayed for the key";
-    NotFound: "No such resource for this merchant";
+    BadRequest: "Bad input (see `code` and `param`); nothing was written",
+        problem::Problem::new(ProblemCode::ParameterMissing, "Missing required param: amount").with_param("amount");
+    Unauthorized: "No or a wrong API key (`WWW-Authenticate`)",
+        problem::Problem::new(ProblemCode::InvalidApiKey, "The API key provided is not valid.");
+    PaymentFailed: "Declined or abandoned; saved and replayed for the key",
+        problem::Problem::new(ProblemCode::CardDeclined, "Your card was declined.")
+            .with_extra("charge", "ch_FSqF13LohwPRt53icfinsfKa");
+    NotFound: "No such resource for this merchant",
+        problem::Problem::with_status(StatusCode::NOT_FOUND, ProblemCode::ResourceMissing, "No such charge: 'ch_FSqF13LohwPRt53icfinsfKa'")
+            .with_param("id");
     InFlight: "The same request is still in flight (`Retry-After: 1`)",
+        problem::Problem::new(ProblemCode::IdempotencyKeyInUse, "A request with this Idempotency-Key is still in progress. Retry later, or send 'Prefer: wait=5'."),
         "Retry-After" = "Seconds to wait before retrying: 1";
-    TooLarge: "The body is too large";
-    UnsupportedMediaType: "Neither JSON nor a form";
-    KeyReused: "The key was used with other parameters";
+    TooLarge: "The body is too large",
+        problem::Problem::new(ProblemCode::PayloadTooLarge, "The request body is larger than this server accepts.");
+    UnsupportedMediaType: "Neither JSON nor a form",
+        problem::Problem::new(ProblemCode::UnsupportedMediaType, "Send the parameters as application/json or application/x-www-form-urlencoded.");
+    KeyReused: "The key was used with other parameters",
+        problem::Problem::new(ProblemCode::IdempotencyKeyReused, "Keys are for one operation only: 'order-1' was used with different parameters. Use a new key for a new operation.")
+            .with_param("Idempotency-Key");
     TooManyRequests: "Over the merchant's rate limit on this instance; nothing was read or written (`Retry-After`)",
+        problem::Problem::new(ProblemCode::RateLimit, "Too many writes from this merchant: slow down, and retry (with the same Idempotency-Key) after Retry-After."),
         "Retry-After" = "Whole seconds until the merchant's allowance has room for one more request, at least 1";
-    InternalError: "A bug; details in the log";
+    InternalError: "A bug; details in the log",
+        problem::Problem::new(ProblemCode::InternalError, "Something went wrong on our side.");
     Unavailable: "Database unreachable, processor outcome unknown or unavailable, the request shed under overload, or the request timed out (`Retry-After`)",
+        problem::Problem::new(ProblemCode::ServiceUnavailable, "The service cannot reach its database right now. Retry shortly (a POST with the same Idempotency-Key)."),
         "Retry-After" = "Seconds until a retry with the same key can get the answer: \
 `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`, rounded up (35 by default), when the record is left pending for recovery \
 (`processing_outcome_unknown`, a refund's `processor_unavailable`, `service_unavailable` after the processor was called); \
