@@ -28,6 +28,7 @@ use crate::charges::ChargeStatus;
 use crate::events::EventType;
 use crate::problem::{self, Body as Problem, ProblemCode, StripeError};
 use crate::refunds::RefundStatus;
+use crate::retry_after;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -180,36 +181,64 @@ fn problem_response(
 
 problem_responses! {
     BadRequest: "Bad input (see `code` and `param`); nothing was written",
-        problem::Problem::new(ProblemCode::ParameterMissing, "Missing required param: amount").with_param("amount");
+        missing_amount();
     Unauthorized: "No or a wrong API key (`WWW-Authenticate`)",
-        problem::Problem::new(ProblemCode::InvalidApiKey, "The API key provided is not valid.");
+        example(ProblemCode::InvalidApiKey, "The API key provided is not valid.");
     PaymentFailed: "Declined or abandoned; saved and replayed for the key",
-        problem::Problem::new(ProblemCode::CardDeclined, "Your card was declined.")
-            .with_extra("charge", "ch_FSqF13LohwPRt53icfinsfKa");
+        example(ProblemCode::CardDeclined, "Your card was declined.").with_extra("charge", EXAMPLE_CHARGE);
     NotFound: "No such resource for this merchant",
-        problem::Problem::with_status(StatusCode::NOT_FOUND, ProblemCode::ResourceMissing, "No such charge: 'ch_FSqF13LohwPRt53icfinsfKa'")
-            .with_param("id");
+        no_such_charge();
     InFlight: "The same request is still in flight (`Retry-After: 1`)",
-        problem::Problem::new(ProblemCode::IdempotencyKeyInUse, "A request with this Idempotency-Key is still in progress. Retry later, or send 'Prefer: wait=5'."),
+        key_in_flight(),
         "Retry-After" = "Seconds to wait before retrying: 1";
     TooLarge: "The body is too large",
-        problem::Problem::new(ProblemCode::PayloadTooLarge, "The request body is larger than this server accepts.");
+        example(ProblemCode::PayloadTooLarge, "The request body is larger than this server accepts.");
     UnsupportedMediaType: "Neither JSON nor a form",
-        problem::Problem::new(ProblemCode::UnsupportedMediaType, "Send the parameters as application/json or application/x-www-form-urlencoded.");
+        example(ProblemCode::UnsupportedMediaType, "Send the parameters as application/json or application/x-www-form-urlencoded.");
     KeyReused: "The key was used with other parameters",
-        problem::Problem::new(ProblemCode::IdempotencyKeyReused, "Keys are for one operation only: 'order-1' was used with different parameters. Use a new key for a new operation.")
-            .with_param("Idempotency-Key");
+        example(ProblemCode::IdempotencyKeyReused, "Keys are for one operation only: 'order-1' was used with different parameters. Use a new key for a new operation.").with_param("Idempotency-Key");
     TooManyRequests: "Over the merchant's rate limit on this instance; nothing was read or written (`Retry-After`)",
-        problem::Problem::new(ProblemCode::RateLimit, "Too many writes from this merchant: slow down, and retry (with the same Idempotency-Key) after Retry-After."),
+        example(ProblemCode::RateLimit, "Too many writes from this merchant: slow down, and retry (with the same Idempotency-Key) after Retry-After."),
         "Retry-After" = "Whole seconds until the merchant's allowance has room for one more request, at least 1";
     InternalError: "A bug; details in the log",
-        problem::Problem::new(ProblemCode::InternalError, "Something went wrong on our side.");
+        example(ProblemCode::InternalError, "Something went wrong on our side.");
     Unavailable: "Database unreachable, processor outcome unknown or unavailable, the request shed under overload, or the request timed out (`Retry-After`)",
-        problem::Problem::new(ProblemCode::ServiceUnavailable, "The service cannot reach its database right now. Retry shortly (a POST with the same Idempotency-Key)."),
+        crate::error::service_unavailable(retry_after::SOON),
         "Retry-After" = "Seconds until a retry with the same key can get the answer: \
 `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`, rounded up (35 by default), when the record is left pending for recovery \
 (`processing_outcome_unknown`, a refund's `processor_unavailable`, `service_unavailable` after the processor was called); \
 1 otherwise (a charge's `processor_unavailable`, `overloaded`, `request_timeout`, `service_unavailable` before any work)";
+}
+
+/// The charge id the examples name.
+const EXAMPLE_CHARGE: &str = "ch_FSqF13LohwPRt53icfinsfKa";
+
+/// An example problem of `code`, with its status.
+fn example(code: ProblemCode, detail: &str) -> problem::Problem {
+    problem::Problem::new(code, detail)
+}
+
+/// The `400` of a charge without its amount, as the parameters' check makes it.
+fn missing_amount() -> problem::Problem {
+    example(
+        ProblemCode::ParameterMissing,
+        "Missing required param: amount",
+    )
+    .with_param("amount")
+}
+
+/// The `409` of a key whose first request is still at work.
+fn key_in_flight() -> problem::Problem {
+    let detail = "A request with this Idempotency-Key is still in progress. \
+                  Retry later, or send 'Prefer: wait=5'.";
+    example(ProblemCode::IdempotencyKeyInUse, detail).with_retry_after(retry_after::SOON)
+}
+
+/// The `404` of an unknown charge id in a path.
+fn no_such_charge() -> problem::Problem {
+    let detail = format!("No such charge: '{EXAMPLE_CHARGE}'");
+    problem::Problem::with_status(StatusCode::NOT_FOUND, ProblemCode::ResourceMissing, detail)
+        .with_param("id")
 }
 
 /// Declares the sets of the error responses above that many operations
