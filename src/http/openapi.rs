@@ -26,6 +26,7 @@ use utoipa::{IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 use crate::app::AppState;
 use crate::charges::ChargeStatus;
 use crate::events::EventType;
+use crate::operation::claim;
 use crate::problem::{self, Body as Problem, ProblemCode, StripeError};
 use crate::refunds::RefundStatus;
 use crate::retry_after;
@@ -189,14 +190,14 @@ problem_responses! {
     NotFound: "No such resource for this merchant",
         no_such_charge();
     InFlight: "The same request is still in flight (`Retry-After: 1`)",
-        key_in_flight(),
+        claim::key_in_use(false),
         "Retry-After" = "Seconds to wait before retrying: 1";
     TooLarge: "The body is too large",
         example(ProblemCode::PayloadTooLarge, "The request body is larger than this server accepts.");
     UnsupportedMediaType: "Neither JSON nor a form",
         example(ProblemCode::UnsupportedMediaType, "Send the parameters as application/json or application/x-www-form-urlencoded.");
     KeyReused: "The key was used with other parameters",
-        example(ProblemCode::IdempotencyKeyReused, "Keys are for one operation only: 'order-1' was used with different parameters. Use a new key for a new operation.").with_param("Idempotency-Key");
+        claim::key_reused("order-1");
     TooManyRequests: "Over the merchant's rate limit on this instance; nothing was read or written (`Retry-After`)",
         example(ProblemCode::RateLimit, "Too many writes from this merchant: slow down, and retry (with the same Idempotency-Key) after Retry-After."),
         "Retry-After" = "Whole seconds until the merchant's allowance has room for one more request, at least 1";
@@ -225,13 +226,6 @@ fn missing_amount() -> problem::Problem {
         "Missing required param: amount",
     )
     .with_param("amount")
-}
-
-/// The `409` of a key whose first request is still at work.
-fn key_in_flight() -> problem::Problem {
-    let detail = "A request with this Idempotency-Key is still in progress. \
-                  Retry later, or send 'Prefer: wait=5'.";
-    example(ProblemCode::IdempotencyKeyInUse, detail).with_retry_after(retry_after::SOON)
 }
 
 /// The `404` of an unknown charge id in a path.

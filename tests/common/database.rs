@@ -117,27 +117,8 @@ fn no_database(admin_url: &str, e: sqlx::Error) -> ! {
          Set DATABASE_URL to a server where the user may create databases, for example\n  \
          DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo test --test api\n\
          or run scripts/test, which finds or starts one.",
-        without_password(admin_url)
+        oncepay::config::redact_url(admin_url)
     )
-}
-
-/// `url` with any password left out, fit for a message.
-fn without_password(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    match (rest.find('@'), rest.find(':')) {
-        (Some(at), Some(colon)) if colon < at => {
-            format!(
-                "{}{}:***{}",
-                &url[..scheme_end],
-                &rest[..colon],
-                &rest[at..]
-            )
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// Replaces the database name of a `postgres://` URL.

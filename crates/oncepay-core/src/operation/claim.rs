@@ -204,31 +204,32 @@ enum Queue {
     Kept,
 }
 
-/// `422`: the key was used with other parameters (or on another route).
+/// `422`, counted: the key was used with other parameters (or on another route).
 fn reused(key: &IdempotencyKey) -> Error {
     count_outcome("reused");
+    key_reused(key.as_str()).into()
+}
+
+/// The `422` of `key` used with other parameters (or on another route).
+pub fn key_reused(key: &str) -> Problem {
     Problem::new(
         ProblemCode::IdempotencyKeyReused,
         format!(
-            "Keys are for one operation only: '{}' was used with different parameters. Use a new key for a new operation.",
-            key.as_str()
+            "Keys are for one operation only: '{key}' was used with different parameters. Use a new key for a new operation."
         ),
     )
     .with_param("Idempotency-Key")
-    .into()
 }
 
-/// `409`: the same request is still in flight under the key (and did not
-/// finish within the wait, if the request asked to wait).
-fn in_use(waited: bool) -> Error {
+/// The `409` of the same request still in flight under the key (and not
+/// finished within the wait, if the request asked to wait).
+pub fn key_in_use(waited: bool) -> Problem {
     let detail = if waited {
         "A request with this Idempotency-Key is still in progress and did not finish within the wait."
     } else {
         "A request with this Idempotency-Key is still in progress. Retry later, or send 'Prefer: wait=5'."
     };
-    Problem::new(ProblemCode::IdempotencyKeyInUse, detail)
-        .with_retry_after(retry_after::SOON)
-        .into()
+    Problem::new(ProblemCode::IdempotencyKeyInUse, detail).with_retry_after(retry_after::SOON)
 }
 
 /// Counts a claim that took effect.
@@ -516,7 +517,7 @@ impl Pursuit<'_> {
     /// `409`, counted as `outcome`: the key is still in flight.
     fn in_use(&self, outcome: &'static str) -> Error {
         count_outcome(outcome);
-        in_use(self.waited)
+        key_in_use(self.waited).into()
     }
 }
 
