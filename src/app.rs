@@ -53,4 +53,7 @@ pub struct Services {
     /// The workshop's Redis (`REDIS_URL`), for `POST /demo/redis/charges`
     /// only; nothing on the real path uses it.
     pub redis: Option<redis::Client>,
+    /// The workshop's recorded requests, for the lab's timelines (see
+    /// [`crate::workshop::trace`]); empty unless `DEMO_UNSAFE_ENDPOINTS=true`.
+    pub traces: Arc<crate::workshop::trace::Traces>,
 }

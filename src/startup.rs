@@ -111,6 +111,7 @@ impl Application {
             rate_limits,
             primary,
             redis,
+            traces: Arc::default(),
         });
         Ok(Application {
             listener,

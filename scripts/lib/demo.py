@@ -462,8 +462,8 @@ class Demo:
         run = self.run_tag(6)
         b.runs.append(run)
         modes = {
-            "naive": "receiver without an inbox (POST /demo/receiver/naive)",
             "inbox": "receiver with an inbox (POST /demo/receiver/inbox)",
+            "naive": "receiver without an inbox (POST /demo/receiver/naive)",
         }
         # Two endpoints, one per receiver, each receiver holding its endpoint's
         # secret and answering 500 to the first two deliveries of each event,
@@ -613,6 +613,29 @@ class Demo:
         ttl = settings["idempotency_key_ttl_ms"] / 1000
         b.row("the key's TTL", f"{ttl:g} s (IDEMPOTENCY_KEY_TTL), in Redis and in Postgres alike")
 
+        b.part("key and charge in one transaction (POST /v1/charges)")
+        run, key = self.run_tag("8-one-transaction"), self.new_key()
+        b.runs.append(run)
+        started = time.monotonic()
+        first = server.charge(run, key, fault="crash-after-processor")
+        b.row(f"{self.at(started)}  the charge, crash after the processor", crashed(b, first))
+        self.until_back(server)
+        b.row(f"{self.at(started)}  the server", "restarted")
+        deadline = time.monotonic() + settings["processing_timeout_ms"] / 1000 + 10
+        seen = None
+        while time.monotonic() < deadline:
+            state = server.key_state(key).body.get("status")
+            if state != seen:
+                seen = state
+                words = {"processing": "processing: no answer saved", "completed": "completed by the sweeper"}
+                b.row(f"{self.at(started)}  the key", words.get(state, state or "unknown"))
+            if state == "completed":
+                break
+            time.sleep(0.05)
+        retry = server.charge(run, key)
+        b.row(f"{self.at(started)}  retry", b.say(retry))
+        b.row("times the effect was applied", b.count("key_in_the_transaction", server.effects(run), 1))
+
         b.part("key in Redis, charge in Postgres (POST /demo/redis/charges)")
         # The crashed try charged (#1) and its answer never came: a new charge is #2.
         b._numbers = {"the crashed try's charge": 1}
@@ -635,29 +658,6 @@ class Demo:
         b.row(f"{when}  retry, after the TTL", b.say(retry))
         b.row("times the effect was applied", b.count("key_in_redis", server.effects(run), 2))
 
-        b.part("key and charge in one transaction (POST /v1/charges)")
-        b._numbers = {}  # the replay is the crashed try's charge: #1 again
-        run, key = self.run_tag("8-one-transaction"), self.new_key()
-        b.runs.append(run)
-        started = time.monotonic()
-        first = server.charge(run, key, fault="crash-after-processor")
-        b.row(f"{self.at(started)}  the charge, crash after the processor", crashed(b, first))
-        self.until_back(server)
-        b.row(f"{self.at(started)}  the server", "restarted")
-        deadline = time.monotonic() + settings["processing_timeout_ms"] / 1000 + 10
-        seen = None
-        while time.monotonic() < deadline:
-            state = server.key_state(key).body.get("status")
-            if state != seen:
-                seen = state
-                words = {"processing": "processing: no answer saved", "completed": "completed by the sweeper"}
-                b.row(f"{self.at(started)}  the key", words.get(state, state or "unknown"))
-            if state == "completed":
-                break
-            time.sleep(0.05)
-        retry = server.charge(run, key)
-        b.row(f"{self.at(started)}  retry", b.say(retry))
-        b.row("times the effect was applied", b.count("key_in_the_transaction", server.effects(run), 1))
         return b
 
     def a_ttl_shorter_than_the_retry_horizon(self, settings):

@@ -36,6 +36,7 @@ use crate::refunds::NewRefund;
 use crate::retry_after;
 use crate::workshop;
 use crate::workshop::processor_keys::{self, KeyPer};
+use crate::workshop::trace::{self, Lane, Trace, TraceEvent, timed};
 use crate::workshop::{naive_refund, redis_keys};
 
 /// The lab page: one self-contained file, no build step, nothing from the internet.
@@ -58,6 +59,7 @@ pub fn router(unsafe_endpoints: bool) -> OpenApiRouter<AppState> {
             .routes(routes!(naive_refund))
             .routes(routes!(redis_charge))
             .routes(routes!(processor_payment, processor_payments))
+            .routes(routes!(trace))
             .merge(super::receiver::router())
     } else {
         router
@@ -92,29 +94,10 @@ async fn effects(
     Authenticated(merchant): Authenticated,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Effects>, ApiError> {
-    let mut run = None;
-    for pair in crate::params::form_pairs(query.as_deref().unwrap_or("").as_bytes()) {
-        let (name, value) = pair?;
-        match name.as_ref() {
-            "run" if !value.contains('\0') => run = Some(value.into_owned()),
-            other => return Err(ParamError::unknown(other).into()),
-        }
-    }
-    let run = run.ok_or_else(|| {
-        ParamError::new(
-            ProblemCode::ParameterMissing,
-            "run",
-            "Missing required param: run (the metadata[demo_run] tag of the charges to count)",
-        )
-    })?;
+    let run = run_query(query)?;
     let counts = workshop::effects(&state.pool, state.processor.as_ref(), merchant.id, &run)
         .await
-        .map_err(
-            |e| match e.downcast_ref::<crate::processor::ProcessorError>() {
-                Some(_) => payments_uncounted(),
-                None => Error::from(e),
-            },
-        )?;
+        .map_err(payments_uncounted)?;
     Ok(Json(Effects {
         object: "demo_effects",
         run,
@@ -129,15 +112,85 @@ async fn effects(
     }))
 }
 
+/// The `run` of a workshop read (`?run=TAG`), its only parameter.
+fn run_query(query: Option<String>) -> Result<String, ApiError> {
+    let mut run = None;
+    for pair in crate::params::form_pairs(query.as_deref().unwrap_or("").as_bytes()) {
+        let (name, value) = pair?;
+        match name.as_ref() {
+            "run" if !value.contains('\0') => run = Some(value.into_owned()),
+            other => return Err(ParamError::unknown(other).into()),
+        }
+    }
+    Ok(run.ok_or_else(|| {
+        ParamError::new(
+            ProblemCode::ParameterMissing,
+            "run",
+            "Missing required param: run (the metadata[demo_run] tag of the charges to count)",
+        )
+    })?)
+}
+
 /// `503 processor_unavailable` for a count that needs the processor's
-/// payments when the processor does not answer.
-fn payments_uncounted() -> Error {
-    Problem::new(
-        ProblemCode::ProcessorUnavailable,
-        "The card processor did not answer; its payments cannot be counted now.",
+/// payments when the processor does not answer; any other error as it is.
+fn payments_uncounted(e: anyhow::Error) -> Error {
+    match e.downcast_ref::<crate::processor::ProcessorError>() {
+        Some(_) => Problem::new(
+            ProblemCode::ProcessorUnavailable,
+            "The card processor did not answer; its payments cannot be counted now.",
+        )
+        .with_retry_after(retry_after::SOON)
+        .into(),
+        None => Error::from(e),
+    }
+}
+
+/// A workshop run's timeline, for the lab page to draw.
+///
+/// `GET /demo/trace?run=TAG`: what this server recorded of each request
+/// that sent `Oncepay-Trace: TAG/<request>` (its arrival and answer, the
+/// claim, the card gateway's call, the settle; the steps of the naive
+/// endpoints and the receivers), with what the database holds for the run
+/// (its charges and the money each moved, keys the sweeper settled,
+/// refunds), in time order. Only with `DEMO_UNSAFE_ENDPOINTS=true`.
+#[utoipa::path(
+    get,
+    path = "/demo/trace",
+    tag = "workshop",
+    params(("run" = String, Query, description = "The run tag, `metadata[demo_run]`")),
+    responses(
+        (status = 200, description = "The run's events", body = RunTrace),
+        super::openapi::Errors
     )
-    .with_retry_after(retry_after::SOON)
-    .into()
+)]
+async fn trace(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    RawQuery(query): RawQuery,
+) -> Result<Json<RunTrace>, ApiError> {
+    let run = run_query(query)?;
+    let mut events = state.traces.events(&run);
+    let processor = state.processor.as_ref();
+    let stored = trace::stored(&state.pool, processor, merchant.id, &run, &events, *STARTED)
+        .await
+        .map_err(payments_uncounted)?;
+    events.extend(stored);
+    events.sort_by_key(|e| e.at_us);
+    Ok(Json(RunTrace {
+        object: "demo_trace",
+        run,
+        events,
+    }))
+}
+
+/// A workshop run's events, in time order.
+#[derive(Serialize, ToSchema)]
+struct RunTrace {
+    #[schema(example = "demo_trace")]
+    object: &'static str,
+    #[schema(example = "lab-1a2b3c4d5e")]
+    run: String,
+    events: Vec<TraceEvent>,
 }
 
 /// Effects in the database for a workshop run.
@@ -195,14 +248,18 @@ struct Effects {
 async fn naive_charge(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
+    Trace(trace): Trace,
     headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     let key = required_key(&state, &headers)?;
     super::faults::from_headers(&state, &headers)?;
     let charge = NewCharge::from_params(decode(&headers, &body)?)?;
+    let trace = trace.as_deref();
     // 1. Look the key up. (Bug: nothing stops a second request from looking too.)
-    if let Some(saved) = workshop::naive_lookup(&state.pool, merchant.id, &key).await? {
+    let lookup = workshop::naive_lookup(&state.pool, merchant.id, &key);
+    let found = timed(trace, Lane::Database, "look the key up", lookup).await?;
+    if let Some(saved) = found {
         let mut response = idempotent::send(saved);
         response
             .headers_mut()
@@ -213,11 +270,19 @@ async fn naive_charge(
     let request_id = headers
         .get(super::observe::REQUEST_ID)
         .and_then(|v| v.to_str().ok());
-    let (charge_id, saved) = workshop::naive_charge(&state, merchant.id, &charge, request_id)
-        .await
-        .map_err(|e| crate::error::Error::from_recovery(e, &state.engine.timeouts))?;
+    let (charge_id, saved) =
+        workshop::naive_charge(&state, merchant.id, &charge, request_id, trace)
+            .await
+            .map_err(|e| crate::error::Error::from_recovery(e, &state.engine.timeouts))?;
     // 3. Write the key, after the work. (Bug: too late to stop a duplicate.)
-    workshop::naive_remember(&state.pool, merchant.id, &key, &charge_id, &saved).await?;
+    let remember = workshop::naive_remember(&state.pool, merchant.id, &key, &charge_id, &saved);
+    timed(
+        trace,
+        Lane::Database,
+        "write the key, after the work",
+        remember,
+    )
+    .await?;
     Ok(idempotent::send(saved))
 }
 
@@ -329,6 +394,7 @@ fn required_key(state: &AppState, headers: &HeaderMap) -> Result<String, ApiErro
 async fn naive_refund(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
+    Trace(trace): Trace,
     headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
@@ -336,7 +402,15 @@ async fn naive_refund(
     super::faults::from_headers(&state, &headers)?;
     let refund = NewRefund::from_params(decode(&headers, &body)?)?;
     // The key, claimed before the work: this part is right.
-    match naive_refund::claim(&state.pool, merchant.id, &key).await? {
+    let claim = naive_refund::claim(&state.pool, merchant.id, &key);
+    match timed(
+        trace.as_deref(),
+        Lane::Database,
+        "claim (INSERT ... ON CONFLICT)",
+        claim,
+    )
+    .await?
+    {
         naive_refund::Claim::Claimed => {}
         naive_refund::Claim::Replay(saved) => return Ok(idempotent::replay(saved, false)),
         naive_refund::Claim::InUse => {
@@ -348,7 +422,8 @@ async fn naive_refund(
             .into());
         }
     }
-    let refunded = match naive_refund::refund(&state, merchant.id, &refund).await {
+    let refunded = match naive_refund::refund(&state, merchant.id, &refund, trace.as_deref()).await
+    {
         Ok(refunded) => refunded,
         Err(Error::Problem(problem)) if problem.status.is_client_error() => {
             // Refused by the check, before any money moved: the key is free.
@@ -426,6 +501,7 @@ fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, A
 async fn redis_charge(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
+    Trace(trace): Trace,
     headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
@@ -439,8 +515,10 @@ async fn redis_charge(
     let charge = NewCharge::from_params(decode(&headers, &body)?)?;
     let ttl = state.config.keys.ttl;
     let mut redis = redis_keys::connect(&client).await.map_err(redis_failed)?;
+    let trace = trace.as_deref();
     // 1. Claim the key in Redis: SET key processing NX PX ttl.
-    match redis_keys::claim(&mut redis, merchant.id, &key, ttl)
+    let claim = redis_keys::claim(&mut redis, merchant.id, &key, ttl);
+    match timed(trace, Lane::Redis, "claim the key: SET NX", claim)
         .await
         .map_err(redis_failed)?
     {
@@ -463,7 +541,8 @@ async fn redis_charge(
     let request_id = headers
         .get(super::observe::REQUEST_ID)
         .and_then(|v| v.to_str().ok());
-    let saved = match workshop::naive_charge(&state, merchant.id, &charge, request_id).await {
+    let saved = match workshop::naive_charge(&state, merchant.id, &charge, request_id, trace).await
+    {
         Ok((_, saved)) => saved,
         Err(e) => {
             let _ = redis_keys::release(&mut redis, merchant.id, &key).await;
@@ -473,7 +552,8 @@ async fn redis_charge(
     // 3. Committed in Postgres, not yet in Redis: a crash here is the bug.
     faults::crash_if(fault, Fault::CrashAfterCommit);
     // 4. The answer, written back to Redis.
-    redis_keys::complete(&mut redis, merchant.id, &key, &saved, ttl)
+    let complete = redis_keys::complete(&mut redis, merchant.id, &key, &saved, ttl);
+    timed(trace, Lane::Redis, "the answer written to Redis", complete)
         .await
         .map_err(redis_failed)?;
     Ok(idempotent::send(saved))
@@ -516,6 +596,7 @@ fn processor_run(params: &mut Params) -> Result<String, ApiError> {
 async fn processor_payment(
     State(state): State<AppState>,
     _merchant: Authenticated,
+    Trace(trace): Trace,
     headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> Result<Json<ProcessorPayment>, ApiError> {
@@ -551,7 +632,7 @@ async fn processor_payment(
         )
         .into());
     }
-    let attempts = processor_keys::pay(&state.config, keys, &run, amount)
+    let attempts = processor_keys::pay(&state.config, keys, &run, amount, trace.as_deref())
         .await
         .map_err(ApiError::internal)?;
     Ok(Json(ProcessorPayment {
@@ -621,7 +702,7 @@ async fn processor_payments(
     params.reject_unknown()?;
     let found = processor_keys::payments(state.processor.as_ref(), &run)
         .await
-        .map_err(|_| payments_uncounted())?;
+        .map_err(payments_uncounted)?;
     Ok(Json(ProcessorPayments {
         object: "demo_processor_payments",
         run,

@@ -20,9 +20,11 @@ use crate::faults::Fault;
 use crate::idempotency::IdempotencyKey;
 use crate::merchants::Merchant;
 use crate::operation::Guard;
+use crate::operation::timing::Clock;
 use crate::params::Params;
 use crate::problem::{Problem, ProblemCode};
 use crate::telemetry::timing::Stopwatch;
+use crate::workshop::trace::{RequestTrace, Traced};
 
 /// The raw body, read within the configured limit.
 pub struct RawBody(pub Bytes);
@@ -78,6 +80,9 @@ pub struct IdempotentPost {
     pub arrived: Instant,
     #[param(ignore)]
     pub params: Params,
+    /// The workshop's recording of this request, if it asked for one.
+    #[param(ignore)]
+    pub trace: Option<Arc<RequestTrace>>,
 }
 
 impl IdempotentPost {
@@ -85,6 +90,13 @@ impl IdempotentPost {
     /// parameters, and the clock its phases are timed on.
     pub fn split(self, merchant_id: Uuid, route: &'static str) -> (Guard, Params, Arc<Stopwatch>) {
         let clock = Stopwatch::start(route, self.arrived);
+        let timed: Arc<dyn Clock> = match self.trace {
+            Some(trace) => Arc::new(Traced {
+                inner: clock.clone(),
+                trace,
+            }),
+            None => clock.clone(),
+        };
         let guard = Guard {
             merchant_id,
             request_id: self.request_id,
@@ -92,7 +104,7 @@ impl IdempotentPost {
             wait: self.wait,
             fault: self.fault,
             arrived: self.arrived,
-            clock: clock.clone(),
+            clock: timed,
         };
         (guard, self.params, clock)
     }
@@ -110,6 +122,7 @@ impl FromRequest<AppState> for IdempotentPost {
             .extensions()
             .get::<observe::Arrived>()
             .map_or_else(Instant::now, |arrived| arrived.0);
+        let trace = req.extensions().get::<Arc<RequestTrace>>().cloned();
         let RawBody(body) = RawBody::from_request(req, state).await?;
         let key = idempotent::key_from_headers(state, &headers)?;
         let fault = faults::from_headers(state, &headers)?;
@@ -124,6 +137,7 @@ impl FromRequest<AppState> for IdempotentPost {
             wait: idempotent::prefer_wait(&headers),
             arrived,
             params,
+            trace,
         })
     }
 }

@@ -2,6 +2,8 @@
 //! [`crate::faults`]) and the `drop-response` middleware. A request asking
 //! for a fault while it is off is refused with `400 fault_injection_disabled`.
 
+use std::sync::Arc;
+
 use axum::extract::{Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::Next;
@@ -11,6 +13,7 @@ use super::problem::ApiError;
 use crate::app::AppState;
 use crate::faults::Fault;
 use crate::problem::{Problem, ProblemCode};
+use crate::workshop::trace::RequestTrace;
 
 pub const HEADER: &str = "oncepay-fault";
 
@@ -62,9 +65,13 @@ pub async fn drop_response(
 ) -> Response {
     let drop = state.config.workshop.fault_injection
         && request.headers().get(HEADER).and_then(|v| v.to_str().ok()) == Some("drop-response");
+    let trace = request.extensions().get::<Arc<RequestTrace>>().cloned();
     let response = next.run(request).await;
     if drop {
         tracing::warn!(status = %response.status(), "fault injection: dropping the response");
+        if let Some(trace) = trace {
+            trace.lost(response.status().as_u16());
+        }
         std::panic::resume_unwind(Box::new("fault injection: drop-response"));
     }
     response

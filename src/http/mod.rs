@@ -41,6 +41,7 @@ use utoipa_axum::routes;
 use crate::app::AppState;
 use crate::config::Config;
 use crate::problem::{Problem, ProblemCode};
+use crate::workshop::trace;
 
 /// Every route, each described as it is registered (`routes!`), so the
 /// OpenAPI document cannot miss one.
@@ -59,8 +60,9 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
 }
 
 /// The whole API, and Swagger UI at `/docs`. Layers, from the outside in:
-/// fault injection (with `FAULT_INJECTION=true` only, outside everything,
-/// see `faults::drop_response`),
+/// the workshop's recording of a traced request (with
+/// `DEMO_UNSAFE_ENDPOINTS=true` only, see `workshop::trace`), fault
+/// injection (with `FAULT_INJECTION=true` only, see `faults::drop_response`),
 /// request id, tracing span, the way out (metrics, Stripe's headers, problem
 /// bodies: `observe::finish`), panic catcher, timeout, body limit.
 ///
@@ -98,7 +100,15 @@ pub fn router(state: AppState) -> Router {
         .workshop
         .fault_injection
         .then(|| axum::middleware::from_fn_with_state(state.clone(), faults::drop_response));
+    // Outside the faults, so that a dropped answer is recorded as lost.
+    let trace = state
+        .config
+        .workshop
+        .demo_unsafe_endpoints
+        .then(|| axum::middleware::from_fn_with_state(state.clone(), trace::record));
     let layered = ServiceBuilder::new()
+        .option_layer(trace)
+        .map_response(IntoResponse::into_response)
         .option_layer(faults)
         // One answer type, whether the fault layer is there or not.
         .map_response(IntoResponse::into_response)

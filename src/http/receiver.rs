@@ -26,6 +26,7 @@ use crate::webhooks::signature;
 use crate::workshop::receiver::{
     self, CRASH_AFTER_DELIVERY, Misbehaviour, Mode, NewReceiver, Receipt, ReceiverCounts,
 };
+use crate::workshop::trace;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -216,6 +217,7 @@ async fn receive(
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let run = run_param(params)?;
+    let arrived = std::time::SystemTime::now();
     // A header that is not visible ASCII is there, and malformed.
     let signed = headers
         .get(signature::HEADER)
@@ -238,6 +240,14 @@ async fn receive(
             shipped,
             misbehaviour,
         } => {
+            let failed = misbehaviour == Some(Misbehaviour::Fail);
+            let delivered = trace::Delivery {
+                receiver: mode.as_str(),
+                number: delivery,
+                shipped,
+                status: if failed { 500 } else { 200 },
+            };
+            delivered.record(&state.traces, &run, arrived);
             let body = answer(&event_id, Some(delivery), shipped);
             match misbehaviour {
                 None => Ok(Json(body).into_response()),

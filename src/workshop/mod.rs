@@ -4,13 +4,14 @@
 //! that checks and writes in two statements; in [`redis_keys`], keys kept
 //! in Redis, outside the business transaction; in [`processor_keys`], a
 //! payment asked of the gateway with a new key per attempt or the same
-//! one. Nothing here is used by the
+//! one; in [`trace`], the lab's timelines. Nothing here is used by the
 //! real charge or refund path.
 
 pub mod naive_refund;
 pub mod processor_keys;
 pub mod receiver;
 pub mod redis_keys;
+pub mod trace;
 
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
@@ -22,6 +23,7 @@ use crate::charges::settle::{response_for, settle};
 use crate::charges::{NewCharge, store};
 use crate::idempotency::SavedResponse;
 use crate::processor::{self, Authorization, Outcome, Processor};
+use crate::workshop::trace::{Lane, RequestTrace, timed};
 
 /// What the two systems hold for a set of charges: oncepay's charges by
 /// status, and the processor's payments and refunds behind them.
@@ -124,30 +126,40 @@ pub async fn naive_lookup(
 }
 
 /// The naive endpoint's work: a pending charge, the processor, the settle
-/// (whose event names `request_id`). Returns the charge id and its answer.
+/// (whose event names `request_id`), each step on `trace` when recorded.
+/// Returns the charge id and its answer.
 pub async fn naive_charge(
     state: &AppState,
     merchant_id: Uuid,
     charge: &NewCharge,
     request_id: Option<&str>,
+    trace: Option<&RequestTrace>,
 ) -> anyhow::Result<(String, SavedResponse)> {
     let id = new_charge_id();
-    let mut tx = state.pool.begin().await?;
-    store::insert_pending(&mut tx, &id, merchant_id, charge).await?;
-    tx.commit().await?;
+    let pending = async {
+        let mut tx = state.pool.begin().await?;
+        store::insert_pending(&mut tx, &id, merchant_id, charge).await?;
+        tx.commit().await
+    };
+    timed(
+        trace,
+        Lane::Database,
+        "the charge written, pending",
+        pending,
+    )
+    .await?;
     let processor_key = processor::authorization_key(&id);
-    let outcome = state
-        .processor
-        .authorize(Authorization {
-            processor_key: &processor_key,
-            amount: charge.amount.minor_units(),
-            currency: charge.currency.as_str(),
-            source: charge.source,
-            fault: None,
-        })
-        .await?;
+    let asked = state.processor.authorize(Authorization {
+        processor_key: &processor_key,
+        amount: charge.amount.minor_units(),
+        currency: charge.currency.as_str(),
+        source: charge.source,
+        fault: None,
+    });
+    let outcome = timed(trace, Lane::Gateway, "the card gateway's call", asked).await?;
     let ttl = state.config.keys.ttl;
-    let saved = match settle(&state.pool, &id, &outcome, ttl, request_id).await? {
+    let settled = settle(&state.pool, &id, &outcome, ttl, request_id);
+    let saved = match timed(trace, Lane::Database, "settle the charge", settled).await? {
         Settled::Now(saved) => saved,
         Settled::Already => {
             let charge = store::find_any(&state.pool, &id)

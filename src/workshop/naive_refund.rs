@@ -22,6 +22,7 @@ use crate::problem::{Problem, ProblemCode};
 use crate::processor::{self, RefundOutcome};
 use crate::refunds::domain::new_refund_id;
 use crate::refunds::{NewRefund, Refund, RefundStatus};
+use crate::workshop::trace::{Lane, RequestTrace, timed};
 
 /// What claiming a key of the naive refund found.
 #[derive(Debug)]
@@ -121,18 +122,19 @@ pub async fn refund(
     state: &AppState,
     merchant_id: Uuid,
     refund: &NewRefund,
+    trace: Option<&RequestTrace>,
 ) -> Result<Refund, Error> {
     // 1. Read what is left to refund. (Bug: nothing stops another request
     //    from reading the same, until this one has written.)
-    let charge = sqlx::query_as!(
+    let read = sqlx::query_as!(
         Refundable,
         r#"SELECT amount, amount_refunded, currency, status AS "status: ChargeStatus" FROM charges
           WHERE id = $1 AND merchant_id = $2"#,
         refund.charge,
         merchant_id,
     )
-    .fetch_optional(&state.pool)
-    .await?;
+    .fetch_optional(&state.pool);
+    let charge = timed(trace, Lane::Database, "read what is refunded", read).await?;
     // 2. Check.
     let charge = check(
         &refund.charge,
@@ -145,15 +147,18 @@ pub async fn refund(
 
     // 3. Give the money back, at the processor (which takes its time).
     let id = new_refund_id();
-    let outcome = state
-        .processor
-        .refund(processor::Refund {
-            processor_key: &processor::refund_key(&id),
-            payment_key: &processor::authorization_key(&refund.charge),
-            amount,
-            currency: &charge.currency,
-            fault: None,
-        })
+    let (processor_key, payment_key) = (
+        processor::refund_key(&id),
+        processor::authorization_key(&refund.charge),
+    );
+    let asked = state.processor.refund(processor::Refund {
+        processor_key: &processor_key,
+        payment_key: &payment_key,
+        amount,
+        currency: &charge.currency,
+        fault: None,
+    });
+    let outcome = timed(trace, Lane::Gateway, "the card gateway's refund", asked)
         .await
         .map_err(|e| Error::from_recovery(e.into(), &state.engine.timeouts))?;
     let status = match outcome {
@@ -164,29 +169,39 @@ pub async fn refund(
     // 4. Write the new total: what was read plus this refund, as an ORM's
     //    `charge.amount_refunded += amount; charge.save()` does. (Bug: a
     //    total read before another refund's write overwrites that write.)
-    let mut tx = state.pool.begin().await?;
-    if status == RefundStatus::Succeeded {
-        sqlx::query!(
-            "UPDATE charges SET amount_refunded = $2 WHERE id = $1",
-            refund.charge,
-            charge.amount_refunded + amount,
-        )
-        .execute(&mut *tx)
-        .await?;
-    }
-    let created_at: DateTime<Utc> = sqlx::query_scalar!(
-        "INSERT INTO demo_naive_refunds (id, merchant_id, charge_id, amount, currency)
+    let write = async {
+        let mut tx = state.pool.begin().await?;
+        if status == RefundStatus::Succeeded {
+            sqlx::query!(
+                "UPDATE charges SET amount_refunded = $2 WHERE id = $1",
+                refund.charge,
+                charge.amount_refunded + amount,
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        let created_at: DateTime<Utc> = sqlx::query_scalar!(
+            "INSERT INTO demo_naive_refunds (id, merchant_id, charge_id, amount, currency)
          VALUES ($1, $2, $3, $4, $5)
          RETURNING created_at",
-        id,
-        merchant_id,
-        refund.charge,
-        amount,
-        charge.currency,
+            id,
+            merchant_id,
+            refund.charge,
+            amount,
+            charge.currency,
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>(created_at)
+    };
+    let created_at = timed(
+        trace,
+        Lane::Database,
+        "write what was read plus this refund",
+        write,
     )
-    .fetch_one(&mut *tx)
     .await?;
-    tx.commit().await?;
     Ok(Refund {
         id,
         merchant_id,

@@ -8,11 +8,13 @@
 //! counted from the gateway's ledger, over its lookup API.
 
 use std::fmt;
+use std::time::SystemTime;
 
 use crate::config::Config;
 use crate::processor::{
     Authorization, HttpProcessor, Outcome, Processor, ProcessorError, TestToken, WireFault,
 };
+use crate::workshop::trace::{Lane, Mark, RequestTrace, TraceEvent, timed};
 
 /// The most attempts one payment gets.
 pub const MAX_ATTEMPTS: u32 = 3;
@@ -69,6 +71,27 @@ pub struct Attempt {
     pub answer: Answer,
 }
 
+impl Attempt {
+    /// Marks what the attempt did at the gateway, as the gateway's rules
+    /// say: a new key that was recorded moved money; the same key again
+    /// found the first payment; a dropped answer never came back.
+    fn draw(&self, trace: &RequestTrace, new_key: bool) {
+        let now = SystemTime::now();
+        let recorded = self.dropped || self.answer == Answer::Outcome(Outcome::Succeeded);
+        if recorded && new_key {
+            let what = "the payment recorded: money moved";
+            trace.push(TraceEvent::at(now, Lane::Gateway, what, Some(Mark::Effect)));
+        } else if recorded {
+            let what = "the same key: the first payment found, nothing moved";
+            trace.push(TraceEvent::at(now, Lane::Gateway, what, Some(Mark::Replay)));
+        }
+        if self.dropped {
+            let what = "the gateway's answer lost";
+            trace.push(TraceEvent::at(now, Lane::Oncepay, what, Some(Mark::Lost)));
+        }
+    }
+}
+
 /// What an attempt got back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
@@ -97,11 +120,13 @@ impl fmt::Display for Answer {
 /// asking the gateway to drop its answer after recording. Each attempt is
 /// one HTTP call (a client of its own that never repeats a call), so the
 /// attempts are this loop's and the key of each is `keys`'.
+/// A recorded request gets each attempt drawn on the gateway's lane.
 pub async fn pay(
     config: &Config,
     keys: KeyPer,
     run: &str,
     amount: i64,
+    trace: Option<&RequestTrace>,
 ) -> anyhow::Result<Vec<Attempt>> {
     let mut settings = config.processor_settings()?;
     settings.retries = 0;
@@ -110,16 +135,15 @@ pub async fn pay(
     for n in 1..=MAX_ATTEMPTS {
         let processor_key = keys.key(run, n);
         let dropped = n == 1;
-        let answer = match processor
-            .authorize(Authorization {
-                processor_key: &processor_key,
-                amount,
-                currency: "usd",
-                source: TestToken::Visa,
-                fault: dropped.then_some(WireFault::DropAfterRecord),
-            })
-            .await
-        {
+        let asked = processor.authorize(Authorization {
+            processor_key: &processor_key,
+            amount,
+            currency: "usd",
+            source: TestToken::Visa,
+            fault: dropped.then_some(WireFault::DropAfterRecord),
+        });
+        let what = format!("attempt {n}, key {processor_key}");
+        let answer = match timed(trace, Lane::Gateway, &what, asked).await {
             Ok(outcome) => Answer::Outcome(outcome),
             Err(ProcessorError::OutcomeUnknown(e)) => {
                 tracing::info!(key = %processor_key, error = %format!("{e:#}"), "workshop: the gateway's answer was lost");
@@ -128,11 +152,18 @@ pub async fn pay(
             Err(ProcessorError::Unavailable) => Answer::Unavailable,
         };
         let answered = matches!(answer, Answer::Outcome(_));
-        attempts.push(Attempt {
+        let attempt = Attempt {
             processor_key,
             dropped,
             answer,
-        });
+        };
+        if let Some(trace) = trace {
+            let new_key = attempts
+                .iter()
+                .all(|a: &Attempt| a.processor_key != attempt.processor_key);
+            attempt.draw(trace, new_key);
+        }
+        attempts.push(attempt);
         if answered {
             break;
         }
