@@ -141,13 +141,8 @@ pub async fn naive_charge(
         store::insert_pending(&mut tx, &id, merchant_id, charge).await?;
         tx.commit().await
     };
-    timed(
-        trace,
-        Lane::Database,
-        "the charge written, pending",
-        pending,
-    )
-    .await?;
+    let written = format!("charge {id} written, pending");
+    timed(trace, Lane::Database, &written, pending).await?;
     let processor_key = processor::authorization_key(&id);
     let asked = state.processor.authorize(Authorization {
         processor_key: &processor_key,

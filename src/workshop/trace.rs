@@ -360,9 +360,9 @@ fn drawn(phase: Phase, took: Duration) -> Option<(Lane, &'static str)> {
 }
 
 /// What the database holds for `run`: each charge's row (an effect when
-/// the processor holds its payment), each key completed outside every
-/// recorded settle (the sweeper's), each refund; and `started` when this
-/// process started after the run began.
+/// the processor holds its payment), each charge the sweeper settled (its
+/// event names no request), each refund; and `started` when this process
+/// started after the run began.
 pub async fn stored(
     pool: &PgPool,
     processor: &dyn Processor,
@@ -372,16 +372,18 @@ pub async fn stored(
     started: SystemTime,
 ) -> anyhow::Result<Vec<TraceEvent>> {
     let rows = sqlx::query!(
-        r#"SELECT c.id AS "id!", c.created_at AS "at!", k.completed_at, NULL::bigint AS amount,
-                  'charge' AS "kind!"
-             FROM charges c LEFT JOIN idempotency_keys k ON k.charge_id = c.id
+        r#"SELECT c.id AS "id!", c.created_at AS "at!", NULL::bigint AS amount, 'charge' AS "kind!",
+                  (SELECT e.created_at FROM events e
+                    WHERE e.object_id = c.id AND e.type IN ('charge.succeeded', 'charge.failed')
+                      AND e.request_id IS NULL) AS swept_at
+             FROM charges c
             WHERE c.merchant_id = $1 AND c.metadata->>'demo_run' = $2
            UNION ALL
-           SELECT r.id, r.created_at, NULL, r.amount, 'refund'
+           SELECT r.id, r.created_at, r.amount, 'refund', NULL
              FROM refunds r JOIN charges c ON c.id = r.charge_id
             WHERE c.merchant_id = $1 AND c.metadata->>'demo_run' = $2 AND r.status = 'succeeded'
            UNION ALL
-           SELECT r.id, r.created_at, NULL, r.amount, 'naive refund'
+           SELECT r.id, r.created_at, r.amount, 'naive refund', NULL
              FROM demo_naive_refunds r JOIN charges c ON c.id = r.charge_id
             WHERE c.merchant_id = $1 AND c.metadata->>'demo_run' = $2
            ORDER BY 2"#,
@@ -404,16 +406,14 @@ pub async fn stored(
         if payment.is_some_and(|p| p.outcome == Outcome::Succeeded) {
             events.push(money_moved(recorded, &row.id, at));
         }
-        if let Some(completed) = row.completed_at.map(SystemTime::from) {
-            if !settled_by_request(recorded, completed) {
-                let what = "the key completed by the sweeper: no request settled it";
-                events.push(TraceEvent::at(
-                    completed,
-                    Lane::Database,
-                    what,
-                    Some(Mark::Sweeper),
-                ));
-            }
+        if let Some(swept) = row.swept_at.map(SystemTime::from) {
+            let what = "the sweeper settled the charge and its key";
+            events.push(TraceEvent::at(
+                swept,
+                Lane::Database,
+                what,
+                Some(Mark::Sweeper),
+            ));
         }
     }
     let began = recorded.iter().chain(&events).map(|e| e.at_us).min();
@@ -430,25 +430,32 @@ pub async fn stored(
 }
 
 /// Where the money of charge `id`, written at `written`, moved: at the end
-/// of the gateway's call of the request whose database span holds the
-/// write (the charge commits with its claim, or just before its call); on
-/// the database's lane at the write when no recorded request holds it (a
-/// crash lost that request's events).
+/// of the gateway's call of the request that wrote it. That request's
+/// database span names the charge (the naive write) or holds the write in
+/// time (the claim commits the charge; of overlapping claims only the
+/// winner calls the gateway). On the database's lane at the write when no
+/// recorded request holds it (a crash lost that request's events).
 fn money_moved(recorded: &[TraceEvent], id: &str, written: SystemTime) -> TraceEvent {
     let at = micros(written);
+    let names = |e: &&TraceEvent| e.lane == Lane::Database && e.what.contains(id);
     let holds = |e: &&TraceEvent| {
         e.lane == Lane::Database
             && e.until_us
                 .is_some_and(|until| e.at_us - 1000 <= at && at <= until + 1000)
     };
-    let call = recorded.iter().find(holds).and_then(|write| {
+    let call_after = |write: &TraceEvent| {
         recorded.iter().find(|e| {
             e.lane == Lane::Gateway
                 && e.request == write.request
                 && e.at_us >= write.at_us
                 && e.until_us.is_some()
         })
-    });
+    };
+    let writes = recorded
+        .iter()
+        .filter(names)
+        .chain(recorded.iter().filter(holds));
+    let call = writes.filter_map(call_after).next();
     let what = format!("charge {id}: money moved");
     match call {
         Some(call) => TraceEvent {
@@ -466,17 +473,6 @@ fn money_moved(recorded: &[TraceEvent], id: &str, written: SystemTime) -> TraceE
             Some(Mark::Effect),
         ),
     }
-}
-
-/// Whether a recorded settle span holds `completed` (the settle's
-/// transaction time), within a millisecond of either end.
-fn settled_by_request(recorded: &[TraceEvent], completed: SystemTime) -> bool {
-    let at = micros(completed);
-    recorded.iter().any(|e| {
-        e.what.starts_with("settle (")
-            && e.until_us
-                .is_some_and(|until| e.at_us - 1000 <= at && at <= until + 1000)
-    })
 }
 
 #[cfg(test)]

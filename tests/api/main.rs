@@ -32,6 +32,7 @@ mod shapes;
 mod shedding;
 mod stripe;
 mod sweeper;
+mod timelines;
 mod waits;
 mod webhooks;
 mod wire;

@@ -39,6 +39,7 @@ const SERVED: &[(&str, &str)] = &[
     ("post", "/demo/receiver/inbox"),
     ("post", "/demo/processor/payments"),
     ("get", "/demo/processor/payments"),
+    ("get", "/demo/trace"),
 ];
 
 #[tokio::test]
