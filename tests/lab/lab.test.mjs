@@ -143,6 +143,56 @@ async function rows(part) {
   return out;
 }
 
+/** What PART's timeline drew: its lanes top to bottom, and each event drawn
+ * (its lane, mark, what, and whether it was drawn as a duplicate effect). */
+async function drawing(part) {
+  return byId(part + "-trace").evaluate((card) => ({
+    lanes: [...card.querySelectorAll("text.lane")].map((t) => t.dataset.lane),
+    events: [...card.querySelectorAll("g.event")].map((g) => ({
+      lane: g.dataset.lane,
+      mark: g.dataset.mark,
+      what: g.dataset.what,
+      duplicate: g.dataset.duplicate === "true",
+    })),
+  }));
+}
+
+/** The events the server at BASE recorded and stored for PART's run. */
+async function recorded(part, base) {
+  const tag = await text(part + "-tag");
+  const res = await fetch(`${base}/demo/trace?run=${tag}`, { headers: { Authorization: `Bearer ${API_KEY}` } });
+  assert.equal(res.status, 200, `GET /demo/trace for ${tag}`);
+  return (await res.json()).events;
+}
+
+/**
+ * Checks that PART's timeline draws exactly the events the server at BASE
+ * holds for its run (unless BASE is null: a later crash took them), with
+ * request lanes LABELS (when given) first, then oncepay, the card gateway,
+ * Redis when used, and the database; returns the drawing, a count of each
+ * mark, and how many effects it drew as duplicates.
+ */
+async function drawsItsRun(part, base, labels) {
+  const drawn = await drawing(part);
+  const lane = (e) => (e.lane === "request" ? e.request : e.lane);
+  const summary = (list) => list.map((e) => `${e.lane}|${e.mark || ""}|${e.what}`).sort();
+  if (base) {
+    const events = (await recorded(part, base)).map((e) => ({ ...e, lane: lane(e) }));
+    assert.deepEqual(summary(drawn.events), summary(events), `${part}: the drawing holds the recorded events`);
+  }
+  const redis = drawn.events.some((e) => e.lane === "redis");
+  const systems = ["oncepay", "card gateway", ...(redis ? ["Redis"] : []), "database"];
+  if (labels) assert.deepEqual(drawn.lanes, [...labels, ...systems], `${part}: its lanes`);
+  else assert.deepEqual(drawn.lanes.slice(-systems.length), systems, `${part}: its systems' lanes`);
+  // A mark on a request's lane is what that client saw; oncepay's lane
+  // repeats answers, conflicts and replays as the decisions it made.
+  const SYSTEM = ["oncepay", "gateway", "redis", "database"];
+  const count = (mark, on = null) =>
+    drawn.events.filter((e) => e.mark === mark && (on !== "requests" || !SYSTEM.includes(e.lane))).length;
+  const duplicates = drawn.events.filter((e) => e.duplicate).length;
+  return { drawn, count, duplicates };
+}
+
 /** Starts `oncepay serve` on the test database and a free port, with ENV. */
 async function serve(logName, env) {
   const { proc, base: url } = await oncepay.serve({
@@ -225,7 +275,7 @@ before(async () => {
   context = await chromium.launchPersistentContext(userDataDir, {
     executablePath: CHROMIUM,
     headless: true,
-    viewport: { width: 1440, height: 900 },
+    viewport: { width: 1280, height: 720 },
     args: [
       "--no-sandbox",
       "--disable-gpu",
@@ -270,7 +320,8 @@ test("the page takes the merchant key from the address, remembers it, and works 
   assert.equal(await byId("api-key").inputValue(), API_KEY);
   await page.goto(`${base}/lab`);
   assert.equal(await byId("api-key").inputValue(), API_KEY, "remembered in local storage");
-  const html = await page.content();
+  // The SVG namespace is a name the timelines are made in, not an address.
+  const html = (await page.content()).replaceAll('"http://www.w3.org/2000/svg"', "");
   assert.ok(!/https?:\/\//.test(html), "nothing loaded from the internet");
 });
 
@@ -282,6 +333,8 @@ test("1: four requests without a key apply the effect four times", async () => {
     ["#1", "#2", "#3", "#4"],
   );
   assert.match(await text("s1-verdict"), /duplicates/);
+  const t = await drawsItsRun("s1", base, ["try 1", "try 2", "try 3", "try 4"]);
+  assert.deepEqual([t.count("effect"), t.duplicates, t.count("answer", "requests")], [4, 3, 4], "each try moved money");
 });
 
 test("2: the same four requests with one key apply it once", async () => {
@@ -308,6 +361,13 @@ test("3: a lost answer, then a retry, is one effect", async () => {
   const r = await rows("s3");
   assert.match(r[0].status, /no answer/);
   assert.deepEqual([r[1].status, r[1].replayed, r[1].charge], ["201 Created", true, "#1"]);
+  const t = await drawsItsRun("s3", base, ["first try", "retry"]);
+  assert.deepEqual([t.count("replay", "requests"), t.count("effect"), t.duplicates], [1, 1, 0]);
+  // Chromium may send the first try again by itself when its connection
+  // closes without an answer: each is lost, each on the first try's lane.
+  const lost = t.drawn.events.filter((e) => e.mark === "lost" && e.lane !== "oncepay");
+  assert.ok(lost.length >= 1 && lost.every((e) => e.lane === "first try"), JSON.stringify(lost));
+  assert.equal(t.drawn.events.find((e) => e.mark === "replay").lane, "retry", "the retry got the saved answer");
 });
 
 test("4: two at once with one key: 1 effect on the real endpoint, 2 on the naive one", async () => {
@@ -320,6 +380,12 @@ test("4: two at once with one key: 1 effect on the real endpoint, 2 on the naive
     (await rows("s4-naive")).map((r) => r.charge).sort(),
     ["#1", "#2"],
   );
+  const real = await drawsItsRun("s4-real", base, ["A", "B"]);
+  assert.deepEqual([real.count("conflict", "requests"), real.count("effect"), real.duplicates], [1, 1, 0]);
+  const claims = real.drawn.events.filter((e) => e.lane === "database" && /claim/.test(e.what));
+  assert.equal(claims.length, 2, "both requests tried to claim the key");
+  const naive = await drawsItsRun("s4-naive", base, ["A", "B"]);
+  assert.deepEqual([naive.count("answer", "requests"), naive.count("effect"), naive.duplicates], [2, 2, 1]);
 });
 
 test("5: three attempts with one key are 1 effect, with a new key each 3", async () => {
@@ -393,6 +459,11 @@ test("10: a lost answer asked again with a new processor key pays twice, with th
   }
   assert.match(await text("s10-new-verdict"), /paid 2 times/);
   assert.match(await text("s10-same-verdict"), /exactly once/);
+  for (const [part, duplicates] of [["s10-new", 1], ["s10-same", 0]]) {
+    const t = await drawsItsRun(part, base, null);
+    assert.ok(t.count("lost") >= 1, `${part}: the gateway's answer was lost`);
+    assert.deepEqual([t.count("effect"), t.duplicates], [1 + duplicates, duplicates], part);
+  }
 });
 
 test("N at once with one key is one effect", async () => {
@@ -447,6 +518,15 @@ test("8: a crash between the commits: Redis's key gets 409 until its TTL, then a
   assert.ok(real.includes("completed by the sweeper"), `${real}`);
   assert.equal(real.at(-1), "201 Created (replayed)");
   assert.match(await text("s8-real-verdict"), /exactly once/);
+
+  // The real part ran first; the Redis part's crash took its events from
+  // the server's memory, so only its drawing is left to check.
+  const real8 = await drawsItsRun("s8-real", null, null);
+  assert.deepEqual([real8.count("sweeper"), real8.count("restart"), real8.count("effect"), real8.duplicates], [1, 1, 1, 0]);
+  assert.equal(real8.count("replay", "requests"), 1, "the retry after the sweeper was replayed");
+  const redis8 = await drawsItsRun("s8-redis", pit.base, null);
+  assert.deepEqual([redis8.count("restart"), redis8.count("effect"), redis8.duplicates], [1, 2, 1]);
+  assert.ok(redis8.count("conflict", "requests") >= 1, "Redis said processing until its TTL");
   await byId("scenario-8").screenshot({ path: join(OUT, "scenario-8.png") });
 });
 
