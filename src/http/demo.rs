@@ -5,12 +5,17 @@
 //! and `POST /demo/redis/charges`, the webhook receivers (see
 //! [`super::receiver`]), and `POST`/`GET /demo/processor/payments`, which
 //! ask the card gateway for a payment with a new processor key per attempt
-//! or the same one (block 10). The broken ones share no code path with the real
-//! endpoints: each has its own handler and its own key store.
+//! or the same one (block 10), and the lab's timelines: the middleware that
+//! records a request sent with `Oncepay-Trace` and `GET /demo/trace`. The
+//! broken ones share no code path with the real endpoints: each has its own
+//! handler and its own key store.
+
+use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{RawQuery, State};
+use axum::extract::{RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue};
+use axum::middleware::Next;
 use axum::response::{Html, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -36,7 +41,7 @@ use crate::refunds::NewRefund;
 use crate::retry_after;
 use crate::workshop;
 use crate::workshop::processor_keys::{self, KeyPer};
-use crate::workshop::trace::{self, Lane, Trace, TraceEvent, timed};
+use crate::workshop::trace::{self, Lane, RequestTrace, Trace, TraceEvent, Traces, timed};
 use crate::workshop::{naive_refund, redis_keys};
 
 /// The lab page: one self-contained file, no build step, nothing from the internet.
@@ -64,6 +69,25 @@ pub fn router(unsafe_endpoints: bool) -> OpenApiRouter<AppState> {
     } else {
         router
     }
+}
+
+/// Middleware (with `DEMO_UNSAFE_ENDPOINTS=true` only): records a request
+/// that asks for it with `Oncepay-Trace`, its answer, or its answer lost.
+pub async fn record_trace(
+    State(traces): State<Arc<Traces>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let asked = format!("{} {}", request.method(), request.uri().path());
+    let header = request.headers().get(trace::HEADER);
+    let Some(trace) = RequestTrace::begin(&traces, header, asked) else {
+        return next.run(request).await;
+    };
+    request.extensions_mut().insert(trace.clone());
+    let response = next.run(request).await;
+    let replayed = response.headers().contains_key(REPLAYED);
+    trace.answered(response.status().as_u16(), replayed);
+    response
 }
 
 /// The workshop's lab page (HTML, self-contained).
@@ -562,7 +586,7 @@ async fn redis_charge(
 /// The run tag of block 10's routes: part of the processor keys.
 fn processor_run(params: &mut Params) -> Result<String, ApiError> {
     let run = string(required(params, "run")?, "run")?;
-    if !processor_keys::valid_run(&run) {
+    if !trace::valid_run(&run) {
         return Err(ParamError::new(
             ProblemCode::ParameterInvalidString,
             "run",

@@ -41,7 +41,6 @@ use utoipa_axum::routes;
 use crate::app::AppState;
 use crate::config::Config;
 use crate::problem::{Problem, ProblemCode};
-use crate::workshop::trace;
 
 /// Every route, each described as it is registered (`routes!`), so the
 /// OpenAPI document cannot miss one.
@@ -101,11 +100,10 @@ pub fn router(state: AppState) -> Router {
         .fault_injection
         .then(|| axum::middleware::from_fn_with_state(state.clone(), faults::drop_response));
     // Outside the faults, so that a dropped answer is recorded as lost.
-    let trace = state
-        .config
-        .workshop
-        .demo_unsafe_endpoints
-        .then(|| axum::middleware::from_fn_with_state(state.clone(), trace::record));
+    let trace =
+        state.config.workshop.demo_unsafe_endpoints.then(|| {
+            axum::middleware::from_fn_with_state(state.traces.clone(), demo::record_trace)
+        });
     let layered = ServiceBuilder::new()
         .option_layer(trace)
         .map_response(IntoResponse::into_response)

@@ -54,14 +54,6 @@ impl KeyPer {
     }
 }
 
-/// A run tag: 1 to 100 letters, digits, `-` or `_` (it is part of the keys).
-pub fn valid_run(run: &str) -> bool {
-    (1..=100).contains(&run.len())
-        && run
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
 /// What one attempt sent and got.
 #[derive(Debug, Clone)]
 pub struct Attempt {

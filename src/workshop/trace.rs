@@ -2,7 +2,7 @@
 //! one clock, as this server saw it, for the lab page to draw.
 //!
 //! With `DEMO_UNSAFE_ENDPOINTS=true`, a request that sends `Oncepay-Trace:
-//! <run>/<request>` is recorded ([`record`]): its arrival and its answer, or
+//! <run>/<request>` is recorded (from [`RequestTrace::begin`]): its arrival and its answer, or
 //! the answer lost on purpose; the phases of its guarded operation that
 //! touch another system (the claim, the processor's call, the settle),
 //! through the timing seam ([`Traced`]); and the steps of the workshop's
@@ -17,16 +17,14 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use axum::extract::{FromRequestParts, Request, State};
+use axum::extract::FromRequestParts;
+use axum::http::HeaderValue;
 use axum::http::request::Parts;
-use axum::middleware::Next;
-use axum::response::Response;
 use serde::Serialize;
 use sqlx::PgPool;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::app::AppState;
 use crate::operation::timing::{Clock, Phase};
 use crate::processor::{self, Outcome, Processor};
 
@@ -155,6 +153,25 @@ pub struct RequestTrace {
 }
 
 impl RequestTrace {
+    /// The record of a request whose `Oncepay-Trace` header (`header`)
+    /// names a valid run and label; `asked` is its method and path.
+    pub fn begin(
+        traces: &Arc<Traces>,
+        header: Option<&HeaderValue>,
+        asked: String,
+    ) -> Option<Arc<Self>> {
+        let (run, label) = header?.to_str().ok()?.split_once('/')?;
+        valid(run, label).then(|| {
+            Arc::new(RequestTrace {
+                traces: traces.clone(),
+                run: run.to_owned(),
+                request: label.to_owned(),
+                arrived: SystemTime::now(),
+                asked,
+            })
+        })
+    }
+
     /// Records `event` as this request's.
     pub fn push(&self, event: TraceEvent) {
         let event = TraceEvent {
@@ -166,12 +183,8 @@ impl RequestTrace {
 
     /// Records the answer sent: the request's span and its answer; on
     /// oncepay's lane, what it decided when that was not to do the work.
-    fn answered(&self, response: &Response) {
+    pub fn answered(&self, status: u16, replayed: bool) {
         let now = SystemTime::now();
-        let status = response.status().as_u16();
-        let replayed = response
-            .headers()
-            .contains_key(crate::http::idempotent::REPLAYED);
         let decided = match status {
             409 => Some((Mark::Conflict, "the key is in use: 409, retry later")),
             _ if replayed => Some((Mark::Replay, "the saved answer, replayed")),
@@ -212,35 +225,17 @@ impl RequestTrace {
     }
 }
 
-/// Middleware (with `DEMO_UNSAFE_ENDPOINTS=true` only): records a request
-/// that asks for it with `Oncepay-Trace`.
-pub async fn record(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    let asked = request
-        .headers()
-        .get(HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once('/'))
-        .filter(|(run, label)| valid(run, label))
-        .map(|(run, label)| (run.to_owned(), label.to_owned()));
-    let Some((run, label)) = asked else {
-        return next.run(request).await;
-    };
-    let trace = Arc::new(RequestTrace {
-        traces: state.traces.clone(),
-        run,
-        request: label,
-        arrived: SystemTime::now(),
-        asked: format!("{} {}", request.method(), request.uri().path()),
-    });
-    request.extensions_mut().insert(trace.clone());
-    let response = next.run(request).await;
-    trace.answered(&response);
-    response
+/// A run tag: 1 to 100 letters, digits, `-` or `_` (it is part of keys).
+pub fn valid_run(run: &str) -> bool {
+    (1..=100).contains(&run.len())
+        && run
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// A run tag and a request label the lab sends: short and printable.
 fn valid(run: &str, label: &str) -> bool {
-    crate::workshop::processor_keys::valid_run(run)
+    valid_run(run)
         && !label.is_empty()
         && label.len() <= 40
         && label.chars().all(|c| c.is_ascii_graphic() || c == ' ')
