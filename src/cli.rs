@@ -18,7 +18,9 @@ use clap::{Parser, Subcommand};
 
 use anyhow::Context;
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
+use crate::broker;
 use crate::config::{Config, ConfigError, Settings};
 use crate::reconcile::Window;
 use crate::startup::{Application, http_processor, reconciler, shutdown_signal};
@@ -72,6 +74,20 @@ enum Command {
         /// Run one pass and exit (for cron and tests).
         #[arg(long)]
         once: bool,
+    },
+    /// Publish the events to the NATS JetStream stream (NATS_URL), in commit
+    /// order, until stopped; one relay publishes at a time.
+    Relay,
+    /// Consume the stream as the reference merchant ledger, booking each
+    /// charge.succeeded and refund.succeeded once, until stopped.
+    Consume {
+        /// The durable consumer's name (processes with one name share its messages).
+        #[arg(long, default_value = crate::broker::ledger::DEFAULT_NAME)]
+        name: String,
+        /// Compare the ledger with the charges and refunds instead, print
+        /// each difference, and exit 3 while one remains.
+        #[arg(long)]
+        check: bool,
     },
     /// Compare charges and refunds with the processor's ledger over a window
     /// and report each difference; exits 3 while a difference remains.
@@ -257,6 +273,36 @@ impl Cli {
                     Ok(ExitCode::SUCCESS)
                 }
             }
+            Command::Relay => {
+                let stop = CancellationToken::new();
+                let relay = tokio::spawn(broker::relay::run(pool, config.broker, stop.clone()));
+                until_stopped(stop, relay).await?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Consume { name, check: true } => {
+                let differences = broker::ledger::check(&pool, &name).await?;
+                for d in &differences {
+                    println!(
+                        "{} expected={} entries={} booked={}",
+                        d.object_id,
+                        d.expected.map_or("none".into(), |a| a.to_string()),
+                        d.entries,
+                        d.booked.map_or("none".into(), |a| a.to_string()),
+                    );
+                }
+                println!("differences={}", differences.len());
+                Ok(if differences.is_empty() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(3)
+                })
+            }
+            Command::Consume { name, check: false } => {
+                let stop = CancellationToken::new();
+                let consumer = broker::ledger::run(pool, config.broker, name, stop.clone());
+                until_stopped(stop, tokio::spawn(consumer)).await??;
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Reconcile {
                 since,
                 until,
@@ -434,4 +480,18 @@ fn merchant_name(value: &str) -> Result<String, String> {
         return Err("a merchant's name must be 1 to 200 characters, not blank".into());
     }
     Ok(name.to_owned())
+}
+
+/// Waits for `task` to end, or for a stop signal, then cancels `stop` and
+/// waits for the task to wind down.
+async fn until_stopped<T>(
+    stop: CancellationToken,
+    mut task: tokio::task::JoinHandle<T>,
+) -> Result<T, tokio::task::JoinError> {
+    tokio::select! {
+        ended = &mut task => return ended,
+        () = shutdown_signal() => {}
+    }
+    stop.cancel();
+    task.await
 }

@@ -55,6 +55,8 @@ pub struct Settings {
     pub webhooks: Webhooks,
     #[command(flatten)]
     pub workshop: Workshop,
+    #[command(flatten)]
+    pub broker: Broker,
 }
 
 /// Where and how the HTTP server listens, and how long requests and
@@ -212,6 +214,65 @@ pub struct Processor {
     pub latency: Duration,
 }
 
+/// The message broker events are relayed to (NATS JetStream), and how the
+/// relay and the reference consumer use it (see [`crate::broker`]). Its
+/// `Debug` hides any password in `NATS_URL`.
+#[derive(Clone, clap::Args)]
+#[command(next_help_heading = "Broker")]
+pub struct Broker {
+    /// NATS servers with JetStream, comma-separated, like nats://127.0.0.1:4222 (unset: no relay in `serve`; `oncepay relay` and `oncepay consume` need it).
+    #[arg(id = "NATS_URL", long = "nats-url", env = "NATS_URL", value_parser = nats_urls, global = true)]
+    pub nats_url: Option<NatsUrls>,
+    /// Run the relay inside `serve` when NATS_URL is set (one process at a time publishes).
+    #[arg(id = "RELAY_ENABLED", long = "relay-enabled", env = "RELAY_ENABLED", default_value = "true", value_parser = boolean, action = clap::ArgAction::Set, num_args = 1, value_name = "BOOL", global = true)]
+    pub relay_enabled: bool,
+    /// The JetStream stream the relay publishes events to (made when missing).
+    #[arg(id = "NATS_STREAM", long = "nats-stream", env = "NATS_STREAM", default_value = "ONCEPAY_EVENTS", value_parser = stream_name, global = true)]
+    pub stream: String,
+    /// The subjects' prefix: an event goes to <prefix>.<merchant id>.<event type>.
+    #[arg(id = "NATS_SUBJECT_PREFIX", long = "nats-subject-prefix", env = "NATS_SUBJECT_PREFIX", default_value = "oncepay.events", value_parser = subject_prefix, global = true)]
+    pub subject_prefix: String,
+    /// How long the stream remembers a message id, dropping a repeated publish of it.
+    #[arg(id = "NATS_DUPLICATE_WINDOW", long = "nats-duplicate-window", env = "NATS_DUPLICATE_WINDOW", default_value = "2m", value_parser = positive_duration, global = true)]
+    pub duplicate_window: Duration,
+    /// Copies of the stream the broker keeps (1, or 3 on a three-node cluster).
+    #[arg(id = "NATS_STREAM_REPLICAS", long = "nats-stream-replicas", env = "NATS_STREAM_REPLICAS", default_value = "1", value_parser = replicas, global = true)]
+    pub replicas: usize,
+    /// How often an idle relay looks for new events.
+    #[arg(id = "RELAY_POLL_INTERVAL", long = "relay-poll-interval", env = "RELAY_POLL_INTERVAL", default_value = "200ms", value_parser = positive_duration, global = true)]
+    pub poll_interval: Duration,
+    /// Events the relay publishes before it records how far it got (1 to 10000).
+    #[arg(id = "RELAY_BATCH", long = "relay-batch", env = "RELAY_BATCH", default_value = "100", value_parser = batch_size, global = true)]
+    pub batch: i64,
+    /// How long the broker waits for the consumer's ack before it delivers a message again.
+    #[arg(id = "CONSUMER_ACK_WAIT", long = "consumer-ack-wait", env = "CONSUMER_ACK_WAIT", default_value = "30s", value_parser = positive_duration, global = true)]
+    pub ack_wait: Duration,
+}
+
+/// `NATS_URL`: one or more server addresses, as written.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NatsUrls(pub Vec<String>);
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls = self
+            .nats_url
+            .as_ref()
+            .map(|urls| urls.0.iter().map(|u| redact_url(u)).collect::<Vec<_>>());
+        f.debug_struct("Broker")
+            .field("nats_url", &urls)
+            .field("relay_enabled", &self.relay_enabled)
+            .field("stream", &self.stream)
+            .field("subject_prefix", &self.subject_prefix)
+            .field("duplicate_window", &self.duplicate_window)
+            .field("replicas", &self.replicas)
+            .field("poll_interval", &self.poll_interval)
+            .field("batch", &self.batch)
+            .field("ack_wait", &self.ack_wait)
+            .finish()
+    }
+}
+
 /// Webhook delivery: its attempts, their spacing and concurrency, and the
 /// address guard (see [`crate::webhooks::deliver`] and
 /// [`crate::webhooks::guard`]).
@@ -289,6 +350,7 @@ pub struct Config {
     pub processor: Processor,
     pub webhooks: Webhooks,
     pub workshop: Workshop,
+    pub broker: Broker,
 }
 
 /// Reads just the settings, for [`Config::from_lookup`].
@@ -421,6 +483,7 @@ impl Config {
             processor,
             webhooks,
             workshop,
+            broker,
         } = settings;
         let database_url = database.url.take().ok_or_else(|| ConfigError {
             name: "DATABASE_URL".into(),
@@ -442,6 +505,7 @@ impl Config {
             processor,
             webhooks,
             workshop,
+            broker,
         };
         // A request (and the processor call in it) must be over before its
         // key counts as stale: past PROCESSING_TIMEOUT, a retry or the sweeper
@@ -831,6 +895,45 @@ fn max_attempts(value: &str) -> Result<i32, String> {
 
 fn concurrency(value: &str) -> Result<i64, String> {
     whole_number(value, 1..=1024)
+}
+
+/// `NATS_URL`: comma-separated addresses, each `nats://host:port`,
+/// `tls://host:port` or `host:port`.
+fn nats_urls(value: &str) -> Result<NatsUrls, String> {
+    let urls: Vec<String> = value.split(',').map(|u| u.trim().to_owned()).collect();
+    for url in &urls {
+        url.parse::<async_nats::ServerAddr>()
+            .map_err(|e| format!("{e} (write it like nats://127.0.0.1:4222)"))?;
+    }
+    Ok(NatsUrls(urls))
+}
+
+/// A JetStream stream's name: letters, digits, `-` and `_`, at most 64.
+fn stream_name(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    let ok = (1..=64).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    ok.then(|| value.to_owned())
+        .ok_or_else(|| "must be 1 to 64 letters, digits, - or _".into())
+}
+
+/// Subject tokens of letters, digits, `-` and `_`, joined by dots.
+fn subject_prefix(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    let token = |t: &str| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    (value.len() <= 128 && value.split('.').all(token))
+        .then(|| value.to_owned())
+        .ok_or_else(|| "must be dot-separated tokens of letters, digits, - or _".into())
+}
+
+fn replicas(value: &str) -> Result<usize, String> {
+    whole_number(value, 1..=5)
 }
 
 fn batch_size(value: &str) -> Result<i64, String> {

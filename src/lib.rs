@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod app;
+pub mod broker;
 pub mod cache;
 pub mod cli;
 pub mod config;

@@ -211,6 +211,12 @@ impl Application {
             }
             (false, _) => None,
         };
+        // The relay of events to the broker, on one instance at a time.
+        if config.broker.relay_enabled && config.broker.nats_url.is_some() {
+            let relay =
+                crate::broker::relay::run(pool.clone(), config.broker.clone(), stop.clone());
+            tokio::spawn(relay);
+        }
         tokio::spawn(metrics::upkeep(
             self.state.metrics.clone(),
             stop.clone().cancelled_owned(),

@@ -6,6 +6,7 @@ mod database;
 
 mod auth;
 mod bad_input;
+mod broker;
 mod cli;
 mod concurrency;
 mod connections;

@@ -1,0 +1,333 @@
+//! Events through NATS JetStream: the relay publishes the outbox once per
+//! position with the event's id as `Nats-Msg-Id`, the stream's duplicate
+//! window drops a republish inside it, and the ledger's inbox applies each
+//! event once whatever the broker delivers. Needs a NATS server with
+//! JetStream at `NATS_URL` (default nats://127.0.0.1:4222; scripts/test
+//! finds or starts one); each test has a stream and subjects of its own.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use futures::StreamExt as _;
+use oncepay::broker::{self, ledger, relay};
+use oncepay::config::{Broker, NatsUrls};
+use serde_json::json;
+use sqlx::Connection as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::helpers::{Answer, TestApp, spawn_app, until};
+
+/// One test's broker settings: NATS from `NATS_URL`, a stream and subject
+/// prefix of its own, the given duplicate window and ack wait.
+fn settings(app: &TestApp, window: Duration, ack_wait: Duration) -> Broker {
+    let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+    let mut config = app.config.broker.clone();
+    config.nats_url = Some(NatsUrls(url.split(',').map(str::to_owned).collect()));
+    config.stream = format!("TEST_{tag}");
+    config.subject_prefix = format!("test.{tag}");
+    config.duplicate_window = window;
+    config.ack_wait = ack_wait;
+    config.batch = 50;
+    config
+}
+
+/// The JetStream context, with a message naming `NATS_URL` when there is
+/// no server, and the test's stream made.
+async fn js(config: &Broker) -> jetstream::Context {
+    let js = broker::connect(config).await.unwrap_or_else(|e| {
+        panic!("no NATS server with JetStream ({e:#}); set NATS_URL, or run scripts/test, which finds or starts one")
+    });
+    broker::stream(&js, config).await.unwrap();
+    js
+}
+
+/// Three paid charges and a refund of one, and the events they wrote:
+/// four that book money (three charges in, one refund out) among them.
+async fn some_money_moved(app: &TestApp) {
+    let first = app.paid_charge(1500).await;
+    app.paid_charge(2500).await;
+    app.paid_charge(700).await;
+    let refund = Answer::of(
+        app.post_refund(None, &json!({"charge": first, "amount": 500}))
+            .await,
+    )
+    .await;
+    assert_eq!(refund.status, 201, "{:?}", refund.body);
+}
+
+/// The relay's own session, with its lock taken.
+async fn relay_session(app: &TestApp, config: &Broker) -> sqlx::PgConnection {
+    let mut conn = sqlx::PgConnection::connect_with(&app.pool.connect_options())
+        .await
+        .unwrap();
+    assert!(relay::try_lock(&mut conn, &config.stream).await.unwrap());
+    conn
+}
+
+/// Publishes and records until nothing is left; returns the batches.
+async fn relay_all(
+    conn: &mut sqlx::PgConnection,
+    js: &jetstream::Context,
+    config: &Broker,
+) -> usize {
+    let mut batches = 0;
+    while let Some(last) = relay::publish_next(conn, js, config).await.unwrap() {
+        relay::record(conn, &config.stream, last).await.unwrap();
+        batches += 1;
+    }
+    batches
+}
+
+async fn stream_messages(js: &jetstream::Context, config: &Broker) -> u64 {
+    let mut stream = js.get_stream(&config.stream).await.unwrap();
+    stream.info().await.unwrap().state.messages
+}
+
+/// The events' ids in the list's order (txid, seq), which is commit order.
+async fn event_ids(app: &TestApp) -> Vec<String> {
+    sqlx::query_scalar("SELECT id FROM events ORDER BY txid, seq")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_relay_publishes_each_event_once_in_commit_order_under_its_id() {
+    let app = spawn_app().await;
+    some_money_moved(&app).await;
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
+    let js = js(&config).await;
+    let mut conn = relay_session(&app, &config).await;
+
+    assert!(relay_all(&mut conn, &js, &config).await >= 1);
+    let ids = event_ids(&app).await;
+    assert_eq!(ids.len() as i64, app.events().await);
+    let stream = js.get_stream(&config.stream).await.unwrap();
+    for (n, id) in ids.iter().enumerate() {
+        let message = stream.get_raw_message(n as u64 + 1).await.unwrap();
+        let msg_id = message
+            .headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .unwrap();
+        assert_eq!(msg_id.as_str(), id, "message {} is the {n}th event", n + 1);
+        let event: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
+        assert_eq!(event["id"], id.as_str());
+        assert!(
+            message
+                .subject
+                .starts_with(&format!("{}.{}.", config.subject_prefix, app.merchant_id))
+        );
+    }
+    // Nothing new: nothing published again.
+    assert_eq!(
+        relay::publish_next(&mut conn, &js, &config).await.unwrap(),
+        None
+    );
+    assert_eq!(stream_messages(&js, &config).await, ids.len() as u64);
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_relay_killed_before_its_record_publishes_again_and_the_window_keeps_one_copy() {
+    let app = spawn_app().await;
+    some_money_moved(&app).await;
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
+    let js = js(&config).await;
+    let events = app.events().await as u64;
+    {
+        // Published and acknowledged, then killed before the record: the
+        // position stays where it was.
+        let mut conn = relay_session(&app, &config).await;
+        assert!(
+            relay::publish_next(&mut conn, &js, &config)
+                .await
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(
+            relay::position(&mut conn, &config.stream).await.unwrap(),
+            Default::default()
+        );
+    }
+    // The session died with the process, and its lock with it.
+    let mut conn = relay_session(&app, &config).await;
+    relay_all(&mut conn, &js, &config).await;
+    assert_eq!(
+        stream_messages(&js, &config).await,
+        events,
+        "one copy of each event"
+    );
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn after_the_window_the_stream_holds_two_copies_and_the_inbox_applies_one() {
+    let app = spawn_app().await;
+    some_money_moved(&app).await;
+    let config = settings(&app, Duration::from_secs(1), Duration::from_secs(30));
+    let js = js(&config).await;
+    let events = app.events().await as u64;
+    let mut conn = relay_session(&app, &config).await;
+    relay::publish_next(&mut conn, &js, &config).await.unwrap();
+    // A relay down longer than the window: its repeat is no duplicate to the stream.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    relay_all(&mut conn, &js, &config).await;
+    assert_eq!(
+        stream_messages(&js, &config).await,
+        2 * events,
+        "two copies of each"
+    );
+
+    let stop = CancellationToken::new();
+    let consumer = tokio::spawn(ledger::run(
+        app.pool.clone(),
+        config.clone(),
+        "ledger".into(),
+        stop.clone(),
+    ));
+    until(Duration::from_secs(20), "every copy consumed", || async {
+        app.count("SELECT count(*) FROM consumer_inbox").await == events as i64
+            && ack_pending(&js, &config, "ledger").await == (0, 0)
+    })
+    .await;
+    stop.cancel();
+    consumer.await.unwrap().unwrap();
+    assert_eq!(
+        ledger::check(&app.pool, "ledger").await.unwrap(),
+        vec![],
+        "one entry per charge and refund"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM ledger_entries").await, 4);
+    assert_eq!(
+        app.count("SELECT sum(amount)::bigint FROM ledger_entries")
+            .await,
+        1500 + 2500 + 700 - 500
+    );
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+/// The durable consumer's messages not yet delivered and not yet acked.
+async fn ack_pending(js: &jetstream::Context, config: &Broker, name: &str) -> (u64, usize) {
+    let stream = js.get_stream(&config.stream).await.unwrap();
+    let mut consumer: PullConsumer = stream.get_consumer(name).await.unwrap();
+    let info = consumer.info().await.unwrap();
+    (info.num_pending, info.num_ack_pending)
+}
+
+#[tokio::test]
+async fn a_consumer_killed_after_its_commit_leaves_its_messages_to_another_and_the_inbox_holds() {
+    let app = spawn_app().await;
+    some_money_moved(&app).await;
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(1));
+    let js = js(&config).await;
+    let events = app.events().await as usize;
+    let mut conn = relay_session(&app, &config).await;
+    relay_all(&mut conn, &js, &config).await;
+
+    // The first consumer process applies every message and commits, then
+    // dies before any ack.
+    let first = ledger::consumer(&config, "ledger").await.unwrap();
+    let mut messages = first.messages().await.unwrap();
+    for _ in 0..events {
+        let message = messages.next().await.unwrap().unwrap();
+        let id = message
+            .headers
+            .as_ref()
+            .unwrap()
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .unwrap()
+            .to_string();
+        let merchant = ledger::merchant_of(&config, &message.subject);
+        let applied = ledger::apply(&app.pool, "ledger", &id, merchant, &message.payload)
+            .await
+            .unwrap();
+        assert_ne!(applied, ledger::Applied::Duplicate);
+    }
+    drop(messages);
+
+    // The second process on the same durable consumer gets them again
+    // after the ack wait, and its inbox finds each already applied.
+    let stop = CancellationToken::new();
+    let second = tokio::spawn(ledger::run(
+        app.pool.clone(),
+        config.clone(),
+        "ledger".into(),
+        stop.clone(),
+    ));
+    until(
+        Duration::from_secs(20),
+        "every message redelivered and acked",
+        || async { ack_pending(&js, &config, "ledger").await == (0, 0) },
+    )
+    .await;
+    stop.cancel();
+    second.await.unwrap().unwrap();
+    let stream = js.get_stream(&config.stream).await.unwrap();
+    let mut durable: PullConsumer = stream.get_consumer("ledger").await.unwrap();
+    // Its delivery count counts every delivery: each message twice.
+    let deliveries = durable.info().await.unwrap().delivered.consumer_sequence;
+    assert_eq!(
+        deliveries,
+        2 * events as u64,
+        "the broker delivered each message again"
+    );
+    assert_eq!(ledger::check(&app.pool, "ledger").await.unwrap(), vec![]);
+    assert_eq!(app.count("SELECT count(*) FROM ledger_entries").await, 4);
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn relays_racing_on_one_database_publish_each_event_once() {
+    let app = spawn_app().await;
+    for _ in 0..10 {
+        app.paid_charge(1000).await;
+    }
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
+    let js = js(&config).await;
+    // Every publish, as sent: the stream would drop a repeat inside its
+    // window, a plain subscriber on the subjects sees it.
+    let url = &config.nats_url.as_ref().unwrap().0[0];
+    let client = async_nats::connect(url.as_str()).await.unwrap();
+    let mut sent = client
+        .subscribe(format!("{}.>", config.subject_prefix))
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+
+    let stop = CancellationToken::new();
+    let relays: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(relay::run(app.pool.clone(), config.clone(), stop.clone())))
+        .collect();
+    let events = app.events().await as u64;
+    until(Duration::from_secs(20), "every event published", || async {
+        stream_messages(&js, &config).await >= events
+    })
+    .await;
+    // More charges while four relays run.
+    for _ in 0..5 {
+        app.paid_charge(1000).await;
+    }
+    let events = app.events().await as u64;
+    until(
+        Duration::from_secs(20),
+        "the new events published",
+        || async { stream_messages(&js, &config).await >= events },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.cancel();
+    for relay in relays {
+        relay.await.unwrap();
+    }
+    let mut publishes = 0;
+    while tokio::time::timeout(Duration::from_millis(300), sent.next())
+        .await
+        .is_ok()
+    {
+        publishes += 1;
+    }
+    assert_eq!(publishes, events, "each event published once, by one relay");
+    assert_eq!(stream_messages(&js, &config).await, events);
+    js.delete_stream(&config.stream).await.unwrap();
+}
