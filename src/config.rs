@@ -1103,6 +1103,10 @@ mod tests {
                     assert_eq!(*cell, "unset");
                     assert!(config(&[]).unwrap().workshop.redis_url.is_none());
                 }
+                "NATS_URL" => {
+                    assert_eq!(*cell, "unset");
+                    assert!(config(&[]).unwrap().broker.nats_url.is_none());
+                }
                 "PROCESSOR_URL" => {
                     assert!(cell.starts_with("unset"), "{cell}");
                     assert!(config(&[]).unwrap().processor.url.is_none());
