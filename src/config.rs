@@ -247,6 +247,28 @@ pub struct Broker {
     /// How long the broker waits for the consumer's ack before it delivers a message again.
     #[arg(id = "CONSUMER_ACK_WAIT", long = "consumer-ack-wait", env = "CONSUMER_ACK_WAIT", default_value = "30s", value_parser = positive_duration, global = true)]
     pub ack_wait: Duration,
+    /// A failure the relay or the consumer causes on purpose (chaos tests; needs FAULT_INJECTION=true).
+    #[arg(
+        id = "BROKER_FAULT",
+        long = "broker-fault",
+        env = "BROKER_FAULT",
+        value_enum,
+        global = true
+    )]
+    pub fault: Option<BrokerFault>,
+}
+
+/// `BROKER_FAULT`: where the relay or the consumer fails on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BrokerFault {
+    /// The relay aborts after the broker acknowledged a batch, before it
+    /// records its position.
+    CrashAfterPublish,
+    /// The consumer aborts after committing a message, before its ack.
+    CrashAfterCommit,
+    /// The consumer waits twice the ack wait after each commit before its
+    /// ack, so the broker delivers the message again meanwhile.
+    AckLate,
 }
 
 /// `NATS_URL`: one or more server addresses, as written.
@@ -269,6 +291,7 @@ impl std::fmt::Debug for Broker {
             .field("poll_interval", &self.poll_interval)
             .field("batch", &self.batch)
             .field("ack_wait", &self.ack_wait)
+            .field("fault", &self.fault)
             .finish()
     }
 }
@@ -507,6 +530,15 @@ impl Config {
             workshop,
             broker,
         };
+        if config.broker.fault.is_some() && !config.workshop.fault_injection {
+            return Err(ConfigError {
+                name: "BROKER_FAULT".into(),
+                value: format!("{:?}", config.broker.fault),
+                reason:
+                    "needs FAULT_INJECTION=true: it makes the relay or the consumer fail on purpose"
+                        .into(),
+            });
+        }
         // A request (and the processor call in it) must be over before its
         // key counts as stale: past PROCESSING_TIMEOUT, a retry or the sweeper
         // settles the record, fencing off the processor, so a slower request
@@ -1102,6 +1134,10 @@ mod tests {
                 "REDIS_URL" => {
                     assert_eq!(*cell, "unset");
                     assert!(config(&[]).unwrap().workshop.redis_url.is_none());
+                }
+                "BROKER_FAULT" => {
+                    assert_eq!(*cell, "unset");
+                    assert!(config(&[]).unwrap().broker.fault.is_none());
                 }
                 "NATS_URL" => {
                     assert_eq!(*cell, "unset");

@@ -21,7 +21,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::config::Broker;
+use crate::config::{Broker, BrokerFault};
 
 /// The consumer's name when none is given: the durable consumer's, and its
 /// rows' in the inbox and the ledger.
@@ -75,6 +75,14 @@ pub async fn run(
         let merchant = merchant_of(&config, &message.subject);
         let applied = apply(&pool, &name, &id, merchant, &message.payload).await?;
         tracing::debug!(consumer = %name, message = %id, ?applied, "applied");
+        match config.fault {
+            Some(BrokerFault::CrashAfterCommit) => {
+                tracing::error!(message = %id, "fault injection: the consumer aborts before its ack");
+                std::process::abort();
+            }
+            Some(BrokerFault::AckLate) => tokio::time::sleep(config.ack_wait * 2).await,
+            _ => {}
+        }
         message
             .ack()
             .await

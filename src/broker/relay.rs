@@ -27,7 +27,7 @@ use sqlx::{Connection as _, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::config::Broker;
+use crate::config::{Broker, BrokerFault};
 use crate::events::{Event, EventType};
 
 /// A position in the outbox: the last event published, in (txid, seq).
@@ -71,7 +71,13 @@ async fn lead(pool: &PgPool, config: &Broker) -> anyhow::Result<()> {
     loop {
         let published = publish_next(&mut conn, &js, config).await?;
         match published {
-            Some(last) => record(&mut conn, &config.stream, last).await?,
+            Some(last) => {
+                if config.fault == Some(BrokerFault::CrashAfterPublish) {
+                    tracing::error!(?last, "fault injection: the relay aborts before its record");
+                    std::process::abort();
+                }
+                record(&mut conn, &config.stream, last).await?;
+            }
             None => tokio::time::sleep(config.poll_interval).await,
         }
     }

@@ -20,6 +20,7 @@
 //!
 //! `scripts/chaos` runs these with `CHAOS_SCALE=3` and prints the table.
 
+mod broker;
 mod connections;
 #[path = "../common/database.rs"]
 mod database;

@@ -1,0 +1,531 @@
+//! The broker boundary under failure: real `oncepay relay` and `oncepay
+//! consume` processes, killed at the points that make a hop repeat, and a
+//! NATS server restarted under load. Each scenario ends with every event
+//! applied exactly once by the inbox consumer (its ledger agrees with the
+//! charges and refunds) and reports how many duplicates the broker
+//! delivered (deliveries beyond one per event: redeliveries, and second
+//! copies in the stream) to `CHAOS_BROKER_REPORT`.
+//!
+//! Needs NATS with JetStream at `NATS_URL` (default nats://127.0.0.1:4222)
+//! and, for the restart, Debian's `nats-server` to start one of its own.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use serde_json::json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::database::TestDb as Database;
+use crate::harness::{SLACK, Server, charge_body, drive, scale, scratch_dir};
+
+/// The broker settings of one scenario: a stream and subjects of its own.
+struct Broker {
+    url: String,
+    stream: String,
+    prefix: String,
+}
+
+impl Broker {
+    fn on(url: &str) -> Self {
+        let tag = Uuid::new_v4().simple().to_string()[..12].to_owned();
+        Broker {
+            url: url.to_owned(),
+            stream: format!("CHAOS_{tag}"),
+            prefix: format!("chaos.{tag}"),
+        }
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("NATS_URL", self.url.clone()),
+            ("NATS_STREAM", self.stream.clone()),
+            ("NATS_SUBJECT_PREFIX", self.prefix.clone()),
+            ("RELAY_POLL_INTERVAL", "50ms".into()),
+            ("RELAY_BATCH", "5".into()),
+            ("CONSUMER_ACK_WAIT", "1s".into()),
+        ]
+    }
+
+    async fn js(&self) -> jetstream::Context {
+        let client = async_nats::connect(self.url.as_str()).await.unwrap();
+        jetstream::new(client)
+    }
+}
+
+fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// `oncepay relay` or `oncepay consume` as a process of its own.
+struct Worker {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Worker {
+    fn start(args: &[&str], database_url: &str, env: &[(&'static str, String)]) -> Self {
+        let log = scratch_dir("broker").join(format!("{}.log", args[0]));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_oncepay"))
+            .args(args)
+            .env_clear()
+            .env("DATABASE_URL", database_url)
+            .env("RUST_LOG", "info,sqlx=warn")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Worker {
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// Waits for a process that aborts on purpose to be gone.
+    async fn exited(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        let child = self.child.as_mut().unwrap();
+        while child.try_wait().unwrap().is_none() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            assert!(
+                Instant::now() < deadline,
+                "it did not abort; its log:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Paid charges through `server`, one logical operation each; a tenth are
+/// refunded in part, so refunds travel too.
+async fn charges(server: &Server, count: usize) {
+    let http = reqwest::Client::new();
+    let urls = [server.url()];
+    for n in 0..count {
+        let key = format!("broker-{}", Uuid::new_v4().simple());
+        let deadline = Instant::now() + SLACK * 4;
+        let outcome = drive(
+            &http,
+            &urls,
+            &key,
+            &charge_body(&key, 1000 + n as i64, "tok_visa"),
+            &[],
+            deadline,
+        )
+        .await;
+        let charge = outcome.answers.first().and_then(|a| a.id.clone());
+        if n % 10 == 0 {
+            if let Some(charge) = charge {
+                let body = json!({"charge": charge, "amount": 100});
+                let refund = http
+                    .post(format!("{}/v1/refunds", server.url()))
+                    .bearer_auth(crate::harness::API_KEY)
+                    .header("Idempotency-Key", format!("{key}-refund"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(refund.status(), 201);
+            }
+        }
+    }
+}
+
+/// A scenario's row: events, duplicates delivered, effects applied, lost.
+#[derive(Debug)]
+struct Row {
+    scenario: &'static str,
+    events: i64,
+    in_stream: u64,
+    duplicates_delivered: i64,
+    applied: i64,
+    lost: i64,
+    ledger_differences: usize,
+}
+
+impl Row {
+    /// Waits until the consumer named `ledger` has taken every event and
+    /// the broker has nothing left for it, then measures.
+    async fn settle(
+        scenario: &'static str,
+        pool: &PgPool,
+        broker: &Broker,
+        within: Duration,
+    ) -> Self {
+        let js = broker.js().await;
+        let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        let deadline = Instant::now() + within;
+        loop {
+            let applied: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM consumer_inbox WHERE consumer = 'ledger'")
+                    .fetch_one(pool)
+                    .await
+                    .unwrap();
+            let idle = match js.get_stream(&broker.stream).await {
+                Ok(stream) => match stream
+                    .get_consumer::<jetstream::consumer::pull::Config>("ledger")
+                    .await
+                {
+                    Ok(mut c) => c
+                        .info()
+                        .await
+                        .is_ok_and(|i| i.num_pending == 0 && i.num_ack_pending == 0),
+                    Err(_) => false,
+                },
+                Err(_) => false,
+            };
+            if applied >= events && idle {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{scenario}: {applied} of {events} events applied"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut stream = js.get_stream(&broker.stream).await.unwrap();
+        let in_stream = stream.info().await.unwrap().state.messages;
+        let mut consumer = stream
+            .get_consumer::<jetstream::consumer::pull::Config>("ledger")
+            .await
+            .unwrap();
+        let deliveries = consumer.info().await.unwrap().delivered.consumer_sequence as i64;
+        let applied: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM consumer_inbox i JOIN events e ON e.id = i.message_id WHERE i.consumer = 'ledger'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        let differences = oncepay::broker::ledger::check(pool, "ledger")
+            .await
+            .unwrap();
+        Row {
+            scenario,
+            events,
+            in_stream,
+            duplicates_delivered: deliveries - events,
+            applied,
+            lost: events - applied,
+            ledger_differences: differences.len(),
+        }
+    }
+
+    fn publish(&self) {
+        eprintln!("chaos broker report: {self:?}");
+        if let Ok(path) = std::env::var("CHAOS_BROKER_REPORT") {
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .unwrap();
+            writeln!(
+                file,
+                "{}\t{}\t{}\t{}\t{}\t{}",
+                self.scenario,
+                self.events,
+                self.in_stream,
+                self.duplicates_delivered,
+                self.applied,
+                self.lost
+            )
+            .unwrap();
+        }
+    }
+
+    /// Every event applied once: none lost, the ledger as the records say.
+    #[track_caller]
+    fn assert_exactly_once(&self) {
+        assert_eq!(self.applied, self.events, "{self:?}");
+        assert_eq!(self.lost, 0, "{self:?}");
+        assert_eq!(self.ledger_differences, 0, "{self:?}");
+    }
+}
+
+/// An API server whose relay is off (the scenario runs its own).
+async fn api(db: &Database) -> Server {
+    Server::start(&db.url, &[("RELAY_ENABLED", "false")]).await
+}
+
+fn with(
+    mut env: Vec<(&'static str, String)>,
+    more: &[(&'static str, &str)],
+) -> Vec<(&'static str, String)> {
+    env.extend(more.iter().map(|(k, v)| (*k, v.to_string())));
+    env
+}
+
+#[tokio::test]
+async fn a_relay_killed_between_publish_and_record_publishes_again_and_each_event_is_applied_once()
+{
+    let db = Database::create().await;
+    let server = api(&db).await;
+    charges(&server, 4 * scale()).await;
+    let broker = Broker::on(&nats_url());
+    let crash = with(
+        broker.env(),
+        &[
+            ("FAULT_INJECTION", "true"),
+            ("BROKER_FAULT", "crash-after-publish"),
+        ],
+    );
+    let mut dying = Worker::start(&["relay"], &db.url, &crash);
+    dying.exited(SLACK * 4).await;
+    let _relay = Worker::start(&["relay"], &db.url, &broker.env());
+    let _ledger = Worker::start(&["consume"], &db.url, &broker.env());
+    let row = Row::settle(
+        "relay killed between publish and record",
+        &db.pool().await,
+        &broker,
+        SLACK * 10,
+    )
+    .await;
+    row.publish();
+    row.assert_exactly_once();
+    assert_eq!(
+        row.in_stream, row.events as u64,
+        "inside the window the stream kept one copy"
+    );
+    broker
+        .js()
+        .await
+        .delete_stream(&broker.stream)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_relay_down_longer_than_the_window_leaves_two_copies_and_the_inbox_applies_one() {
+    let db = Database::create().await;
+    let server = api(&db).await;
+    charges(&server, 4 * scale()).await;
+    let broker = Broker::on(&nats_url());
+    let window = with(broker.env(), &[("NATS_DUPLICATE_WINDOW", "1s")]);
+    let crash = with(
+        window.clone(),
+        &[
+            ("FAULT_INJECTION", "true"),
+            ("BROKER_FAULT", "crash-after-publish"),
+        ],
+    );
+    let mut dying = Worker::start(&["relay"], &db.url, &crash);
+    dying.exited(SLACK * 4).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let _relay = Worker::start(&["relay"], &db.url, &window);
+    let _ledger = Worker::start(&["consume"], &db.url, &window);
+    let row = Row::settle(
+        "relay down longer than the window",
+        &db.pool().await,
+        &broker,
+        SLACK * 10,
+    )
+    .await;
+    row.publish();
+    row.assert_exactly_once();
+    assert!(
+        row.in_stream > row.events as u64,
+        "the first batch twice in the stream: {row:?}"
+    );
+    assert!(row.duplicates_delivered > 0, "{row:?}");
+    broker
+        .js()
+        .await
+        .delete_stream(&broker.stream)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_consumer_killed_after_its_commit_before_its_ack_is_redelivered_and_applied_once() {
+    let db = Database::create().await;
+    let server = api(&db).await;
+    charges(&server, 4 * scale()).await;
+    let broker = Broker::on(&nats_url());
+    let _relay = Worker::start(&["relay"], &db.url, &broker.env());
+    let crash = with(
+        broker.env(),
+        &[
+            ("FAULT_INJECTION", "true"),
+            ("BROKER_FAULT", "crash-after-commit"),
+        ],
+    );
+    for _ in 0..3 {
+        let mut dying = Worker::start(&["consume"], &db.url, &crash);
+        dying.exited(SLACK * 4).await;
+    }
+    let _ledger = Worker::start(&["consume"], &db.url, &broker.env());
+    let row = Row::settle(
+        "consumer killed after commit, before ack",
+        &db.pool().await,
+        &broker,
+        SLACK * 10,
+    )
+    .await;
+    row.publish();
+    row.assert_exactly_once();
+    assert!(
+        row.duplicates_delivered >= 3,
+        "each killed consumer's message came again: {row:?}"
+    );
+    broker
+        .js()
+        .await
+        .delete_stream(&broker.stream)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn two_consumers_with_a_short_ack_wait_share_redeliveries_and_apply_each_once() {
+    let db = Database::create().await;
+    let server = api(&db).await;
+    charges(&server, 2 * scale()).await;
+    let broker = Broker::on(&nats_url());
+    let _relay = Worker::start(&["relay"], &db.url, &broker.env());
+    // One acks each message after twice the ack wait: the broker gives
+    // each to the other meanwhile, while the first may still be at it.
+    let late = with(
+        broker.env(),
+        &[("FAULT_INJECTION", "true"), ("BROKER_FAULT", "ack-late")],
+    );
+    let _slow = Worker::start(&["consume"], &db.url, &late);
+    let _quick = Worker::start(&["consume"], &db.url, &broker.env());
+    let row = Row::settle(
+        "two consumers, short ack wait",
+        &db.pool().await,
+        &broker,
+        SLACK * 20,
+    )
+    .await;
+    row.publish();
+    row.assert_exactly_once();
+    assert!(row.duplicates_delivered > 0, "{row:?}");
+    broker
+        .js()
+        .await
+        .delete_stream(&broker.stream)
+        .await
+        .unwrap();
+}
+
+/// A NATS server of the scenario's own, restarted on the same port with
+/// the same JetStream folder.
+struct PrivateNats {
+    child: Option<Child>,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl PrivateNats {
+    async fn start() -> Self {
+        let dir = scratch_dir("nats");
+        let mut nats = PrivateNats {
+            child: None,
+            dir,
+            port: 0,
+        };
+        nats.spawn("-1").await;
+        nats
+    }
+
+    async fn spawn(&mut self, port: &str) {
+        let log = self.dir.join("nats-server.log");
+        let _ = std::fs::remove_file(&log);
+        let child = Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", port, "-js", "-sd"])
+            .arg(self.dir.join("store"))
+            .arg("-l")
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server (apt-get install nats-server)");
+        self.child = Some(child);
+        // Ready is its own log saying so, however long that takes.
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("Server is ready") {
+                let port = text
+                    .split("Listening for client connections on 127.0.0.1:")
+                    .nth(1)
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .and_then(|p| p.parse().ok())
+                    .expect("the port nats-server listens on");
+                self.port = port;
+                return;
+            }
+            let exited = self.child.as_mut().unwrap().try_wait().unwrap();
+            assert!(exited.is_none(), "nats-server exited; its log:\n{text}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it (`SIGKILL`) and starts it again on its port, from its files.
+    async fn restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.spawn(&self.port.to_string()).await;
+    }
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+async fn a_broker_restarted_under_load_keeps_its_stream_and_each_event_is_applied_once() {
+    let db = Database::create().await;
+    let server = api(&db).await;
+    let mut nats = PrivateNats::start().await;
+    let broker = Broker::on(&nats.url());
+    let _relay = Worker::start(&["relay"], &db.url, &broker.env());
+    let _ledger = Worker::start(&["consume"], &db.url, &broker.env());
+    charges(&server, 2 * scale()).await;
+    // Killed and started again while charges are being made.
+    tokio::join!(charges(&server, 2 * scale()), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        nats.restart().await;
+    });
+    let row = Row::settle(
+        "broker restarted under load",
+        &db.pool().await,
+        &broker,
+        SLACK * 20,
+    )
+    .await;
+    row.publish();
+    row.assert_exactly_once();
+    assert_eq!(
+        row.in_stream, row.events as u64,
+        "the stream on disk survived the kill"
+    );
+}
