@@ -113,20 +113,36 @@ pub async fn apply(
     if !first {
         return Ok(Applied::Duplicate);
     }
-    let applied = match (Booking::of(payload), merchant_id) {
-        (Some(booking), Some(merchant_id)) => {
-            booking.book(&mut tx, consumer, merchant_id).await?;
-            Applied::Booked
-        }
-        (booking, _) => {
-            if booking.is_some() {
-                tracing::warn!(message = %message_id, "an event on a subject without a merchant: not booked");
-            }
-            Applied::Ignored
-        }
-    };
+    let booked = book(&mut tx, consumer, merchant_id, payload).await?;
     tx.commit().await?;
-    Ok(applied)
+    Ok(if booked {
+        Applied::Booked
+    } else {
+        Applied::Ignored
+    })
+}
+
+/// The effect alone, in `tx`: books the event in `payload` if it is a
+/// charge's or a refund's success and the subject named its merchant.
+/// Whether it booked. [`apply`] calls it once per message id; the
+/// workshop's naive consumer calls it for every delivery.
+pub async fn book(
+    tx: &mut sqlx::PgConnection,
+    consumer: &str,
+    merchant_id: Option<Uuid>,
+    payload: &[u8],
+) -> anyhow::Result<bool> {
+    match (Booking::of(payload), merchant_id) {
+        (Some(booking), Some(merchant_id)) => {
+            booking.insert(tx, consumer, merchant_id).await?;
+            Ok(true)
+        }
+        (Some(booking), None) => {
+            tracing::warn!(event = %booking.event_id, "an event on a subject without a merchant: not booked");
+            Ok(false)
+        }
+        (None, _) => Ok(false),
+    }
 }
 
 /// The message's id: its `Nats-Msg-Id` (the event's id), which the relay
@@ -200,7 +216,7 @@ impl Booking {
         })
     }
 
-    async fn book(
+    async fn insert(
         &self,
         tx: &mut sqlx::PgConnection,
         consumer: &str,

@@ -40,6 +40,7 @@ use crate::problem::{Problem, ProblemCode};
 use crate::refunds::NewRefund;
 use crate::retry_after;
 use crate::workshop;
+use crate::workshop::broker_demo::{self, Handler};
 use crate::workshop::processor_keys::{self, KeyPer};
 use crate::workshop::trace::{self, Lane, RequestTrace, Trace, TraceEvent, Traces, timed};
 use crate::workshop::{naive_refund, redis_keys};
@@ -65,6 +66,8 @@ pub fn router(unsafe_endpoints: bool) -> OpenApiRouter<AppState> {
             .routes(routes!(redis_charge))
             .routes(routes!(processor_payment, processor_payments))
             .routes(routes!(trace))
+            .routes(routes!(broker_deliveries))
+            .routes(routes!(broker_window))
             .merge(super::receiver::router())
     } else {
         router
@@ -753,4 +756,133 @@ struct ProcessorPayments {
     /// The processor keys that hold them.
     #[schema(example = json!(["demo:demo-10"]))]
     keys: Vec<String>,
+}
+
+/// `POST /demo/broker/deliveries`: block 12: one event delivered twice
+/// (its first ack lost) to the naive handler or the inbox handler; what
+/// each delivery did and the effects booked.
+#[utoipa::path(
+    post,
+    path = "/demo/broker/deliveries",
+    tag = "workshop",
+    responses(
+        (status = 200, description = "What each delivery did, and the effects", body = BrokerDeliveries),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        super::openapi::Errors
+    )
+)]
+async fn broker_deliveries(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Json<BrokerDeliveries>, ApiError> {
+    let mut params = decode(&headers, &body)?;
+    let run = processor_run(&mut params)?;
+    let handler = string(required(&mut params, "handler")?, "handler")?;
+    let handler = Handler::parse(&handler).ok_or_else(|| {
+        ParamError::new(
+            ProblemCode::ParameterInvalidString,
+            "handler",
+            "handler must be naive or inbox.",
+        )
+    })?;
+    params.reject_unknown()?;
+    let broker = &state.config.broker;
+    let done = broker_demo::deliver_twice(&state.pool, broker, merchant.id, &run, handler).await;
+    let done = done.map_err(broker_unavailable)?;
+    Ok(Json(BrokerDeliveries {
+        object: "demo_broker_deliveries",
+        run,
+        handler: handler.as_str(),
+        handled: done.handled,
+        effects: done.effects,
+    }))
+}
+
+/// `POST /demo/broker/window`: block 12: one message id published twice
+/// within the workshop stream's duplicate window, then once after it.
+#[utoipa::path(
+    post,
+    path = "/demo/broker/window",
+    tag = "workshop",
+    responses(
+        (status = 200, description = "The copies the stream kept", body = BrokerWindow),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        super::openapi::Errors
+    )
+)]
+async fn broker_window(
+    State(state): State<AppState>,
+    _merchant: Authenticated,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Json<BrokerWindow>, ApiError> {
+    let mut params = decode(&headers, &body)?;
+    let run = processor_run(&mut params)?;
+    params.reject_unknown()?;
+    let seen = broker_demo::window(&state.config.broker, &run)
+        .await
+        .map_err(broker_unavailable)?;
+    Ok(Json(BrokerWindow {
+        object: "demo_broker_window",
+        run,
+        window_ms: broker_demo::WINDOW.as_millis() as u64,
+        duplicate: seen.duplicate.to_vec(),
+        inside: seen.inside,
+        after: seen.after,
+    }))
+}
+
+/// `503 broker_unavailable`, with what went wrong in the log.
+fn broker_unavailable(e: anyhow::Error) -> ApiError {
+    tracing::warn!(
+        error = format!("{e:#}"),
+        "the workshop's broker scenario failed"
+    );
+    Problem::new(
+        ProblemCode::BrokerUnavailable,
+        "This scenario needs a NATS server with JetStream: run the server with NATS_URL (scripts/workshop finds or starts one).",
+    )
+    .into()
+}
+
+/// What block 12's handler did with each delivery of one event.
+#[derive(Serialize, ToSchema)]
+#[schema(as = DemoBrokerDeliveries)]
+struct BrokerDeliveries {
+    #[schema(example = "demo_broker_deliveries")]
+    object: &'static str,
+    #[schema(example = "demo-12")]
+    run: String,
+    /// `naive` (books every delivery) or `inbox` (books a message id once).
+    #[schema(example = "inbox")]
+    handler: &'static str,
+    /// What each delivery did, in order.
+    #[schema(example = json!(["booked", "in the inbox already: skipped"]))]
+    handled: Vec<&'static str>,
+    /// Ledger entries the handler made.
+    #[schema(example = 1)]
+    effects: i64,
+}
+
+/// Block 12's duplicate window: three publishes of one message id.
+#[derive(Serialize, ToSchema)]
+#[schema(as = DemoBrokerWindow)]
+struct BrokerWindow {
+    #[schema(example = "demo_broker_window")]
+    object: &'static str,
+    #[schema(example = "demo-12")]
+    run: String,
+    #[schema(example = 1000)]
+    window_ms: u64,
+    /// Whether the broker called each publish a duplicate.
+    #[schema(example = json!([false, true, false]))]
+    duplicate: Vec<bool>,
+    /// Copies in the stream after the two publishes inside the window.
+    #[schema(example = 1)]
+    inside: u64,
+    /// Copies after the third, past the window.
+    #[schema(example = 2)]
+    after: u64,
 }

@@ -7,6 +7,7 @@
 //! one; in [`trace`], the lab's timelines. Nothing here is used by the
 //! real charge or refund path.
 
+pub mod broker_demo;
 pub mod naive_refund;
 pub mod processor_keys;
 pub mod receiver;

@@ -15,7 +15,7 @@ use serde_json::json;
 use sqlx::Connection as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::helpers::{Answer, TestApp, spawn_app, until};
+use crate::helpers::{Answer, Settings, TestApp, spawn_app, spawn_app_with, until};
 
 /// One test's broker settings: NATS from `NATS_URL`, a stream and subject
 /// prefix of its own, the given duplicate window and ack wait.
@@ -330,4 +330,103 @@ async fn relays_racing_on_one_database_publish_each_event_once() {
     assert_eq!(publishes, events, "each event published once, by one relay");
     assert_eq!(stream_messages(&js, &config).await, events);
     js.delete_stream(&config.stream).await.unwrap();
+}
+
+/// A workshop server on NATS, its streams its own, the relay off.
+async fn workshop_app() -> (TestApp, String) {
+    let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+    let settings = Settings::new()
+        .set("DEMO_UNSAFE_ENDPOINTS", "true")
+        .set("NATS_URL", &url)
+        .set("NATS_STREAM", format!("TEST_{tag}"))
+        .set("NATS_SUBJECT_PREFIX", format!("test.{tag}"))
+        .set("RELAY_ENABLED", "false");
+    (
+        spawn_app_with(settings).await,
+        format!("TEST_{tag}_WORKSHOP"),
+    )
+}
+
+async fn post_form(app: &TestApp, path: &str, form: &[(&str, &str)]) -> Answer {
+    let request = app
+        .client
+        .post(app.url(path))
+        .bearer_auth(&app.api_key)
+        .form(form);
+    Answer::of(request.send().await.unwrap()).await
+}
+
+#[tokio::test]
+async fn a_redelivered_event_is_booked_twice_by_the_naive_handler_and_once_through_the_inbox() {
+    let (app, stream) = workshop_app().await;
+    for (handler, effects, handled) in [
+        ("naive", 2, json!(["booked", "booked"])),
+        (
+            "inbox",
+            1,
+            json!(["booked", "in the inbox already: skipped"]),
+        ),
+    ] {
+        let run = format!("demo-12-{handler}");
+        let answer = post_form(
+            &app,
+            "/demo/broker/deliveries",
+            &[("run", &run), ("handler", handler)],
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{:?}", answer.body);
+        let body = answer.json();
+        assert_eq!(body["handled"], handled, "{handler}");
+        assert_eq!(body["effects"], effects, "{handler}");
+        let consumer = format!("workshop-{handler}-{run}");
+        let booked: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM ledger_entries WHERE consumer = $1")
+                .bind(&consumer)
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
+        assert_eq!(booked, effects, "{handler}: the effects in the database");
+    }
+    let js = js(&settings(
+        &app,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    ))
+    .await;
+    js.delete_stream(&stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_publish_repeated_inside_the_window_is_one_message_and_after_it_two() {
+    let (app, stream) = workshop_app().await;
+    let answer = post_form(&app, "/demo/broker/window", &[("run", "demo-12-window")]).await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    let body = answer.json();
+    assert_eq!(body["duplicate"], json!([false, true, false]));
+    assert_eq!(
+        (body["inside"].as_u64(), body["after"].as_u64()),
+        (Some(1), Some(2))
+    );
+    let js = js(&settings(
+        &app,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    ))
+    .await;
+    js.delete_stream(&stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn without_a_broker_the_workshop_scenario_is_503_broker_unavailable() {
+    let app = spawn_app_with(Settings::new().set("DEMO_UNSAFE_ENDPOINTS", "true")).await;
+    let answer = post_form(&app, "/demo/broker/window", &[("run", "demo-12")]).await;
+    answer.assert_problem(503, "broker_unavailable");
+    let answer = post_form(
+        &app,
+        "/demo/broker/deliveries",
+        &[("run", "demo-12"), ("handler", "both")],
+    )
+    .await;
+    answer.assert_problem(400, "parameter_invalid_string");
 }

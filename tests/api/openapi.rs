@@ -40,6 +40,8 @@ const SERVED: &[(&str, &str)] = &[
     ("post", "/demo/processor/payments"),
     ("get", "/demo/processor/payments"),
     ("get", "/demo/trace"),
+    ("post", "/demo/broker/deliveries"),
+    ("post", "/demo/broker/window"),
 ];
 
 #[tokio::test]

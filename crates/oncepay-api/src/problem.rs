@@ -89,6 +89,7 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `overloaded` (503): more requests than the database pool serves; this one waited its turn for a connection past `DATABASE_QUEUE_TIMEOUT` (or `DATABASE_QUEUE_OVERLOAD_TIMEOUT` under overload) and did nothing (`Retry-After: 1`).
 /// - `request_timeout` (503): the request took longer than `REQUEST_TIMEOUT`.
 /// - `redis_unavailable` (503): the workshop's Redis variant has no Redis (`REDIS_URL` unset, or Redis does not answer).
+/// - `broker_unavailable` (503): the workshop's broker scenario has no NATS server with JetStream (`NATS_URL` unset, or it does not answer).
 /// - `http_error`: An error status raised by a layer with no more specific code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -198,6 +199,7 @@ pub enum ProblemCode {
     RequestTimeout,
     /// 503: the workshop's Redis variant has no Redis (`REDIS_URL` unset, or Redis does not answer).
     RedisUnavailable,
+    BrokerUnavailable,
     /// An error status raised by a layer with no more specific code.
     HttpError,
 }
@@ -206,7 +208,7 @@ impl ProblemCode {
     /// Every code, in the order they are declared; a unit test holds it
     /// against the enum itself (by way of its OpenAPI schema), and
     /// `tests/api/docs.rs` against the table of docs/api.md.
-    pub const ALL: [ProblemCode; 53] = [
+    pub const ALL: [ProblemCode; 54] = [
         ProblemCode::ParameterMissing,
         ProblemCode::ParameterUnknown,
         ProblemCode::ParameterDuplicate,
@@ -259,6 +261,7 @@ impl ProblemCode {
         ProblemCode::Overloaded,
         ProblemCode::RequestTimeout,
         ProblemCode::RedisUnavailable,
+        ProblemCode::BrokerUnavailable,
         ProblemCode::HttpError,
     ];
 
@@ -317,6 +320,7 @@ impl ProblemCode {
             ProblemCode::Overloaded => "overloaded",
             ProblemCode::RequestTimeout => "request_timeout",
             ProblemCode::RedisUnavailable => "redis_unavailable",
+            ProblemCode::BrokerUnavailable => "broker_unavailable",
             ProblemCode::HttpError => "http_error",
         }
     }
@@ -379,7 +383,8 @@ impl ProblemCode {
             | ProblemCode::ServiceUnavailable
             | ProblemCode::Overloaded
             | ProblemCode::RequestTimeout
-            | ProblemCode::RedisUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            | ProblemCode::RedisUnavailable
+            | ProblemCode::BrokerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
