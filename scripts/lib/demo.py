@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The workshop demo: eleven scenarios, ten against a running oncepay server.
+"""The workshop demo: twelve scenarios, eleven against a running oncepay server.
 
 Run by scripts/demo (which starts two servers first, or uses ONCEPAY_URL); it
 can also be run on its own:
@@ -238,7 +238,7 @@ def at_once(*calls):
 # The scenarios
 
 
-# The eleven blocks in the order they run: number, title, and the rule each
+# The twelve blocks in the order they run: number, title, and the rule each
 # one teaches, printed as its last line.
 BLOCKS = [
     (1, "A retry without a key applies the effect again",
@@ -263,6 +263,8 @@ BLOCKS = [
      "the key the provider gets is derived from the operation, never from the attempt"),
     (11, "An acknowledged charge lost in a failover",
      "acknowledge only what the standby you fail over to already has"),
+    (12, "The message handler forgot its inbox",
+     "deduplicate at every at-least-once boundary: the consumer keeps an inbox of message ids, written with its effect"),
 ]
 TITLES = {number: title for number, title, _ in BLOCKS}
 RULES = {number: rule for number, _, rule in BLOCKS}
@@ -587,6 +589,40 @@ class Demo:
             lab.run(b, self.prefix)
         except (failover.Failed, Unusable) as e:
             b.skipped = str(e)
+        return b
+
+    def the_message_handler_forgot_its_inbox(self):
+        b = Block(12)
+        b.row("each part", "one charge.succeeded published once to NATS JetStream; the handler books it, "
+              "then dies before its ack, and the broker delivers it again")
+        parts = [
+            ("inbox", "a handler with an inbox (INSERT ... ON CONFLICT DO NOTHING, then the effect)", 1),
+            ("naive", "a handler without one (the effect on every delivery)", 2),
+        ]
+        for handler, heading, expected in parts:
+            b.part(heading)
+            run = self.run_tag(f"12-{handler}")
+            b.runs.append(run)
+            answer = self.server.request("POST", "/demo/broker/deliveries", {"run": run, "handler": handler})
+            if answer.status != 200:
+                b.skipped = f"POST /demo/broker/deliveries answered {describe_problem(answer)}"
+                return b
+            handled = answer.body.get("handled", [])
+            b.row("deliveries", len(handled))
+            b.row("what the handler did", " | ".join(handled))
+            b.row("times the effect was applied", b.count(handler, int(answer.body["effects"]), expected))
+        b.part("the stream's duplicate window: a TTL for message ids")
+        run = self.run_tag("12-window")
+        b.runs.append(run)
+        answer = self.server.request("POST", "/demo/broker/window", {"run": run})
+        if answer.status != 200:
+            b.skipped = f"POST /demo/broker/window answered {describe_problem(answer)}"
+            return b
+        window = answer.body
+        b.row("the window", f"{window['window_ms'] / 1000:g} s here (NATS_DUPLICATE_WINDOW, 2 min by default)")
+        b.row("one Nats-Msg-Id published twice inside it",
+              f"{b.count('window_inside', int(window['inside']), 1)} message in the stream")
+        b.row("and once more after it", f"{b.count('window_after', int(window['after']), 2)} messages in the stream")
         return b
 
     def at(self, started):
@@ -1001,8 +1037,9 @@ def main():
             9: lambda: demo.a_ttl_shorter_than_the_retry_horizon(settings),
             10: lambda: demo.the_same_key_to_the_provider(fault_injection, naive_endpoint),
             11: lambda: demo.an_acknowledged_charge_lost_in_a_failover(lab),
+            12: demo.the_message_handler_forgot_its_inbox,
         }
-        which = "the eleven blocks" if len(chosen) == len(BLOCKS) else "block " + ", ".join(map(str, chosen))
+        which = "the twelve blocks" if len(chosen) == len(BLOCKS) else "block " + ", ".join(map(str, chosen))
         log(f"running {which} against {where} (run tags {demo.prefix}-*)")
         tty = sys.stdout.isatty()
         style = Style(tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb")
