@@ -796,6 +796,7 @@ async fn broker_deliveries(
         run,
         handler: handler.as_str(),
         handled: done.handled,
+        effects_before: done.effects_before,
         effects: done.effects,
     }))
 }
@@ -861,7 +862,10 @@ struct BrokerDeliveries {
     /// What each delivery did, in order.
     #[schema(example = json!(["booked", "in the inbox already: skipped"]))]
     handled: Vec<&'static str>,
-    /// Ledger entries the handler made.
+    /// Ledger entries of the run's handler before the event was published.
+    #[schema(example = 0)]
+    effects_before: i64,
+    /// Ledger entries of the run's handler after its second delivery.
     #[schema(example = 1)]
     effects: i64,
 }

@@ -56,7 +56,9 @@ impl Handler {
 pub struct Deliveries {
     /// What the handler did with each delivery, in order.
     pub handled: Vec<&'static str>,
-    /// Ledger entries the run's handler made: the effect.
+    /// Ledger entries of the run's handler before the event was published,
+    /// and after its second delivery: the effect.
+    pub effects_before: i64,
     pub effects: i64,
 }
 
@@ -101,9 +103,10 @@ pub async fn deliver_twice(
     run: &str,
     handler: Handler,
 ) -> anyhow::Result<Deliveries> {
+    let name = format!("workshop-{}-{run}", handler.as_str());
+    let effects_before = effects(pool, &name).await?;
     let js = broker::connect(config).await?;
     let stream = stream(&js, config).await?;
-    let name = format!("workshop-{}-{run}", handler.as_str());
     let subject = format!(
         "workshop.{}.{run}.{}",
         config.subject_prefix,
@@ -147,13 +150,22 @@ pub async fn deliver_twice(
     }
     drop(messages);
     stream.delete_consumer(&name).await?;
-    let effects = sqlx::query_scalar!(
+    Ok(Deliveries {
+        handled,
+        effects_before,
+        effects: effects(pool, &name).await?,
+    })
+}
+
+/// The ledger entries of consumer `name`.
+async fn effects(pool: &PgPool, name: &str) -> anyhow::Result<i64> {
+    let n = sqlx::query_scalar!(
         r#"SELECT count(*) AS "n!" FROM ledger_entries WHERE consumer = $1"#,
         name
     )
     .fetch_one(pool)
     .await?;
-    Ok(Deliveries { handled, effects })
+    Ok(n)
 }
 
 /// One delivery to `handler`, in one transaction; what it did.

@@ -379,6 +379,7 @@ async fn a_redelivered_event_is_booked_twice_by_the_naive_handler_and_once_throu
         let body = answer.json();
         assert_eq!(body["handled"], handled, "{handler}");
         assert_eq!(body["effects"], effects, "{handler}");
+        assert_eq!(body["effects_before"], 0, "{handler}");
         let consumer = format!("workshop-{handler}-{run}");
         let booked: i64 =
             sqlx::query_scalar("SELECT count(*) FROM ledger_entries WHERE consumer = $1")

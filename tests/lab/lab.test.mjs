@@ -34,6 +34,7 @@ const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 const API_KEY = newApiKey("lab");
 const SCENARIO_TIMEOUT = 60_000;
 const REDIS_URL = process.env.REDIS_URL || "redis://127.0.0.1:6379";
+const NATS_URL = process.env.NATS_URL || "nats://127.0.0.1:4222";
 
 const servers = [];
 const supervisors = [];
@@ -269,6 +270,9 @@ before(async () => {
     // Scenario 6 waits for two failed webhook attempts and a third.
     WEBHOOK_RETRY_BASE: "200ms",
     WEBHOOK_POLL_INTERVAL: "100ms",
+    // Scenario 12 publishes to a stream of the workshop's own; no relay.
+    NATS_URL,
+    RELAY_ENABLED: "false",
   }));
 
   userDataDir = mkdtempSync(join(tmpdir(), "oncepay-lab-chromium-"));
@@ -466,6 +470,28 @@ test("10: a lost answer asked again with a new processor key pays twice, with th
   }
 });
 
+/** Ledger entries booked by the scenario-12 handler HANDLER of run TAG. */
+function bookedInDb(tag, handler) {
+  assert.match(tag, /^lab-[0-9a-f]+$/, `unexpected run tag ${tag}`);
+  return Number(psql(dbUrl, `SELECT count(*) FROM ledger_entries WHERE consumer = 'workshop-${handler}-${tag}'`));
+}
+
+test("12: an event delivered twice is booked once through the inbox and twice without it", async () => {
+  await run("12");
+  for (const [part, handler, booked] of [["s12-inbox", "inbox", 1], ["s12-naive", "naive", 2]]) {
+    const tag = await text(part + "-tag");
+    assert.equal(await number(part + "-effects-before"), 0, `${part}: a fresh run starts at 0`);
+    assert.equal(await number(part + "-effects-after"), bookedInDb(tag, handler), `${part}: the page shows the database`);
+    assert.equal(bookedInDb(tag, handler), booked, part);
+    assert.equal((await answers(part)).length, 2, `${part}: two deliveries`);
+  }
+  assert.match(await text("s12-inbox-verdict"), /exactly once/);
+  assert.match(await text("s12-naive-verdict"), /duplicates: 2 bookings/);
+  assert.deepEqual(await answers("s12-window"), ["stored", "duplicate: dropped", "stored"]);
+  assert.equal(await number("s12-window-effects-inside"), 1);
+  assert.equal(await number("s12-window-effects-after"), 2);
+});
+
 test("N at once with one key is one effect", async () => {
   await byId("n-input").fill("8");
   await run("n");
@@ -487,7 +513,7 @@ test("N at once with Prefer: wait replays the first answer to the others", async
 test("the screenshots are saved", async () => {
   await page.evaluate(() => window.scrollTo(0, 0));
   await page.screenshot({ path: join(OUT, "lab.png"), fullPage: true });
-  for (const id of ["1", "2", "3", "4", "5", "6", "7", "10", "n"]) {
+  for (const id of ["1", "2", "3", "4", "5", "6", "7", "10", "12", "n"]) {
     await byId("scenario-" + id).screenshot({ path: join(OUT, `scenario-${id}.png`) });
   }
   console.log(`# screenshot: ${join(OUT, "lab.png")}`);
@@ -549,7 +575,7 @@ test("9: with a TTL of 2 s, a retry after 1 s is replayed and a retry after 3 s 
   await byId("scenario-9").screenshot({ path: join(OUT, "scenario-9.png") });
 });
 
-test("without the workshop switches, scenarios 3, 4, 6, 7, 8, 9 and 10 say what to turn on", async () => {
+test("without the workshop switches, scenarios 3, 4, 6, 7, 8, 9, 10 and 12 say what to turn on", async () => {
   const plain = await serve("server-plain.log", {});
   await page.goto(`${plain.base}/lab?key=${API_KEY}`);
   await run("3");
@@ -584,6 +610,8 @@ test("without the workshop switches, scenarios 3, 4, 6, 7, 8, 9 and 10 say what 
     assert.match(await text(part + "-note"), /FAULT_INJECTION=true DEMO_UNSAFE_ENDPOINTS=true/);
     assert.equal(ledgerPaymentsInDb(await text(part + "-tag")), 0);
   }
+  await run("12");
+  assert.match(await text("s12-inbox-note"), /DEMO_UNSAFE_ENDPOINTS=true/);
   await page.screenshot({ path: join(OUT, "lab-without-switches.png"), fullPage: true });
   await stop(plain.proc);
 });
