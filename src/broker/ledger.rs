@@ -54,26 +54,46 @@ pub async fn consumer(config: &Broker, name: &str) -> anyhow::Result<PullConsume
         .with_context(|| format!("the durable consumer {name}"))
 }
 
-/// Consumes as `name` until `stop`: applies each message, then acks it.
+/// Consumes as `name` until `stop`; after an error (NATS or Postgres away,
+/// a stream without a leader yet) it starts over a second later. A message
+/// whose ack an error prevented comes again, and its inbox row holds.
 pub async fn run(
     pool: PgPool,
     config: Broker,
     name: String,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut messages = consumer(&config, &name).await?.messages().await?;
+    loop {
+        let consumed = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            consumed = consume(&pool, &config, &name) => consumed,
+        };
+        let Err(error) = consumed;
+        tracing::warn!(consumer = %name, error = format!("{error:#}"), "the consumer stopped; it starts over");
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// Applies each message, then acks it, until an error.
+async fn consume(
+    pool: &PgPool,
+    config: &Broker,
+    name: &str,
+) -> anyhow::Result<std::convert::Infallible> {
+    let mut messages = consumer(config, name).await?.messages().await?;
     tracing::info!(consumer = %name, stream = %config.stream, "consuming events");
     loop {
-        let next = tokio::select! {
-            () = stop.cancelled() => return Ok(()),
-            next = messages.next() => next,
-        };
-        let message = next
+        let message = messages
+            .next()
+            .await
             .context("the broker ended the consumer's messages")?
             .context("a message from the broker")?;
         let id = message_id(&message);
-        let merchant = merchant_of(&config, &message.subject);
-        let applied = apply(&pool, &name, &id, merchant, &message.payload).await?;
+        let merchant = merchant_of(config, &message.subject);
+        let applied = apply(pool, name, &id, merchant, &message.payload).await?;
         tracing::debug!(consumer = %name, message = %id, ?applied, "applied");
         match config.fault {
             Some(BrokerFault::CrashAfterCommit) => {

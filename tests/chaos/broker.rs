@@ -51,7 +51,9 @@ impl Broker {
     }
 
     async fn js(&self) -> jetstream::Context {
-        let client = async_nats::connect(self.url.as_str()).await.unwrap();
+        let addrs: Vec<async_nats::ServerAddr> =
+            self.url.split(',').map(|u| u.parse().unwrap()).collect();
+        let client = async_nats::connect(addrs).await.unwrap();
         jetstream::new(client)
     }
 }
@@ -527,5 +529,98 @@ async fn a_broker_restarted_under_load_keeps_its_stream_and_each_event_is_applie
     assert_eq!(
         row.in_stream, row.events as u64,
         "the stream on disk survived the kill"
+    );
+}
+
+/// A three-node JetStream cluster from `scripts/cluster nats up`, in a
+/// folder of its own; brought down and removed when dropped.
+struct NatsCluster {
+    dir: PathBuf,
+    port: u16,
+    url: String,
+}
+
+impl NatsCluster {
+    /// Its ports are a free range when chosen; when another process takes
+    /// one first, a new folder on a new range.
+    async fn up() -> Self {
+        for _ in 0..5 {
+            let mut cluster = NatsCluster {
+                dir: scratch_dir("nats-cluster"),
+                port: crate::fleet::free_port_range(),
+                url: String::new(),
+            };
+            let out = cluster.run(&["nats", "up"]).await;
+            let said = String::from_utf8_lossy(&out.stderr).to_string();
+            if out.status.success() {
+                let stdout = String::from_utf8(out.stdout).unwrap();
+                cluster.url = stdout.lines().last().unwrap().to_owned();
+                return cluster;
+            }
+            let taken =
+                said.contains("is taken") || said.to_lowercase().contains("address already in use");
+            assert!(taken, "scripts/cluster nats up failed: {said}");
+        }
+        panic!("no free range of ports for the NATS cluster in five tries");
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster"));
+        command
+            .args(args)
+            .env("CLUSTER_DIR", &self.dir)
+            .env("CLUSTER_PORT", self.port.to_string())
+            .stdin(Stdio::null());
+        command
+    }
+
+    async fn run(&self, args: &[&str]) -> std::process::Output {
+        let mut command = self.command(args);
+        tokio::task::spawn_blocking(move || command.output().expect("run scripts/cluster"))
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        let _ = self.command(&["nats", "down"]).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+async fn a_three_node_cluster_losing_a_node_under_load_loses_no_event_and_applies_each_once() {
+    let db = Database::create().await;
+    let server = api(&db).await;
+    let cluster = NatsCluster::up().await;
+    let broker = Broker::on(&cluster.url);
+    let env = with(broker.env(), &[("NATS_STREAM_REPLICAS", "3")]);
+    let _relay = Worker::start(&["relay"], &db.url, &env);
+    let _ledger = Worker::start(&["consume"], &db.url, &env);
+    charges(&server, 2 * scale()).await;
+    // One node killed while charges are being made; the stream has two
+    // copies left, a majority, and goes on.
+    tokio::join!(charges(&server, 2 * scale()), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let out = cluster.run(&["kill", "nats1"]).await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    let row = Row::settle(
+        "a three-node cluster losing a node under load",
+        &db.pool().await,
+        &broker,
+        SLACK * 20,
+    )
+    .await;
+    row.publish();
+    row.assert_exactly_once();
+    assert_eq!(
+        row.in_stream, row.events as u64,
+        "every event in the replicated stream, once"
     );
 }

@@ -32,7 +32,7 @@ pub struct Fleet {
 }
 
 /// A first port with the 40 after it free on 127.0.0.1.
-fn free_port_range() -> u16 {
+pub(crate) fn free_port_range() -> u16 {
     for _ in 0..200 {
         let first = 20_000 + (Uuid::new_v4().as_u128() % 30_000) as u16;
         if (first..first + 40).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
