@@ -261,13 +261,15 @@ pub struct Broker {
 /// `BROKER_FAULT`: where the relay or the consumer fails on purpose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BrokerFault {
-    /// The relay aborts after the broker acknowledged a batch, before it
-    /// records its position.
+    // Plain comments, not doc comments: a value with help of its own would
+    // turn `--help` into its long layout for every setting.
+    // The relay aborts after the broker acknowledged a batch, before it
+    // records its position.
     CrashAfterPublish,
-    /// The consumer aborts after committing a message, before its ack.
+    // The consumer aborts after committing a message, before its ack.
     CrashAfterCommit,
-    /// The consumer waits twice the ack wait after each commit before its
-    /// ack, so the broker delivers the message again meanwhile.
+    // The consumer waits twice the ack wait after each commit before its
+    // ack, so the broker delivers the message again meanwhile.
     AckLate,
 }
 
