@@ -798,8 +798,11 @@ async fn two_serving_instances_share_the_periodic_reconciliation() {
         text.contains("reconcile_runs_total{result=\"differences\"}"),
         "{text}"
     );
+    // The recorder is the test process's, shared with the other tests that
+    // reconcile at the same time, so the gauge's value may be theirs; each
+    // run's own count is checked in reconcile_runs above.
     assert!(
-        text.contains("reconcile_differences{kind=\"missing_payment\"} 1"),
+        text.contains("reconcile_differences{kind=\"missing_payment\"}"),
         "{text}"
     );
     assert!(
