@@ -212,6 +212,9 @@ pub struct Processor {
     /// Delay of every authorization and refund at the embedded processor, in milliseconds; below REQUEST_TIMEOUT.
     #[arg(id = "PROCESSOR_LATENCY_MS", long = "processor-latency-ms", env = "PROCESSOR_LATENCY_MS", default_value = "0", value_parser = milliseconds, global = true)]
     pub latency: Duration,
+    /// How long after its authorization a charge made with capture=false can still be captured (Stripe: 7 days).
+    #[arg(id = "CAPTURE_WINDOW", long = "capture-window", env = "CAPTURE_WINDOW", default_value = "7d", value_parser = positive_duration, global = true)]
+    pub capture_window: Duration,
 }
 
 /// The message broker events are relayed to (NATS JetStream), and how the
@@ -715,6 +718,7 @@ impl std::fmt::Debug for Processor {
             .field("timeout", &self.timeout)
             .field("retries", &self.retries)
             .field("latency", &self.latency)
+            .field("capture_window", &self.capture_window)
             .finish()
     }
 }

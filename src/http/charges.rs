@@ -1,10 +1,11 @@
-//! `POST /v1/charges`, `GET /v1/charges/{id}`, `GET /v1/charges`.
+//! `POST /v1/charges`, `GET /v1/charges/{id}`, `GET /v1/charges`,
+//! `POST /v1/charges/{id}/capture`.
 //!
-//! Creating a charge is a guarded operation ([`crate::operation`]); the
-//! handler only extracts, calls and maps.
+//! Creating a charge and capturing one are guarded operations
+//! ([`crate::operation`]); the handlers only extract, call and map.
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use sqlx::PgExecutor;
 use utoipa_axum::router::OpenApiRouter;
@@ -14,12 +15,13 @@ use uuid::Uuid;
 use super::auth::Authenticated;
 use super::extract::{ById, IdempotentPost, PageParams, QueryParams};
 use super::idempotent;
-use super::input::FromParams;
+use super::input::{CaptureParams, FromParams};
 use super::list::List;
 use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::charges::{Charge, NewCharge, store};
 use crate::objects::ChargeObject;
+use crate::operation::capture::CaptureCharge;
 use crate::operation::charge::CreateCharge;
 use crate::operation::{self, Operation};
 use crate::refunds::store as refunds;
@@ -30,6 +32,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list, create))
         .routes(routes!(retrieve))
+        .routes(routes!(capture))
 }
 
 /// Charges a card, exactly once per idempotency key.
@@ -61,6 +64,36 @@ async fn create(
 }
 
 /// One of the merchant's charges.
+#[utoipa::path(
+    post,
+    path = "/v1/charges/{id}/capture",
+    tag = "charges",
+    params(("id" = String, Path, description = "A charge made with `capture=false`"), super::extract::IdempotentPost),
+    request_body(content(
+        (CaptureParams = "application/json"),
+        (CaptureParams = "application/x-www-form-urlencoded")
+    )),
+    responses(
+        (status = 200, description = "Captured: the charge (or the saved answer, with `Idempotent-Replayed: true`)", body = ChargeObject,
+         headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 404, response = super::openapi::NotFound),
+        super::openapi::PostErrors
+    )
+)]
+async fn capture(
+    State(state): State<AppState>,
+    Authenticated(merchant): Authenticated,
+    Path(id): Path<String>,
+    post: IdempotentPost,
+) -> Result<Response, ApiError> {
+    let (guard, params, clock) = post.split(merchant.id, CaptureCharge::ROUTE);
+    let CaptureParams { amount } = CaptureParams::from_params(params)?;
+    let window = state.config.processor.capture_window;
+    let capture = CaptureCharge::new(merchant.id, id, amount, window);
+    let answer = operation::run(&state.engine, guard, capture).await;
+    Ok(idempotent::respond(&clock, answer))
+}
+
 #[utoipa::path(
     get,
     path = "/v1/charges/{id}",
@@ -155,7 +188,8 @@ macro_rules! merchant_charges {
             Charge,
             r#"SELECT id, merchant_id, amount, currency, source, description,
                   metadata AS "metadata: _", status AS "status: _",
-                  failure_code, failure_message, amount_refunded, created_at
+                  failure_code, failure_message, amount_refunded, created_at,
+                  capture_later, capture_amount, captured_at
              FROM charges
             WHERE merchant_id = $1
               AND "# + $page + " LIMIT $4",

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::charges::{Currency, NewCharge};
 use crate::events::EventType;
-use crate::params::{Encoding, ParamError, Params, required, shorten, string};
+use crate::params::{Encoding, ParamError, Params, boolean, required, shorten, string};
 use crate::problem::ProblemCode;
 use crate::processor::TestToken;
 use crate::refunds::{NewRefund, RefundReason};
@@ -65,6 +65,11 @@ impl FromParams for NewCharge {
             }
         }
         let metadata = params.take_metadata()?;
+        let capture = params
+            .take("capture")
+            .map(|v| boolean(v, "capture"))
+            .transpose()?
+            .unwrap_or(true);
         params.refuse_expand()?;
         params.reject_unknown()?;
         Ok(NewCharge {
@@ -73,7 +78,31 @@ impl FromParams for NewCharge {
             source,
             description,
             metadata,
+            capture,
         })
+    }
+}
+
+/// The parameters of `POST /v1/charges/{id}/capture`, validated.
+#[derive(utoipa::ToSchema)]
+#[schema(as = CaptureCharge)]
+pub struct CaptureParams {
+    /// Integer minor units, at most what the charge holds; default: all of
+    /// it. What is not captured goes back to the card.
+    #[schema(value_type = Option<i64>, minimum = 1, example = 1500)]
+    pub amount: Option<Amount>,
+}
+
+impl FromParams for CaptureParams {
+    fn from_params(mut params: Params) -> Result<Self, ParamError> {
+        let encoding = params.encoding;
+        let amount = params
+            .take("amount")
+            .map(|v| parse_amount(v, encoding))
+            .transpose()?;
+        params.refuse_expand()?;
+        params.reject_unknown()?;
+        Ok(CaptureParams { amount })
     }
 }
 

@@ -30,8 +30,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{
-    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
-    WireFault,
+    Authorization, Capture, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
+    TestToken, WireFault,
 };
 
 /// How to reach the gateway.
@@ -362,6 +362,7 @@ impl Processor for HttpProcessor {
             "amount": request.amount,
             "currency": request.currency,
             "source": request.source.as_str(),
+            "capture": request.capture,
         });
         self.post_json(
             "authorization",
@@ -381,6 +382,29 @@ impl Processor for HttpProcessor {
         ));
         let operation = self.call("void", false, || self.client.post(&url)).await?;
         answered(operation)?.payment_outcome()
+    }
+
+    async fn capture(&self, request: Capture<'_>) -> Result<(), ProcessorError> {
+        let body = json!({
+            "payment": request.payment_key,
+            "amount": request.amount,
+            "currency": request.currency,
+        });
+        let operation = self
+            .post_json(
+                "capture",
+                "/v1/captures",
+                request.processor_key,
+                &body,
+                request.fault,
+            )
+            .await?;
+        match (operation.kind.as_str(), operation.outcome.as_str()) {
+            ("capture", "captured") => Ok(()),
+            (kind, outcome) => Err(ProcessorError::OutcomeUnknown(anyhow!(
+                "the processor answered a {kind} {outcome} where a capture was expected"
+            ))),
+        }
     }
 
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {

@@ -26,7 +26,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sqlx::PgPool;
 
 use crate::processor::{
-    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
+    Authorization, Capture, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
 };
 
 /// The process-wide recorder (one per process, however many apps it runs).
@@ -155,6 +155,13 @@ impl Processor for MeteredProcessor {
         let result = self.inner.void_unless_recorded(processor_key).await;
         let ok = result.as_ref().map_or("error", outcome_label);
         record("void", started, &result, ok);
+        result
+    }
+
+    async fn capture(&self, request: Capture<'_>) -> Result<(), ProcessorError> {
+        let started = Instant::now();
+        let result = self.inner.capture(request).await;
+        record("capture", started, &result, "captured");
         result
     }
 

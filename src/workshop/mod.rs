@@ -146,6 +146,7 @@ pub async fn naive_charge(
     timed(trace, Lane::Database, &written, pending).await?;
     let processor_key = processor::authorization_key(&id);
     let asked = state.processor.authorize(Authorization {
+        capture: true,
         processor_key: &processor_key,
         amount: charge.amount.minor_units(),
         currency: charge.currency.as_str(),

@@ -128,6 +128,7 @@ pub async fn pay(
         let processor_key = keys.key(run, n);
         let dropped = n == 1;
         let asked = processor.authorize(Authorization {
+            capture: true,
             processor_key: &processor_key,
             amount,
             currency: "usd",

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use oncepay::processor::{
-    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
+    Capture, Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
 };
 use serde_json::json;
 use sqlx::PgPool;
@@ -212,6 +212,10 @@ impl Processor for DatabaseGoneAfterAuthorizing {
         self.inner.void_unless_recorded(processor_key).await
     }
 
+    async fn capture(&self, request: Capture<'_>) -> Result<(), ProcessorError> {
+        self.inner.capture(request).await
+    }
+
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
         self.inner.refund(request).await
     }
@@ -263,6 +267,10 @@ impl Processor for Unreachable {
 
     async fn void_unless_recorded(&self, _: &str) -> Result<Outcome, ProcessorError> {
         Err(ProcessorError::Unavailable)
+    }
+
+    async fn capture(&self, request: Capture<'_>) -> Result<(), ProcessorError> {
+        self.0.capture(request).await
     }
 
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
@@ -322,6 +330,10 @@ impl Processor for PanicsOn {
 
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
         self.inner.void_unless_recorded(processor_key).await
+    }
+
+    async fn capture(&self, request: Capture<'_>) -> Result<(), ProcessorError> {
+        self.inner.capture(request).await
     }
 
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use oncepay::processor::{
-    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
+    Capture, Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
 };
 use oncepay::sweeper::Sweeper;
 
@@ -31,6 +31,10 @@ impl Processor for SlowRefunds {
 
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
         self.inner.void_unless_recorded(processor_key).await
+    }
+
+    async fn capture(&self, request: Capture<'_>) -> Result<(), ProcessorError> {
+        self.inner.capture(request).await
     }
 
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {

@@ -11,7 +11,7 @@ use oncepay::charges::settle::Settled;
 use oncepay::idempotency::Fingerprint;
 use oncepay::params::Params;
 use oncepay::processor::{
-    self, Authorization, Outcome, Payment, Processor, ProcessorError, RefundOutcome,
+    Capture, self, Authorization, Outcome, Payment, Processor, ProcessorError, RefundOutcome,
 };
 use oncepay::refunds::{NewRefund, settle};
 use serde_json::{Value, json};
@@ -748,6 +748,10 @@ impl Processor for RefundsUnavailable {
 
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
         self.0.void_unless_recorded(processor_key).await
+    }
+
+    async fn capture(&self, request: Capture<'_>) -> Result<(), ProcessorError> {
+        self.0.capture(request).await
     }
 
     async fn refund(&self, _: processor::Refund<'_>) -> Result<RefundOutcome, ProcessorError> {

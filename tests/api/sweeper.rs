@@ -16,7 +16,7 @@ use oncepay::charges::settle::{self, Settled};
 use oncepay::idempotency::{Fingerprint, store};
 use oncepay::params::Params;
 use oncepay::processor::{
-    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
+    Capture, Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
     authorization_key,
 };
 use oncepay::sweeper::{SweepReport, SweepSettings, Sweeper};
@@ -641,6 +641,10 @@ impl Processor for CountingProcessor {
             .or_default() += 1;
         tokio::time::sleep(self.delay).await;
         self.inner.void_unless_recorded(processor_key).await
+    }
+
+    async fn capture(&self, request: Capture<'_>) -> Result<(), ProcessorError> {
+        self.inner.capture(request).await
     }
 
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::join_all;
 use oncepay::processor::{
-    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
+    Capture, Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
 };
 use tokio::sync::watch;
 
@@ -170,6 +170,10 @@ impl Processor for Held {
         self.inner.void_unless_recorded(processor_key).await
     }
 
+    async fn capture(&self, request: Capture<'_>) -> Result<(), ProcessorError> {
+        self.inner.capture(request).await
+    }
+
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
         self.inner.refund(request).await
     }
@@ -203,6 +207,10 @@ impl Processor for Counting {
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError> {
         self.voids.fetch_add(1, Ordering::SeqCst);
         self.inner.void_unless_recorded(processor_key).await
+    }
+
+    async fn capture(&self, request: Capture<'_>) -> Result<(), ProcessorError> {
+        self.inner.capture(request).await
     }
 
     async fn refund(&self, request: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use super::store::{self, NewAuthorization, NewRefund, Operation};
+use super::store::{self, NewAuthorization, NewCapture, NewRefund, Operation};
 use test_cards::TestToken;
 
 /// The most a list page holds.
@@ -35,6 +35,10 @@ pub enum GatewayError {
     /// The payment did not move money (declined or voided), or is no payment.
     #[error("the operation under {0:?} is not a payment that went through")]
     NotRefundable(String),
+    /// The payment cannot be captured: it was captured already (at once,
+    /// or under another key), or released.
+    #[error("the payment under {key:?} cannot be captured: {why}")]
+    NotCapturable { key: String, why: &'static str },
     /// The refund would give back more than the payment took.
     #[error("the refund of {amount} is more than the payment's {paid}")]
     AmountTooLarge { amount: i64, paid: i64 },
@@ -64,6 +68,17 @@ pub struct Authorize {
     pub amount: i64,
     pub currency: String,
     pub source: String,
+    /// `false`: hold the amount until a capture takes it.
+    pub capture: bool,
+}
+
+/// A request to capture an authorization made with `capture: false`.
+#[derive(Debug, Clone)]
+pub struct CapturePayment {
+    pub key: String,
+    pub payment: String,
+    pub amount: i64,
+    pub currency: String,
 }
 
 /// A request to refund part or all of a payment, as received.
@@ -116,6 +131,7 @@ impl Ledger {
                 currency: &request.currency,
                 source: token.as_str(),
                 decline_code,
+                capture_later: !request.capture,
             },
         )
         .await?;
@@ -129,7 +145,8 @@ impl Ledger {
             || (operation.kind == "authorization"
                 && operation.amount == Some(request.amount)
                 && operation.currency.as_deref() == Some(request.currency.as_str())
-                && operation.source.as_deref() == Some(token.as_str()));
+                && operation.source.as_deref() == Some(token.as_str())
+                && operation.capture_later != request.capture);
         if !same {
             return Err(GatewayError::KeyReused(request.key.clone()));
         }
@@ -207,7 +224,20 @@ impl Ledger {
         // Each refund is checked against the payment, not against the sum
         // of its refunds: keeping that sum is the merchant's books (see
         // docs/decisions.md), which the workshop's naive refund gets wrong.
-        let paid = payment.amount.unwrap_or(0);
+        // A payment captured later paid what its capture took; one not
+        // captured yet is released by a refund of all it holds.
+        let paid = match (payment.capture_later, payment.amount_captured) {
+            (true, Some(captured)) => captured,
+            (true, None) if request.amount != payment.amount.unwrap_or(0) => {
+                return Err(GatewayError::Invalid {
+                    code: "partial_release",
+                    param: Some("amount"),
+                    message: "An uncaptured payment is released whole: refund all it holds."
+                        .into(),
+                });
+            }
+            _ => payment.amount.unwrap_or(0),
+        };
         if request.amount > paid {
             return Err(GatewayError::AmountTooLarge {
                 amount: request.amount,
@@ -236,6 +266,54 @@ impl Ledger {
             return self.repeated_refund(request, operation);
         }
         tracing::info!(account, key = %request.key, payment = %request.payment, outcome, amount = request.amount, "refund recorded");
+        Ok(Recorded {
+            operation,
+            fresh,
+            answer_lost: false,
+        })
+    }
+
+    /// Captures all or part of the account's payment `request.payment`,
+    /// authorized with `capture: false`, once under `request.key`: a repeat
+    /// returns the first capture. A payment is captured at most once,
+    /// whatever the key, and not after a refund released it; the part not
+    /// captured goes back to the card.
+    pub async fn capture(
+        &self,
+        account: &str,
+        request: &CapturePayment,
+    ) -> Result<Recorded, GatewayError> {
+        check_request(&request.key, request.amount, &request.currency)?;
+        self.wait().await;
+        if let Some(existing) = store::find(&self.pool, account, &request.key).await? {
+            return repeated_capture(request, existing);
+        }
+        let mut tx = self.pool.begin().await?;
+        let payment = store::lock_payment(&mut tx, account, &request.payment)
+            .await?
+            .ok_or_else(|| GatewayError::NotFound {
+                what: "payment",
+                key: request.payment.clone(),
+            })?;
+        check_capturable(&payment, request)?;
+        let fresh = store::insert_capture(
+            &mut tx,
+            account,
+            &NewCapture {
+                key: &request.key,
+                payment_key: &request.payment,
+                amount: request.amount,
+                currency: &request.currency,
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        let operation = self.recorded(account, &request.key).await?;
+        if !fresh {
+            // A racing request under the same key wrote first.
+            return repeated_capture(request, operation);
+        }
+        tracing::info!(account, key = %request.key, payment = %request.payment, amount = request.amount, "capture recorded");
         Ok(Recorded {
             operation,
             fresh,
@@ -320,6 +398,50 @@ impl Ledger {
             tokio::time::sleep(self.latency).await;
         }
     }
+}
+
+/// Whether `payment`, locked, can be captured as `request` asks.
+fn check_capturable(payment: &Operation, request: &CapturePayment) -> Result<(), GatewayError> {
+    let not = |why| GatewayError::NotCapturable {
+        key: request.payment.clone(),
+        why,
+    };
+    if payment.kind != "authorization" || payment.outcome != "succeeded" {
+        return Err(GatewayError::NotRefundable(request.payment.clone()));
+    }
+    if !payment.capture_later || payment.amount_captured.is_some() {
+        return Err(not("it was captured already"));
+    }
+    if payment.amount_refunded > 0 {
+        return Err(not("it was released"));
+    }
+    let held = payment.amount.unwrap_or(0);
+    if request.amount > held {
+        return Err(GatewayError::AmountTooLarge {
+            amount: request.amount,
+            paid: held,
+        });
+    }
+    Ok(())
+}
+
+/// A capture asked again under its key: the first one, if the same.
+fn repeated_capture(
+    request: &CapturePayment,
+    existing: Operation,
+) -> Result<Recorded, GatewayError> {
+    let same = existing.kind == "capture"
+        && existing.payment_key.as_deref() == Some(request.payment.as_str())
+        && existing.amount == Some(request.amount)
+        && existing.currency.as_deref() == Some(request.currency.as_str());
+    if !same {
+        return Err(GatewayError::KeyReused(request.key.clone()));
+    }
+    Ok(Recorded {
+        operation: existing,
+        fresh: false,
+        answer_lost: false,
+    })
 }
 
 /// The decline message of a recorded decline code.

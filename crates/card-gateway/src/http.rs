@@ -36,7 +36,9 @@ use tokio::net::TcpListener;
 use tower::ServiceExt;
 
 use super::accounts::Accounts;
-use super::domain::{Authorize, GatewayError, Ledger, Recorded, RefundPayment, decline_message};
+use super::domain::{
+    Authorize, CapturePayment, GatewayError, Ledger, Recorded, RefundPayment, decline_message,
+};
 use super::store::Operation;
 
 /// Why a `tok_refundFail` card's issuer refused a refund.
@@ -115,6 +117,7 @@ pub fn router(state: GatewayState) -> Router {
         .route("/v1/authorizations", post(authorize))
         .route("/v1/authorizations/{key}/void", post(void))
         .route("/v1/refunds", post(refund))
+        .route("/v1/captures", post(capture))
         .route("/v1/operations", get(list))
         .route("/v1/operations/{key}", get(lookup))
         .route("/healthz", get(healthz))
@@ -162,6 +165,11 @@ impl From<GatewayError> for ApiError {
             GatewayError::NotRefundable(_) => (
                 StatusCode::CONFLICT,
                 "payment_not_refundable",
+                Some("payment"),
+            ),
+            GatewayError::NotCapturable { .. } => (
+                StatusCode::CONFLICT,
+                "payment_not_capturable",
                 Some("payment"),
             ),
             GatewayError::AmountTooLarge { .. } => {
@@ -271,6 +279,8 @@ pub fn operation_json(operation: &Operation) -> Value {
         "decline_message": operation.decline_code.as_deref().map(decline_message),
         "failure_reason": (operation.outcome == "refund_failed").then_some(REFUND_REFUSED),
         "payment": operation.payment_key,
+        "capture_later": operation.capture_later,
+        "amount_captured": operation.amount_captured,
         "refunds": operation.refunds,
         "amount_refunded": operation.amount_refunded,
         "created": operation.created.timestamp(),
@@ -283,6 +293,21 @@ struct AuthorizeBody {
     amount: i64,
     currency: String,
     source: String,
+    /// `false` holds the amount until a capture takes it.
+    #[serde(default = "at_once")]
+    capture: bool,
+}
+
+fn at_once() -> bool {
+    true
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CaptureBody {
+    payment: String,
+    amount: i64,
+    currency: String,
 }
 
 #[derive(Deserialize)]
@@ -305,8 +330,26 @@ async fn authorize(
         amount: body.amount,
         currency: body.currency,
         source: body.source,
+        capture: body.capture,
     };
     let recorded = state.ledger.authorize(&account, &authorize).await?;
+    Ok(answer(&state, recorded, fault).await)
+}
+
+async fn capture(
+    State(state): State<GatewayState>,
+    Caller(account): Caller,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let (fault, key, body) = keyed::<CaptureBody>(&state, &headers, &body)?;
+    let capture = CapturePayment {
+        key,
+        payment: body.payment,
+        amount: body.amount,
+        currency: body.currency,
+    };
+    let recorded = state.ledger.capture(&account, &capture).await?;
     Ok(answer(&state, recorded, fault).await)
 }
 

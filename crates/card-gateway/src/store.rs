@@ -10,19 +10,24 @@ use sqlx::{PgConnection, PgExecutor};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Operation {
     pub key: String,
-    /// `authorization`, `void` or `refund`.
+    /// `authorization`, `void`, `refund` or `capture`.
     pub kind: String,
     /// `succeeded` or `declined` (an authorization), `voided`, `refunded`
-    /// or `refund_failed` (a refund).
+    /// or `refund_failed` (a refund), `captured`.
     pub outcome: String,
     pub amount: Option<i64>,
     pub currency: Option<String>,
     pub source: Option<String>,
     pub decline_code: Option<String>,
-    /// The payment a refund is from.
+    /// The payment a refund or a capture is of.
     pub payment_key: Option<String>,
+    /// An authorization that holds its amount until a capture takes it.
+    pub capture_later: bool,
     pub created: DateTime<Utc>,
-    /// For a payment: how many refunds of it went through, and their sum.
+    /// For a payment: what its capture took, if it was captured later.
+    pub amount_captured: Option<i64>,
+    /// For a payment: how many refunds of it went through, and what went
+    /// back to the card: their sum, and what a partial capture left.
     pub refunds: i64,
     pub amount_refunded: i64,
 }
@@ -36,6 +41,7 @@ pub struct NewAuthorization<'a> {
     pub currency: &'a str,
     pub source: &'a str,
     pub decline_code: Option<&'a str>,
+    pub capture_later: bool,
 }
 
 /// Records an authorization unless the key holds something: the row
@@ -48,11 +54,13 @@ pub async fn insert_authorization(
 ) -> sqlx::Result<Option<Operation>> {
     sqlx::query_as!(
         Operation,
-        r#"INSERT INTO operations (account, key, kind, outcome, amount, currency, source, decline_code)
-           VALUES ($1, $2, 'authorization', $3, $4, $5, $6, $7)
+        r#"INSERT INTO operations (account, key, kind, outcome, amount, currency, source,
+                                   decline_code, capture_later)
+           VALUES ($1, $2, 'authorization', $3, $4, $5, $6, $7, $8)
            ON CONFLICT (account, key) DO NOTHING
            RETURNING key, kind, outcome, amount, currency, source, decline_code, payment_key,
-                     created, 0::bigint AS "refunds!", 0::bigint AS "amount_refunded!""#,
+                     capture_later, created, NULL::bigint AS amount_captured,
+                     0::bigint AS "refunds!", 0::bigint AS "amount_refunded!""#,
         account,
         new.key,
         new.outcome,
@@ -60,6 +68,7 @@ pub async fn insert_authorization(
         new.currency,
         new.source,
         new.decline_code,
+        new.capture_later,
     )
     .fetch_optional(db)
     .await
@@ -78,8 +87,8 @@ pub async fn insert_void(db: impl PgExecutor<'_>, account: &str, key: &str) -> s
     Ok(done.rows_affected() == 1)
 }
 
-/// A `query_as!` of [`Operation`]s, each with what its refunds gave back,
-/// for the rows the `WHERE` clause `$filter` keeps (`o` is the operation).
+/// A `query_as!` of [`Operation`]s, each with what its capture took and its
+/// refunds gave back, for the rows the `WHERE` clause `$filter` keeps (`o` is the operation).
 /// A macro because sqlx checks only literal text: each expansion, its filter
 /// appended, is checked against the schema like any query.
 macro_rules! operations {
@@ -87,13 +96,17 @@ macro_rules! operations {
         sqlx::query_as!(
             Operation,
             r#"SELECT o.key, o.kind, o.outcome, o.amount, o.currency, o.source, o.decline_code,
-                  o.payment_key, o.created, r.refunds AS "refunds!", r.refunded AS "amount_refunded!"
+                  o.payment_key, o.capture_later, o.created,
+                  c.amount AS "amount_captured?", r.refunds AS "refunds!",
+                  (r.refunded + coalesce(o.amount - c.amount, 0))::bigint AS "amount_refunded!"
              FROM operations o
              CROSS JOIN LATERAL (
                    SELECT count(*) AS refunds, coalesce(sum(x.amount), 0)::bigint AS refunded
                      FROM operations x
                     WHERE x.account = o.account AND x.payment_key = o.key
                       AND x.outcome = 'refunded') r
+             LEFT JOIN operations c
+                    ON c.account = o.account AND c.payment_key = o.key AND c.kind = 'capture'
             "# + $filter,
             $($arg),+
         )
@@ -164,7 +177,8 @@ pub async fn refund_attempts(
     payment_key: &str,
 ) -> sqlx::Result<i64> {
     sqlx::query_scalar!(
-        r#"SELECT count(*) AS "n!" FROM operations WHERE account = $1 AND payment_key = $2"#,
+        r#"SELECT count(*) AS "n!" FROM operations
+            WHERE account = $1 AND payment_key = $2 AND kind = 'refund'"#,
         account,
         payment_key,
     )
@@ -195,6 +209,38 @@ pub async fn insert_refund(
         account,
         new.key,
         new.outcome,
+        new.amount,
+        new.currency,
+        new.payment_key,
+    )
+    .execute(tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// What a capture records.
+#[derive(Debug)]
+pub struct NewCapture<'a> {
+    pub key: &'a str,
+    pub payment_key: &'a str,
+    pub amount: i64,
+    pub currency: &'a str,
+}
+
+/// Records a capture unless the key holds something; whether it did. The
+/// unique index on a payment's capture refuses a second one under another
+/// key (the caller checks first, with the payment locked).
+pub async fn insert_capture(
+    tx: &mut PgConnection,
+    account: &str,
+    new: &NewCapture<'_>,
+) -> sqlx::Result<bool> {
+    let done = sqlx::query!(
+        "INSERT INTO operations (account, key, kind, outcome, amount, currency, payment_key)
+         VALUES ($1, $2, 'capture', 'captured', $3, $4, $5)
+         ON CONFLICT (account, key) DO NOTHING",
+        account,
+        new.key,
         new.amount,
         new.currency,
         new.payment_key,

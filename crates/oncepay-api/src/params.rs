@@ -474,6 +474,21 @@ pub fn string(value: Value, name: &str) -> Result<String, ParamError> {
     }
 }
 
+/// A parameter that must be a boolean: `true` or `false`, in JSON or as
+/// a form's text.
+pub fn boolean(value: Value, name: &str) -> Result<bool, ParamError> {
+    match value {
+        Value::Bool(b) => Ok(b),
+        Value::String(s) if s == "true" => Ok(true),
+        Value::String(s) if s == "false" => Ok(false),
+        _ => Err(ParamError::new(
+            ProblemCode::ParameterInvalidType,
+            name,
+            format!("Invalid boolean: {name} must be true or false"),
+        )),
+    }
+}
+
 /// Validates `metadata`: up to 50 keys of 1 to 40 characters, string values
 /// of up to 500.
 pub fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {

@@ -133,8 +133,15 @@ pub enum ProblemCode {
     ResourceMissing,
     /// 400: a refund of a pending or failed charge.
     ChargeNotRefundable,
-    /// 400: a refund of a charge refunded in full.
+    /// 400: a refund of a charge refunded in full, or a capture of a
+    /// charge released by a refund.
     ChargeAlreadyRefunded,
+    /// 400: a capture of a charge paid at once, or captured already.
+    ChargeAlreadyCaptured,
+    /// 400: a capture after the authorization window.
+    ChargeExpiredForCapture,
+    /// 400: a capture of a pending or failed charge.
+    ChargeNotCapturable,
     /// 400: the body is not a JSON object.
     InvalidJson,
     /// 400: the body cannot be read.
@@ -208,7 +215,7 @@ impl ProblemCode {
     /// Every code, in the order they are declared; a unit test holds it
     /// against the enum itself (by way of its OpenAPI schema), and
     /// `tests/api/docs.rs` against the table of docs/api.md.
-    pub const ALL: [ProblemCode; 54] = [
+    pub const ALL: [ProblemCode; 57] = [
         ProblemCode::ParameterMissing,
         ProblemCode::ParameterUnknown,
         ProblemCode::ParameterDuplicate,
@@ -229,6 +236,9 @@ impl ProblemCode {
         ProblemCode::ResourceMissing,
         ProblemCode::ChargeNotRefundable,
         ProblemCode::ChargeAlreadyRefunded,
+        ProblemCode::ChargeAlreadyCaptured,
+        ProblemCode::ChargeExpiredForCapture,
+        ProblemCode::ChargeNotCapturable,
         ProblemCode::InvalidJson,
         ProblemCode::InvalidBody,
         ProblemCode::InvalidPath,
@@ -288,6 +298,9 @@ impl ProblemCode {
             ProblemCode::ResourceMissing => "resource_missing",
             ProblemCode::ChargeNotRefundable => "charge_not_refundable",
             ProblemCode::ChargeAlreadyRefunded => "charge_already_refunded",
+            ProblemCode::ChargeAlreadyCaptured => "charge_already_captured",
+            ProblemCode::ChargeExpiredForCapture => "charge_expired_for_capture",
+            ProblemCode::ChargeNotCapturable => "charge_not_capturable",
             ProblemCode::InvalidJson => "invalid_json",
             ProblemCode::InvalidBody => "invalid_body",
             ProblemCode::InvalidPath => "invalid_path",
@@ -350,6 +363,9 @@ impl ProblemCode {
             | ProblemCode::ResourceMissing
             | ProblemCode::ChargeNotRefundable
             | ProblemCode::ChargeAlreadyRefunded
+            | ProblemCode::ChargeAlreadyCaptured
+            | ProblemCode::ChargeExpiredForCapture
+            | ProblemCode::ChargeNotCapturable
             | ProblemCode::InvalidJson
             | ProblemCode::InvalidBody
             | ProblemCode::InvalidPath

@@ -15,6 +15,14 @@ pub fn authorization_key(charge_id: &str) -> String {
     format!("auth:{charge_id}")
 }
 
+/// The processor key for capturing a charge authorized with
+/// `capture=false`: derived from the charge, so every request that captures
+/// it, and every recovery, asks the processor under one key, and the
+/// processor captures once.
+pub fn capture_key(charge_id: &str) -> String {
+    format!("capture:{charge_id}")
+}
+
 /// The processor key for refunding money: derived from the refund id, so a
 /// roll-forward after a crash repeats the same refund instead of adding one.
 pub fn refund_key(refund_id: &str) -> String {
@@ -37,6 +45,21 @@ pub struct Authorization<'a> {
     pub amount: i64,
     pub currency: &'a str,
     pub source: TestToken,
+    /// `false`: only hold the amount, until a [`Capture`] takes it.
+    pub capture: bool,
+    /// A wire fault to ask of the gateway on this call (fault injection only).
+    pub fault: Option<WireFault>,
+}
+
+/// A request to take all or part of an authorization made with
+/// `capture: false`; what is not taken goes back to the card.
+#[derive(Clone, Debug)]
+pub struct Capture<'a> {
+    pub processor_key: &'a str,
+    /// The processor key of the authorization captured.
+    pub payment_key: &'a str,
+    pub amount: i64,
+    pub currency: &'a str,
     /// A wire fault to ask of the gateway on this call (fault injection only).
     pub fault: Option<WireFault>,
 }
@@ -150,6 +173,10 @@ pub trait Processor: Send + Sync + 'static {
     /// stands. After this returns, no later authorization can move money
     /// under that key: it will find the void.
     async fn void_unless_recorded(&self, processor_key: &str) -> Result<Outcome, ProcessorError>;
+
+    /// Captures an authorization made with `capture: false`, idempotently
+    /// on `processor_key`; `Ok` means the capture is recorded.
+    async fn capture(&self, request: Capture<'_>) -> Result<(), ProcessorError>;
 
     /// Refunds part or all of a recorded payment, idempotently on
     /// `processor_key`; `Ok` means the outcome, refunded or failed, is recorded.

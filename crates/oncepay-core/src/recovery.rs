@@ -8,6 +8,8 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::charges::settle as charge_settle;
+use crate::charges::{capture, store as charges};
+use crate::operation::capture::capture_at_processor;
 use crate::idempotency::Resource;
 use crate::processor::{self, Outcome, Processor, RefundOutcome};
 use crate::refunds::settle::{self as refund_settle, Pending};
@@ -21,6 +23,8 @@ pub enum Recovered {
     Charge(Outcome),
     /// A refund was rolled forward and settled with this outcome.
     Refund(RefundOutcome),
+    /// A capture was rolled forward and settled.
+    Capture,
 }
 
 /// Settles a stale record with what the processor holds under its key;
@@ -31,6 +35,7 @@ pub enum Recovered {
 /// - A refund is rolled *forward*: its money was promised when its amount
 ///   was reserved, so the idempotent refund call is repeated, and its
 ///   recorded outcome settles it.
+/// - A capture is rolled forward too, for the same reason.
 pub async fn recover(
     pool: &PgPool,
     processor: &dyn Processor,
@@ -63,6 +68,21 @@ pub async fn recover(
             }
             tracing::info!(refund = %id, ?outcome, "rolled a stale refund forward");
             Recovered::Refund(outcome)
+        }
+        Resource::Capture(id) => {
+            let charge = charges::find_any(pool, id).await?;
+            let Some(charge) = charge.filter(|c| c.capture_amount.is_some() && c.captured_at.is_none())
+            else {
+                return Ok(None);
+            };
+            capture_at_processor(processor, &charge, None).await?;
+            let mut db = pool.acquire().await?;
+            let settled = capture::settle_or_crash(&mut db, id, key_ttl, request_id, None).await?;
+            if let Settled::Already = settled {
+                return Ok(None);
+            }
+            tracing::info!(charge = %id, "rolled a stale capture forward");
+            Recovered::Capture
         }
     };
     Ok(Some(recovered))

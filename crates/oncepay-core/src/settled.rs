@@ -26,3 +26,15 @@ pub fn created(location: String, object: &impl Serialize) -> SavedResponse {
             .into(),
     }
 }
+
+/// The `200` of an operation on a record that exists: its API object.
+pub fn ok(object: &impl Serialize) -> SavedResponse {
+    SavedResponse {
+        status: StatusCode::OK.as_u16(),
+        content_type: "application/json".into(),
+        location: None,
+        body: serde_json::to_vec(object)
+            .expect("an API object serialises")
+            .into(),
+    }
+}

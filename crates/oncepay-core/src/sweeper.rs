@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{PgExecutor, PgPool};
 
+use crate::charges::capture;
 use crate::idempotency::{Resource, store as keys};
 use crate::processor::{Outcome, Processor, RefundOutcome};
 use crate::recovery::{Recovered, recover};
@@ -50,6 +51,8 @@ pub struct SweepReport {
     pub refunds_settled: u64,
     /// Stale refunds rolled forward that the processor refused, now `failed`.
     pub refunds_failed: u64,
+    /// Stale captures rolled forward, now captured.
+    pub captures_settled: u64,
     /// Expired keys deleted.
     pub keys_deleted: u64,
 }
@@ -83,7 +86,9 @@ impl Sweeper {
         } = self.settings;
         let leases = keys::lease_stale(&self.pool, timeout, batch_size).await?;
         report.leased = leases.len() as u64;
-        let keyless = stale_unguarded(&self.pool, timeout, batch_size).await?;
+        let mut keyless = stale_unguarded(&self.pool, timeout, batch_size).await?;
+        let captures = capture::stale_unguarded(&self.pool, timeout, batch_size).await?;
+        keyless.extend(captures.into_iter().map(Resource::Capture));
         report.unguarded = keyless.len() as u64;
         // Records are recovered one at a time, with processor calls: the
         // pass takes on no more once half of PROCESSING_TIMEOUT is spent.
@@ -124,6 +129,7 @@ impl Sweeper {
             ("charge_failed", report.settled_failed),
             ("refund_succeeded", report.refunds_settled),
             ("refund_failed", report.refunds_failed),
+            ("capture_succeeded", report.captures_settled),
         ] {
             metrics::counter!("sweeper_settled_total", "outcome" => outcome).increment(n);
         }
@@ -144,6 +150,7 @@ impl Sweeper {
             Ok(Some(Recovered::Charge(_))) => report.settled_failed += 1,
             Ok(Some(Recovered::Refund(RefundOutcome::Refunded))) => report.refunds_settled += 1,
             Ok(Some(Recovered::Refund(RefundOutcome::Failed { .. }))) => report.refunds_failed += 1,
+            Ok(Some(Recovered::Capture)) => report.captures_settled += 1,
             Ok(None) => {}
             Err(e) => {
                 tracing::warn!(

@@ -72,7 +72,11 @@ pub struct ChargeFacts<'a> {
     pub failure_code: Option<&'a str>,
     pub failure_message: Option<&'a str>,
     pub metadata: &'a BTreeMap<String, String>,
-    /// The charge succeeded: the card was charged, and captured at once.
+    /// What was captured: all of a charge paid at once, what a capture
+    /// took of one captured later, nothing before.
+    pub amount_captured: i64,
+    /// The charge succeeded: the card was charged, or authorized when it
+    /// is captured later.
     pub paid: bool,
     /// `pending`, `succeeded` or `failed`.
     pub status: &'a str,
@@ -98,8 +102,8 @@ pub struct ChargeObject<'a> {
     /// Integer minor units (2000 = 20.00 USD).
     #[cfg_attr(feature = "openapi", schema(example = 2000))]
     pub amount: i64,
-    /// The amount captured: all of it for a paid charge (oncepay captures
-    /// at once), nothing otherwise.
+    /// The amount captured: all of it for a charge paid at once, what its
+    /// capture took for one authorized first, nothing before that.
     #[cfg_attr(feature = "openapi", schema(example = 2000))]
     pub amount_captured: i64,
     #[cfg_attr(feature = "openapi", schema(example = 0))]
@@ -107,15 +111,15 @@ pub struct ChargeObject<'a> {
     pub application: Unmodelled,
     pub application_fee: Unmodelled,
     pub application_fee_amount: Unmodelled,
-    /// `txn_...` for a paid charge, `null` otherwise.
+    /// `txn_...` for a captured charge, `null` otherwise.
     #[cfg_attr(feature = "openapi", schema(example = "txn_FSqF13LohwPRt53icfinsfKa"))]
     pub balance_transaction: Option<String>,
     pub billing_details: BillingDetails,
-    /// `ONCEPAY` for a paid charge, `null` otherwise.
+    /// `ONCEPAY` for a captured charge, `null` otherwise.
     #[cfg_attr(feature = "openapi", schema(example = "ONCEPAY"))]
     pub calculated_statement_descriptor: Option<&'static str>,
-    /// Stripe's flags: the charge succeeded (oncepay captures at once, so
-    /// a paid charge is a captured one).
+    /// Whether money was taken: at once, or by a capture of an authorized
+    /// charge (`capture=false`).
     pub captured: bool,
     /// Unix seconds.
     #[cfg_attr(feature = "openapi", schema(example = 1764892800))]
@@ -260,6 +264,7 @@ impl<'a> ChargeObject<'a> {
         refunds: impl ExactSizeIterator<Item = RefundObject<'a>>,
     ) -> Self {
         let paid = facts.paid;
+        let captured = facts.amount_captured > 0;
         let suffix = facts.id.strip_prefix("ch_").unwrap_or(facts.id);
         let source = facts
             .token
@@ -268,15 +273,15 @@ impl<'a> ChargeObject<'a> {
             id: facts.id,
             object: "charge",
             amount: facts.amount,
-            amount_captured: if paid { facts.amount } else { 0 },
+            amount_captured: facts.amount_captured,
             amount_refunded: facts.amount_refunded,
             application: Unmodelled,
             application_fee: Unmodelled,
             application_fee_amount: Unmodelled,
-            balance_transaction: paid.then(|| format!("txn_{suffix}")),
+            balance_transaction: captured.then(|| format!("txn_{suffix}")),
             billing_details: NO_BILLING_DETAILS,
-            calculated_statement_descriptor: paid.then_some(STATEMENT_DESCRIPTOR),
-            captured: paid,
+            calculated_statement_descriptor: captured.then_some(STATEMENT_DESCRIPTOR),
+            captured,
             created: facts.created,
             currency: facts.currency,
             customer: Unmodelled,
@@ -596,6 +601,7 @@ mod tests {
             failure_code: None,
             failure_message: None,
             metadata,
+            amount_captured: if paid { 2000 } else { 0 },
             paid,
             status: if paid { "succeeded" } else { "pending" },
             token: Some(TestToken::Visa),

@@ -43,6 +43,10 @@ pub struct NewCharge {
     /// Up to 50 keys of 1 to 40 characters; string values of up to 500.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<BTreeMap<String, String>>, example = json!({"order_id": "6735"})))]
     pub metadata: BTreeMap<String, String>,
+    /// `true` (the default) pays at once; `false` only authorizes: the
+    /// amount is held on the card until `POST /v1/charges/{id}/capture`.
+    #[cfg_attr(feature = "openapi", schema(default = true))]
+    pub capture: bool,
 }
 
 /// How the API's document describes [`NewCharge`]: as a request's body.
@@ -60,6 +64,7 @@ impl NewCharge {
             self.source.as_str(),
             self.description,
             self.metadata,
+            self.capture,
         ]);
         serde_json::to_vec(&canonical).expect("serialising a JSON value cannot fail")
     }
@@ -99,6 +104,13 @@ pub struct Charge {
     pub failure_message: Option<String>,
     pub amount_refunded: i64,
     pub created_at: DateTime<Utc>,
+    /// Made with `capture=false`: a succeeded charge is authorized, and
+    /// paid once captured.
+    pub capture_later: bool,
+    /// What a capture takes, from the moment it is asked (reserved).
+    pub capture_amount: Option<i64>,
+    /// When the processor confirmed the capture.
+    pub captured_at: Option<DateTime<Utc>>,
 }
 
 impl Charge {
@@ -125,12 +137,26 @@ impl Charge {
             failure_code: self.failure_code.as_deref(),
             failure_message: self.failure_message.as_deref(),
             metadata: &self.metadata.0,
+            amount_captured: self.amount_captured(),
             paid: self.status == ChargeStatus::Succeeded,
             status: self.status.as_str(),
             token: self.token(),
             verdict: self.verdict(),
         };
         ChargeObject::new(facts, refunds.iter().map(Refund::to_object))
+    }
+
+    /// What was captured: all of it at once for a charge paid at once, what
+    /// its capture took, once confirmed, for a charge captured later.
+    pub fn amount_captured(&self) -> i64 {
+        match (self.status, self.capture_later) {
+            (ChargeStatus::Succeeded, false) => self.amount,
+            (ChargeStatus::Succeeded, true) => self
+                .captured_at
+                .and(self.capture_amount)
+                .unwrap_or_default(),
+            _ => 0,
+        }
     }
 
     /// What the card network (or the fraud check) said; `None` for a pending

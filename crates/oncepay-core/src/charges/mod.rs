@@ -1,5 +1,7 @@
-//! Charges: the domain, its SQL, and how a processor outcome settles a charge.
+//! Charges: the domain, its SQL, how a processor outcome settles a charge,
+//! and how a charge authorized first is captured.
 
+pub mod capture;
 pub mod currency;
 pub mod domain;
 pub mod settle;

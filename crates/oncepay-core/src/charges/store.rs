@@ -17,11 +17,13 @@ pub async fn insert_pending(
 ) -> sqlx::Result<Charge> {
     sqlx::query_as!(
         Charge,
-        r#"INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata, status)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending')
+        r#"INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata,
+                                  status, capture_later)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8)
            RETURNING id, merchant_id, amount, currency, source, description,
                      metadata AS "metadata: _", status AS "status: _",
-                     failure_code, failure_message, amount_refunded, created_at"#,
+                     failure_code, failure_message, amount_refunded, created_at,
+                  capture_later, capture_amount, captured_at"#,
         id,
         merchant_id,
         charge.amount.minor_units(),
@@ -29,6 +31,7 @@ pub async fn insert_pending(
         charge.source.as_str(),
         charge.description.as_deref(),
         sqlx::types::Json(&charge.metadata) as _,
+        !charge.capture,
     )
     .fetch_one(tx)
     .await
@@ -66,7 +69,7 @@ pub async fn settle_and_complete(
            completed AS (
                SELECT c.key
                  FROM settled,
-                      idempotency_key_complete(settled.id, NULL, NULL, NULL,
+                      idempotency_key_complete(settled.id, NULL, NULL, NULL, NULL,
                                                $5, $6, $7, $8, $9::float8) AS c(key)),
            written AS (
                INSERT INTO events (id, merchant_id, type, object_id, data, request_id, idempotency_key)
@@ -146,7 +149,8 @@ async fn find_scoped(
         Charge,
         r#"SELECT id, merchant_id, amount, currency, source, description,
                   metadata AS "metadata: _", status AS "status: _",
-                  failure_code, failure_message, amount_refunded, created_at
+                  failure_code, failure_message, amount_refunded, created_at,
+                  capture_later, capture_amount, captured_at
              FROM charges WHERE id = $2 AND ($1::uuid IS NULL OR merchant_id = $1)"#,
         merchant_id,
         id,

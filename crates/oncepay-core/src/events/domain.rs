@@ -20,6 +20,11 @@ pub enum EventType {
     #[sqlx(rename = "charge.failed")]
     #[cfg_attr(feature = "openapi", schema(rename = "charge.failed"))]
     ChargeFailed,
+    /// A charge authorized with `capture=false` was captured; `data.object`
+    /// is the charge.
+    #[sqlx(rename = "charge.captured")]
+    #[cfg_attr(feature = "openapi", schema(rename = "charge.captured"))]
+    ChargeCaptured,
     /// A refund of the charge succeeded, in part or in full; `data.object`
     /// is the charge.
     #[sqlx(rename = "charge.refunded")]
@@ -37,9 +42,10 @@ pub enum EventType {
 
 impl EventType {
     /// Every type, in the order the documentation lists them.
-    pub const ALL: [EventType; 5] = [
+    pub const ALL: [EventType; 6] = [
         EventType::ChargeSucceeded,
         EventType::ChargeFailed,
+        EventType::ChargeCaptured,
         EventType::ChargeRefunded,
         EventType::RefundSucceeded,
         EventType::RefundFailed,
@@ -54,6 +60,7 @@ impl EventType {
 crate::stored_as_text!(EventType {
     ChargeSucceeded => "charge.succeeded",
     ChargeFailed => "charge.failed",
+    ChargeCaptured => "charge.captured",
     ChargeRefunded => "charge.refunded",
     RefundSucceeded => "refund.succeeded",
     RefundFailed => "refund.failed",

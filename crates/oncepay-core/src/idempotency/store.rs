@@ -51,42 +51,54 @@ impl KeyStatus {
     }
 }
 
-/// The record a key guards: the charge or the refund its request creates.
+/// The record a key guards: the charge or the refund its request creates,
+/// or the charge its request captures.
 ///
-/// The key table names it in two nullable columns, `charge_id` and
-/// `refund_id`, of which the schema allows at most one. `Resource::columns`
-/// and `Resource::from_columns` are the only places that know it: every
-/// statement binds both columns and matches `(charge_id = $a OR refund_id =
-/// $b)`, which the NULL side never matches.
+/// The key table names it in three nullable columns, `charge_id`,
+/// `refund_id` and `capture_of`, of which the schema allows at most one.
+/// `Resource::columns` and `Resource::from_columns` are the only places that
+/// know it: every statement binds all three and matches `(charge_id = $a OR
+/// refund_id = $b OR capture_of = $c)`, which a NULL side never matches.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Resource {
     Charge(String),
     Refund(String),
+    /// The capture of a charge made with `capture=false`: the charge's id.
+    Capture(String),
 }
 
+/// The key table's `(charge_id, refund_id, capture_of)`.
+type Columns<'a> = (Option<&'a str>, Option<&'a str>, Option<&'a str>);
+
 impl Resource {
-    /// The record's id.
+    /// The record's id (a capture's is its charge's).
     pub fn id(&self) -> &str {
         match self {
-            Resource::Charge(id) | Resource::Refund(id) => id,
+            Resource::Charge(id) | Resource::Refund(id) | Resource::Capture(id) => id,
         }
     }
 
-    /// The key table's `(charge_id, refund_id)` for `resource`, if any.
-    fn columns(resource: Option<&Self>) -> (Option<&str>, Option<&str>) {
+    /// The key table's columns for `resource`, if any.
+    fn columns(resource: Option<&Self>) -> Columns<'_> {
         match resource {
-            Some(Resource::Charge(id)) => (Some(id), None),
-            Some(Resource::Refund(id)) => (None, Some(id)),
-            None => (None, None),
+            Some(Resource::Charge(id)) => (Some(id), None, None),
+            Some(Resource::Refund(id)) => (None, Some(id), None),
+            Some(Resource::Capture(id)) => (None, None, Some(id)),
+            None => (None, None, None),
         }
     }
 
-    /// From the key table's two columns.
-    fn from_columns(charge_id: Option<String>, refund_id: Option<String>) -> Option<Self> {
-        match (charge_id, refund_id) {
-            (Some(id), _) => Some(Resource::Charge(id)),
-            (None, Some(id)) => Some(Resource::Refund(id)),
-            (None, None) => None,
+    /// From the key table's three columns.
+    fn from_columns(
+        charge_id: Option<String>,
+        refund_id: Option<String>,
+        capture_of: Option<String>,
+    ) -> Option<Self> {
+        match (charge_id, refund_id, capture_of) {
+            (Some(id), _, _) => Some(Resource::Charge(id)),
+            (None, Some(id), _) => Some(Resource::Refund(id)),
+            (None, None, Some(id)) => Some(Resource::Capture(id)),
+            (None, None, None) => None,
         }
     }
 }
@@ -131,6 +143,7 @@ struct KeyRow {
     fingerprint: Option<Vec<u8>>,
     charge_id: Option<String>,
     refund_id: Option<String>,
+    capture_of: Option<String>,
     response_status: Option<i16>,
     response_content_type: Option<String>,
     response_location: Option<String>,
@@ -156,6 +169,7 @@ macro_rules! key_row {
             fingerprint: $row.fingerprint,
             charge_id: $row.charge_id,
             refund_id: $row.refund_id,
+            capture_of: $row.capture_of,
             response_status: $row.response_status,
             response_content_type: $row.response_content_type,
             response_location: $row.response_location,
@@ -198,7 +212,7 @@ impl KeyRow {
             request_path: self.request_path.ok_or_else(required("request_path"))?,
             fingerprint: Fingerprint::from_slice(&self.fingerprint.unwrap_or_default())
                 .ok_or_else(required("fingerprint"))?,
-            resource: Resource::from_columns(self.charge_id, self.refund_id),
+            resource: Resource::from_columns(self.charge_id, self.refund_id, self.capture_of),
             response,
             created_at: self.created_at.ok_or_else(required("created_at"))?,
             locked_at: self.locked_at,
@@ -294,10 +308,10 @@ pub enum ClaimOutcome {
 /// happens, the conflicting row is locked by the statement and read in the
 /// same transaction, so the answer is built from a committed, current row.
 pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<ClaimOutcome> {
-    let (charge_id, refund_id) = Resource::columns(claim.resource);
+    let (charge_id, refund_id, capture_of) = Resource::columns(claim.resource);
     let claimed = sqlx::query_scalar!(
         r#"SELECT took_over AS "took_over!"
-             FROM idempotency_key_claim($1, $2, $3, $4, $5, $6, $7, $8::float8, $9,
+             FROM idempotency_key_claim($1, $2, $3, $4, $5, $6, $7, $11, $8::float8, $9,
                                         $10::float8, true) AS claimed(took_over)"#,
         claim.merchant_id,
         claim.key.as_str(),
@@ -309,6 +323,7 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
         claim.ttl.as_millis() as f64,
         claim.deadline_at(),
         claim.age_ms(),
+        capture_of,
     )
     .fetch_optional(&mut *tx)
     .await?;
@@ -347,6 +362,8 @@ pub struct PendingCharge<'a> {
     pub description: Option<&'a str>,
     /// `metadata`, as JSON text.
     pub metadata: &'a str,
+    /// Made with `capture=false`.
+    pub capture_later: bool,
 }
 
 /// Step 2 of a new charge in one statement, its own transaction: reads the
@@ -368,15 +385,15 @@ pub async fn claim_with_charge(
            claimed AS (
                SELECT took_over
                  FROM idempotency_key_claim(
-                          $1, $2, $3, $4, $5, $6, NULL, $7::float8, $13, $14::float8,
+                          $1, $2, $3, $4, $5, $6, NULL, NULL, $7::float8, $13, $14::float8,
                           NOT EXISTS (SELECT 1 FROM existing e
                                        WHERE NOT idempotency_key_takeover(
                                                  e.status, e.expires_at, e.completed_at,
                                                  $14::float8))) AS c(took_over)),
            charge AS (
                INSERT INTO charges (id, merchant_id, amount, currency, source, description,
-                                    metadata, status)
-               SELECT $6, $1, $8, $9, $10, $11, $12::text::jsonb, 'pending' FROM claimed
+                                    metadata, status, capture_later)
+               SELECT $6, $1, $8, $9, $10, $11, $12::text::jsonb, 'pending', $15 FROM claimed
                RETURNING created_at)
            SELECT statement_timestamp() < $13 AS "in_time!",
                   (SELECT took_over FROM claimed) AS took_over,
@@ -397,6 +414,7 @@ pub async fn claim_with_charge(
         charge.metadata,
         claim.deadline_at(),
         claim.age_ms(),
+        charge.capture_later,
     )
     .fetch_one(db)
     .await?;
@@ -435,11 +453,11 @@ async fn complete_key(
     response: &SavedResponse,
     ttl: Duration,
 ) -> sqlx::Result<Option<String>> {
-    let (charge_id, refund_id) = Resource::columns(resource);
+    let (charge_id, refund_id, capture_of) = Resource::columns(resource);
     let (merchant_id, key) = held.unzip();
     sqlx::query_scalar!(
         r#"SELECT key AS "key!"
-             FROM idempotency_key_complete($1, $2, $3, $4, $5, $6, $7, $8, $9::float8)
+             FROM idempotency_key_complete($1, $2, $10, $3, $4, $5, $6, $7, $8, $9::float8)
                   AS completed(key)"#,
         charge_id,
         refund_id,
@@ -450,24 +468,25 @@ async fn complete_key(
         response.location.as_deref(),
         &response.body[..],
         ttl.as_millis() as f64,
+        capture_of,
     )
     .fetch_optional(tx)
     .await
 }
 
-/// Marks the key that guards the refund `refund_id` completed with its saved
-/// response, kept for at least `ttl` (`complete_key`). Returns the key it
-/// completed, if any. (A charge's key is completed by the charge's
-/// one-statement settle, [`crate::charges::store::settle_and_complete`],
-/// with the same SQL function.)
+/// Marks the key that guards `resource`, a refund or a capture, completed
+/// with its saved response, kept for at least `ttl` (`complete_key`).
+/// Returns the key it completed, if any. (A charge's key is completed by the
+/// charge's one-statement settle,
+/// [`crate::charges::store::settle_and_complete`], with the same SQL
+/// function.)
 pub async fn complete_for(
     tx: &mut PgConnection,
-    refund_id: &str,
+    resource: &Resource,
     response: &SavedResponse,
     ttl: Duration,
 ) -> sqlx::Result<Option<String>> {
-    let refund = Resource::Refund(refund_id.to_owned());
-    complete_key(tx, Some(&refund), None, response, ttl).await
+    complete_key(tx, Some(resource), None, response, ttl).await
 }
 
 /// Marks the key `merchant_id` holds as `key` completed with its saved
@@ -595,7 +614,7 @@ pub async fn lease_stale(
                   LIMIT $2
                   FOR UPDATE SKIP LOCKED) stale
           WHERE k.merchant_id = stale.merchant_id AND k.key = stale.key
-          RETURNING k.charge_id, k.refund_id, k.locked_at AS "locked_at!""#,
+          RETURNING k.charge_id, k.refund_id, k.capture_of, k.locked_at AS "locked_at!""#,
         timeout.as_millis() as f64,
         limit,
     )
@@ -605,7 +624,7 @@ pub async fn lease_stale(
         .into_iter()
         .filter_map(|row| {
             Some(Lease {
-                resource: Resource::from_columns(row.charge_id, row.refund_id)?,
+                resource: Resource::from_columns(row.charge_id, row.refund_id, row.capture_of)?,
                 leased_at: row.locked_at,
             })
         })
@@ -618,15 +637,16 @@ pub async fn lease_stale(
 /// stale while the batch was being worked through and someone else leased
 /// it (or it was settled); that record is theirs now and must be left alone.
 pub async fn renew(db: impl PgExecutor<'_>, lease: &mut Lease) -> sqlx::Result<bool> {
-    let (charge_id, refund_id) = Resource::columns(Some(&lease.resource));
+    let (charge_id, refund_id, capture_of) = Resource::columns(Some(&lease.resource));
     let renewed = sqlx::query_scalar!(
         r#"UPDATE idempotency_keys SET locked_at = now()
-            WHERE (charge_id = $1 OR refund_id = $2) AND status = 'processing'
-              AND locked_at = $3
+            WHERE (charge_id = $1 OR refund_id = $2 OR capture_of = $4)
+              AND status = 'processing' AND locked_at = $3
             RETURNING locked_at AS "locked_at!""#,
         charge_id,
         refund_id,
         lease.leased_at,
+        capture_of,
     )
     .fetch_optional(db)
     .await?;
@@ -652,14 +672,14 @@ pub async fn lease_one(
         "UPDATE idempotency_keys SET locked_at = now()
           WHERE merchant_id = $1 AND key = $2 AND status = 'processing'
             AND locked_at < now() - $3::float8 * interval '1 millisecond'
-          RETURNING charge_id, refund_id",
+          RETURNING charge_id, refund_id, capture_of",
         merchant_id,
         key.as_str(),
         timeout.as_millis() as f64,
     )
     .fetch_optional(db)
     .await?;
-    Ok(leased.and_then(|row| Resource::from_columns(row.charge_id, row.refund_id)))
+    Ok(leased.and_then(|row| Resource::from_columns(row.charge_id, row.refund_id, row.capture_of)))
 }
 
 /// The response saved on the completed key that guards `resource`, if any.
@@ -667,14 +687,16 @@ pub async fn saved_for_resource(
     db: impl PgExecutor<'_>,
     resource: &Resource,
 ) -> sqlx::Result<Option<SavedResponse>> {
-    let (charge_id, refund_id) = Resource::columns(Some(resource));
+    let (charge_id, refund_id, capture_of) = Resource::columns(Some(resource));
     let sent = Instant::now();
     let row = sqlx::query_as!(
         KeyRow,
         "SELECT k.* FROM idempotency_key_reads k
-          WHERE (k.charge_id = $1 OR k.refund_id = $2) AND k.status = 'completed'",
+          WHERE (k.charge_id = $1 OR k.refund_id = $2 OR k.capture_of = $3)
+            AND k.status = 'completed'",
         charge_id,
         refund_id,
+        capture_of,
     )
     .fetch_optional(db)
     .await?;

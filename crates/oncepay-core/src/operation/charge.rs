@@ -78,6 +78,7 @@ impl Operation for CreateCharge {
             source: self.charge.source.as_str(),
             description: self.charge.description.as_deref(),
             metadata: &metadata,
+            capture_later: !self.charge.capture,
         };
         let mut db = request.connection(engine).await?;
         let first = keys::claim_with_charge(&mut *db, claim, &pending).await?;
@@ -99,6 +100,9 @@ impl Operation for CreateCharge {
                 failure_message: None,
                 amount_refunded: 0,
                 created_at: *created_at,
+                capture_later: !self.charge.capture,
+                capture_amount: None,
+                captured_at: None,
             });
         }
         Ok(Some(first))
@@ -122,6 +126,7 @@ impl Operation for CreateCharge {
                 amount: self.charge.amount.minor_units(),
                 currency: self.charge.currency.as_str(),
                 source: self.charge.source,
+                capture: self.charge.capture,
                 fault,
             })
             .await

@@ -18,6 +18,7 @@
 //!
 //! Each run is timed phase by phase on the request's clock ([`timing`]).
 
+pub mod capture;
 pub mod charge;
 pub mod claim;
 pub mod refund;

@@ -17,7 +17,7 @@ use super::{Answer, Engine, Guard, run};
 use crate::charges::{Amount, Currency, NewCharge};
 use crate::idempotency::IdempotencyKey;
 use crate::processor::{
-    Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
+    Capture, Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
 };
 use crate::settings::Timeouts;
 use crate::speed::Plain;
@@ -44,6 +44,10 @@ impl Processor for CountingProcessor {
     async fn void_unless_recorded(&self, key: &str) -> Result<Outcome, ProcessorError> {
         let payments = self.payments.lock().unwrap();
         Ok(payments.get(key).cloned().unwrap_or(Outcome::Voided))
+    }
+
+    async fn capture(&self, _: Capture<'_>) -> Result<(), ProcessorError> {
+        Err(ProcessorError::Unavailable)
     }
 
     async fn refund(&self, _: Refund<'_>) -> Result<RefundOutcome, ProcessorError> {
@@ -77,6 +81,7 @@ fn charge() -> NewCharge {
         source: TestToken::parse("tok_visa").unwrap(),
         description: None,
         metadata: Default::default(),
+        capture: true,
     }
 }
 

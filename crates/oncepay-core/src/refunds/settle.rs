@@ -11,7 +11,7 @@ use sqlx::{Connection, PgConnection, PgPool};
 use super::{Refund, store};
 use crate::events::{EventType, NewEvent, store as events};
 use crate::faults::{Fault, crash_if};
-use crate::idempotency::{SavedResponse, store as keys};
+use crate::idempotency::{Resource, SavedResponse, store as keys};
 use crate::processor::{self, Processor, RefundOutcome};
 use crate::settled::{Settled, created};
 
@@ -69,7 +69,8 @@ pub async fn settle_or_crash(
         return Ok(Settled::Already);
     };
     let response = response_for(&refund);
-    let key = keys::complete_for(&mut tx, &refund.id, &response, key_ttl).await?;
+    let guarded = Resource::Refund(refund.id.clone());
+    let key = keys::complete_for(&mut tx, &guarded, &response, key_ttl).await?;
     events::insert(
         &mut tx,
         refund.merchant_id,

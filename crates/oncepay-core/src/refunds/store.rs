@@ -35,6 +35,10 @@ pub async fn reserve(
                       FOR UPDATE) r
             WHERE c.id = r.id AND c.status = 'succeeded'
               AND r.amount > 0 AND c.amount_refunded + r.amount <= c.amount
+              -- A charge authorized first is refunded once captured, or
+              -- released whole before; never while its capture is in flight.
+              AND (NOT c.capture_later OR c.captured_at IS NOT NULL
+                   OR (c.capture_amount IS NULL AND r.amount = c.amount))
             RETURNING r.amount AS "amount!", c.currency"#,
         charge_id,
         amount,
@@ -91,7 +95,10 @@ pub async fn succeed_pending(
                       c.failure_code AS charge_failure_code,
                       c.failure_message AS charge_failure_message,
                       c.amount_refunded AS "charge_amount_refunded!",
-                      c.created_at AS "charge_created_at!""#,
+                      c.created_at AS "charge_created_at!",
+                      c.capture_later AS "charge_capture_later!",
+                      c.capture_amount AS charge_capture_amount,
+                      c.captured_at AS charge_captured_at"#,
         id,
     )
     .fetch_optional(tx)
@@ -110,6 +117,9 @@ pub async fn succeed_pending(
             failure_message: row.charge_failure_message,
             amount_refunded: row.charge_amount_refunded,
             created_at: row.charge_created_at,
+            capture_later: row.charge_capture_later,
+            capture_amount: row.charge_capture_amount,
+            captured_at: row.charge_captured_at,
         };
         let refund = Refund {
             id: row.id,
