@@ -75,6 +75,7 @@ async fn charges(app: &TestApp, id: &str) -> i64 {
 
 fn pending<'a>(id: &'a str) -> PendingCharge<'a> {
     PendingCharge {
+        capture_later: false,
         id,
         amount: 100,
         currency: "usd",

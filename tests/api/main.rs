@@ -7,6 +7,7 @@ mod database;
 mod auth;
 mod bad_input;
 mod broker;
+mod capture;
 mod cli;
 mod concurrency;
 mod connections;

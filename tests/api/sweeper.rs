@@ -100,6 +100,7 @@ async fn the_sweeper_settles_a_stale_row_as_succeeded_when_the_payment_was_recor
     let outcome = app
         .processor
         .authorize(Authorization {
+            capture: true,
             processor_key: &key,
             amount: 2000,
             currency: "usd",
@@ -158,6 +159,7 @@ async fn the_sweeper_fails_a_stale_row_and_voids_it_when_no_payment_was_recorded
     let late = app
         .processor
         .authorize(Authorization {
+            capture: true,
             processor_key: &key,
             amount: 2000,
             currency: "usd",

@@ -208,6 +208,7 @@ async fn authorize(
 ) -> Result<oncepay::processor::Outcome, ProcessorError> {
     processor
         .authorize(Authorization {
+            capture: true,
             processor_key: "auth:ch_classified",
             amount: 100,
             currency: "usd",

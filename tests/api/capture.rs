@@ -1,0 +1,227 @@
+//! Authorize now, capture later: a charge made with `capture=false` holds
+//! its amount until `POST /v1/charges/{id}/capture` takes all or part of it,
+//! once, whatever keys and races ask; a refund before releases it whole.
+
+use futures::future::join_all;
+use reqwest::Response;
+use serde_json::{Value, json};
+
+use crate::helpers::{Answer, TestApp, spawn_app, visa};
+
+/// An authorized, uncaptured `tok_visa` charge of `amount`; returns its id.
+async fn authorized_charge(app: &TestApp, amount: i64) -> String {
+    let mut body = visa(amount);
+    body["capture"] = json!(false);
+    let charge = Answer::of(app.post_charge(None, &body).await).await;
+    assert_eq!(charge.status, 201, "{:?}", charge.body);
+    let charge = charge.json();
+    assert_eq!(charge["captured"], false);
+    assert_eq!(charge["paid"], true);
+    assert_eq!(charge["amount_captured"], 0);
+    assert_eq!(charge["balance_transaction"], Value::Null);
+    charge["id"].as_str().unwrap().to_owned()
+}
+
+/// `POST /v1/charges/{id}/capture` with a JSON body.
+async fn post_capture(app: &TestApp, id: &str, key: Option<&str>, body: &Value) -> Response {
+    let mut request = app
+        .client
+        .post(app.url(&format!("/v1/charges/{id}/capture")))
+        .bearer_auth(&app.api_key)
+        .json(body);
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    request.send().await.expect("send the request")
+}
+
+/// Captures recorded at the card gateway.
+async fn processor_captures(app: &TestApp) -> i64 {
+    app.processor_count("SELECT count(*) FROM operations WHERE kind = 'capture'")
+        .await
+}
+
+#[tokio::test]
+async fn a_charge_made_with_capture_false_is_paid_only_once_captured() {
+    let app = spawn_app().await;
+    let id = authorized_charge(&app, 2000).await;
+    assert_eq!(processor_captures(&app).await, 0);
+
+    let captured = Answer::of(post_capture(&app, &id, Some("cap-1"), &json!({})).await).await;
+    assert_eq!(captured.status, 200, "{:?}", captured.body);
+    let charge = captured.json();
+    assert_eq!(charge["captured"], true);
+    assert_eq!(charge["amount_captured"], 2000);
+    assert_eq!(charge["amount_refunded"], 0);
+    assert!(charge["balance_transaction"].is_string());
+    assert_eq!(processor_captures(&app).await, 1);
+    assert_eq!(
+        app.event_types_of(&id).await,
+        ["charge.succeeded", "charge.captured"]
+    );
+    let stored = Answer::of(app.get(&format!("/v1/charges/{id}")).await).await;
+    assert_eq!(stored.json()["captured"], true);
+
+    let again = Answer::of(post_capture(&app, &id, Some("cap-1"), &json!({})).await).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, captured.body);
+    assert_eq!(processor_captures(&app).await, 1);
+}
+
+#[tokio::test]
+async fn sixteen_captures_racing_with_one_key_capture_the_charge_once() {
+    let app = spawn_app().await;
+    let id = authorized_charge(&app, 2000).await;
+    let answers = join_all(
+        (0..16).map(|_| async { Answer::of(post_capture(&app, &id, Some("one"), &json!({})).await).await }),
+    )
+    .await;
+    for answer in &answers {
+        assert!(
+            answer.status == 200 || answer.status == 409,
+            "{} {:?}",
+            answer.status,
+            answer.body
+        );
+    }
+    assert!(answers.iter().any(|a| a.status == 200));
+    assert_eq!(processor_captures(&app).await, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM events WHERE type = 'charge.captured'")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn sixteen_captures_racing_with_sixteen_keys_capture_once_and_never_more_than_authorized() {
+    let app = spawn_app().await;
+    let id = authorized_charge(&app, 2000).await;
+    let answers = join_all((0..16).map(|i| {
+        let (app, id) = (&app, &id);
+        async move {
+            let body = json!({"amount": 1000 + i * 100});
+            Answer::of(post_capture(app, id, Some(&format!("key-{i}")), &body).await).await
+        }
+    }))
+    .await;
+    let won: Vec<_> = answers.iter().filter(|a| a.status == 200).collect();
+    assert_eq!(won.len(), 1, "exactly one capture wins");
+    for lost in answers.iter().filter(|a| a.status != 200) {
+        lost.assert_problem(400, "charge_already_captured");
+    }
+    let captured = won[0].json()["amount_captured"].as_i64().unwrap();
+    assert!(captured <= 2000);
+    assert_eq!(processor_captures(&app).await, 1);
+    let at_processor = app
+        .processor_count("SELECT amount FROM operations WHERE kind = 'capture'")
+        .await;
+    assert_eq!(at_processor, captured);
+    // The keys that lost kept nothing: a refused capture leaves its key free.
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys WHERE capture_of IS NOT NULL")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_partial_capture_gives_the_rest_back_and_only_the_captured_part_can_be_refunded() {
+    let app = spawn_app().await;
+    let id = authorized_charge(&app, 2000).await;
+    let captured = Answer::of(post_capture(&app, &id, None, &json!({"amount": 1500})).await).await;
+    assert_eq!(captured.status, 200, "{:?}", captured.body);
+    let charge = captured.json();
+    assert_eq!(charge["amount_captured"], 1500);
+    assert_eq!(charge["amount_refunded"], 500);
+    assert_eq!(charge["refunded"], false);
+
+    let too_much =
+        Answer::of(app.post_refund(None, &json!({"charge": id, "amount": 1501})).await).await;
+    too_much.assert_problem(400, "amount_too_large");
+    let rest = Answer::of(app.post_refund(None, &json!({"charge": id})).await).await;
+    assert_eq!(rest.status, 201, "{:?}", rest.body);
+    assert_eq!(rest.json()["amount"], 1500);
+    assert_eq!(app.amount_refunded(&id).await, 2000);
+}
+
+#[tokio::test]
+async fn a_refund_of_an_uncaptured_charge_releases_it_and_it_cannot_be_captured_after() {
+    let app = spawn_app().await;
+    let id = authorized_charge(&app, 2000).await;
+    let partial =
+        Answer::of(app.post_refund(None, &json!({"charge": id, "amount": 500})).await).await;
+    partial.assert_problem(400, "charge_not_refundable");
+
+    let released = Answer::of(app.post_refund(None, &json!({"charge": id})).await).await;
+    assert_eq!(released.status, 201, "{:?}", released.body);
+    let charge = Answer::of(app.get(&format!("/v1/charges/{id}")).await).await.json();
+    assert_eq!(charge["refunded"], true);
+    assert_eq!(charge["captured"], false);
+    assert_eq!(charge["amount_refunded"], 2000);
+
+    let capture = Answer::of(post_capture(&app, &id, Some("late"), &json!({})).await).await;
+    capture.assert_problem(400, "charge_already_refunded");
+    assert_eq!(processor_captures(&app).await, 0);
+    assert_eq!(app.count("SELECT count(*) FROM idempotency_keys").await, 0);
+}
+
+#[tokio::test]
+async fn a_capture_after_the_authorization_window_is_refused_charge_expired_for_capture() {
+    let app = spawn_app().await;
+    let id = authorized_charge(&app, 2000).await;
+    sqlx::query("UPDATE charges SET created_at = now() - interval '7 days 1 minute' WHERE id = $1")
+        .bind(&id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let capture = Answer::of(post_capture(&app, &id, Some("late"), &json!({})).await).await;
+    capture.assert_problem(400, "charge_expired_for_capture");
+    assert_eq!(processor_captures(&app).await, 0);
+}
+
+#[tokio::test]
+async fn captures_that_cannot_be_made_are_refused_with_stripes_codes() {
+    let app = spawn_app().await;
+    let paid = app.paid_charge(2000).await;
+    let at_once = Answer::of(post_capture(&app, &paid, None, &json!({})).await).await;
+    at_once.assert_problem(400, "charge_already_captured");
+
+    let id = authorized_charge(&app, 2000).await;
+    let too_much = Answer::of(post_capture(&app, &id, None, &json!({"amount": 2001})).await).await;
+    too_much.assert_problem(400, "amount_too_large");
+    assert_eq!(too_much.json()["param"], "amount");
+    let zero = Answer::of(post_capture(&app, &id, None, &json!({"amount": 0})).await).await;
+    assert_eq!(zero.status, 400);
+    let unknown = Answer::of(post_capture(&app, "ch_nope", None, &json!({})).await).await;
+    unknown.assert_problem(404, "resource_missing");
+    let other = Answer::of(post_capture(&app, &id, None, &json!({"receipt": "x"})).await).await;
+    other.assert_problem(400, "parameter_unknown");
+    assert_eq!(processor_captures(&app).await, 0);
+}
+
+#[tokio::test]
+async fn a_capture_left_in_flight_is_rolled_forward_by_the_sweeper() {
+    let app = spawn_app().await;
+    let id = authorized_charge(&app, 2000).await;
+    // A capture reserved an hour ago by a request that died before the
+    // processor was called.
+    sqlx::query(
+        "UPDATE charges SET capture_amount = 1200, capture_asked_at = now() - interval '1 hour'
+          WHERE id = $1",
+    )
+    .bind(&id)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let refund = Answer::of(app.post_refund(None, &json!({"charge": id})).await).await;
+    refund.assert_problem(400, "charge_not_refundable");
+
+    let report = app.sweep_once().await;
+    assert_eq!(report.captures_settled, 1);
+    assert_eq!(processor_captures(&app).await, 1);
+    let charge = Answer::of(app.get(&format!("/v1/charges/{id}")).await).await.json();
+    assert_eq!(charge["amount_captured"], 1200);
+    assert_eq!(charge["amount_refunded"], 800);
+    assert_eq!(app.sweep_once().await.captures_settled, 0);
+}
