@@ -67,6 +67,8 @@ impl FromParams for NewCharge {
         let metadata = params.take_metadata()?;
         params.refuse_expand()?;
         params.reject_unknown()?;
+        // Once every parameter is read: the rule of the two together.
+        currency.check_charge(amount)?;
         Ok(NewCharge {
             amount,
             currency,
@@ -323,8 +325,10 @@ mod body_tests {
     fn amounts_must_be_whole_positive_numbers_in_range() {
         let base =
             |amount: Value| json!({"amount": amount, "currency": "usd", "source": "tok_visa"});
-        assert_eq!(charge_code(base(json!(0))), "amount_too_small");
-        assert_eq!(charge_code(base(json!(-5))), "amount_too_small");
+        assert_eq!(charge_code(base(json!(0))), "parameter_invalid_integer");
+        assert_eq!(charge_code(base(json!(-5))), "parameter_invalid_integer");
+        assert_eq!(charge_code(base(json!(49))), "amount_too_small");
+        assert!(parse_json::<NewCharge>(base(json!(50))).is_ok());
         assert_eq!(charge_code(base(json!(100_000_000))), "amount_too_large");
         assert_eq!(charge_code(base(json!(u64::MAX))), "amount_too_large");
         assert_eq!(charge_code(base(json!(20.5))), "parameter_invalid_integer");
@@ -347,9 +351,13 @@ mod body_tests {
         assert_eq!(form("20.5"), Err("parameter_invalid_integer"));
         assert_eq!(form("1e3"), Err("parameter_invalid_integer"));
         assert_eq!(form(""), Err("parameter_invalid_integer"));
-        assert_eq!(form("-1"), Err("amount_too_small"));
+        assert_eq!(form("-1"), Err("parameter_invalid_integer"));
+        assert_eq!(form("5"), Err("amount_too_small"));
         assert_eq!(form("99999999999999999999"), Err("amount_too_large"));
-        assert_eq!(form("-99999999999999999999"), Err("amount_too_small"));
+        assert_eq!(
+            form("-99999999999999999999"),
+            Err("parameter_invalid_integer")
+        );
         assert!(form("2000").is_ok());
     }
 
@@ -410,7 +418,7 @@ mod body_tests {
         assert_eq!(base(json!({"metadata": ["k"]})), "metadata_invalid");
         assert!(
             parse_json::<NewCharge>(json!({
-                "amount": 1, "currency": "usd", "source": "tok_visa",
+                "amount": 50, "currency": "usd", "source": "tok_visa",
                 "description": "é".repeat(1000), "metadata": {"k".repeat(40): "v".repeat(500)}
             }))
             .is_ok()
@@ -428,7 +436,7 @@ mod body_tests {
     #[test]
     fn bad_amounts_reasons_metadata_and_unknown_parameters_are_refused() {
         for (field, value, expected) in [
-            ("amount", json!(0), "amount_too_small"),
+            ("amount", json!(0), "parameter_invalid_integer"),
             ("amount", json!("5"), "parameter_invalid_integer"),
             ("amount", json!(100_000_000), "amount_too_large"),
             ("reason", json!("bored"), "invalid_reason"),

@@ -196,8 +196,8 @@ problem_responses! {
         example(ProblemCode::PayloadTooLarge, "The request body is larger than this server accepts.");
     UnsupportedMediaType: "Neither JSON nor a form",
         example(ProblemCode::UnsupportedMediaType, "Send the parameters as application/json or application/x-www-form-urlencoded.");
-    KeyReused: "The key was used with other parameters",
-        claim::key_reused("order-1");
+    KeyReused: "The key was used with other parameters, or on another endpoint",
+        claim::key_reused("order-1", "POST /v1/charges", "POST /v1/charges");
     TooManyRequests: "Over the merchant's rate limit on this instance; nothing was read or written (`Retry-After`)",
         example(ProblemCode::RateLimit, "Too many writes from this merchant: slow down, and retry (with the same Idempotency-Key) after Retry-After."),
         "Retry-After" = "Whole seconds until the merchant's allowance has room for one more request, at least 1";

@@ -28,13 +28,17 @@ pub struct NewCharge {
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "usd", min_length = 3, max_length = 3))]
     pub currency: Currency,
     /// A test token: `tok_visa`, `tok_visa_debit`, `tok_mastercard`,
-    /// `tok_mastercard_debit`, `tok_amex`, `tok_discover` succeed;
+    /// `tok_mastercard_debit`, `tok_amex`, `tok_discover`,
+    /// `tok_mastercard_prepaid`, `tok_jcb`, `tok_unionpay`, `tok_diners`
+    /// succeed, and so does `tok_riskLevelElevated` (placed in review);
     /// `tok_chargeDeclined`, `tok_chargeDeclinedInsufficientFunds`,
     /// `tok_chargeDeclinedExpiredCard`, `tok_chargeDeclinedIncorrectCvc`,
     /// `tok_chargeDeclinedProcessingError`, `tok_chargeDeclinedFraudulent`,
     /// `tok_chargeDeclinedLostCard`, `tok_chargeDeclinedStolenCard` are declined;
     /// `tok_processorTimeoutAfterCapture`, `tok_processorUnavailable` simulate faults;
     /// `tok_refundFail` pays, and the first refund of it is refused (`failed`).
+    /// Stripe's test payment methods for the same cards name them too
+    /// (`pm_card_visa` is `tok_visa`).
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "tok_visa"))]
     pub source: TestToken,
     /// Up to 1000 characters.
@@ -107,10 +111,15 @@ impl Charge {
         TestToken::parse(&self.source)
     }
 
-    /// The decline of a charge its card declined; `None` for any other.
+    /// The decline of a charge its card declined; `None` for any other,
+    /// a declining card's charge abandoned before the network answered
+    /// included. (A charge declined before the codes followed Stripe's table
+    /// stored its decline code as its `failure_code`: any failure code but
+    /// the abandoned one is the card's decline.)
     pub fn decline(&self) -> Option<Decline> {
         let decline = self.token()?.decline()?;
-        (self.failure_code.as_deref() == Some(decline.code)).then_some(decline)
+        let failure = self.failure_code.as_deref()?;
+        (failure != crate::charges::settle::ABANDONED).then_some(decline)
     }
 
     /// The API object, with `refunds`, the charge's refunds, newest first.

@@ -111,6 +111,10 @@ pub struct StoredKey {
     pub expires_at: DateTime<Utc>,
     /// When its answer was saved, once it is `completed`.
     pub completed_at: Option<DateTime<Utc>>,
+    /// The `X-Request-Id` of the request that claimed it: the original
+    /// request its replays name. `None` for a key claimed before it was
+    /// recorded, or by a request without one.
+    pub request_id: Option<String>,
     /// When the key expires at the latest, on this process's monotonic
     /// clock: the instant taken before the read plus the lifetime the
     /// database gave the row in that read. This instance's wall clock plays
@@ -141,6 +145,7 @@ struct KeyRow {
     completed_at: Option<DateTime<Utc>>,
     /// Milliseconds from the read to `expires_at`, by the database's clock.
     remaining_ms: Option<f64>,
+    request_id: Option<String>,
 }
 
 /// A [`KeyRow`] from the record of a `query!` that selects the view's
@@ -165,6 +170,7 @@ macro_rules! key_row {
             expires_at: $row.expires_at,
             completed_at: $row.completed_at,
             remaining_ms: $row.remaining_ms,
+            request_id: $row.request_id,
         }
     };
 }
@@ -204,6 +210,7 @@ impl KeyRow {
             locked_at: self.locked_at,
             expires_at: self.expires_at.ok_or_else(required("expires_at"))?,
             completed_at: self.completed_at,
+            request_id: self.request_id,
             deadline: deadline(sent, self.remaining_ms.ok_or_else(required("expires_at"))?),
         })
     }
@@ -227,6 +234,8 @@ pub struct Claim<'a> {
     pub method: &'a str,
     pub path: &'a str,
     pub fingerprint: Fingerprint,
+    /// The claiming request's `X-Request-Id`, recorded with the key.
+    pub request_id: Option<&'a str>,
     /// The business record written in the same transaction, when the key
     /// guards one that recovery may have to settle. A record written and
     /// answered in the claim's own transaction (a webhook endpoint) needs
@@ -298,7 +307,7 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     let claimed = sqlx::query_scalar!(
         r#"SELECT took_over AS "took_over!"
              FROM idempotency_key_claim($1, $2, $3, $4, $5, $6, $7, $8::float8, $9,
-                                        $10::float8, true) AS claimed(took_over)"#,
+                                        $10::float8, true, $11) AS claimed(took_over)"#,
         claim.merchant_id,
         claim.key.as_str(),
         claim.method,
@@ -309,6 +318,7 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
         claim.ttl.as_millis() as f64,
         claim.deadline_at(),
         claim.age_ms(),
+        claim.request_id,
     )
     .fetch_optional(&mut *tx)
     .await?;
@@ -372,7 +382,7 @@ pub async fn claim_with_charge(
                           NOT EXISTS (SELECT 1 FROM existing e
                                        WHERE NOT idempotency_key_takeover(
                                                  e.status, e.expires_at, e.completed_at,
-                                                 $14::float8))) AS c(took_over)),
+                                                 $14::float8)), $15) AS c(took_over)),
            charge AS (
                INSERT INTO charges (id, merchant_id, amount, currency, source, description,
                                     metadata, status)
@@ -397,6 +407,7 @@ pub async fn claim_with_charge(
         charge.metadata,
         claim.deadline_at(),
         claim.age_ms(),
+        claim.request_id,
     )
     .fetch_one(db)
     .await?;
