@@ -39,7 +39,8 @@ use crate::retry_after;
 Send an `Idempotency-Key` (one per logical operation) with every POST: a retry gets the saved answer \
 (`Idempotent-Replayed: true`), a duplicate still in flight gets `409` with `Retry-After` (or waits, with \
 `Prefer: wait=N`), and a key reused with other parameters gets `422` (`400` with a `Stripe-Version` header, \
-as the Stripe SDKs expect). Every error is `application/problem+json` with a stable `code`, and the same error \
+as the Stripe SDKs expect). A create answers `201` (`200` with a `Stripe-Version` header, as Stripe does); \
+every answer to a request with an `Idempotency-Key` repeats it, and a replay names the `Original-Request`. Every error is `application/problem+json` with a stable `code`, and the same error \
 in Stripe's shape under `error`; see the `Problem` schema for the list. Every response carries `Request-Id` \
 (the same as `X-Request-Id`); every error carries `Stripe-Should-Retry`: `true` on `409`, `429` and `5xx`, \
 `false` on every other `4xx`. Each merchant's requests are rate limited, reads and writes apart: the excess \

@@ -204,7 +204,7 @@ impl TestToken {
         if let Some(card) = name.strip_prefix(PAYMENT_METHOD_PREFIX) {
             return ALL
                 .iter()
-                .find(|(t, n)| t.has_payment_method() && n.strip_prefix("tok_") == Some(card))
+                .find(|(t, n)| t.has_payment_method() && card_name(n) == card)
                 .map(|(t, _)| *t);
         }
         ALL.iter().find(|(_, n)| *n == name).map(|(t, _)| *t)
@@ -222,7 +222,7 @@ impl TestToken {
     /// The name of the test payment method for the token's card, if any.
     pub fn payment_method(self) -> Option<String> {
         self.has_payment_method()
-            .then(|| self.as_str().replacen("tok_", PAYMENT_METHOD_PREFIX, 1))
+            .then(|| format!("{PAYMENT_METHOD_PREFIX}{}", card_name(self.as_str())))
     }
 
     pub fn as_str(self) -> &'static str {
@@ -386,6 +386,11 @@ impl TestToken {
             .find(|d| d.code == code)
             .map_or(DECLINED, |d| d.message)
     }
+}
+
+/// A token's name after its `tok_`: the card's name in its payment method's.
+fn card_name(token: &str) -> &str {
+    token.split_once('_').map_or(token, |(_, card)| card)
 }
 
 /// Stripe's seller message for an issuer's reason.

@@ -107,6 +107,7 @@ test("create then retrieve gives the same charge", async () => {
     ["charge", "succeeded", 2000, "usd", true],
   );
   assert.equal(charge.metadata.test, tag);
+  assert.equal(charge.lastResponse.statusCode, 200, "a create is 200, as Stripe answers it");
   assert.equal(charge.lastResponse.requestId, charge.lastResponse.headers["request-id"]);
   const again = await sdk.charges.retrieve(charge.id);
   const { lastResponse: _a, ...created } = charge;
@@ -123,6 +124,9 @@ test("the same idempotency key gives the same charge once", async () => {
   const second = await sdk.charges.create(params, { idempotencyKey });
   assert.equal(second.id, first.id);
   assert.equal(second.lastResponse.headers["idempotent-replayed"], "true");
+  assert.equal(second.lastResponse.headers["idempotency-key"], idempotencyKey);
+  assert.equal(second.lastResponse.headers["original-request"], first.lastResponse.requestId);
+  assert.equal(second.lastResponse.statusCode, 200);
   assert.equal(chargesTagged(tag), 1);
   assert.equal(paymentsTagged(tag), 1);
 });
@@ -164,15 +168,23 @@ test("a partial then full refund, and the balance", async () => {
   assert.equal(count(`SELECT amount_refunded FROM charges WHERE id = '${charge.id}'`), 3000);
 });
 
-for (const [source, code, declineCode] of [
-  ["tok_chargeDeclined", "card_declined", "generic_decline"],
-  ["tok_chargeDeclinedInsufficientFunds", "insufficient_funds", "insufficient_funds"],
-  ["tok_chargeDeclinedExpiredCard", "expired_card", "expired_card"],
+for (const [source, code, declineCode, param] of [
+  ["tok_chargeDeclined", "card_declined", "generic_decline", undefined],
+  ["tok_chargeDeclinedInsufficientFunds", "card_declined", "insufficient_funds", undefined],
+  ["pm_card_chargeDeclinedInsufficientFunds", "card_declined", "insufficient_funds", undefined],
+  ["tok_chargeDeclinedExpiredCard", "expired_card", undefined, "exp_month"],
+  ["tok_chargeDeclinedIncorrectCvc", "incorrect_cvc", undefined, "cvc"],
+  ["tok_chargeDeclinedProcessingError", "processing_error", undefined, undefined],
 ]) {
   test(`a decline (${source}) throws StripeCardError with its codes and charge`, async () => {
     const [tag, params] = tagged(500, source);
     const e = await rejection(stripe().charges.create(params), Stripe.errors.StripeCardError);
-    assert.deepEqual([e.statusCode, e.rawType, e.code, e.decline_code], [402, "card_error", code, declineCode]);
+    assert.deepEqual(
+      [e.statusCode, e.rawType, e.code, e.decline_code, e.param],
+      // The SDK reads a missing decline_code as "".
+      [402, "card_error", code, declineCode ?? "", param],
+    );
+    assert.equal(e.doc_url, `https://stripe.com/docs/error-codes/${code.replaceAll("_", "-")}`);
     assert.match(e.charge, /^ch_/);
     assert.ok(e.requestId);
     assert.equal(e.headers["stripe-should-retry"], "false");
@@ -183,7 +195,8 @@ for (const [source, code, declineCode] of [
 
 for (const [params, code, param] of [
   [{ currency: "usd", source: "tok_visa" }, "parameter_missing", "amount"],
-  [{ amount: 0, currency: "usd", source: "tok_visa" }, "amount_too_small", "amount"],
+  [{ amount: 0, currency: "usd", source: "tok_visa" }, "parameter_invalid_integer", "amount"],
+  [{ amount: 5, currency: "usd", source: "tok_visa" }, "amount_too_small", "amount"],
   [{ amount: 100, currency: "usx", source: "tok_visa" }, "invalid_currency", "currency"],
   [{ amount: 100, currency: "usd", source: "tok_nope" }, "resource_missing", "source"],
   [{ amount: 100, currency: "usd", source: "tok_visa", colour: "red" }, "parameter_unknown", "colour"],
@@ -200,6 +213,34 @@ for (const [params, code, param] of [
     assert.equal(count("SELECT count(*) FROM charges"), before, "nothing written");
   });
 }
+
+test("an unknown route throws StripeInvalidRequestError 404", async () => {
+  const e = await rejection(
+    stripe().paymentIntents.create({ amount: 2000, currency: "usd" }),
+    Stripe.errors.StripeInvalidRequestError,
+  );
+  assert.deepEqual([e.statusCode, e.rawType], [404, "invalid_request_error"]);
+  assert.match(e.message, /^Unrecognized request URL \(POST: \/v1\/payment_intents\)\./);
+});
+
+test("a card of each new brand pays", async () => {
+  const sdk = stripe();
+  for (const [source, brand, last4] of [
+    ["tok_jcb", "jcb", "0505"],
+    ["tok_unionpay", "unionpay", "0005"],
+    ["tok_diners", "diners", "0004"],
+    ["pm_card_mastercard_prepaid", "mastercard", "5100"],
+  ]) {
+    const charge = await sdk.charges.create(tagged(2000, source)[1]);
+    const card = charge.payment_method_details.card;
+    assert.deepEqual([charge.status, card.brand, card.last4], ["succeeded", brand, last4], source);
+  }
+  const risky = await sdk.charges.create(tagged(2000, "tok_riskLevelElevated")[1]);
+  assert.deepEqual(
+    [risky.status, risky.outcome.risk_level, risky.outcome.type],
+    ["succeeded", "elevated", "manual_review"],
+  );
+});
 
 test("an unknown charge throws StripeInvalidRequestError 404", async () => {
   const e = await rejection(

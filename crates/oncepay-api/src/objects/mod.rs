@@ -128,8 +128,8 @@ pub struct ChargeObject<'a> {
     /// Always false.
     pub disputed: bool,
     pub failure_balance_transaction: Unmodelled,
-    /// The decline's code (`card_declined`, `insufficient_funds`, `expired_card`,
-    /// `incorrect_cvc`, `processing_error`) or `processing_abandoned`.
+    /// The decline's code (`card_declined`, `expired_card`, `incorrect_cvc`,
+    /// `processing_error`) or `processing_abandoned`.
     #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
     pub failure_code: Option<&'a str>,
     #[cfg_attr(feature = "openapi", schema(example = json!(null)))]

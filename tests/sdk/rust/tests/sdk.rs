@@ -99,21 +99,44 @@ fn idempotent(key: &str) -> RequestStrategy {
 #[derive(Clone, Copy, Debug)]
 struct Decline {
     code: &'static str,
-    decline_code: &'static str,
+    /// `None` for the declines with a code of their own.
+    decline_code: Option<&'static str>,
+    /// The card's field at fault, where Stripe names one.
+    param: Option<&'static str>,
     /// `outcome.type`: `issuer_declined`, or `blocked` for fraud.
     outcome: &'static str,
-    /// `outcome.reason`: the decline code, or `highest_risk_level`.
+    /// `outcome.reason`: the issuer's reason, or `highest_risk_level`.
     reason: &'static str,
     risk_level: &'static str,
     last4: &'static str,
 }
 
-const fn declined(code: &'static str, decline_code: &'static str, last4: &'static str) -> Expect {
+/// Declined by the issuer for `reason`: `card_declined`, with the reason as
+/// its `decline_code`.
+const fn declined(reason: &'static str, last4: &'static str) -> Expect {
+    Expect::Declined(Decline {
+        code: "card_declined",
+        decline_code: Some(reason),
+        param: None,
+        outcome: "issuer_declined",
+        reason,
+        risk_level: "normal",
+        last4,
+    })
+}
+
+/// Declined with a code of its own: no `decline_code`, perhaps a `param`.
+const fn declined_as(
+    code: &'static str,
+    param: Option<&'static str>,
+    last4: &'static str,
+) -> Expect {
     Expect::Declined(Decline {
         code,
-        decline_code,
+        decline_code: None,
+        param,
         outcome: "issuer_declined",
-        reason: decline_code,
+        reason: code,
         risk_level: "normal",
         last4,
     })
@@ -124,6 +147,9 @@ const fn declined(code: &'static str, decline_code: &'static str, last4: &'stati
 enum Expect {
     /// The charge succeeds, on this card: (brand, last4, funding).
     Paid(&'static str, &'static str, &'static str),
+    /// The charge succeeds at an elevated risk, placed in review, on the
+    /// Visa card with these last four digits.
+    PaidInReview(&'static str),
     /// A decline, on a Visa card.
     Declined(Decline),
     /// The processor takes the money and the call times out: the SDK's
@@ -178,13 +204,44 @@ async fn charge_with_token(token: &str, expect: Expect) {
             assert_eq!(server.charges_tagged(&tag), 1);
             assert_eq!(server.payments_tagged(&tag), 1);
         }
+        Expect::PaidInReview(last4) => {
+            let (tag, charge) = paid_charge(&client, 2000, token).await;
+            assert_eq!(charge.status, ChargeStatus::Succeeded);
+            let outcome = charge.outcome.as_ref().expect("an outcome");
+            assert_eq!(
+                (
+                    outcome.type_.as_str(),
+                    outcome.reason.as_deref(),
+                    outcome.risk_level.as_deref()
+                ),
+                ("manual_review", Some("elevated_risk_level"), Some("elevated"))
+            );
+            let card = charge
+                .payment_method_details
+                .as_ref()
+                .and_then(|d| d.card.as_ref())
+                .expect("payment_method_details.card");
+            assert_eq!(card.last4.as_deref(), Some(last4));
+            assert_eq!(server.payments_tagged(&tag), 1);
+        }
         Expect::Declined(decline) => {
             let (tag, request) = charge_request(2000, token);
             let (error, status) = api_error(request.send(&client).await);
             assert_eq!(status, 402);
             assert_eq!(error.type_, ApiErrorsType::CardError);
             assert_eq!(code(&error), Some(decline.code));
-            assert_eq!(error.decline_code.as_deref(), Some(decline.decline_code));
+            assert_eq!(error.decline_code.as_deref(), decline.decline_code);
+            assert_eq!(error.param.as_deref(), decline.param);
+            assert_eq!(
+                error.doc_url.as_deref(),
+                Some(
+                    format!(
+                        "https://stripe.com/docs/error-codes/{}",
+                        decline.code.replace('_', "-")
+                    )
+                    .as_str()
+                )
+            );
             let id = error.charge.clone().expect("the declined charge's id");
             assert!(id.starts_with("ch_"), "{id}");
             let charge = retrieve_charge(&client, &id).await;
@@ -291,31 +348,44 @@ token_tests! {
         "tok_amex" => Expect::Paid("amex", "8431", "credit");
     a_tok_discover_charge_succeeds_and_reads_back_as_the_typed_charge_created:
         "tok_discover" => Expect::Paid("discover", "1117", "credit");
+    a_tok_mastercard_prepaid_charge_succeeds_and_reads_back_as_the_typed_charge_created:
+        "tok_mastercard_prepaid" => Expect::Paid("mastercard", "5100", "prepaid");
+    a_tok_jcb_charge_succeeds_and_reads_back_as_the_typed_charge_created:
+        "tok_jcb" => Expect::Paid("jcb", "0505", "credit");
+    a_tok_unionpay_charge_succeeds_and_reads_back_as_the_typed_charge_created:
+        "tok_unionpay" => Expect::Paid("unionpay", "0005", "credit");
+    a_tok_diners_charge_succeeds_and_reads_back_as_the_typed_charge_created:
+        "tok_diners" => Expect::Paid("diners", "0004", "credit");
+    a_pm_card_visa_charge_succeeds_on_the_card_of_tok_visa:
+        "pm_card_visa" => Expect::Paid("visa", "4242", "credit");
+    a_tok_risk_level_elevated_charge_succeeds_placed_in_review:
+        "tok_riskLevelElevated" => Expect::PaidInReview("9235");
     a_tok_refund_fail_charge_succeeds_and_reads_back_as_the_typed_charge_created:
         "tok_refundFail" => Expect::Paid("visa", "4242", "credit");
     a_tok_charge_declined_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclined" => declined("card_declined", "generic_decline", "0002");
+        "tok_chargeDeclined" => declined("generic_decline", "0002");
     a_tok_charge_declined_insufficient_funds_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclinedInsufficientFunds" => declined("insufficient_funds", "insufficient_funds", "9995");
+        "tok_chargeDeclinedInsufficientFunds" => declined("insufficient_funds", "9995");
     a_tok_charge_declined_expired_card_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclinedExpiredCard" => declined("expired_card", "expired_card", "0069");
+        "tok_chargeDeclinedExpiredCard" => declined_as("expired_card", Some("exp_month"), "0069");
     a_tok_charge_declined_incorrect_cvc_charge_is_a_typed_card_error_and_reads_back_failed_its_cvc_check:
-        "tok_chargeDeclinedIncorrectCvc" => declined("incorrect_cvc", "incorrect_cvc", "0127");
+        "tok_chargeDeclinedIncorrectCvc" => declined_as("incorrect_cvc", Some("cvc"), "0127");
     a_tok_charge_declined_processing_error_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclinedProcessingError" => declined("processing_error", "processing_error", "0119");
+        "tok_chargeDeclinedProcessingError" => declined_as("processing_error", None, "0119");
     a_tok_charge_declined_fraudulent_charge_is_a_typed_card_error_and_reads_back_blocked_at_highest_risk:
         "tok_chargeDeclinedFraudulent" => Expect::Declined(Decline {
             code: "card_declined",
-            decline_code: "fraudulent",
+            decline_code: Some("fraudulent"),
+            param: None,
             outcome: "blocked",
             reason: "highest_risk_level",
             risk_level: "highest",
             last4: "0019",
         });
     a_tok_charge_declined_lost_card_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclinedLostCard" => declined("card_declined", "lost_card", "9987");
+        "tok_chargeDeclinedLostCard" => declined("lost_card", "9987");
     a_tok_charge_declined_stolen_card_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclinedStolenCard" => declined("card_declined", "stolen_card", "9979");
+        "tok_chargeDeclinedStolenCard" => declined("stolen_card", "9979");
     a_tok_processor_timeout_after_capture_charge_ends_in_one_succeeded_charge_through_the_sdks_retries:
         "tok_processorTimeoutAfterCapture" => Expect::OutcomeUnknownThenPaid;
     a_tok_processor_unavailable_charge_is_a_typed_api_error_and_moves_no_money:
