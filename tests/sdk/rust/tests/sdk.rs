@@ -214,7 +214,11 @@ async fn charge_with_token(token: &str, expect: Expect) {
                     outcome.reason.as_deref(),
                     outcome.risk_level.as_deref()
                 ),
-                ("manual_review", Some("elevated_risk_level"), Some("elevated"))
+                (
+                    "manual_review",
+                    Some("elevated_risk_level"),
+                    Some("elevated")
+                )
             );
             let card = charge
                 .payment_method_details
