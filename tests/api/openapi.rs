@@ -81,7 +81,12 @@ async fn the_served_document_lists_every_route_the_router_serves() {
     // And every documented operation is really served: none falls through
     // to the router's 404 or 405.
     for (method, path) in &documented {
-        let url = app.url(&path.replace("{id}", "x").replace("{key}", "x").replace("{refund}", "x"));
+        let url = app.url(
+            &path
+                .replace("{id}", "x")
+                .replace("{key}", "x")
+                .replace("{refund}", "x"),
+        );
         let request = match method.as_str() {
             "get" => app.client.get(url),
             "post" => app.client.post(url).json(&serde_json::json!({})),
