@@ -109,9 +109,7 @@ macro_rules! merchant_charges {
     path = "/v1/charges",
     tag = "charges",
     params(
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, example = 10, description = "1 to 100, default 10"),
-        ("starting_after" = Option<String>, Query, description = "A charge id: the page of older charges after it"),
-        ("ending_before" = Option<String>, Query, description = "A charge id: the page of newer charges before it"),
+        PageParams,
         Created
     ),
     responses(

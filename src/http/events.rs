@@ -146,9 +146,7 @@ fn no_such_event(id: &str, param: &str) -> ApiError {
     path = "/v1/events",
     tag = "events",
     params(
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, example = 10, description = "1 to 100, default 10"),
-        ("starting_after" = Option<String>, Query, description = "An event id: the page of events older than it"),
-        ("ending_before" = Option<String>, Query, description = "An event id: the page of events newer than it (not with `starting_after`)"),
+        PageParams,
         ("type" = Option<String>, Query, example = "charge.*", description = "Only events of this type, or of the types a pattern with `*` (any characters) matches, e.g. `charge.*`"),
         ("types[]" = Option<Vec<EventType>>, Query, explode, description = "Only events of these types, up to 20 (not with `type`); `types[0]=...` works too"),
         Created

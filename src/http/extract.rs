@@ -244,9 +244,8 @@ impl FromRequestParts<AppState> for ById {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let Authenticated(merchant) = Authenticated::from_request_parts(parts, state).await?;
-        NoQuery::from_request_parts(parts, state).await?;
-        let PathParam(id) = PathParam::from_request_parts(parts, state).await?;
+        let (merchant, ids) = merchant_and_ids(parts, state).await?;
+        let id = ids.into_iter().next().unwrap_or_default();
         Ok(ById { merchant, id })
     }
 }
@@ -267,9 +266,7 @@ impl FromRequestParts<AppState> for ByIds {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let Authenticated(merchant) = Authenticated::from_request_parts(parts, state).await?;
-        NoQuery::from_request_parts(parts, state).await?;
-        let PathParams(ids) = PathParams::from_request_parts(parts, state).await?;
+        let (merchant, ids) = merchant_and_ids(parts, state).await?;
         let [outer, inner]: [String; 2] = ids.try_into().unwrap_or_default();
         Ok(ByIds {
             merchant,
@@ -277,6 +274,19 @@ impl FromRequestParts<AppState> for ByIds {
             inner,
         })
     }
+}
+
+/// The merchant and the path's ids of a request for resources by id, each
+/// refused as it would be alone: [`Authenticated`], then [`NoQuery`], then
+/// [`PathParams`].
+async fn merchant_and_ids(
+    parts: &mut Parts,
+    state: &AppState,
+) -> Result<(Merchant, Vec<String>), ApiError> {
+    let Authenticated(merchant) = Authenticated::from_request_parts(parts, state).await?;
+    NoQuery::from_request_parts(parts, state).await?;
+    let PathParams(ids) = PathParams::from_request_parts(parts, state).await?;
+    Ok((merchant, ids))
 }
 
 /// A `GET` that takes no parameter: `expand` is answered, anything else is

@@ -12,10 +12,12 @@ use std::future::Future;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
+use utoipa::openapi::RefOr;
 use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
-use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::{IntoParams, ToSchema};
 
+use super::extract::PageParams;
 use super::problem::{ApiError, no_such};
 use crate::params::{ParamError, Params, shorten};
 use crate::problem::ProblemCode;
@@ -250,16 +252,39 @@ impl IntoParams for Created {
             ("created[lte]", "Created in or before this second"),
         ]
         .into_iter()
-        .map(|(name, description)| {
-            ParameterBuilder::new()
-                .name(name)
-                .parameter_in(ParameterIn::Query)
-                .description(Some(description))
-                .schema(Some(ObjectBuilder::new().schema_type(Type::Integer)))
-                .build()
-        })
+        .map(|(name, description)| query_param(name, description, Type::Integer))
         .collect()
     }
+}
+
+/// A page's parameters, for a list's OpenAPI description.
+impl IntoParams for PageParams {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let mut limit = query_param("limit", "1 to 100, default 10", Type::Integer);
+        if let Some(RefOr::T(Schema::Object(schema))) = &mut limit.schema {
+            schema.minimum = Some(1.into());
+            schema.maximum = Some(100.into());
+        }
+        let cursors = [
+            ("starting_after", "An id of the listed kind: the page of older objects after it"),
+            (
+                "ending_before",
+                "An id of the listed kind: the page of newer objects before it (not with `starting_after`)",
+            ),
+        ]
+        .map(|(name, description)| query_param(name, description, Type::String));
+        [limit].into_iter().chain(cursors).collect()
+    }
+}
+
+/// An optional query parameter of type `kind`.
+fn query_param(name: &str, description: &str, kind: Type) -> Parameter {
+    ParameterBuilder::new()
+        .name(name)
+        .parameter_in(ParameterIn::Query)
+        .description(Some(description))
+        .schema(Some(ObjectBuilder::new().schema_type(kind)))
+        .build()
 }
 
 #[cfg(test)]

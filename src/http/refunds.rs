@@ -127,9 +127,7 @@ macro_rules! charge_refunds {
     tag = "refunds",
     params(
         ("charge" = Option<String>, Query, description = "A charge id: only its refunds"),
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, example = 10, description = "1 to 100, default 10"),
-        ("starting_after" = Option<String>, Query, description = "A refund id: the page of older refunds after it"),
-        ("ending_before" = Option<String>, Query, description = "A refund id: the page of newer refunds before it"),
+        PageParams,
         Created
     ),
     responses(
@@ -171,9 +169,7 @@ async fn list(
     tag = "refunds",
     params(
         ("id" = String, Path, description = "A charge id, `ch_...`"),
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, example = 10, description = "1 to 100, default 10"),
-        ("starting_after" = Option<String>, Query, description = "A refund id: the page of older refunds after it"),
-        ("ending_before" = Option<String>, Query, description = "A refund id: the page of newer refunds before it")
+        PageParams
     ),
     responses(
         (status = 200, description = "A list object", body = List<RefundObject>),
