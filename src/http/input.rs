@@ -157,7 +157,7 @@ pub fn take_type_filter(params: &mut Params) -> Result<Option<Vec<EventType>>, P
             "types",
             "You may only specify one of these parameters: type, types.",
         )),
-        (Some(one), None) => Ok(Some(vec![parse_filter(&string(one, "type")?, "type")?])),
+        (Some(one), None) => Ok(Some(parse_pattern(&string(one, "type")?)?)),
         (None, Some(many)) => {
             let invalid_type = || {
                 ParamError::new(
@@ -201,18 +201,57 @@ pub fn take_type_filter(params: &mut Params) -> Result<Option<Vec<EventType>>, P
 
 /// The event type `name` names, or `invalid_event_type` for `param`.
 fn parse_filter(name: &str, param: &str) -> Result<EventType, ParamError> {
-    EventType::parse(name).ok_or_else(|| {
-        let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
-        ParamError::new(
-            ProblemCode::InvalidEventType,
-            param,
-            format!(
-                "Invalid event type: {}. Use one of {}",
-                shorten(name),
-                known.join(", ")
-            ),
-        )
-    })
+    EventType::parse(name).ok_or_else(|| invalid_event_type(name, param))
+}
+
+/// The event types `type` names: one, or every one a pattern matches, `*`
+/// standing for any characters (`charge.*`), as Stripe's `type` takes it.
+/// A pattern that matches no type is `invalid_event_type`, as an unknown
+/// type is.
+fn parse_pattern(pattern: &str) -> Result<Vec<EventType>, ParamError> {
+    let matched: Vec<EventType> = EventType::ALL
+        .into_iter()
+        .filter(|t| matches_pattern(pattern, t.as_str()))
+        .collect();
+    if matched.is_empty() {
+        return Err(invalid_event_type(pattern, "type"));
+    }
+    Ok(matched)
+}
+
+/// Whether `name` matches `pattern`, in which each `*` stands for any
+/// characters, none included, and every other character for itself.
+fn matches_pattern(pattern: &str, name: &str) -> bool {
+    let mut pieces = pattern.split('*');
+    let first = pieces.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let pieces: Vec<&str> = pieces.collect();
+    let Some((last, middle)) = pieces.split_last() else {
+        return rest.is_empty();
+    };
+    for piece in middle {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+/// `invalid_event_type` for `name`, given as `param`.
+fn invalid_event_type(name: &str, param: &str) -> ParamError {
+    let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+    ParamError::new(
+        ProblemCode::InvalidEventType,
+        param,
+        format!(
+            "Invalid event type: {}. Use one of {}",
+            shorten(name),
+            known.join(", ")
+        ),
+    )
 }
 
 /// The bodies of charges and refunds: what every body must do (read alike
@@ -481,8 +520,35 @@ mod filter_tests {
     }
 
     #[test]
+    fn a_type_with_a_wildcard_names_every_type_it_matches() {
+        use EventType::*;
+        assert_eq!(
+            filter("type=charge.*"),
+            Ok(Some(vec![ChargeSucceeded, ChargeFailed, ChargeRefunded]))
+        );
+        assert_eq!(
+            filter("type=*.failed"),
+            Ok(Some(vec![ChargeFailed, RefundFailed]))
+        );
+        assert_eq!(filter("type=*"), Ok(Some(EventType::ALL.to_vec())));
+        assert_eq!(filter("type=re*.suc*"), Ok(Some(vec![RefundSucceeded])));
+        for unmatched in ["type=dispute.*", "type=charge.*.x", "type=charge.*x"] {
+            assert_eq!(
+                filter(unmatched),
+                Err(ProblemCode::InvalidEventType),
+                "{unmatched}"
+            );
+        }
+        // `types` names types, as at Stripe; only `type` takes a pattern.
+        assert_eq!(
+            filter("types[]=charge.*"),
+            Err(ProblemCode::InvalidEventType)
+        );
+    }
+
+    #[test]
     fn a_bad_type_filter_is_refused_with_its_code() {
-        assert_eq!(filter("type=charge.*"), Err(ProblemCode::InvalidEventType));
+        assert_eq!(filter("type=charge"), Err(ProblemCode::InvalidEventType));
         assert_eq!(filter("types[]=charge"), Err(ProblemCode::InvalidEventType));
         assert_eq!(
             filter("type=charge.failed&types[]=charge.failed"),

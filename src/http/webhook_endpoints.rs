@@ -145,9 +145,7 @@ fn no_such_endpoint(id: &str, param: &str) -> ApiError {
     path = "/v1/webhook_endpoints",
     tag = "webhooks",
     params(
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, example = 10, description = "1 to 100, default 10"),
-        ("starting_after" = Option<String>, Query, description = "An endpoint id: the page of older endpoints after it"),
-        ("ending_before" = Option<String>, Query, description = "An endpoint id: the page of newer endpoints before it")
+        PageParams
     ),
     responses(
         (status = 200, description = "A list object", body = List<EndpointObject>),

@@ -656,7 +656,7 @@ async fn unknown_events_and_bad_list_parameters_are_problems() {
             "resource_missing",
         ),
         ("starting_after=%00", "parameter_invalid_string"),
-        ("created=1", "parameter_unknown"),
+        ("created[after]=1", "parameter_unknown"),
     ] {
         Answer::of(app.get(&format!("/v1/events?{query}")).await)
             .await

@@ -20,6 +20,7 @@ mod helpers;
 mod idempotency;
 mod leases;
 mod limits;
+mod lists;
 mod openapi;
 mod operability;
 mod pitfalls;

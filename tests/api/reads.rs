@@ -139,7 +139,7 @@ async fn bad_list_parameters_are_400_problems() {
         ("starting_after=ch_nope", "resource_missing"),
         ("ending_before=ch_nope", "resource_missing"),
         ("limit=2&limit=3", "parameter_duplicate"),
-        ("created=1", "parameter_unknown"),
+        ("created[after]=1", "parameter_unknown"),
     ] {
         Answer::of(app.get(&format!("/v1/charges?{query}")).await)
             .await

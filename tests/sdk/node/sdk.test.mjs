@@ -168,6 +168,61 @@ test("a partial then full refund, and the balance", async () => {
   assert.equal(count(`SELECT amount_refunded FROM charges WHERE id = '${charge.id}'`), 3000);
 });
 
+test("refunds are listed all, by charge, and through the charge's refunds URL", async () => {
+  const sdk = stripe();
+  const charge = await sdk.charges.create(tagged(3000)[1]);
+  const other = await sdk.charges.create(tagged(3000)[1]);
+  const first = await sdk.refunds.create({ charge: charge.id, amount: 1000 });
+  const second = await sdk.refunds.create({ charge: charge.id, amount: 500 });
+  const elsewhere = await sdk.refunds.create({ charge: other.id, amount: 100 });
+  const byCharge = await sdk.refunds.list({ charge: charge.id });
+  assert.deepEqual(
+    byCharge.data.map((r) => [r.object, r.id]),
+    [["refund", second.id], ["refund", first.id]],
+  );
+  const every = [];
+  for await (const r of sdk.refunds.list({ limit: 1 })) every.push(r.id);
+  assert.deepEqual(every.slice(0, 3), [elsewhere.id, second.id, first.id], "newest first");
+  assert.equal(new Set(every).size, every.length);
+  assert.equal(every.length, count("SELECT count(*) FROM refunds"));
+  // The charge's refunds, read from the URL the charge gives for them.
+  const { url } = (await sdk.charges.retrieve(charge.id)).refunds;
+  assert.equal(url, `/v1/charges/${charge.id}/refunds`);
+  const viaCharge = await sdk.rawRequest("GET", `${url}?limit=1`, null);
+  assert.deepEqual([viaCharge.data.map((r) => r.id), viaCharge.has_more], [[second.id], true]);
+  const one = await sdk.rawRequest("GET", `${url}/${first.id}`, null);
+  assert.deepEqual(one.id, first.id);
+  await assert.rejects(sdk.refunds.list({ charge: "ch_nope" }), (err) => {
+    assert.ok(err instanceof Stripe.errors.StripeInvalidRequestError);
+    assert.deepEqual([err.statusCode, err.code, err.param], [400, "resource_missing", "charge"]);
+    return true;
+  });
+});
+
+test("a created[gte] filter lists what was created in its seconds", async () => {
+  const sdk = stripe();
+  const old = await sdk.charges.create(tagged(100)[1]);
+  const recent = await sdk.charges.create(tagged(100)[1]);
+  const refund = await sdk.refunds.create({ charge: old.id });
+  // Created in 2001, as far as the lists know.
+  const moved = count(
+    "WITH c AS (UPDATE charges SET created_at = to_timestamp(1000000000.5) " +
+      `WHERE id = '${old.id}' RETURNING 1) SELECT count(*) FROM c`,
+  );
+  assert.equal(moved, 1);
+  const since = [];
+  for await (const c of sdk.charges.list({ created: { gte: recent.created } })) since.push(c.id);
+  assert.ok(since.includes(recent.id) && !since.includes(old.id));
+  const until = await sdk.charges.list({ created: { lte: 1000000000 } });
+  assert.deepEqual(until.data.map((c) => c.id), [old.id]);
+  const refunds = await sdk.refunds.list({ charge: old.id, created: { gte: refund.created } });
+  assert.deepEqual(refunds.data.map((r) => r.id), [refund.id]);
+  await assert.rejects(sdk.charges.list({ created: { gte: "soon" } }), (err) => {
+    assert.deepEqual([err.code, err.param], ["parameter_invalid_integer", "created[gte]"]);
+    return true;
+  });
+});
+
 for (const [source, code, declineCode, param] of [
   ["tok_chargeDeclined", "card_declined", "generic_decline", undefined],
   ["tok_chargeDeclinedInsufficientFunds", "card_declined", "insufficient_funds", undefined],

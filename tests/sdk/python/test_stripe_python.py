@@ -86,6 +86,52 @@ def test_a_partial_then_full_refund_and_the_balance(oncepay):
     assert oncepay.count(f"SELECT amount_refunded FROM charges WHERE id = '{charge.id}'") == 3000
 
 
+def test_refunds_are_listed_all_by_charge_and_through_the_charge(oncepay):
+    sdk = client(oncepay)
+    charge = sdk.v1.charges.create(params=tagged(3000)[1])
+    other = sdk.v1.charges.create(params=tagged(3000)[1])
+    first = sdk.v1.refunds.create(params={"charge": charge.id, "amount": 1000})
+    second = sdk.v1.refunds.create(params={"charge": charge.id, "amount": 500})
+    elsewhere = sdk.v1.refunds.create(params={"charge": other.id, "amount": 100})
+    by_charge = sdk.v1.refunds.list(params={"charge": charge.id})
+    assert [r.id for r in by_charge.data] == [second.id, first.id]
+    assert all(isinstance(r, stripe.Refund) for r in by_charge.data)
+    every = [r.id for r in sdk.v1.refunds.list(params={"limit": 1}).auto_paging_iter()]
+    assert every[:3] == [elsewhere.id, second.id, first.id], "newest first"
+    assert len(every) == len(set(every)) == oncepay.count("SELECT count(*) FROM refunds")
+    # The charge's refunds, read from the URL the charge gives for them.
+    refunds = sdk.v1.charges.retrieve(charge.id).refunds
+    assert refunds.url == f"/v1/charges/{charge.id}/refunds"
+    assert [r.id for r in refunds.list(limit=1).auto_paging_iter()] == [second.id, first.id]
+    assert refunds.retrieve(first.id).to_dict() == sdk.v1.refunds.retrieve(first.id).to_dict()
+    with pytest.raises(stripe.InvalidRequestError) as refused:
+        sdk.v1.refunds.list(params={"charge": "ch_nope"})
+    assert (refused.value.http_status, refused.value.code, refused.value.param) == (400, "resource_missing", "charge")
+
+
+def test_a_created_filter_lists_what_was_created_in_its_seconds(oncepay):
+    sdk = client(oncepay)
+    old = sdk.v1.charges.create(params=tagged(100)[1])
+    new = sdk.v1.charges.create(params=tagged(100)[1])
+    refund = sdk.v1.refunds.create(params={"charge": old.id})
+    # Created in 2001, as far as the lists know.
+    moved = oncepay.count(
+        "WITH c AS (UPDATE charges SET created_at = to_timestamp(1000000000.5) "
+        f"WHERE id = '{old.id}' RETURNING 1) SELECT count(*) FROM c"
+    )
+    assert moved == 1
+    since = [c.id for c in sdk.v1.charges.list(params={"created": {"gte": new.created}}).auto_paging_iter()]
+    assert new.id in since and old.id not in since
+    until = sdk.v1.charges.list(params={"created": {"lte": 1000000000}})
+    assert [c.id for c in until.data] == [old.id]
+    refunds = sdk.v1.refunds.list(params={"charge": old.id, "created": {"gte": refund.created}})
+    assert [r.id for r in refunds.data] == [refund.id]
+    assert sdk.v1.refunds.list(params={"created": {"gt": refund.created + 10}}).data == []
+    with pytest.raises(stripe.InvalidRequestError) as refused:
+        sdk.v1.charges.list(params={"created": {"gte": "soon"}})
+    assert (refused.value.code, refused.value.param) == ("parameter_invalid_integer", "created[gte]")
+
+
 @pytest.mark.parametrize(
     "source, code, decline_code, param",
     [

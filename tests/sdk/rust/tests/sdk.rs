@@ -16,18 +16,19 @@ use futures_util::TryStreamExt;
 use oncepay_sdk_rust::receiver::Receiver;
 use oncepay_sdk_rust::{Oncepay, oncepay, random_hex, root, tagged};
 use stripe::{
-    ApiErrors, ApiErrorsType, Client, IdempotencyKey, RequestStrategy, StripeError, StripeRequest,
+    ApiErrors, ApiErrorsType, Client, IdempotencyKey, PaginationExt, RequestStrategy, StripeError,
+    StripeRequest,
 };
 use stripe_core::balance::RetrieveForMyAccountBalance;
 use stripe_core::charge::{CreateCharge, ListCharge, RetrieveCharge};
 use stripe_core::event::{ListEvent, RetrieveEvent};
-use stripe_core::refund::{CreateRefund, RetrieveRefund};
+use stripe_core::refund::{CreateRefund, ListRefund, RetrieveRefund};
 use stripe_misc::webhook_endpoint::{
     CreateWebhookEndpoint, CreateWebhookEndpointEnabledEvents, DeleteWebhookEndpoint,
     ListWebhookEndpoint, RetrieveWebhookEndpoint,
 };
 use stripe_shared::{Charge, ChargeStatus, Refund};
-use stripe_types::Currency;
+use stripe_types::{Currency, RangeQueryTs};
 use stripe_webhook::{EventObject, Webhook, WebhookError};
 
 // ---------------------------------------------------------------------------
@@ -520,6 +521,123 @@ async fn a_partial_then_a_full_refund_read_back_typed_and_leave_the_charge_refun
         )),
         3000
     );
+}
+
+/// `amount` refunded of the charge `id`: the refund's id.
+async fn refund(client: &Client, id: &str, amount: i64) -> String {
+    let refund = CreateRefund::new()
+        .charge(id)
+        .amount(amount)
+        .send(client)
+        .await;
+    refund.expect("a refund").id.to_string()
+}
+
+/// The ids of `refunds`.
+fn refund_ids(refunds: &[Refund]) -> Vec<String> {
+    refunds.iter().map(|r| r.id.to_string()).collect()
+}
+
+#[tokio::test]
+async fn refunds_are_listed_typed_all_by_charge_and_through_the_charges_refunds_url() {
+    let server = oncepay();
+    let client = server.client();
+    let (_, charge) = paid_charge(&client, 3000, "tok_visa").await;
+    let id = charge.id.as_str();
+    let mut ids = Vec::new();
+    for amount in 1..=12 {
+        ids.push(refund(&client, id, amount).await);
+    }
+    ids.reverse(); // newest first
+    let (_, other) = paid_charge(&client, 3000, "tok_visa").await;
+    let elsewhere = refund(&client, other.id.as_str(), 100).await;
+
+    let result = ListRefund::new().charge(id).limit(5).send(&client).await;
+    let page = server.typed(
+        "a charge's refunds",
+        &format!("/v1/refunds?charge={id}&limit=5"),
+        result,
+    );
+    assert_eq!(
+        (refund_ids(&page.data), page.has_more),
+        (ids[..5].to_vec(), true)
+    );
+    let all: Vec<Refund> = ListRefund::new()
+        .limit(4)
+        .paginate()
+        .stream(&client)
+        .try_collect()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "listing the refunds: {e}; {}",
+                server.raw("/v1/refunds?limit=4")
+            )
+        });
+    let all = refund_ids(&all);
+    assert_eq!(all[0], elsewhere, "newest first");
+    assert_eq!(all[1..13], ids[..]);
+    assert_eq!(
+        all.len() as i64,
+        server.count("SELECT count(*) FROM refunds")
+    );
+
+    // The charge carries its first 10 refunds; its paginator reads the rest
+    // from the list's URL, /v1/charges/{id}/refunds.
+    let refunds = retrieve_charge(&client, id)
+        .await
+        .refunds
+        .expect("the charge's refunds");
+    assert_eq!(
+        (refunds.url.as_str(), refunds.data.len()),
+        (format!("/v1/charges/{id}/refunds").as_str(), 10)
+    );
+    let through_charge: Vec<Refund> = refunds
+        .into_paginator()
+        .stream(&client)
+        .try_collect()
+        .await
+        .unwrap_or_else(|e| panic!("paging the charge's refunds: {e}"));
+    assert_eq!(refund_ids(&through_charge), ids);
+}
+
+#[tokio::test]
+async fn a_created_gte_filter_lists_typed_what_was_created_in_its_seconds() {
+    let server = oncepay();
+    let client = server.client();
+    let (_, old) = paid_charge(&client, 1000, "tok_visa").await;
+    let (_, recent) = paid_charge(&client, 1000, "tok_visa").await;
+    let refunded = refund(&client, old.id.as_str(), 100).await;
+    // Created in 2001, as far as the lists know.
+    let moved = server.count(&format!(
+        "WITH c AS (UPDATE charges SET created_at = to_timestamp(1000000000.5) \
+         WHERE id = '{}' RETURNING 1) SELECT count(*) FROM c",
+        old.id
+    ));
+    assert_eq!(moved, 1);
+    let since: Vec<Charge> = ListCharge::new()
+        .created(RangeQueryTs::gte(recent.created))
+        .paginate()
+        .stream(&client)
+        .try_collect()
+        .await
+        .unwrap();
+    let since: Vec<&str> = since.iter().map(|c| c.id.as_str()).collect();
+    assert!(since.contains(&recent.id.as_str()) && !since.contains(&old.id.as_str()));
+    let until = ListCharge::new()
+        .created(RangeQueryTs::lte(1_000_000_000))
+        .send(&client)
+        .await
+        .unwrap();
+    let until: Vec<&str> = until.data.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(until, [old.id.as_str()]);
+    let refunds = ListRefund::new()
+        .charge(old.id.as_str())
+        .created(RangeQueryTs::gte(recent.created))
+        .send(&client)
+        .await
+        .unwrap();
+    assert_eq!(refund_ids(&refunds.data), [refunded]);
 }
 
 #[tokio::test]
