@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod balance;
 pub mod charges;
+pub mod details;
 pub mod demo;
 pub mod events;
 pub mod extract;

@@ -81,6 +81,7 @@ fn pending<'a>(id: &'a str) -> PendingCharge<'a> {
         source: "tok_visa",
         description: None,
         metadata: "{}",
+        details: None,
     }
 }
 
