@@ -21,8 +21,8 @@ use crate::app::AppState;
 use crate::charges::{Charge, NewCharge, store};
 use crate::objects::ChargeObject;
 use crate::operation::charge::CreateCharge;
-use crate::operation::{self, Operation};
 use crate::operation::write::{self, Write};
+use crate::operation::{self, Operation};
 use crate::refunds::store as refunds;
 use crate::updates::charge::{ChargeUpdate, UpdateCharge};
 

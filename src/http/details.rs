@@ -28,7 +28,10 @@ const UNSUPPORTED: [(&str, &str); 4] = [
     ("customer", "customers"),
     ("on_behalf_of", "connected accounts"),
     ("transfer_data", "connected accounts"),
-    ("application_fee_amount", "connected accounts (application fees go to a platform)"),
+    (
+        "application_fee_amount",
+        "connected accounts (application fees go to a platform)",
+    ),
 ];
 
 /// A new charge's details, checked.
@@ -85,7 +88,10 @@ impl FromParams for ChargeUpdate {
             metadata: params.take_metadata_update()?,
             receipt_email,
             shipping,
-            fraud_details: params.take("fraud_details").map(fraud_details).transpose()?,
+            fraud_details: params
+                .take("fraud_details")
+                .map(fraud_details)
+                .transpose()?,
         };
         params.refuse_expand()?;
         params.reject_unknown()?;
@@ -150,10 +156,14 @@ fn receipt_email(email: String) -> Result<String, ParamError> {
         Some((local, domain)) => {
             let labels: Vec<&str> = domain.split('.').collect();
             !local.is_empty()
-                && !local.chars().any(|c| c.is_whitespace() || c.is_control() || c == '@')
+                && !local
+                    .chars()
+                    .any(|c| c.is_whitespace() || c.is_control() || c == '@')
                 && labels.len() >= 2
                 && labels.iter().all(|l| label_ok(l))
-                && labels.last().is_some_and(|tld| tld.chars().all(char::is_alphabetic))
+                && labels
+                    .last()
+                    .is_some_and(|tld| tld.chars().all(char::is_alphabetic))
         }
         None => false,
     };

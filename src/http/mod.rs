@@ -4,8 +4,8 @@
 pub mod auth;
 pub mod balance;
 pub mod charges;
-pub mod details;
 pub mod demo;
+pub mod details;
 pub mod events;
 pub mod extract;
 pub mod faults;

@@ -18,8 +18,8 @@ use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::objects::RefundObject;
 use crate::operation::refund::CreateRefund;
-use crate::operation::{self, Operation};
 use crate::operation::write::{self, Write};
+use crate::operation::{self, Operation};
 use crate::refunds::{NewRefund, store};
 use crate::updates::refund::{RefundUpdate, UpdateRefund};
 

@@ -23,9 +23,9 @@ use crate::webhooks::create_endpoint::CreateEndpoint;
 use crate::webhooks::domain::{
     DeliveryEnd, EndpointObject, EndpointUpdate, NewEndpoint, check_address,
 };
-use crate::webhooks::update_endpoint::UpdateEndpoint;
 use crate::webhooks::guard::AddressGuard;
 use crate::webhooks::store;
+use crate::webhooks::update_endpoint::UpdateEndpoint;
 
 const ROUTE: &str = CreateEndpoint::ROUTE;
 

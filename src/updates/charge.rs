@@ -99,7 +99,9 @@ impl Write for UpdateCharge {
         let refunds = refunds::of_charges(&mut *tx, std::slice::from_ref(&charge.id)).await?;
         let object = updated.to_object(&refunds);
         // An update that changes nothing writes nothing, and no event.
-        if serde_json::to_value(&object).ok() != serde_json::to_value(charge.to_object(&refunds)).ok() {
+        if serde_json::to_value(&object).ok()
+            != serde_json::to_value(charge.to_object(&refunds)).ok()
+        {
             save(tx, &updated).await?;
             let event = NewEvent::new(EventType::ChargeUpdated, &updated.id, &object);
             let (request_id, key) = (self.asker.request_id.as_deref(), self.asker.key.as_deref());

@@ -226,7 +226,11 @@ pub fn form_pairs(
 /// `b` of the object `a`, `a[]=v` appends to the list `a`. Malformed
 /// brackets are an unknown parameter; a name that meets a value of another
 /// shape, or is given twice, is a duplicate.
-fn insert_form_pair(fields: &mut Map<String, Value>, name: &str, value: String) -> Result<(), DecodeError> {
+fn insert_form_pair(
+    fields: &mut Map<String, Value>,
+    name: &str,
+    value: String,
+) -> Result<(), DecodeError> {
     let Some(segments) = form_segments(name) else {
         return Err(ParamError::unknown(name).into());
     };
@@ -239,7 +243,9 @@ fn insert_form_pair(fields: &mut Map<String, Value>, name: &str, value: String) 
     }
     let joined = |to: usize| {
         let (outer, inner) = path[..to].split_first().expect("a name has an outer part");
-        inner.iter().fold(outer.to_string(), |name, s| format!("{name}[{s}]"))
+        inner
+            .iter()
+            .fold(outer.to_string(), |name, s| format!("{name}[{s}]"))
     };
     let (key, parents) = path.split_last().expect("a name has an outer part");
     let mut object = fields;
@@ -598,7 +604,10 @@ fn metadata_entry(key: String, value: Value) -> Result<(String, String), ParamEr
         ));
     }
     let Value::String(value) = value else {
-        return Err(metadata_invalid(param, "metadata values must be strings".into()));
+        return Err(metadata_invalid(
+            param,
+            "metadata values must be strings".into(),
+        ));
     };
     if value.chars().count() > MAX_METADATA_VALUE_CHARS {
         return Err(metadata_invalid(
@@ -665,7 +674,12 @@ mod tests {
             Some(json!({"name": "Jo", "address": {"line1": "1 Main", "city": "X"}}))
         );
         assert_eq!(p.take("a"), Some(json!({"b": ["1", "2"]})));
-        for malformed in [&b"metadata[a"[..], b"metadata[a]b", b"a[][b]=1", b"a[b[c]]=1"] {
+        for malformed in [
+            &b"metadata[a"[..],
+            b"metadata[a]b",
+            b"a[][b]=1",
+            b"a[b[c]]=1",
+        ] {
             assert!(
                 matches!(
                     Params::from_form(malformed),
@@ -678,7 +692,11 @@ mod tests {
                 String::from_utf8_lossy(malformed)
             );
         }
-        for clash in [&b"s[a]=1&s[a][b]=2"[..], b"s[a][b]=1&s[a]=2", b"s[a][b]=1&s[a][b]=2"] {
+        for clash in [
+            &b"s[a]=1&s[a][b]=2"[..],
+            b"s[a][b]=1&s[a]=2",
+            b"s[a][b]=1&s[a][b]=2",
+        ] {
             assert!(matches!(
                 Params::from_form(clash),
                 Err(DecodeError::Param(ParamError {
@@ -698,7 +716,10 @@ mod tests {
         let current: BTreeMap<String, String> =
             [("a".into(), "1".into()), ("b".into(), "2".into())].into();
         let merged = update(json!({"b": "", "c": "3"})).apply(&current).unwrap();
-        assert_eq!(merged, [("a".into(), "1".into()), ("c".into(), "3".into())].into());
+        assert_eq!(
+            merged,
+            [("a".into(), "1".into()), ("c".into(), "3".into())].into()
+        );
         assert!(update(json!("")).apply(&current).unwrap().is_empty());
         // A new object's metadata is an update of none: "" keys are left out.
         assert_eq!(
@@ -712,11 +733,20 @@ mod tests {
         let current: BTreeMap<String, String> =
             (0..40).map(|n| (format!("k{n}"), "v".into())).collect();
         let ten: Map<String, Value> = (0..10).map(|n| (format!("n{n}"), json!("v"))).collect();
-        assert_eq!(update(Value::Object(ten.clone())).apply(&current).unwrap().len(), 50);
+        assert_eq!(
+            update(Value::Object(ten.clone()))
+                .apply(&current)
+                .unwrap()
+                .len(),
+            50
+        );
         let mut eleven = ten;
         eleven.insert("n10".into(), json!("v"));
         let err = update(Value::Object(eleven)).apply(&current).unwrap_err();
-        assert_eq!((err.code, err.param.as_str()), (ProblemCode::MetadataInvalid, "metadata"));
+        assert_eq!(
+            (err.code, err.param.as_str()),
+            (ProblemCode::MetadataInvalid, "metadata")
+        );
         for bad in [json!("x"), json!(["a"]), json!({"k": 1}), json!({"": "v"})] {
             let err = MetadataUpdate::parse(bad.clone()).unwrap_err();
             assert_eq!(err.code, ProblemCode::MetadataInvalid, "{bad}");

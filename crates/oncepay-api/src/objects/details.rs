@@ -43,12 +43,14 @@ pub struct ShippingAddress {
 
 impl Shipping {
     /// The names of its members, for refusing any other.
-    pub const MEMBERS: [&'static str; 5] = ["address", "carrier", "name", "phone", "tracking_number"];
+    pub const MEMBERS: [&'static str; 5] =
+        ["address", "carrier", "name", "phone", "tracking_number"];
 }
 
 impl ShippingAddress {
     /// The names of its members, for refusing any other.
-    pub const MEMBERS: [&'static str; 6] = ["city", "country", "line1", "line2", "postal_code", "state"];
+    pub const MEMBERS: [&'static str; 6] =
+        ["city", "country", "line1", "line2", "postal_code", "state"];
 }
 
 /// What the merchant reported of a charge's fraud: `{}` until it reports,

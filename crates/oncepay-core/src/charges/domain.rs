@@ -45,11 +45,17 @@ pub struct NewCharge {
     #[cfg_attr(feature = "openapi", schema(value_type = Option<BTreeMap<String, String>>, example = json!({"order_id": "6735"})))]
     pub metadata: BTreeMap<String, String>,
     /// Where the receipt would go: an email address, up to 512 characters.
-    #[cfg_attr(feature = "openapi", schema(max_length = 512, example = "jenny.rosen@example.com"))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 512, example = "jenny.rosen@example.com")
+    )]
     pub receipt_email: Option<String>,
     /// The whole statement descriptor: up to 22 characters, at least one
     /// letter, none of `<>\'"*`.
-    #[cfg_attr(feature = "openapi", schema(max_length = 22, example = "ONCEPAY ORDER 6735"))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 22, example = "ONCEPAY ORDER 6735")
+    )]
     pub statement_descriptor: Option<String>,
     /// Shown after the account's `ONCEPAY* `: up to 22 characters, at least
     /// one letter, none of `<>\'"*`.
