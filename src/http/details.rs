@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use super::input::{FromParams, description};
 use crate::objects::details::{Shipping, ShippingAddress, UserReport};
-use crate::params::{ParamError, Params, shorten, string};
+use crate::params::{ParamError, Params, at_most, shorten, string};
 use crate::problem::ProblemCode;
 use crate::updates::charge::ChargeUpdate;
 use crate::updates::refund::RefundUpdate;
@@ -128,18 +128,6 @@ fn refuse_unsupported(params: &mut Params) -> Result<(), ParamError> {
 /// Takes a parameter that must be a string, if given.
 fn take_string(params: &mut Params, name: &str) -> Result<Option<String>, ParamError> {
     params.take(name).map(|v| string(v, name)).transpose()
-}
-
-/// `value`, unless longer than `max` characters (`parameter_too_long`).
-fn at_most(value: String, name: &str, max: usize) -> Result<String, ParamError> {
-    if value.chars().count() > max {
-        return Err(ParamError::new(
-            ProblemCode::ParameterTooLong,
-            name,
-            format!("{name} must be at most {max} characters"),
-        ));
-    }
-    Ok(value)
 }
 
 /// An email address: one `@` between a local part and a domain of dotted

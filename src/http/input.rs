@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::details::NewDetails;
 use crate::charges::{Currency, NewCharge};
 use crate::events::EventType;
-use crate::params::{Encoding, ParamError, Params, required, shorten, string};
+use crate::params::{Encoding, ParamError, Params, at_most, required, shorten, string};
 use crate::problem::ProblemCode;
 use crate::processor::TestToken;
 use crate::refunds::{NewRefund, RefundReason};
@@ -113,14 +113,7 @@ impl FromParams for NewRefund {
 
 /// A charge's `description`, unless longer than 1000 characters.
 pub fn description(description: String) -> Result<String, ParamError> {
-    if description.chars().count() > MAX_DESCRIPTION_CHARS {
-        return Err(ParamError::new(
-            ProblemCode::ParameterTooLong,
-            "description",
-            format!("Description must be at most {MAX_DESCRIPTION_CHARS} characters"),
-        ));
-    }
-    Ok(description)
+    at_most(description, "description", MAX_DESCRIPTION_CHARS)
 }
 
 /// Reads `amount`: a JSON integer, or a string of digits in a form.

@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 
 use crate::events::EventType;
 use crate::params::{Encoding, MetadataUpdate, ParamError, Params, shorten};
-use crate::params::{new_id, required, string};
+use crate::params::{at_most, new_id, required, string};
 use crate::problem::ProblemCode;
 use crate::webhooks::guard::AddressGuard;
 
@@ -170,15 +170,11 @@ pub async fn check_address(url: &str, guard: AddressGuard) -> Result<(), ParamEr
 
 /// An endpoint's `description`: a string of at most 5000 characters.
 fn description(value: Value) -> Result<String, ParamError> {
-    let description = string(value, "description")?;
-    if description.chars().count() > MAX_DESCRIPTION_CHARS {
-        return Err(ParamError::new(
-            ProblemCode::ParameterTooLong,
-            "description",
-            format!("Description must be at most {MAX_DESCRIPTION_CHARS} characters"),
-        ));
-    }
-    Ok(description)
+    at_most(
+        string(value, "description")?,
+        "description",
+        MAX_DESCRIPTION_CHARS,
+    )
 }
 
 /// A boolean: JSON's `true` or `false`, or a form's `true` or `false`.

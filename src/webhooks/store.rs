@@ -10,7 +10,8 @@ use sqlx::{PgConnection, PgExecutor, PgPool};
 use uuid::Uuid;
 
 use super::domain::{
-    Attempt, Delivery, DeliveryStatus, Endpoint, EndpointStatus, MAX_ENDPOINTS, NewEndpoint,
+    Attempt, Delivery, DeliveryEnd, DeliveryStatus, Endpoint, EndpointStatus, MAX_ENDPOINTS,
+    NewEndpoint,
 };
 use crate::events::{Event, EventType};
 
@@ -110,18 +111,7 @@ pub async fn delete(
     merchant_id: Uuid,
     id: &str,
 ) -> sqlx::Result<Option<u64>> {
-    let ended = sqlx::query!(
-        "UPDATE webhook_deliveries
-            SET status = 'failed', failure_reason = 'endpoint_deleted', finished_at = now(),
-                leased_until = NULL
-          WHERE endpoint_id = (SELECT id FROM webhook_endpoints
-                                WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted')
-            AND status = 'pending'",
-        merchant_id,
-        id,
-    )
-    .execute(&mut *tx)
-    .await?;
+    let ended = end_pending_of(tx, merchant_id, id, DeliveryEnd::EndpointDeleted).await?;
     let deleted = sqlx::query!(
         "UPDATE webhook_endpoints SET status = 'deleted', disabled_reason = NULL
           WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted'",
@@ -130,7 +120,7 @@ pub async fn delete(
     )
     .execute(&mut *tx)
     .await?;
-    Ok((deleted.rows_affected() == 1).then_some(ended.rows_affected()))
+    Ok((deleted.rows_affected() == 1).then_some(ended))
 }
 
 /// A delivery a worker has claimed: the attempt it may make, and what to send.
@@ -532,22 +522,24 @@ pub async fn save(tx: &mut PgConnection, endpoint: &Endpoint) -> sqlx::Result<()
 }
 
 /// Ends the pending deliveries of the merchant's endpoint `id` as it is
-/// disabled by its merchant: they fail (`endpoint_disabled`), as nothing
-/// will be sent to it any more. How many it ended.
+/// deleted or disabled by its merchant: they fail (`end`'s reason), as
+/// nothing will be sent to it any more. How many it ended.
 pub async fn end_pending_of(
     tx: &mut PgConnection,
     merchant_id: Uuid,
     id: &str,
+    end: DeliveryEnd,
 ) -> sqlx::Result<u64> {
     let ended = sqlx::query!(
         "UPDATE webhook_deliveries
-            SET status = 'failed', failure_reason = 'endpoint_disabled', finished_at = now(),
+            SET status = 'failed', failure_reason = $3, finished_at = now(),
                 leased_until = NULL
           WHERE endpoint_id = (SELECT id FROM webhook_endpoints
                                 WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted')
             AND status = 'pending'",
         merchant_id,
         id,
+        end.reason(),
     )
     .execute(tx)
     .await?;

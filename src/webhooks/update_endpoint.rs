@@ -37,7 +37,13 @@ impl Write for UpdateEndpoint {
         // attempt locks them in (see `store::delete`), so the two never
         // deadlock.
         let ended = if self.update.disabled == Some(true) {
-            store::end_pending_of(tx, self.merchant_id, &self.id).await?
+            store::end_pending_of(
+                tx,
+                self.merchant_id,
+                &self.id,
+                DeliveryEnd::EndpointDisabled,
+            )
+            .await?
         } else {
             0
         };

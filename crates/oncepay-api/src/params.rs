@@ -506,6 +506,18 @@ pub fn required(params: &mut Params, name: &str) -> Result<Value, ParamError> {
     })
 }
 
+/// `value`, unless longer than `max` characters (`parameter_too_long`).
+pub fn at_most(value: String, name: &str, max: usize) -> Result<String, ParamError> {
+    if value.chars().count() > max {
+        return Err(ParamError::new(
+            ProblemCode::ParameterTooLong,
+            name,
+            format!("{name} must be at most {max} characters"),
+        ));
+    }
+    Ok(value)
+}
+
 /// A parameter that must be a string.
 pub fn string(value: Value, name: &str) -> Result<String, ParamError> {
     match value {
