@@ -21,15 +21,53 @@ use crate::app::AppState;
 use crate::charges::{Charge, NewCharge, store};
 use crate::objects::ChargeObject;
 use crate::operation::charge::CreateCharge;
+use crate::operation::write::{self, Write};
 use crate::operation::{self, Operation};
 use crate::refunds::store as refunds;
+use crate::updates::charge::{ChargeUpdate, UpdateCharge};
 
 const ROUTE: &str = CreateCharge::ROUTE;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list, create))
-        .routes(routes!(retrieve))
+        .routes(routes!(retrieve, update))
+}
+
+/// Changes a charge's description, metadata, receipt email, shipping or
+/// fraud report, once per idempotency key; writes `charge.updated` when
+/// anything changed.
+#[utoipa::path(
+    post,
+    path = "/v1/charges/{id}",
+    tag = "charges",
+    params(("id" = String, Path, description = "A charge id, `ch_...`"), super::extract::IdempotentPost),
+    request_body(content(
+        (ChargeUpdate = "application/json"),
+        (ChargeUpdate = "application/x-www-form-urlencoded")
+    )),
+    responses(
+        (status = 200, description = "The charge as updated (or the saved answer, with `Idempotent-Replayed: true`)", body = ChargeObject,
+         headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        super::openapi::UpdateErrors
+    )
+)]
+async fn update(
+    State(state): State<AppState>,
+    ById { merchant, id }: ById,
+    post: IdempotentPost,
+) -> Result<Response, ApiError> {
+    let asker = post.asker();
+    let (guard, params, clock) = post.split(merchant.id, UpdateCharge::ROUTE);
+    let update = ChargeUpdate::from_params(params)?;
+    let charge = UpdateCharge {
+        merchant_id: merchant.id,
+        id,
+        update,
+        asker,
+    };
+    let answer = write::run(&state.engine, guard, charge).await;
+    Ok(idempotent::respond(&clock, answer))
 }
 
 /// Charges a card, exactly once per idempotency key.
@@ -94,7 +132,10 @@ macro_rules! merchant_charges {
             Charge,
             r#"SELECT id, merchant_id, amount, currency, source, description,
                   metadata AS "metadata: _", status AS "status: _",
-                  failure_code, failure_message, amount_refunded, created_at
+                  failure_code, failure_message, amount_refunded, created_at,
+                  receipt_email, statement_descriptor, statement_descriptor_suffix,
+                  shipping AS "shipping: _", transfer_group,
+                  fraud_details AS "fraud_details: _"
              FROM charges
             WHERE merchant_id = $1
               AND "# + $page,

@@ -86,6 +86,14 @@ pub struct IdempotentPost {
 }
 
 impl IdempotentPost {
+    /// Who asks, as an update's event names them: the request id and key.
+    pub fn asker(&self) -> crate::updates::Asker {
+        crate::updates::Asker {
+            request_id: self.request_id.clone(),
+            key: self.key.as_ref().map(|k| k.as_str().to_owned()),
+        }
+    }
+
     /// The guard of the operation on `route` this request asks for, its
     /// parameters, and the clock its phases are timed on.
     pub fn split(self, merchant_id: Uuid, route: &'static str) -> (Guard, Params, Arc<Stopwatch>) {

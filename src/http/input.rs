@@ -5,9 +5,10 @@
 
 use serde_json::Value;
 
+use super::details::NewDetails;
 use crate::charges::{Currency, NewCharge};
 use crate::events::EventType;
-use crate::params::{Encoding, ParamError, Params, required, shorten, string};
+use crate::params::{Encoding, ParamError, Params, at_most, required, shorten, string};
 use crate::problem::ProblemCode;
 use crate::processor::TestToken;
 use crate::refunds::{NewRefund, RefundReason};
@@ -53,18 +54,10 @@ impl FromParams for NewCharge {
         })?;
         let description = params
             .take("description")
-            .map(|v| string(v, "description"))
+            .map(|v| description(string(v, "description")?))
             .transpose()?;
-        if let Some(d) = &description {
-            if d.chars().count() > MAX_DESCRIPTION_CHARS {
-                return Err(ParamError::new(
-                    ProblemCode::ParameterTooLong,
-                    "description",
-                    format!("Description must be at most {MAX_DESCRIPTION_CHARS} characters"),
-                ));
-            }
-        }
         let metadata = params.take_metadata()?;
+        let details = NewDetails::take(&mut params)?;
         params.refuse_expand()?;
         params.reject_unknown()?;
         // Once every parameter is read: the rule of the two together.
@@ -75,6 +68,11 @@ impl FromParams for NewCharge {
             source,
             description,
             metadata,
+            receipt_email: details.receipt_email,
+            statement_descriptor: details.statement_descriptor,
+            statement_descriptor_suffix: details.statement_descriptor_suffix,
+            shipping: details.shipping,
+            transfer_group: details.transfer_group,
         })
     }
 }
@@ -113,6 +111,11 @@ impl FromParams for NewRefund {
             metadata,
         })
     }
+}
+
+/// A charge's `description`, unless longer than 1000 characters.
+pub fn description(description: String) -> Result<String, ParamError> {
+    at_most(description, "description", MAX_DESCRIPTION_CHARS)
 }
 
 /// Reads `amount`: a JSON integer, or a string of digits in a form.

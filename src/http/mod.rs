@@ -5,6 +5,7 @@ pub mod auth;
 pub mod balance;
 pub mod charges;
 pub mod demo;
+pub mod details;
 pub mod events;
 pub mod extract;
 pub mod faults;

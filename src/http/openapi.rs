@@ -57,7 +57,7 @@ gets `429 rate_limit` with `Retry-After`.",
     components(
         schemas(Problem, StripeError, ProblemCode, ChargeStatus, RefundStatus, EventType),
         responses(
-            BadRequest, Unauthorized, PaymentFailed, NotFound, InFlight, TooLarge,
+            BadRequest, Unauthorized, Forbidden, PaymentFailed, NotFound, InFlight, TooLarge,
             UnsupportedMediaType, KeyReused, TooManyRequests, InternalError, Unavailable
         )
     ),
@@ -188,6 +188,8 @@ problem_responses! {
         example(ProblemCode::InvalidApiKey, "The API key provided is not valid.");
     PaymentFailed: "Declined or abandoned; saved and replayed for the key",
         example(ProblemCode::CardDeclined, "Your card was declined.").with_extra("charge", EXAMPLE_CHARGE);
+    Forbidden: "A `Stripe-Account` header: oncepay has no connected accounts; nothing was read or written",
+        example(ProblemCode::AccountInvalid, "The provided key does not have access to account 'acct_1032D82eZvKYlo2C' (or that account does not exist): oncepay has no connected accounts.");
     NotFound: "No such resource for this merchant",
         no_such_charge();
     InFlight: "The same request is still in flight (`Retry-After: 1`)",
@@ -262,7 +264,7 @@ macro_rules! response_sets {
 response_sets! {
     /// The errors of every authenticated request: bad input, no or a wrong
     /// key, the rate limit, a bug, and the service unavailable.
-    Errors = [400 BadRequest, 401 Unauthorized, 429 TooManyRequests, 500 InternalError, 503 Unavailable];
+    Errors = [400 BadRequest, 401 Unauthorized, 403 Forbidden, 429 TooManyRequests, 500 InternalError, 503 Unavailable];
     /// The errors of a read of one resource by the id in its path: those of
     /// every request, and no such resource.
     ReadErrors = Errors + [404 NotFound];
@@ -272,4 +274,7 @@ response_sets! {
     /// The errors of an idempotent POST: those of a request with a body, and
     /// its key in flight or reused with other parameters.
     PostErrors = BodyErrors + [409 InFlight, 422 KeyReused];
+    /// The errors of an update of one resource by the id in its path: those
+    /// of an idempotent POST, and no such resource.
+    UpdateErrors = PostErrors + [404 NotFound];
 }

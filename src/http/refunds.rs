@@ -24,18 +24,55 @@ use crate::app::AppState;
 use crate::charges::store as charges;
 use crate::objects::RefundObject;
 use crate::operation::refund::CreateRefund;
+use crate::operation::write::{self, Write};
 use crate::operation::{self, Operation};
 use crate::params::string;
 use crate::refunds::{NewRefund, Refund, store};
+use crate::updates::refund::{RefundUpdate, UpdateRefund};
 
 const ROUTE: &str = CreateRefund::ROUTE;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list, create))
-        .routes(routes!(retrieve))
+        .routes(routes!(retrieve, update))
         .routes(routes!(list_of_charge))
         .routes(routes!(retrieve_of_charge))
+}
+
+/// Changes a refund's metadata, once per idempotency key; writes
+/// `refund.updated` when it changed.
+#[utoipa::path(
+    post,
+    path = "/v1/refunds/{id}",
+    tag = "refunds",
+    params(("id" = String, Path, description = "A refund id, `re_...`"), super::extract::IdempotentPost),
+    request_body(content(
+        (RefundUpdate = "application/json"),
+        (RefundUpdate = "application/x-www-form-urlencoded")
+    )),
+    responses(
+        (status = 200, description = "The refund as updated (or the saved answer, with `Idempotent-Replayed: true`)", body = RefundObject,
+         headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        super::openapi::UpdateErrors
+    )
+)]
+async fn update(
+    State(state): State<AppState>,
+    ById { merchant, id }: ById,
+    post: IdempotentPost,
+) -> Result<Response, ApiError> {
+    let asker = post.asker();
+    let (guard, params, clock) = post.split(merchant.id, UpdateRefund::ROUTE);
+    let update = RefundUpdate::from_params(params)?;
+    let refund = UpdateRefund {
+        merchant_id: merchant.id,
+        id,
+        update,
+        asker,
+    };
+    let answer = write::run(&state.engine, guard, refund).await;
+    Ok(idempotent::respond(&clock, answer))
 }
 
 /// Refunds a succeeded charge, in part or in full, exactly once per key and

@@ -69,7 +69,7 @@ pub fn finish(response: &mut Response, id: Option<HeaderValue>, client: Client) 
 /// rate limit, after `Retry-After`; a `5xx`: the server's side failed, and
 /// a retry with the same key is safe), `false` on every
 /// other client error, which a retry cannot change (`400`, `401`, `402`,
-/// `404`, `413`, `415`, `422`). `None` below `400`. The SDKs retry
+/// `403`, `404`, `413`, `415`, `422`). `None` below `400`. The SDKs retry
 /// `409`s, `429`s and `5xx`s on their own, so `false` matters most on a `402` or a
 /// `400`.
 fn should_retry(status: StatusCode) -> Option<&'static str> {

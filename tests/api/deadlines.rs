@@ -82,6 +82,7 @@ fn pending<'a>(id: &'a str) -> PendingCharge<'a> {
         source: "tok_visa",
         description: None,
         metadata: "{}",
+        details: None,
     }
 }
 

@@ -35,6 +35,7 @@ mod shedding;
 mod stripe;
 mod sweeper;
 mod timelines;
+mod updates;
 mod waits;
 mod webhooks;
 mod wire;

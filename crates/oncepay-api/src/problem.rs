@@ -54,6 +54,8 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `url_invalid` (400): a webhook endpoint's `url` is not an absolute `http` or `https` URL,
 ///   or its host is, or resolves to, an address inside the network (the address guard).
 /// - `webhook_endpoint_limit` (400): the merchant has as many webhook endpoints as allowed.
+/// - `email_invalid` (400): a malformed email address (a charge's `receipt_email`).
+/// - `parameter_unsupported` (400): a parameter of Stripe's that needs what oncepay does not model (customers, connected accounts).
 /// - `resource_missing` (400/404): no such token, charge, refund or key.
 /// - `charge_not_refundable` (400): a refund of a pending or failed charge.
 /// - `charge_already_refunded` (400): a refund of a charge refunded in full.
@@ -68,6 +70,7 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `receiver_invalid` (400): a workshop receiver's `run`, `mode`, `secret`, `fail_first` or `fault` is not one it accepts.
 /// - `authentication_required` (401): no API key.
 /// - `invalid_api_key` (401): a wrong API key.
+/// - `account_invalid` (403): a `Stripe-Account` header: the key has no access to another account (oncepay has none).
 /// - `card_declined` (402): declined (saved and replayed); `decline_code` says why.
 /// - `expired_card` (402): declined, card expired.
 /// - `incorrect_cvc` (402): declined, the card's security code is wrong.
@@ -127,6 +130,10 @@ pub enum ProblemCode {
     UrlInvalid,
     /// 400: the merchant has as many webhook endpoints as allowed.
     WebhookEndpointLimit,
+    /// 400: a malformed email address (a charge's `receipt_email`).
+    EmailInvalid,
+    /// 400: a parameter of Stripe's that needs what oncepay does not model (customers, connected accounts).
+    ParameterUnsupported,
     /// 400/404: no such token, charge, refund or key.
     ResourceMissing,
     /// 400: a refund of a pending or failed charge.
@@ -155,6 +162,8 @@ pub enum ProblemCode {
     AuthenticationRequired,
     /// 401: a wrong API key.
     InvalidApiKey,
+    /// 403: a `Stripe-Account` header: the key has no access to another account (oncepay has none).
+    AccountInvalid,
     /// 402: declined (saved and replayed); `decline_code` says why.
     CardDeclined,
     /// 402: declined, card expired.
@@ -202,7 +211,7 @@ impl ProblemCode {
     /// Every code, in the order they are declared; a unit test holds it
     /// against the enum itself (by way of its OpenAPI schema), and
     /// `tests/api/docs.rs` against the table of docs/api.md.
-    pub const ALL: [ProblemCode; 52] = [
+    pub const ALL: [ProblemCode; 55] = [
         ProblemCode::ParameterMissing,
         ProblemCode::ParameterUnknown,
         ProblemCode::ParameterDuplicate,
@@ -220,6 +229,8 @@ impl ProblemCode {
         ProblemCode::InvalidEventType,
         ProblemCode::UrlInvalid,
         ProblemCode::WebhookEndpointLimit,
+        ProblemCode::EmailInvalid,
+        ProblemCode::ParameterUnsupported,
         ProblemCode::ResourceMissing,
         ProblemCode::ChargeNotRefundable,
         ProblemCode::ChargeAlreadyRefunded,
@@ -234,6 +245,7 @@ impl ProblemCode {
         ProblemCode::ReceiverInvalid,
         ProblemCode::AuthenticationRequired,
         ProblemCode::InvalidApiKey,
+        ProblemCode::AccountInvalid,
         ProblemCode::CardDeclined,
         ProblemCode::ExpiredCard,
         ProblemCode::IncorrectCvc,
@@ -277,6 +289,8 @@ impl ProblemCode {
             ProblemCode::InvalidEventType => "invalid_event_type",
             ProblemCode::UrlInvalid => "url_invalid",
             ProblemCode::WebhookEndpointLimit => "webhook_endpoint_limit",
+            ProblemCode::EmailInvalid => "email_invalid",
+            ProblemCode::ParameterUnsupported => "parameter_unsupported",
             ProblemCode::ResourceMissing => "resource_missing",
             ProblemCode::ChargeNotRefundable => "charge_not_refundable",
             ProblemCode::ChargeAlreadyRefunded => "charge_already_refunded",
@@ -291,6 +305,7 @@ impl ProblemCode {
             ProblemCode::ReceiverInvalid => "receiver_invalid",
             ProblemCode::AuthenticationRequired => "authentication_required",
             ProblemCode::InvalidApiKey => "invalid_api_key",
+            ProblemCode::AccountInvalid => "account_invalid",
             ProblemCode::CardDeclined => "card_declined",
             ProblemCode::ExpiredCard => "expired_card",
             ProblemCode::IncorrectCvc => "incorrect_cvc",
@@ -337,6 +352,8 @@ impl ProblemCode {
             | ProblemCode::InvalidEventType
             | ProblemCode::UrlInvalid
             | ProblemCode::WebhookEndpointLimit
+            | ProblemCode::EmailInvalid
+            | ProblemCode::ParameterUnsupported
             | ProblemCode::ResourceMissing
             | ProblemCode::ChargeNotRefundable
             | ProblemCode::ChargeAlreadyRefunded
@@ -352,6 +369,7 @@ impl ProblemCode {
             ProblemCode::AuthenticationRequired | ProblemCode::InvalidApiKey => {
                 StatusCode::UNAUTHORIZED
             }
+            ProblemCode::AccountInvalid => StatusCode::FORBIDDEN,
             ProblemCode::CardDeclined
             | ProblemCode::ExpiredCard
             | ProblemCode::IncorrectCvc

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::currency::Currency;
 use crate::amount::Amount;
+use crate::objects::details::{FraudDetails, Shipping};
 use crate::objects::{ChargeFacts, ChargeObject};
 use crate::params::new_id;
 use crate::processor::TestToken;
@@ -47,6 +48,28 @@ pub struct NewCharge {
     /// Up to 50 keys of 1 to 40 characters; string values of up to 500.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<BTreeMap<String, String>>, example = json!({"order_id": "6735"})))]
     pub metadata: BTreeMap<String, String>,
+    /// Where the receipt would go: an email address, up to 512 characters.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 512, example = "jenny.rosen@example.com")
+    )]
+    pub receipt_email: Option<String>,
+    /// The whole statement descriptor: up to 22 characters, at least one
+    /// letter, none of `<>\'"*`.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 22, example = "ONCEPAY ORDER 6735")
+    )]
+    pub statement_descriptor: Option<String>,
+    /// Shown after the account's `ONCEPAY* `: up to 22 characters, at least
+    /// one letter, none of `<>\'"*`.
+    #[cfg_attr(feature = "openapi", schema(max_length = 22, example = "ORDER 6735"))]
+    pub statement_descriptor_suffix: Option<String>,
+    /// Where the goods ship: `name` and `address` required.
+    pub shipping: Option<Shipping>,
+    /// A string that groups the charge with others; up to 5000 characters.
+    #[cfg_attr(feature = "openapi", schema(max_length = 5000, example = "order-6735"))]
+    pub transfer_group: Option<String>,
 }
 
 /// How the API's document describes [`NewCharge`]: as a request's body.
@@ -57,15 +80,39 @@ impl NewCharge {
     /// A canonical encoding of the parameters for the request fingerprint:
     /// fixed field order, sorted metadata, normalised values. Key order,
     /// white space and JSON versus form do not change it; any value does.
+    ///
+    /// The details (`receipt_email` and those after it) are appended only
+    /// when one is given, so a charge without them keeps the fingerprint it
+    /// had before they were taken: a retry across the upgrade still replays.
     pub fn canonical(&self) -> Vec<u8> {
-        let canonical = serde_json::json!([
-            self.amount.minor_units(),
-            self.currency.as_str(),
-            self.source.as_str(),
-            self.description,
-            self.metadata,
-        ]);
+        let mut canonical = vec![
+            serde_json::json!(self.amount.minor_units()),
+            serde_json::json!(self.currency.as_str()),
+            serde_json::json!(self.source.as_str()),
+            serde_json::json!(self.description),
+            serde_json::json!(self.metadata),
+        ];
+        if let Some(details) = self.details() {
+            canonical.push(serde_json::json!(details));
+        }
         serde_json::to_vec(&canonical).expect("serialising a JSON value cannot fail")
+    }
+
+    /// The details (`receipt_email`, `statement_descriptor`,
+    /// `statement_descriptor_suffix`, `shipping`, `transfer_group`) as a
+    /// JSON object's text, as the claim writes them; `None` when none is given.
+    pub fn details(&self) -> Option<String> {
+        let details = serde_json::json!({
+            "receipt_email": self.receipt_email,
+            "statement_descriptor": self.statement_descriptor,
+            "statement_descriptor_suffix": self.statement_descriptor_suffix,
+            "shipping": self.shipping,
+            "transfer_group": self.transfer_group,
+        });
+        let given = details
+            .as_object()
+            .is_some_and(|d| d.values().any(|v| !v.is_null()));
+        given.then(|| details.to_string())
     }
 }
 
@@ -103,6 +150,12 @@ pub struct Charge {
     pub failure_message: Option<String>,
     pub amount_refunded: i64,
     pub created_at: DateTime<Utc>,
+    pub receipt_email: Option<String>,
+    pub statement_descriptor: Option<String>,
+    pub statement_descriptor_suffix: Option<String>,
+    pub shipping: Option<sqlx::types::Json<Shipping>>,
+    pub transfer_group: Option<String>,
+    pub fraud_details: sqlx::types::Json<FraudDetails>,
 }
 
 impl Charge {
@@ -138,6 +191,12 @@ impl Charge {
             status: self.status.as_str(),
             token: self.token(),
             verdict: self.verdict(),
+            receipt_email: self.receipt_email.as_deref(),
+            statement_descriptor: self.statement_descriptor.as_deref(),
+            statement_descriptor_suffix: self.statement_descriptor_suffix.as_deref(),
+            shipping: self.shipping.as_ref().map(|s| &s.0),
+            transfer_group: self.transfer_group.as_deref(),
+            fraud_details: &self.fraud_details.0,
         };
         ChargeObject::new(facts, refunds.iter().map(Refund::to_object))
     }

@@ -17,11 +17,16 @@ pub async fn insert_pending(
 ) -> sqlx::Result<Charge> {
     sqlx::query_as!(
         Charge,
-        r#"INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata, status)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending')
+        r#"INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata, status,
+                                receipt_email, statement_descriptor, statement_descriptor_suffix,
+                                shipping, transfer_group)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10, $11, $12)
            RETURNING id, merchant_id, amount, currency, source, description,
                      metadata AS "metadata: _", status AS "status: _",
-                     failure_code, failure_message, amount_refunded, created_at"#,
+                     failure_code, failure_message, amount_refunded, created_at,
+                     receipt_email, statement_descriptor, statement_descriptor_suffix,
+                     shipping AS "shipping: _", transfer_group,
+                     fraud_details AS "fraud_details: _""#,
         id,
         merchant_id,
         charge.amount.minor_units(),
@@ -29,6 +34,11 @@ pub async fn insert_pending(
         charge.source.as_str(),
         charge.description.as_deref(),
         sqlx::types::Json(&charge.metadata) as _,
+        charge.receipt_email.as_deref(),
+        charge.statement_descriptor.as_deref(),
+        charge.statement_descriptor_suffix.as_deref(),
+        charge.shipping.as_ref().map(sqlx::types::Json) as _,
+        charge.transfer_group.as_deref(),
     )
     .fetch_one(tx)
     .await
@@ -146,7 +156,10 @@ async fn find_scoped(
         Charge,
         r#"SELECT id, merchant_id, amount, currency, source, description,
                   metadata AS "metadata: _", status AS "status: _",
-                  failure_code, failure_message, amount_refunded, created_at
+                  failure_code, failure_message, amount_refunded, created_at,
+                  receipt_email, statement_descriptor, statement_descriptor_suffix,
+                  shipping AS "shipping: _", transfer_group,
+                  fraud_details AS "fraud_details: _"
              FROM charges WHERE id = $2 AND ($1::uuid IS NULL OR merchant_id = $1)"#,
         merchant_id,
         id,

@@ -357,6 +357,8 @@ pub struct PendingCharge<'a> {
     pub description: Option<&'a str>,
     /// `metadata`, as JSON text.
     pub metadata: &'a str,
+    /// Its details, as JSON text (`NewCharge::details`); `None` when it has none.
+    pub details: Option<&'a str>,
 }
 
 /// Step 2 of a new charge in one statement, its own transaction: reads the
@@ -385,8 +387,13 @@ pub async fn claim_with_charge(
                                                  $14::float8)), $15) AS c(took_over)),
            charge AS (
                INSERT INTO charges (id, merchant_id, amount, currency, source, description,
-                                    metadata, status)
-               SELECT $6, $1, $8, $9, $10, $11, $12::text::jsonb, 'pending' FROM claimed
+                                    metadata, status, receipt_email, statement_descriptor,
+                                    statement_descriptor_suffix, shipping, transfer_group)
+               SELECT $6, $1, $8, $9, $10, $11, $12::text::jsonb, 'pending',
+                      d->>'receipt_email', d->>'statement_descriptor',
+                      d->>'statement_descriptor_suffix', NULLIF(d->'shipping', 'null'::jsonb),
+                      d->>'transfer_group'
+                 FROM claimed, (SELECT $16::text::jsonb AS d) AS details
                RETURNING created_at)
            SELECT statement_timestamp() < $13 AS "in_time!",
                   (SELECT took_over FROM claimed) AS took_over,
@@ -408,6 +415,7 @@ pub async fn claim_with_charge(
         claim.deadline_at(),
         claim.age_ms(),
         claim.request_id,
+        charge.details,
     )
     .fetch_one(db)
     .await?;

@@ -71,6 +71,7 @@ impl Operation for CreateCharge {
         claim: &Claim<'_>,
     ) -> Result<Option<ClaimOutcome>, Error> {
         let metadata = serde_json::to_string(&self.charge.metadata).expect("metadata serialises");
+        let details = self.charge.details();
         let pending = PendingCharge {
             id: self.id(),
             amount: self.charge.amount.minor_units(),
@@ -78,6 +79,7 @@ impl Operation for CreateCharge {
             source: self.charge.source.as_str(),
             description: self.charge.description.as_deref(),
             metadata: &metadata,
+            details: details.as_deref(),
         };
         let mut db = request.connection(engine).await?;
         let first = keys::claim_with_charge(&mut *db, claim, &pending).await?;
@@ -99,6 +101,12 @@ impl Operation for CreateCharge {
                 failure_message: None,
                 amount_refunded: 0,
                 created_at: *created_at,
+                receipt_email: self.charge.receipt_email.clone(),
+                statement_descriptor: self.charge.statement_descriptor.clone(),
+                statement_descriptor_suffix: self.charge.statement_descriptor_suffix.clone(),
+                shipping: self.charge.shipping.clone().map(sqlx::types::Json),
+                transfer_group: self.charge.transfer_group.clone(),
+                fraud_details: Default::default(),
             });
         }
         Ok(Some(first))

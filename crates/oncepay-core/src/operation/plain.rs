@@ -77,6 +77,11 @@ fn charge() -> NewCharge {
         source: TestToken::parse("tok_visa").unwrap(),
         description: None,
         metadata: Default::default(),
+        receipt_email: None,
+        statement_descriptor: None,
+        statement_descriptor_suffix: None,
+        shipping: None,
+        transfer_group: None,
     }
 }
 

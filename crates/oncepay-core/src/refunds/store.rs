@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::{NewRefund, Refund, RefundStatus};
 use crate::charges::{Charge, ChargeStatus};
+use crate::objects::details::{FraudDetails, Shipping};
 
 /// An amount reserved on a charge for a refund.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,7 +92,13 @@ pub async fn succeed_pending(
                       c.failure_code AS charge_failure_code,
                       c.failure_message AS charge_failure_message,
                       c.amount_refunded AS "charge_amount_refunded!",
-                      c.created_at AS "charge_created_at!""#,
+                      c.created_at AS "charge_created_at!",
+                      c.receipt_email AS charge_receipt_email,
+                      c.statement_descriptor AS charge_statement_descriptor,
+                      c.statement_descriptor_suffix AS charge_statement_descriptor_suffix,
+                      c.shipping AS "charge_shipping: Json<Shipping>",
+                      c.transfer_group AS charge_transfer_group,
+                      c.fraud_details AS "charge_fraud_details!: Json<FraudDetails>""#,
         id,
     )
     .fetch_optional(tx)
@@ -110,6 +117,12 @@ pub async fn succeed_pending(
             failure_message: row.charge_failure_message,
             amount_refunded: row.charge_amount_refunded,
             created_at: row.charge_created_at,
+            receipt_email: row.charge_receipt_email,
+            statement_descriptor: row.charge_statement_descriptor,
+            statement_descriptor_suffix: row.charge_statement_descriptor_suffix,
+            shipping: row.charge_shipping,
+            transfer_group: row.charge_transfer_group,
+            fraud_details: row.charge_fraud_details,
         };
         let refund = Refund {
             id: row.id,
