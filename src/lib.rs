@@ -18,6 +18,7 @@ pub mod rate_limit;
 pub mod reconcile;
 pub mod startup;
 pub mod telemetry;
+pub mod updates;
 pub mod webhooks;
 pub mod workshop;
 

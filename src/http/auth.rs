@@ -54,6 +54,7 @@ impl FromRequestParts<AppState> for Authenticated {
         match found {
             Some(merchant) => {
                 tracing::Span::current().record("merchant", tracing::field::display(merchant.id));
+                refuse_connected_account(parts)?;
                 let kind = kind_of(&parts.method);
                 if let Err(wait) = state.rate_limits.check(merchant.id, kind) {
                     return Err(rate_limited(kind, wait));
@@ -67,6 +68,29 @@ impl FromRequestParts<AppState> for Authenticated {
         }
     }
 }
+
+/// Refuses a request with a `Stripe-Account` header: it asks to act as a
+/// connected account, and oncepay has none, so the key has access to no
+/// other account (`403 account_invalid`, as Stripe answers for an account
+/// out of reach). Ignoring it would act on the caller's own account.
+fn refuse_connected_account(parts: &Parts) -> Result<(), ApiError> {
+    let Some(account) = parts.headers.get(STRIPE_ACCOUNT) else {
+        return Ok(());
+    };
+    let account = String::from_utf8_lossy(account.as_bytes());
+    Err(Problem::new(
+        ProblemCode::AccountInvalid,
+        format!(
+            "The provided key does not have access to account '{}' (or that account does not exist): oncepay has no connected accounts.",
+            crate::params::shorten(&account)
+        ),
+    )
+    .with_param("Stripe-Account")
+    .into())
+}
+
+/// The header with which a Connect platform acts as one of its accounts.
+const STRIPE_ACCOUNT: &str = "stripe-account";
 
 /// Reads draw on the read allowance; everything else is a write.
 fn kind_of(method: &Method) -> Kind {

@@ -16,23 +16,61 @@ use super::auth::Authenticated;
 use super::extract::{ById, IdempotentPost, PageParams, QueryParams};
 use super::idempotent;
 use super::input::{CaptureParams, FromParams};
-use super::list::List;
+use super::list::{Created, List, Page, Position, created_page, finish};
 use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::charges::{Charge, NewCharge, store};
 use crate::objects::ChargeObject;
 use crate::operation::capture::CaptureCharge;
 use crate::operation::charge::CreateCharge;
+use crate::operation::write::{self, Write};
 use crate::operation::{self, Operation};
 use crate::refunds::store as refunds;
+use crate::updates::charge::{ChargeUpdate, UpdateCharge};
 
 const ROUTE: &str = CreateCharge::ROUTE;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list, create))
-        .routes(routes!(retrieve))
+        .routes(routes!(retrieve, update))
         .routes(routes!(capture))
+}
+
+/// Changes a charge's description, metadata, receipt email, shipping or
+/// fraud report, once per idempotency key; writes `charge.updated` when
+/// anything changed.
+#[utoipa::path(
+    post,
+    path = "/v1/charges/{id}",
+    tag = "charges",
+    params(("id" = String, Path, description = "A charge id, `ch_...`"), super::extract::IdempotentPost),
+    request_body(content(
+        (ChargeUpdate = "application/json"),
+        (ChargeUpdate = "application/x-www-form-urlencoded")
+    )),
+    responses(
+        (status = 200, description = "The charge as updated (or the saved answer, with `Idempotent-Replayed: true`)", body = ChargeObject,
+         headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        super::openapi::UpdateErrors
+    )
+)]
+async fn update(
+    State(state): State<AppState>,
+    ById { merchant, id }: ById,
+    post: IdempotentPost,
+) -> Result<Response, ApiError> {
+    let asker = post.asker();
+    let (guard, params, clock) = post.split(merchant.id, UpdateCharge::ROUTE);
+    let update = ChargeUpdate::from_params(params)?;
+    let charge = UpdateCharge {
+        merchant_id: merchant.id,
+        id,
+        update,
+        asker,
+    };
+    let answer = write::run(&state.engine, guard, charge).await;
+    Ok(idempotent::respond(&clock, answer))
 }
 
 /// Charges a card, exactly once per idempotency key.
@@ -117,15 +155,27 @@ async fn retrieve(
     Ok(Json(charge.to_object(&refunds)).into_response())
 }
 
-fn no_such_charge(id: &str, param: &str) -> ApiError {
-    super::problem::no_such("charge", id, param)
-}
-
-/// Which page of a list: the one after a charge (older), or the newest
-/// when there is none; or the one before a charge (newer).
-enum Page {
-    After(Option<Charge>),
-    Before(Charge),
+/// A `query_as!` of the merchant's [`Charge`]s, with `$page` (the position
+/// against the cursor, the order; see [`created_page!`]) appended. A macro
+/// because sqlx checks only literal text: each expansion, its `$page`
+/// appended, is checked against the schema like any query.
+macro_rules! merchant_charges {
+    ($page:literal, $($arg:expr),+ $(,)?) => {
+        sqlx::query_as!(
+            Charge,
+            r#"SELECT id, merchant_id, amount, currency, source, description,
+                  metadata AS "metadata: _", status AS "status: _",
+                  failure_code, failure_message, amount_refunded, created_at,
+                  receipt_email, statement_descriptor, statement_descriptor_suffix,
+                  shipping AS "shipping: _", transfer_group,
+                  fraud_details AS "fraud_details: _",
+                  capture_later, capture_amount, captured_at
+             FROM charges
+            WHERE merchant_id = $1
+              AND "# + $page,
+            $($arg),+
+        )
+    };
 }
 
 /// The merchant's charges, newest first.
@@ -134,9 +184,8 @@ enum Page {
     path = "/v1/charges",
     tag = "charges",
     params(
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, example = 10, description = "1 to 100, default 10"),
-        ("starting_after" = Option<String>, Query, description = "A charge id: the page of older charges after it"),
-        ("ending_before" = Option<String>, Query, description = "A charge id: the page of newer charges before it")
+        PageParams,
+        Created
     ),
     responses(
         (status = 200, description = "A list object", body = List<ChargeObject>),
@@ -146,29 +195,17 @@ enum Page {
 async fn list(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
-    QueryParams(params): QueryParams,
+    QueryParams(mut params): QueryParams,
 ) -> Result<Response, ApiError> {
+    let created = Created::take(&mut params)?;
     let PageParams { limit, cursor } = PageParams::take(params, "charge")?;
-    let page = match cursor {
-        None => Page::After(None),
-        Some((name, id)) => {
-            let cursor = store::find(&state.pool, merchant.id, &id)
-                .await?
-                .ok_or_else(|| no_such_charge(&id, name))?;
-            if name == "starting_after" {
-                Page::After(Some(cursor))
-            } else {
-                Page::Before(cursor)
-            }
-        }
-    };
-    let mut charges = read_page(&state.pool, merchant.id, &page, limit + 1).await?;
-    let has_more = charges.len() as i64 > limit;
-    charges.truncate(limit as usize);
-    if matches!(page, Page::Before(_)) {
-        // Fetched oldest first, nearest the cursor; shown newest first.
-        charges.reverse();
-    }
+    let page = Page::of(cursor, "charge", |id| {
+        position(&state.pool, merchant.id, id)
+    })
+    .await?;
+    let db = &state.pool;
+    let charges = created_page!(merchant_charges, db, merchant.id, &page, created, limit + 1)?;
+    let (has_more, charges) = finish(charges, limit, page.is_newer());
     let ids: Vec<String> = charges.iter().map(|c| c.id.clone()).collect();
     let refunds = refunds::of_charges(&state.pool, &ids).await?;
     let data: Vec<_> = charges
@@ -178,59 +215,15 @@ async fn list(
     Ok(Json(List::new(ROUTE, has_more, data)).into_response())
 }
 
-/// A `query_as!` of the merchant's [`Charge`]s, with `$page` (the position
-/// against the cursor, the order) appended. A macro because sqlx checks only
-/// literal text: each expansion, its `$page` appended, is checked against
-/// the schema like any query.
-macro_rules! merchant_charges {
-    ($page:literal, $($arg:expr),+ $(,)?) => {
-        sqlx::query_as!(
-            Charge,
-            r#"SELECT id, merchant_id, amount, currency, source, description,
-                  metadata AS "metadata: _", status AS "status: _",
-                  failure_code, failure_message, amount_refunded, created_at,
-                  capture_later, capture_amount, captured_at
-             FROM charges
-            WHERE merchant_id = $1
-              AND "# + $page + " LIMIT $4",
-            $($arg),+
-        )
-    };
-}
-
-/// Up to `limit` charges of `page`: after its cursor (strictly older, or
-/// the newest when it has none), newest first; or strictly newer than its
-/// cursor, oldest first: the ones nearest it, which the caller shows newest
-/// first. The caller checks the cursor exists.
-async fn read_page(
+/// Where the merchant's charge `id` stands in the list, if it exists.
+async fn position(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
-    page: &Page,
-    limit: i64,
-) -> sqlx::Result<Vec<Charge>> {
-    match page {
-        Page::After(cursor) => {
-            merchant_charges!(
-                "($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
-                 ORDER BY created_at DESC, id DESC",
-                merchant_id,
-                cursor.as_ref().map(|c| c.created_at),
-                cursor.as_ref().map(|c| c.id.as_str()),
-                limit,
-            )
-            .fetch_all(db)
-            .await
-        }
-        Page::Before(cursor) => {
-            merchant_charges!(
-                "(created_at, id) > ($2, $3) ORDER BY created_at, id",
-                merchant_id,
-                cursor.created_at,
-                cursor.id.as_str(),
-                limit,
-            )
-            .fetch_all(db)
-            .await
-        }
-    }
+    id: String,
+) -> sqlx::Result<Option<Position>> {
+    let charge = store::find(db, merchant_id, &id).await?;
+    Ok(charge.map(|c| Position {
+        created_at: c.created_at,
+        id: c.id,
+    }))
 }

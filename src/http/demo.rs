@@ -439,7 +439,7 @@ async fn naive_refund(
     .await?
     {
         naive_refund::Claim::Claimed => {}
-        naive_refund::Claim::Replay(saved) => return Ok(idempotent::replay(saved, false)),
+        naive_refund::Claim::Replay(saved) => return Ok(idempotent::replay(saved, None, false)),
         naive_refund::Claim::InUse => {
             return Err(Problem::new(
                 ProblemCode::IdempotencyKeyInUse,
@@ -550,7 +550,7 @@ async fn redis_charge(
         .map_err(redis_failed)?
     {
         redis_keys::Claim::Claimed => {}
-        redis_keys::Claim::Replay(saved) => return Ok(idempotent::replay(saved, false)),
+        redis_keys::Claim::Replay(saved) => return Ok(idempotent::replay(saved, None, false)),
         redis_keys::Claim::InUse { ttl } => {
             let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
             return Err(Problem::new(

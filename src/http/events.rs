@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::auth::Authenticated;
 use super::extract::{ById, PageParams, QueryParams};
 use super::input::take_type_filter;
-use super::list::List;
+use super::list::{Created, List, finish};
 use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::events::{Event, EventType};
@@ -41,7 +41,7 @@ macro_rules! select_events {
     };
 }
 
-/// The merchant's events of the `types` when given, with `$page` (the
+/// The merchant's events that pass a [`Filter`], with `$page` (the
 /// position against the cursor, the order) appended.
 ///
 /// It shows an event only once its transaction id is below the xmin of the
@@ -50,19 +50,22 @@ macro_rules! select_events {
 /// client paging forward from any event it was shown misses none. Events
 /// written since are held back until then (see docs/decisions.md).
 macro_rules! visible_events {
-    ($page:literal, $merchant_id:expr, $types:expr, $from:expr, $limit:expr) => {
+    ($page:literal, $merchant_id:expr, $filter:expr, $from:expr, $limit:expr) => {
         select_events!(
             [
                 "txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-                 AND ($2::text[] IS NULL OR type = ANY($2)) AND "
+                 AND ($2::text[] IS NULL OR type = ANY($2))
+                 AND created_at >= $6 AND created_at < $7 AND "
                     + $page
                     + " LIMIT $5"
             ],
             $merchant_id,
-            $types as Option<&[&str]>,
+            $filter.types as Option<&[&str]>,
             $from.txid,
             $from.seq,
             $limit,
+            $filter.created.from,
+            $filter.created.until,
         )
     };
 }
@@ -143,11 +146,10 @@ fn no_such_event(id: &str, param: &str) -> ApiError {
     path = "/v1/events",
     tag = "events",
     params(
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, example = 10, description = "1 to 100, default 10"),
-        ("starting_after" = Option<String>, Query, description = "An event id: the page of events older than it"),
-        ("ending_before" = Option<String>, Query, description = "An event id: the page of events newer than it (not with `starting_after`)"),
-        ("type" = Option<EventType>, Query, description = "Only events of this type"),
-        ("types[]" = Option<Vec<EventType>>, Query, explode, description = "Only events of these types, up to 20 (not with `type`); `types[0]=...` works too")
+        PageParams,
+        ("type" = Option<String>, Query, example = "charge.*", description = "Only events of this type, or of the types a pattern with `*` (any characters) matches, e.g. `charge.*`"),
+        ("types[]" = Option<Vec<EventType>>, Query, explode, description = "Only events of these types, up to 20 (not with `type`); `types[0]=...` works too"),
+        Created
     ),
     responses(
         (status = 200, description = "A list object", body = List<EventObject>),
@@ -160,9 +162,13 @@ async fn list(
     QueryParams(mut params): QueryParams,
 ) -> Result<Response, ApiError> {
     let types = take_type_filter(&mut params)?;
+    let created = Created::take(&mut params)?;
     let PageParams { limit, cursor } = PageParams::take(params, "event")?;
     let types: Option<Vec<&str>> = types.map(|types| types.iter().map(|t| t.as_str()).collect());
-    let types = types.as_deref();
+    let filter = Filter {
+        types: types.as_deref(),
+        created,
+    };
     let (from, newer) = match cursor {
         Some((name, id)) => {
             let from = cursor_position(&state, merchant.id, name, &id).await?;
@@ -170,13 +176,8 @@ async fn list(
         }
         None => (Position::END, false),
     };
-    let mut events = list_page(&state.pool, merchant.id, types, from, newer, limit + 1).await?;
-    let has_more = events.len() as i64 > limit;
-    events.truncate(limit as usize);
-    if newer {
-        // The `limit` next to the cursor, newest first like every page.
-        events.reverse();
-    }
+    let events = list_page(&state.pool, merchant.id, &filter, from, newer, limit + 1).await?;
+    let (has_more, events) = finish(events, limit, newer);
     let data: Vec<_> = events.iter().map(|e| e.to_object()).collect();
     Ok(Json(List::new(ROUTE, has_more, data)).into_response())
 }
@@ -215,13 +216,20 @@ async fn cursor_position(
     .ok_or_else(|| no_such_event(id, name))
 }
 
-/// Up to `limit` events next to `from` in the list's order, of the `types`
-/// when given: before it, newest first ([`Position::END`] for the newest);
+/// Which of the merchant's events a list shows.
+struct Filter<'a> {
+    /// Only these types, when given.
+    types: Option<&'a [&'a str]>,
+    created: Created,
+}
+
+/// Up to `limit` events next to `from` in the list's order that pass
+/// `filter`: before it, newest first ([`Position::END`] for the newest);
 /// or, when `newer`, after it, the oldest first: the page before a cursor.
 async fn list_page(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
-    types: Option<&[&str]>,
+    filter: &Filter<'_>,
     from: Position,
     newer: bool,
     limit: i64,
@@ -230,7 +238,7 @@ async fn list_page(
         visible_events!(
             "(txid, seq) > ($3, $4) ORDER BY txid, seq",
             merchant_id,
-            types,
+            filter,
             from,
             limit
         )
@@ -240,7 +248,7 @@ async fn list_page(
         visible_events!(
             "(txid, seq) < ($3, $4) ORDER BY txid DESC, seq DESC",
             merchant_id,
-            types,
+            filter,
             from,
             limit
         )

@@ -86,6 +86,14 @@ pub struct IdempotentPost {
 }
 
 impl IdempotentPost {
+    /// Who asks, as an update's event names them: the request id and key.
+    pub fn asker(&self) -> crate::updates::Asker {
+        crate::updates::Asker {
+            request_id: self.request_id.clone(),
+            key: self.key.as_ref().map(|k| k.as_str().to_owned()),
+        }
+    }
+
     /// The guard of the operation on `route` this request asks for, its
     /// parameters, and the clock its phases are timed on.
     pub fn split(self, merchant_id: Uuid, route: &'static str) -> (Guard, Params, Arc<Stopwatch>) {
@@ -172,15 +180,29 @@ impl<S: Send + Sync> FromRequestParts<S> for PathParam {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match Path::<String>::from_request_parts(parts, state).await {
+        let PathParams(values) = PathParams::from_request_parts(parts, state).await?;
+        Ok(PathParam(values.into_iter().next().unwrap_or_default()))
+    }
+}
+
+/// The `{id}`-style parameters of a route, in the order of the path.
+pub struct PathParams(pub Vec<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathParams {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<Vec<String>>::from_request_parts(parts, state).await {
             // No id contains NUL, and Postgres text cannot hold it.
-            Ok(Path(value)) if value.contains('\0') => Err(Problem::with_status(
-                StatusCode::NOT_FOUND,
-                ProblemCode::ResourceMissing,
-                "No such resource.",
-            )
-            .into()),
-            Ok(Path(value)) => Ok(PathParam(value)),
+            Ok(Path(values)) if values.iter().any(|v| v.contains('\0')) => {
+                Err(Problem::with_status(
+                    StatusCode::NOT_FOUND,
+                    ProblemCode::ResourceMissing,
+                    "No such resource.",
+                )
+                .into())
+            }
+            Ok(Path(values)) => Ok(PathParams(values)),
             Err(rejection) => Err(Problem::new(
                 ProblemCode::InvalidPath,
                 format!("The path could not be read: {}", rejection.body_text()),
@@ -230,11 +252,49 @@ impl FromRequestParts<AppState> for ById {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let Authenticated(merchant) = Authenticated::from_request_parts(parts, state).await?;
-        NoQuery::from_request_parts(parts, state).await?;
-        let PathParam(id) = PathParam::from_request_parts(parts, state).await?;
+        let (merchant, ids) = merchant_and_ids(parts, state).await?;
+        let id = ids.into_iter().next().unwrap_or_default();
         Ok(ById { merchant, id })
     }
+}
+
+/// A request for one of the merchant's resources inside another, by the
+/// two ids in its path (`/v1/charges/{id}/refunds/{refund}`): the outer id,
+/// then the inner one, refused as [`ById`] refuses.
+pub struct ByIds {
+    pub merchant: Merchant,
+    pub outer: String,
+    pub inner: String,
+}
+
+impl FromRequestParts<AppState> for ByIds {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let (merchant, ids) = merchant_and_ids(parts, state).await?;
+        let [outer, inner]: [String; 2] = ids.try_into().unwrap_or_default();
+        Ok(ByIds {
+            merchant,
+            outer,
+            inner,
+        })
+    }
+}
+
+/// The merchant and the path's ids of a request for resources by id, each
+/// refused as it would be alone: [`Authenticated`], then [`NoQuery`], then
+/// [`PathParams`].
+async fn merchant_and_ids(
+    parts: &mut Parts,
+    state: &AppState,
+) -> Result<(Merchant, Vec<String>), ApiError> {
+    let Authenticated(merchant) = Authenticated::from_request_parts(parts, state).await?;
+    NoQuery::from_request_parts(parts, state).await?;
+    let PathParams(ids) = PathParams::from_request_parts(parts, state).await?;
+    Ok((merchant, ids))
 }
 
 /// A `GET` that takes no parameter: `expand` is answered, anything else is

@@ -1,6 +1,6 @@
 //! The HTTP side of every idempotent `POST`: the `Idempotency-Key` and
 //! `Prefer` headers in, saved answers out (replayed ones marked
-//! `Idempotent-Replayed: true`). The claim itself is
+//! `Idempotent-Replayed: true` and naming the `Original-Request`). The claim itself is
 //! [`crate::operation::claim`]'s.
 
 use std::time::Duration;
@@ -18,6 +18,9 @@ use crate::problem::{Problem, ProblemCode};
 use crate::telemetry::timing::Stopwatch;
 
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// On a replay, as Stripe sends it: the `X-Request-Id` of the request that
+/// claimed the key, whose answer this is.
+pub const ORIGINAL_REQUEST: HeaderName = HeaderName::from_static("original-request");
 /// The longest `Prefer: wait=N` honoured, in seconds.
 const MAX_WAIT_SECS: u64 = 10;
 
@@ -26,7 +29,11 @@ const MAX_WAIT_SECS: u64 = 10;
 pub fn respond(clock: &Stopwatch, answer: Result<Answer, Error>) -> Response {
     clock.render(answer, |answer| match answer {
         Ok(Answer::Fresh(saved)) => send(saved),
-        Ok(Answer::Replayed { saved, waited }) => replay(saved, waited),
+        Ok(Answer::Replayed {
+            saved,
+            original_request,
+            waited,
+        }) => replay(saved, original_request.as_deref(), waited),
         Err(e) => ApiError(e).into_response(),
     })
 }
@@ -50,13 +57,18 @@ pub fn send(saved: SavedResponse) -> Response {
     response
 }
 
-/// Sends a saved answer as a replay: `Idempotent-Replayed: true`, and
+/// Sends a saved answer as a replay: `Idempotent-Replayed: true`,
+/// `Original-Request` when the key recorded the request that claimed it
+/// (keys claimed before it was recorded did not), and
 /// `Preference-Applied: wait` when the request waited for it.
-pub fn replay(saved: SavedResponse, waited: bool) -> Response {
+pub fn replay(saved: SavedResponse, original_request: Option<&str>, waited: bool) -> Response {
     let mut response = send(saved);
     response
         .headers_mut()
         .insert(REPLAYED, HeaderValue::from_static("true"));
+    if let Some(value) = original_request.and_then(|id| HeaderValue::from_str(id).ok()) {
+        response.headers_mut().insert(ORIGINAL_REQUEST, value);
+    }
     if waited {
         response
             .headers_mut()

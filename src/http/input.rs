@@ -5,9 +5,10 @@
 
 use serde_json::Value;
 
+use super::details::NewDetails;
 use crate::charges::{Currency, NewCharge};
 use crate::events::EventType;
-use crate::params::{Encoding, ParamError, Params, boolean, required, shorten, string};
+use crate::params::{Encoding, ParamError, Params, at_most, boolean, required, shorten, string};
 use crate::problem::ProblemCode;
 use crate::processor::TestToken;
 use crate::refunds::{NewRefund, RefundReason};
@@ -53,18 +54,10 @@ impl FromParams for NewCharge {
         })?;
         let description = params
             .take("description")
-            .map(|v| string(v, "description"))
+            .map(|v| description(string(v, "description")?))
             .transpose()?;
-        if let Some(d) = &description {
-            if d.chars().count() > MAX_DESCRIPTION_CHARS {
-                return Err(ParamError::new(
-                    ProblemCode::ParameterTooLong,
-                    "description",
-                    format!("Description must be at most {MAX_DESCRIPTION_CHARS} characters"),
-                ));
-            }
-        }
         let metadata = params.take_metadata()?;
+        let details = NewDetails::take(&mut params)?;
         let capture = params
             .take("capture")
             .map(|v| boolean(v, "capture"))
@@ -72,12 +65,19 @@ impl FromParams for NewCharge {
             .unwrap_or(true);
         params.refuse_expand()?;
         params.reject_unknown()?;
+        // Once every parameter is read: the rule of the two together.
+        currency.check_charge(amount)?;
         Ok(NewCharge {
             amount,
             currency,
             source,
             description,
             metadata,
+            receipt_email: details.receipt_email,
+            statement_descriptor: details.statement_descriptor,
+            statement_descriptor_suffix: details.statement_descriptor_suffix,
+            shipping: details.shipping,
+            transfer_group: details.transfer_group,
             capture,
         })
     }
@@ -142,6 +142,11 @@ impl FromParams for NewRefund {
     }
 }
 
+/// A charge's `description`, unless longer than 1000 characters.
+pub fn description(description: String) -> Result<String, ParamError> {
+    at_most(description, "description", MAX_DESCRIPTION_CHARS)
+}
+
 /// Reads `amount`: a JSON integer, or a string of digits in a form.
 fn parse_amount(value: Value, encoding: Encoding) -> Result<Amount, ParamError> {
     let invalid = || {
@@ -184,7 +189,7 @@ pub fn take_type_filter(params: &mut Params) -> Result<Option<Vec<EventType>>, P
             "types",
             "You may only specify one of these parameters: type, types.",
         )),
-        (Some(one), None) => Ok(Some(vec![parse_filter(&string(one, "type")?, "type")?])),
+        (Some(one), None) => Ok(Some(parse_pattern(&string(one, "type")?)?)),
         (None, Some(many)) => {
             let invalid_type = || {
                 ParamError::new(
@@ -228,18 +233,57 @@ pub fn take_type_filter(params: &mut Params) -> Result<Option<Vec<EventType>>, P
 
 /// The event type `name` names, or `invalid_event_type` for `param`.
 fn parse_filter(name: &str, param: &str) -> Result<EventType, ParamError> {
-    EventType::parse(name).ok_or_else(|| {
-        let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
-        ParamError::new(
-            ProblemCode::InvalidEventType,
-            param,
-            format!(
-                "Invalid event type: {}. Use one of {}",
-                shorten(name),
-                known.join(", ")
-            ),
-        )
-    })
+    EventType::parse(name).ok_or_else(|| invalid_event_type(name, param))
+}
+
+/// The event types `type` names: one, or every one a pattern matches, `*`
+/// standing for any characters (`charge.*`), as Stripe's `type` takes it.
+/// A pattern that matches no type is `invalid_event_type`, as an unknown
+/// type is.
+fn parse_pattern(pattern: &str) -> Result<Vec<EventType>, ParamError> {
+    let matched: Vec<EventType> = EventType::ALL
+        .into_iter()
+        .filter(|t| matches_pattern(pattern, t.as_str()))
+        .collect();
+    if matched.is_empty() {
+        return Err(invalid_event_type(pattern, "type"));
+    }
+    Ok(matched)
+}
+
+/// Whether `name` matches `pattern`, in which each `*` stands for any
+/// characters, none included, and every other character for itself.
+fn matches_pattern(pattern: &str, name: &str) -> bool {
+    let mut pieces = pattern.split('*');
+    let first = pieces.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let pieces: Vec<&str> = pieces.collect();
+    let Some((last, middle)) = pieces.split_last() else {
+        return rest.is_empty();
+    };
+    for piece in middle {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+/// `invalid_event_type` for `name`, given as `param`.
+fn invalid_event_type(name: &str, param: &str) -> ParamError {
+    let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+    ParamError::new(
+        ProblemCode::InvalidEventType,
+        param,
+        format!(
+            "Invalid event type: {}. Use one of {}",
+            shorten(name),
+            known.join(", ")
+        ),
+    )
 }
 
 /// The bodies of charges and refunds: what every body must do (read alike
@@ -352,8 +396,10 @@ mod body_tests {
     fn amounts_must_be_whole_positive_numbers_in_range() {
         let base =
             |amount: Value| json!({"amount": amount, "currency": "usd", "source": "tok_visa"});
-        assert_eq!(charge_code(base(json!(0))), "amount_too_small");
-        assert_eq!(charge_code(base(json!(-5))), "amount_too_small");
+        assert_eq!(charge_code(base(json!(0))), "parameter_invalid_integer");
+        assert_eq!(charge_code(base(json!(-5))), "parameter_invalid_integer");
+        assert_eq!(charge_code(base(json!(49))), "amount_too_small");
+        assert!(parse_json::<NewCharge>(base(json!(50))).is_ok());
         assert_eq!(charge_code(base(json!(100_000_000))), "amount_too_large");
         assert_eq!(charge_code(base(json!(u64::MAX))), "amount_too_large");
         assert_eq!(charge_code(base(json!(20.5))), "parameter_invalid_integer");
@@ -376,9 +422,13 @@ mod body_tests {
         assert_eq!(form("20.5"), Err("parameter_invalid_integer"));
         assert_eq!(form("1e3"), Err("parameter_invalid_integer"));
         assert_eq!(form(""), Err("parameter_invalid_integer"));
-        assert_eq!(form("-1"), Err("amount_too_small"));
+        assert_eq!(form("-1"), Err("parameter_invalid_integer"));
+        assert_eq!(form("5"), Err("amount_too_small"));
         assert_eq!(form("99999999999999999999"), Err("amount_too_large"));
-        assert_eq!(form("-99999999999999999999"), Err("amount_too_small"));
+        assert_eq!(
+            form("-99999999999999999999"),
+            Err("parameter_invalid_integer")
+        );
         assert!(form("2000").is_ok());
     }
 
@@ -439,7 +489,7 @@ mod body_tests {
         assert_eq!(base(json!({"metadata": ["k"]})), "metadata_invalid");
         assert!(
             parse_json::<NewCharge>(json!({
-                "amount": 1, "currency": "usd", "source": "tok_visa",
+                "amount": 50, "currency": "usd", "source": "tok_visa",
                 "description": "é".repeat(1000), "metadata": {"k".repeat(40): "v".repeat(500)}
             }))
             .is_ok()
@@ -457,7 +507,7 @@ mod body_tests {
     #[test]
     fn bad_amounts_reasons_metadata_and_unknown_parameters_are_refused() {
         for (field, value, expected) in [
-            ("amount", json!(0), "amount_too_small"),
+            ("amount", json!(0), "parameter_invalid_integer"),
             ("amount", json!("5"), "parameter_invalid_integer"),
             ("amount", json!(100_000_000), "amount_too_large"),
             ("reason", json!("bored"), "invalid_reason"),
@@ -502,8 +552,35 @@ mod filter_tests {
     }
 
     #[test]
+    fn a_type_with_a_wildcard_names_every_type_it_matches() {
+        use EventType::*;
+        assert_eq!(
+            filter("type=charge.*"),
+            Ok(Some(vec![ChargeSucceeded, ChargeFailed, ChargeRefunded]))
+        );
+        assert_eq!(
+            filter("type=*.failed"),
+            Ok(Some(vec![ChargeFailed, RefundFailed]))
+        );
+        assert_eq!(filter("type=*"), Ok(Some(EventType::ALL.to_vec())));
+        assert_eq!(filter("type=re*.suc*"), Ok(Some(vec![RefundSucceeded])));
+        for unmatched in ["type=dispute.*", "type=charge.*.x", "type=charge.*x"] {
+            assert_eq!(
+                filter(unmatched),
+                Err(ProblemCode::InvalidEventType),
+                "{unmatched}"
+            );
+        }
+        // `types` names types, as at Stripe; only `type` takes a pattern.
+        assert_eq!(
+            filter("types[]=charge.*"),
+            Err(ProblemCode::InvalidEventType)
+        );
+    }
+
+    #[test]
     fn a_bad_type_filter_is_refused_with_its_code() {
-        assert_eq!(filter("type=charge.*"), Err(ProblemCode::InvalidEventType));
+        assert_eq!(filter("type=charge"), Err(ProblemCode::InvalidEventType));
         assert_eq!(filter("types[]=charge"), Err(ProblemCode::InvalidEventType));
         assert_eq!(
             filter("type=charge.failed&types[]=charge.failed"),

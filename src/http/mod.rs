@@ -5,6 +5,7 @@ pub mod auth;
 pub mod balance;
 pub mod charges;
 pub mod demo;
+pub mod details;
 pub mod events;
 pub mod extract;
 pub mod faults;
@@ -24,7 +25,7 @@ pub mod webhook_endpoints;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode, Uri};
 use axum::response::IntoResponse;
 use tower::ServiceBuilder;
 use tower::util::MapRequestLayer;
@@ -58,6 +59,19 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
         .routes(routes!(openapi::openapi_json))
 }
 
+/// `404 route_not_found` for a request no route takes (its path, or its
+/// method on that path), with Stripe's message for it, which names both.
+async fn unrecognized(method: Method, uri: Uri) -> axum::response::Response {
+    problem::respond(Problem::new(
+        ProblemCode::RouteNotFound,
+        format!(
+            "Unrecognized request URL ({}: {}). Please see https://stripe.com/docs or we can help at https://support.stripe.com/.",
+            crate::params::shorten(method.as_str()),
+            crate::params::shorten(uri.path()),
+        ),
+    ))
+}
+
 /// The whole API, and Swagger UI at `/docs`. Layers, from the outside in:
 /// the workshop's recording of a traced request (with
 /// `DEMO_UNSAFE_ENDPOINTS=true` only, see `workshop::trace`), fault
@@ -76,18 +90,10 @@ pub fn router(state: AppState) -> Router {
     let (routes, _) = api(&state.config).split_for_parts();
     let routes = routes
         .merge(openapi::swagger_ui())
-        .fallback(|| async {
-            problem::respond(Problem::new(
-                ProblemCode::RouteNotFound,
-                "There is no such route.",
-            ))
-        })
-        .method_not_allowed_fallback(|| async {
-            problem::respond(Problem::new(
-                ProblemCode::MethodNotAllowed,
-                "This route does not accept that method.",
-            ))
-        })
+        // A path no route has, and a method its route does not take, are
+        // the same to a client: a request URL this API does not recognise.
+        .fallback(unrecognized)
+        .method_not_allowed_fallback(unrecognized)
         // On every route and fallback, after the router has matched the
         // path (a method the route lacks included).
         .layer(MapRequestLayer::new(observe::note_route))

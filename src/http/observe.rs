@@ -1,7 +1,8 @@
 //! What every request passes through on its way in and out: a request id,
 //! a tracing span, metrics, and the last word on error bodies (every error is
 //! a problem, every fresh problem names its request id, and a reused key is
-//! answered as a Stripe client expects it, see [`super::stripe`]).
+//! answered as a Stripe client expects it, as is a create, see
+//! [`super::stripe`]).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -118,7 +119,7 @@ pub fn span(request: &Request) -> Span {
 
 /// The way out of every request, in one layer: the last word on error
 /// bodies ([`finish_problem`]), Stripe's headers
-/// ([`super::stripe::add_headers`]), then the request's metrics
+/// and statuses ([`super::stripe::finish`]), then the request's metrics
 /// ([`measure`]). One layer rather than three: each `from_fn` layer boxes
 /// its inner service and its future for every request.
 /// A `503` that says the database is unavailable (or a timeout) also wakes
@@ -130,9 +131,7 @@ pub async fn finish(State(state): State<AppState>, mut request: Request, next: N
     let noted = NotedRoute::default();
     request.extensions_mut().insert(noted.clone());
     let id = request.headers().get(REQUEST_ID).cloned();
-    let stripe_client = request
-        .headers()
-        .contains_key(super::stripe::STRIPE_VERSION);
+    let client = super::stripe::Client::of(request.headers());
     let response = next.run(request).await;
     if response.status() == StatusCode::SERVICE_UNAVAILABLE {
         if let Some(primary) = &state.primary {
@@ -142,8 +141,8 @@ pub async fn finish(State(state): State<AppState>, mut request: Request, next: N
             }
         }
     }
-    let mut response = finish_problem(response, id.as_ref(), stripe_client);
-    super::stripe::add_headers(&mut response, id);
+    let mut response = finish_problem(response, id.as_ref(), client.speaks_stripe);
+    super::stripe::finish(&mut response, id, client);
     let route = noted.label();
     if route == UNMATCHED {
         Span::current().record("route", UNMATCHED);

@@ -39,7 +39,8 @@ use crate::retry_after;
 Send an `Idempotency-Key` (one per logical operation) with every POST: a retry gets the saved answer \
 (`Idempotent-Replayed: true`), a duplicate still in flight gets `409` with `Retry-After` (or waits, with \
 `Prefer: wait=N`), and a key reused with other parameters gets `422` (`400` with a `Stripe-Version` header, \
-as the Stripe SDKs expect). Every error is `application/problem+json` with a stable `code`, and the same error \
+as the Stripe SDKs expect). A create answers `201` (`200` with a `Stripe-Version` header, as Stripe does); \
+every answer to a request with an `Idempotency-Key` repeats it, and a replay names the `Original-Request`. Every error is `application/problem+json` with a stable `code`, and the same error \
 in Stripe's shape under `error`; see the `Problem` schema for the list. Every response carries `Request-Id` \
 (the same as `X-Request-Id`); every error carries `Stripe-Should-Retry`: `true` on `409`, `429` and `5xx`, \
 `false` on every other `4xx`. Each merchant's requests are rate limited, reads and writes apart: the excess \
@@ -56,7 +57,7 @@ gets `429 rate_limit` with `Retry-After`.",
     components(
         schemas(Problem, StripeError, ProblemCode, ChargeStatus, RefundStatus, EventType),
         responses(
-            BadRequest, Unauthorized, PaymentFailed, NotFound, InFlight, TooLarge,
+            BadRequest, Unauthorized, Forbidden, PaymentFailed, NotFound, InFlight, TooLarge,
             UnsupportedMediaType, KeyReused, TooManyRequests, InternalError, Unavailable
         )
     ),
@@ -187,6 +188,8 @@ problem_responses! {
         example(ProblemCode::InvalidApiKey, "The API key provided is not valid.");
     PaymentFailed: "Declined or abandoned; saved and replayed for the key",
         example(ProblemCode::CardDeclined, "Your card was declined.").with_extra("charge", EXAMPLE_CHARGE);
+    Forbidden: "A `Stripe-Account` header: oncepay has no connected accounts; nothing was read or written",
+        example(ProblemCode::AccountInvalid, "The provided key does not have access to account 'acct_1032D82eZvKYlo2C' (or that account does not exist): oncepay has no connected accounts.");
     NotFound: "No such resource for this merchant",
         no_such_charge();
     InFlight: "The same request is still in flight (`Retry-After: 1`)",
@@ -196,8 +199,8 @@ problem_responses! {
         example(ProblemCode::PayloadTooLarge, "The request body is larger than this server accepts.");
     UnsupportedMediaType: "Neither JSON nor a form",
         example(ProblemCode::UnsupportedMediaType, "Send the parameters as application/json or application/x-www-form-urlencoded.");
-    KeyReused: "The key was used with other parameters",
-        claim::key_reused("order-1");
+    KeyReused: "The key was used with other parameters, or on another endpoint",
+        claim::key_reused("order-1", "POST /v1/charges", "POST /v1/charges");
     TooManyRequests: "Over the merchant's rate limit on this instance; nothing was read or written (`Retry-After`)",
         example(ProblemCode::RateLimit, "Too many writes from this merchant: slow down, and retry (with the same Idempotency-Key) after Retry-After."),
         "Retry-After" = "Whole seconds until the merchant's allowance has room for one more request, at least 1";
@@ -261,7 +264,7 @@ macro_rules! response_sets {
 response_sets! {
     /// The errors of every authenticated request: bad input, no or a wrong
     /// key, the rate limit, a bug, and the service unavailable.
-    Errors = [400 BadRequest, 401 Unauthorized, 429 TooManyRequests, 500 InternalError, 503 Unavailable];
+    Errors = [400 BadRequest, 401 Unauthorized, 403 Forbidden, 429 TooManyRequests, 500 InternalError, 503 Unavailable];
     /// The errors of a read of one resource by the id in its path: those of
     /// every request, and no such resource.
     ReadErrors = Errors + [404 NotFound];
@@ -271,4 +274,7 @@ response_sets! {
     /// The errors of an idempotent POST: those of a request with a body, and
     /// its key in flight or reused with other parameters.
     PostErrors = BodyErrors + [409 InFlight, 422 KeyReused];
+    /// The errors of an update of one resource by the id in its path: those
+    /// of an idempotent POST, and no such resource.
+    UpdateErrors = PostErrors + [404 NotFound];
 }

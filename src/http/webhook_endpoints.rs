@@ -20,16 +20,56 @@ use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::operation::write::{self, Write};
 use crate::webhooks::create_endpoint::CreateEndpoint;
-use crate::webhooks::domain::{DeliveryEnd, EndpointObject, NewEndpoint};
+use crate::webhooks::domain::{
+    DeliveryEnd, EndpointObject, EndpointUpdate, NewEndpoint, check_address,
+};
 use crate::webhooks::guard::AddressGuard;
 use crate::webhooks::store;
+use crate::webhooks::update_endpoint::UpdateEndpoint;
 
 const ROUTE: &str = CreateEndpoint::ROUTE;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list, create))
-        .routes(routes!(retrieve, delete))
+        .routes(routes!(retrieve, update, delete))
+}
+
+/// Changes an endpoint's URL (checked as on create), event types,
+/// description, metadata, or whether it is disabled, once per idempotency key.
+#[utoipa::path(
+    post,
+    path = "/v1/webhook_endpoints/{id}",
+    tag = "webhooks",
+    params(("id" = String, Path, description = "A webhook endpoint id, `we_...`"), super::extract::IdempotentPost),
+    request_body(content(
+        (EndpointUpdate = "application/json"),
+        (EndpointUpdate = "application/x-www-form-urlencoded")
+    )),
+    responses(
+        (status = 200, description = "The endpoint as updated, without its secret (or the saved answer, with `Idempotent-Replayed: true`)", body = EndpointObject,
+         headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        super::openapi::UpdateErrors
+    )
+)]
+async fn update(
+    State(state): State<AppState>,
+    ById { merchant, id }: ById,
+    post: IdempotentPost,
+) -> Result<Response, ApiError> {
+    let (guard, params, clock) = post.split(merchant.id, UpdateEndpoint::ROUTE);
+    let update = EndpointUpdate::from_params(params)?;
+    if let Some(url) = &update.url {
+        let guard = AddressGuard::new(state.config.webhooks.allow_private);
+        check_address(url, guard).await?;
+    }
+    let endpoint = UpdateEndpoint {
+        merchant_id: merchant.id,
+        id,
+        update,
+    };
+    let answer = write::run(&state.engine, guard, endpoint).await;
+    Ok(idempotent::respond(&clock, answer))
 }
 
 /// Registers a URL to receive the merchant's events, signed with a new
@@ -145,9 +185,7 @@ fn no_such_endpoint(id: &str, param: &str) -> ApiError {
     path = "/v1/webhook_endpoints",
     tag = "webhooks",
     params(
-        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, example = 10, description = "1 to 100, default 10"),
-        ("starting_after" = Option<String>, Query, description = "An endpoint id: the page of older endpoints after it"),
-        ("ending_before" = Option<String>, Query, description = "An endpoint id: the page of newer endpoints before it")
+        PageParams
     ),
     responses(
         (status = 200, description = "A list object", body = List<EndpointObject>),

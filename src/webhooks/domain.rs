@@ -1,14 +1,16 @@
 //! What a webhook endpoint is: its validated parameters, its row and its API
 //! object; and what a delivery and its attempts look like.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::events::EventType;
-use crate::params::{Encoding, ParamError, Params, shorten};
-use crate::params::{new_id, required, string};
+use crate::params::{Encoding, MetadataUpdate, ParamError, Params, shorten};
+use crate::params::{at_most, new_id, required, string};
 use crate::problem::ProblemCode;
 use crate::webhooks::guard::AddressGuard;
 
@@ -36,6 +38,9 @@ pub struct NewEndpoint {
     /// At most 5000 characters.
     #[schema(example = "The order system")]
     pub description: Option<String>,
+    /// Up to 50 keys of 1 to 40 characters; string values of up to 500.
+    #[schema(example = json!({"team": "orders"}))]
+    pub metadata: BTreeMap<String, String>,
 }
 
 impl NewEndpoint {
@@ -44,53 +49,144 @@ impl NewEndpoint {
         let url = parse_url(&url)?;
         let enabled_events =
             enabled_events(required(&mut params, "enabled_events")?, params.encoding)?;
-        let description = params
-            .take("description")
-            .map(|v| string(v, "description"))
-            .transpose()?;
-        if description
-            .as_ref()
-            .is_some_and(|d| d.chars().count() > MAX_DESCRIPTION_CHARS)
-        {
-            return Err(ParamError::new(
-                ProblemCode::ParameterTooLong,
-                "description",
-                format!("Description must be at most {MAX_DESCRIPTION_CHARS} characters"),
-            ));
-        }
+        let description = params.take("description").map(description).transpose()?;
+        let metadata = params.take_metadata()?;
         params.refuse_expand()?;
         params.reject_unknown()?;
         Ok(NewEndpoint {
             url,
             enabled_events,
             description,
+            metadata,
         })
     }
 
     /// Refuses a URL whose host is, or resolves to, an address inside the
-    /// network, with the address guard on: `400 url_invalid`, saying why.
-    /// Every attempt checks again; this is the early answer.
+    /// network ([`check_address`]).
     pub async fn check_address(&self, guard: AddressGuard) -> Result<(), ParamError> {
-        guard.check_url(&self.url).await.map_err(|refused| {
-            ParamError::new(
-                ProblemCode::UrlInvalid,
-                "url",
-                format!(
-                    "Invalid URL: '{}': {refused}; webhooks are sent only to public addresses",
-                    shorten(&self.url)
-                ),
-            )
+        check_address(&self.url, guard).await
+    }
+
+    /// The parameters in a canonical form, for the key's fingerprint. The
+    /// metadata is appended only when given, so an endpoint without any
+    /// keeps the fingerprint it had before endpoints took metadata.
+    pub fn canonical(&self) -> Vec<u8> {
+        let mut canonical = vec![
+            serde_json::json!(self.url),
+            serde_json::json!(self.enabled_events),
+            serde_json::json!(self.description),
+        ];
+        if !self.metadata.is_empty() {
+            canonical.push(serde_json::json!(self.metadata));
+        }
+        serde_json::to_vec(&canonical).expect("plain JSON serialises")
+    }
+}
+
+/// The validated parameters of `POST /v1/webhook_endpoints/{id}`: what to
+/// change, each `None` when not given. The API's document describes them
+/// under the name `UpdateWebhookEndpoint`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, ToSchema)]
+#[schema(as = UpdateWebhookEndpoint, description = "The parameters of `POST /v1/webhook_endpoints/{id}`, as JSON or as a form. Each one given is changed.")]
+pub struct EndpointUpdate {
+    /// Checked as on create.
+    #[schema(example = "https://example.com/webhooks/oncepay")]
+    pub url: Option<String>,
+    /// The event types to send, or `["*"]`, replacing the endpoint's.
+    #[schema(example = json!(["charge.updated"]))]
+    pub enabled_events: Option<Vec<String>>,
+    /// `true` disables the endpoint (nothing more is sent to it, and its
+    /// pending deliveries end `failed`); `false` enables it again.
+    pub disabled: Option<bool>,
+    /// At most 5000 characters; `""` removes it.
+    #[schema(value_type = Option<String>, example = "The order system")]
+    pub description: Option<Option<String>>,
+    /// Merged into the endpoint's: a key given `""` is removed, and
+    /// `metadata=""` removes every key.
+    #[schema(value_type = Option<BTreeMap<String, String>>, example = json!({"team": "orders"}))]
+    pub metadata: Option<MetadataUpdate>,
+}
+
+impl EndpointUpdate {
+    pub fn from_params(mut params: Params) -> Result<Self, ParamError> {
+        let url = params
+            .take("url")
+            .map(|v| parse_url(&string(v, "url")?))
+            .transpose()?;
+        let enabled_events = params
+            .take("enabled_events")
+            .map(|v| enabled_events(v, params.encoding))
+            .transpose()?;
+        let disabled = params
+            .take("disabled")
+            .map(|v| boolean(v, "disabled", params.encoding))
+            .transpose()?;
+        let description = params
+            .take("description")
+            .map(|v| match v {
+                Value::String(s) if s.is_empty() => Ok(None),
+                v => description(v).map(Some),
+            })
+            .transpose()?;
+        let metadata = params.take_metadata_update()?;
+        params.refuse_expand()?;
+        params.reject_unknown()?;
+        Ok(EndpointUpdate {
+            url,
+            enabled_events,
+            disabled,
+            description,
+            metadata,
         })
     }
 
     /// The parameters in a canonical form, for the key's fingerprint.
-    pub fn canonical(&self) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!([
+    pub fn canonical(&self) -> serde_json::Value {
+        serde_json::json!([
             self.url,
             self.enabled_events,
+            self.disabled,
             self.description,
-        ]))
-        .expect("plain JSON serialises")
+            self.metadata.as_ref().map(MetadataUpdate::canonical),
+        ])
+    }
+}
+
+/// Refuses a URL whose host is, or resolves to, an address inside the
+/// network, with the address guard on: `400 url_invalid`, saying why.
+/// Every attempt checks again; this is the early answer.
+pub async fn check_address(url: &str, guard: AddressGuard) -> Result<(), ParamError> {
+    guard.check_url(url).await.map_err(|refused| {
+        ParamError::new(
+            ProblemCode::UrlInvalid,
+            "url",
+            format!(
+                "Invalid URL: '{}': {refused}; webhooks are sent only to public addresses",
+                shorten(url)
+            ),
+        )
+    })
+}
+
+/// An endpoint's `description`: a string of at most 5000 characters.
+fn description(value: Value) -> Result<String, ParamError> {
+    at_most(
+        string(value, "description")?,
+        "description",
+        MAX_DESCRIPTION_CHARS,
+    )
+}
+
+/// A boolean: JSON's `true` or `false`, or a form's `true` or `false`.
+fn boolean(value: Value, name: &str, encoding: Encoding) -> Result<bool, ParamError> {
+    match (value, encoding) {
+        (Value::Bool(b), Encoding::Json) => Ok(b),
+        (Value::String(s), Encoding::Form) if s == "true" || s == "false" => Ok(s == "true"),
+        _ => Err(ParamError::new(
+            ProblemCode::ParameterInvalidType,
+            name,
+            format!("{name} must be a boolean: true or false"),
+        )),
     }
 }
 
@@ -225,6 +321,7 @@ pub struct Endpoint {
     pub status: EndpointStatus,
     pub disabled_reason: Option<String>,
     pub created_at: DateTime<Utc>,
+    pub metadata: sqlx::types::Json<BTreeMap<String, String>>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -254,7 +351,8 @@ pub struct EndpointObject<'a> {
     pub enabled_events: &'a [String],
     #[schema(example = "The order system")]
     pub description: Option<&'a str>,
-    /// `enabled`, or `disabled` once every delivery failed for `WEBHOOK_DISABLE_AFTER`.
+    /// `enabled`, or `disabled`: by an update, or once every delivery failed
+    /// for `WEBHOOK_DISABLE_AFTER`.
     #[schema(example = "enabled")]
     pub status: &'static str,
     /// Why it was disabled, when it was (oncepay's addition).
@@ -267,8 +365,8 @@ pub struct EndpointObject<'a> {
     #[schema(example = 1764892800)]
     pub created: i64,
     pub livemode: bool,
-    /// Always `{}`.
-    pub metadata: serde_json::Map<String, Value>,
+    #[schema(example = json!({"team": "orders"}))]
+    pub metadata: &'a BTreeMap<String, String>,
     /// The signing secret, `whsec_...`: only in the answer to the create
     /// (and its replays). Verify each delivery's `Stripe-Signature` with it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -291,7 +389,7 @@ impl Endpoint {
             application: None,
             created: self.created_at.timestamp(),
             livemode: false,
-            metadata: serde_json::Map::new(),
+            metadata: &self.metadata.0,
             secret: None,
         }
     }
@@ -575,6 +673,7 @@ mod tests {
             status: EndpointStatus::Enabled,
             disabled_reason: None,
             created_at: Utc::now(),
+            metadata: Default::default(),
         };
         let shown = serde_json::to_value(endpoint.to_object()).unwrap();
         assert!(shown.get("secret").is_none());

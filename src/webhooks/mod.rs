@@ -16,3 +16,4 @@ pub mod domain;
 pub mod guard;
 pub mod signature;
 pub mod store;
+pub mod update_endpoint;

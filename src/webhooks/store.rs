@@ -10,7 +10,8 @@ use sqlx::{PgConnection, PgExecutor, PgPool};
 use uuid::Uuid;
 
 use super::domain::{
-    Attempt, Delivery, DeliveryStatus, Endpoint, EndpointStatus, MAX_ENDPOINTS, NewEndpoint,
+    Attempt, Delivery, DeliveryEnd, DeliveryStatus, Endpoint, EndpointStatus, MAX_ENDPOINTS,
+    NewEndpoint,
 };
 use crate::events::{Event, EventType};
 
@@ -41,12 +42,13 @@ pub async fn insert(
     // endpoint committed before the lock was granted.
     sqlx::query_as!(
         Endpoint,
-        r#"INSERT INTO webhook_endpoints (id, merchant_id, url, enabled_events, description, secret)
-           SELECT $2, $1, $3, $4, $5, $6
+        r#"INSERT INTO webhook_endpoints (id, merchant_id, url, enabled_events, description, secret,
+                                         metadata)
+           SELECT $2, $1, $3, $4, $5, $6, $8
             WHERE (SELECT count(*) FROM webhook_endpoints
                     WHERE merchant_id = $1 AND status <> 'deleted') < $7
         RETURNING id, url, enabled_events, description, secret, status AS "status: _",
-                  disabled_reason, created_at"#,
+                  disabled_reason, created_at, metadata AS "metadata: _""#,
         merchant_id,
         id,
         new.url,
@@ -54,6 +56,7 @@ pub async fn insert(
         new.description,
         secret,
         MAX_ENDPOINTS,
+        sqlx::types::Json(&new.metadata) as _,
     )
     .fetch_optional(&mut *tx)
     .await
@@ -68,7 +71,7 @@ pub async fn find(
     sqlx::query_as!(
         Endpoint,
         r#"SELECT id, url, enabled_events, description, secret, status AS "status: _",
-                  disabled_reason, created_at
+                  disabled_reason, created_at, metadata AS "metadata: _"
              FROM webhook_endpoints
             WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted'"#,
         merchant_id,
@@ -84,7 +87,7 @@ pub async fn list(db: impl PgExecutor<'_>, merchant_id: Uuid) -> sqlx::Result<Ve
     sqlx::query_as!(
         Endpoint,
         r#"SELECT id, url, enabled_events, description, secret, status AS "status: _",
-                  disabled_reason, created_at
+                  disabled_reason, created_at, metadata AS "metadata: _"
              FROM webhook_endpoints
             WHERE merchant_id = $1 AND status <> 'deleted'
             ORDER BY created_at DESC, id DESC"#,
@@ -108,18 +111,7 @@ pub async fn delete(
     merchant_id: Uuid,
     id: &str,
 ) -> sqlx::Result<Option<u64>> {
-    let ended = sqlx::query!(
-        "UPDATE webhook_deliveries
-            SET status = 'failed', failure_reason = 'endpoint_deleted', finished_at = now(),
-                leased_until = NULL
-          WHERE endpoint_id = (SELECT id FROM webhook_endpoints
-                                WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted')
-            AND status = 'pending'",
-        merchant_id,
-        id,
-    )
-    .execute(&mut *tx)
-    .await?;
+    let ended = end_pending_of(tx, merchant_id, id, DeliveryEnd::EndpointDeleted).await?;
     let deleted = sqlx::query!(
         "UPDATE webhook_endpoints SET status = 'deleted', disabled_reason = NULL
           WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted'",
@@ -128,7 +120,7 @@ pub async fn delete(
     )
     .execute(&mut *tx)
     .await?;
-    Ok((deleted.rows_affected() == 1).then_some(ended.rows_affected()))
+    Ok((deleted.rows_affected() == 1).then_some(ended))
 }
 
 /// A delivery a worker has claimed: the attempt it may make, and what to send.
@@ -479,4 +471,77 @@ pub async fn oldest_pending_age(db: impl PgExecutor<'_>) -> sqlx::Result<Option<
     )
     .fetch_one(db)
     .await
+}
+
+/// One endpoint of the merchant's, unless deleted, its row locked for the
+/// rest of the transaction, so that two updates at once apply one after
+/// the other.
+pub async fn lock(
+    tx: &mut PgConnection,
+    merchant_id: Uuid,
+    id: &str,
+) -> sqlx::Result<Option<Endpoint>> {
+    let locked = sqlx::query_scalar!(
+        "SELECT id FROM webhook_endpoints
+          WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted'
+            FOR NO KEY UPDATE",
+        merchant_id,
+        id,
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    match locked {
+        Some(_) => find(&mut *tx, merchant_id, id).await,
+        None => Ok(None),
+    }
+}
+
+/// Writes what an update may change of `endpoint`. An endpoint enabled
+/// again starts with no run of failures behind it.
+pub async fn save(tx: &mut PgConnection, endpoint: &Endpoint) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE webhook_endpoints
+            SET url = $2, enabled_events = $3, description = $4, metadata = $5,
+                failing_since = CASE WHEN status = 'disabled' AND $6 = 'enabled'
+                                     THEN NULL ELSE failing_since END,
+                last_failed_at = CASE WHEN status = 'disabled' AND $6 = 'enabled'
+                                      THEN NULL ELSE last_failed_at END,
+                status = $6, disabled_reason = $7
+          WHERE id = $1",
+        endpoint.id,
+        endpoint.url,
+        &endpoint.enabled_events,
+        endpoint.description,
+        &endpoint.metadata as _,
+        endpoint.status.as_str(),
+        endpoint.disabled_reason,
+    )
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// Ends the pending deliveries of the merchant's endpoint `id` as it is
+/// deleted or disabled by its merchant: they fail (`end`'s reason), as
+/// nothing will be sent to it any more. How many it ended.
+pub async fn end_pending_of(
+    tx: &mut PgConnection,
+    merchant_id: Uuid,
+    id: &str,
+    end: DeliveryEnd,
+) -> sqlx::Result<u64> {
+    let ended = sqlx::query!(
+        "UPDATE webhook_deliveries
+            SET status = 'failed', failure_reason = $3, finished_at = now(),
+                leased_until = NULL
+          WHERE endpoint_id = (SELECT id FROM webhook_endpoints
+                                WHERE merchant_id = $1 AND id = $2 AND status <> 'deleted')
+            AND status = 'pending'",
+        merchant_id,
+        id,
+        end.reason(),
+    )
+    .execute(tx)
+    .await?;
+    Ok(ended.rows_affected())
 }

@@ -174,11 +174,17 @@ async fn bad_amounts_are_refused() {
             (
                 with("amount", json!(0)),
                 400,
-                "amount_too_small",
+                "parameter_invalid_integer",
                 Some("amount"),
             ),
             (
                 with("amount", json!(-2000)),
+                400,
+                "parameter_invalid_integer",
+                Some("amount"),
+            ),
+            (
+                with("amount", json!(49)),
                 400,
                 "amount_too_small",
                 Some("amount"),
@@ -232,7 +238,11 @@ async fn bad_amounts_are_refused() {
             "amount=twenty&currency=usd&source=tok_visa",
             "parameter_invalid_integer",
         ),
-        ("amount=-1&currency=usd&source=tok_visa", "amount_too_small"),
+        (
+            "amount=-1&currency=usd&source=tok_visa",
+            "parameter_invalid_integer",
+        ),
+        ("amount=5&currency=usd&source=tok_visa", "amount_too_small"),
         (
             "amount=100000000&currency=usd&source=tok_visa",
             "amount_too_large",

@@ -72,9 +72,9 @@ async fn a_charge_made_with_capture_false_is_paid_only_once_captured() {
 async fn sixteen_captures_racing_with_one_key_capture_the_charge_once() {
     let app = spawn_app().await;
     let id = authorized_charge(&app, 2000).await;
-    let answers = join_all(
-        (0..16).map(|_| async { Answer::of(post_capture(&app, &id, Some("one"), &json!({})).await).await }),
-    )
+    let answers = join_all((0..16).map(|_| async {
+        Answer::of(post_capture(&app, &id, Some("one"), &json!({})).await).await
+    }))
     .await;
     for answer in &answers {
         assert!(
@@ -136,8 +136,11 @@ async fn a_partial_capture_gives_the_rest_back_and_only_the_captured_part_can_be
     assert_eq!(charge["amount_refunded"], 500);
     assert_eq!(charge["refunded"], false);
 
-    let too_much =
-        Answer::of(app.post_refund(None, &json!({"charge": id, "amount": 1501})).await).await;
+    let too_much = Answer::of(
+        app.post_refund(None, &json!({"charge": id, "amount": 1501}))
+            .await,
+    )
+    .await;
     too_much.assert_problem(400, "amount_too_large");
     let rest = Answer::of(app.post_refund(None, &json!({"charge": id})).await).await;
     assert_eq!(rest.status, 201, "{:?}", rest.body);
@@ -149,13 +152,18 @@ async fn a_partial_capture_gives_the_rest_back_and_only_the_captured_part_can_be
 async fn a_refund_of_an_uncaptured_charge_releases_it_and_it_cannot_be_captured_after() {
     let app = spawn_app().await;
     let id = authorized_charge(&app, 2000).await;
-    let partial =
-        Answer::of(app.post_refund(None, &json!({"charge": id, "amount": 500})).await).await;
+    let partial = Answer::of(
+        app.post_refund(None, &json!({"charge": id, "amount": 500}))
+            .await,
+    )
+    .await;
     partial.assert_problem(400, "charge_not_refundable");
 
     let released = Answer::of(app.post_refund(None, &json!({"charge": id})).await).await;
     assert_eq!(released.status, 201, "{:?}", released.body);
-    let charge = Answer::of(app.get(&format!("/v1/charges/{id}")).await).await.json();
+    let charge = Answer::of(app.get(&format!("/v1/charges/{id}")).await)
+        .await
+        .json();
     assert_eq!(charge["refunded"], true);
     assert_eq!(charge["captured"], false);
     assert_eq!(charge["amount_refunded"], 2000);
@@ -220,7 +228,9 @@ async fn a_capture_left_in_flight_is_rolled_forward_by_the_sweeper() {
     let report = app.sweep_once().await;
     assert_eq!(report.captures_settled, 1);
     assert_eq!(processor_captures(&app).await, 1);
-    let charge = Answer::of(app.get(&format!("/v1/charges/{id}")).await).await.json();
+    let charge = Answer::of(app.get(&format!("/v1/charges/{id}")).await)
+        .await
+        .json();
     assert_eq!(charge["amount_captured"], 1200);
     assert_eq!(charge["amount_refunded"], 800);
     assert_eq!(app.sweep_once().await.captures_settled, 0);

@@ -25,6 +25,7 @@ fn claim<'a>(
         method: "POST",
         path: "/v1/charges",
         fingerprint: Fingerprint::of("POST", "/v1/charges", b"amount=100"),
+        request_id: None,
         resource: Some(resource),
         ttl: Duration::from_secs(60),
         arrived: deadline - Duration::from_secs(1),
@@ -82,6 +83,7 @@ fn pending<'a>(id: &'a str) -> PendingCharge<'a> {
         source: "tok_visa",
         description: None,
         metadata: "{}",
+        details: None,
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use oncepay::processor::{
-    Capture, Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
+    Authorization, Capture, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
 };
 use serde_json::json;
 use sqlx::PgPool;

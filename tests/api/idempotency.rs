@@ -134,7 +134,8 @@ async fn a_decline_is_stored_and_replayed() {
     let body =
         json!({"amount": 500, "currency": "eur", "source": "tok_chargeDeclinedInsufficientFunds"});
     let first = Answer::of(app.post_charge(Some("d1"), &body).await).await;
-    first.assert_problem(402, "insufficient_funds");
+    first.assert_problem(402, "card_declined");
+    assert_eq!(first.json()["error"]["decline_code"], "insufficient_funds");
     let charge_id = first.json()["charge"].as_str().unwrap().to_owned();
     let retry = Answer::of(app.post_charge(Some("d1"), &body).await).await;
     assert_eq!(retry.status, 402);
@@ -149,13 +150,14 @@ async fn a_decline_is_stored_and_replayed() {
             .unwrap();
     assert_eq!(
         (status.as_str(), code.as_str()),
-        ("failed", "insufficient_funds")
+        ("failed", "card_declined")
     );
     assert_eq!(app.charges().await, 1);
     assert_eq!(app.payments().await, 0, "a decline moves no money");
 
     let charge = Answer::of(app.get(&format!("/v1/charges/{charge_id}")).await).await;
-    assert_eq!(charge.json()["failure_code"], "insufficient_funds");
+    assert_eq!(charge.json()["failure_code"], "card_declined");
+    assert_eq!(charge.json()["outcome"]["reason"], "insufficient_funds");
 }
 
 #[tokio::test]
@@ -163,7 +165,7 @@ async fn every_decline_token_fails_with_its_code() {
     let app = spawn_app().await;
     for (token, code) in [
         ("tok_chargeDeclined", "card_declined"),
-        ("tok_chargeDeclinedInsufficientFunds", "insufficient_funds"),
+        ("tok_chargeDeclinedInsufficientFunds", "card_declined"),
         ("tok_chargeDeclinedExpiredCard", "expired_card"),
     ] {
         let body = json!({"amount": 100, "currency": "usd", "source": token});
@@ -189,7 +191,7 @@ async fn a_validation_error_leaves_the_key_free() {
     let bad = json!({"amount": 0, "currency": "usd", "source": "tok_visa"});
     Answer::of(app.post_charge(Some("fix-me"), &bad).await)
         .await
-        .assert_problem(400, "amount_too_small");
+        .assert_problem(400, "parameter_invalid_integer");
     assert_eq!(app.keys().await, 0, "nothing saved for a refused request");
 
     let corrected = Answer::of(app.post_charge(Some("fix-me"), &visa(2000)).await).await;
@@ -417,4 +419,110 @@ async fn a_processing_key_past_its_original_expiry_is_reported_and_its_answer_ke
     );
     assert_eq!(app.charges().await, 1);
     assert_eq!(app.payments().await, 1);
+}
+
+#[tokio::test]
+async fn a_key_reused_on_another_endpoint_says_so_and_with_other_parameters_says_that() {
+    let app = spawn_app().await;
+    let charge = Answer::of(app.post_charge(Some("k-1"), &visa(2000)).await).await;
+    let charge_id = charge.json()["id"].as_str().unwrap().to_owned();
+
+    let refund = Answer::of(
+        app.post_refund(Some("k-1"), &json!({"charge": charge_id}))
+            .await,
+    )
+    .await;
+    refund.assert_problem(422, "idempotency_key_reused");
+    assert_eq!(
+        refund.json()["detail"],
+        "Keys for idempotent requests can only be used for the same endpoint they were first \
+         used for ('POST /v1/charges' vs 'POST /v1/refunds'). Try using a key other than 'k-1' \
+         if you meant to execute a different request."
+    );
+    assert_eq!(refund.json()["error"]["type"], "idempotency_error");
+    assert_eq!(app.refunds().await, 0);
+
+    let other = Answer::of(app.post_charge(Some("k-1"), &visa(3000)).await).await;
+    other.assert_problem(422, "idempotency_key_reused");
+    assert_eq!(
+        other.json()["detail"],
+        "Keys for idempotent requests can only be used with the same parameters they were first \
+         used with. Try using a key other than 'k-1' if you meant to execute a different request."
+    );
+}
+
+#[tokio::test]
+async fn a_key_held_in_flight_and_reused_on_another_endpoint_says_so() {
+    let app = spawn_app().await;
+    let charge_id = app.paid_charge(2000).await;
+    // A charge's key still `processing`, as a request at work leaves it.
+    sqlx::query(
+        "INSERT INTO idempotency_keys (merchant_id, key, status, request_method, request_path,
+                                       fingerprint, locked_at, expires_at)
+         VALUES ($1, 'busy', 'processing', 'POST', '/v1/charges', $2, now(),
+                 now() + interval '1 hour')",
+    )
+    .bind(app.merchant_id)
+    .bind(vec![7u8; 32])
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let refund = Answer::of(
+        app.post_refund(Some("busy"), &json!({"charge": charge_id}))
+            .await,
+    )
+    .await;
+    refund.assert_problem(422, "idempotency_key_reused");
+    let detail = refund.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains("('POST /v1/charges' vs 'POST /v1/refunds')"),
+        "{detail}"
+    );
+}
+
+#[tokio::test]
+async fn a_replay_names_its_original_request_and_every_answer_echoes_the_key() {
+    let app = spawn_app().await;
+    let first = Answer::of(app.post_charge(Some("orig-1"), &visa(2000)).await).await;
+    assert_eq!(first.header("idempotency-key"), Some("orig-1"));
+    assert_eq!(first.header("original-request"), None, "not a replay");
+    let original = first.header("request-id").unwrap().to_owned();
+
+    let replay = Answer::of(app.post_charge(Some("orig-1"), &visa(2000)).await).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.header("original-request"), Some(original.as_str()));
+    assert_ne!(replay.header("request-id"), Some(original.as_str()));
+    assert_eq!(replay.header("idempotency-key"), Some("orig-1"));
+    assert_eq!(replay.body, first.body);
+
+    // A decline's replay too, and an error's answer echoes the key as well.
+    let declined = json!({"amount": 500, "currency": "usd", "source": "tok_chargeDeclined"});
+    let decline = Answer::of(app.post_charge(Some("orig-2"), &declined).await).await;
+    let again = Answer::of(app.post_charge(Some("orig-2"), &declined).await).await;
+    assert_eq!(
+        again.header("original-request"),
+        decline.header("request-id")
+    );
+    let reused = Answer::of(app.post_charge(Some("orig-2"), &visa(2000)).await).await;
+    assert_eq!(reused.header("idempotency-key"), Some("orig-2"));
+    assert_eq!(reused.header("original-request"), None);
+
+    // No key, no echo.
+    let keyless = Answer::of(app.post_charge(None, &visa(2000)).await).await;
+    assert_eq!(keyless.header("idempotency-key"), None);
+}
+
+#[tokio::test]
+async fn a_key_saved_before_original_requests_were_recorded_replays_without_one() {
+    let app = spawn_app_with(Settings::new().set("REPLAY_CACHE_BYTES", 0)).await;
+    let first = Answer::of(app.post_charge(Some("old"), &visa(2000)).await).await;
+    sqlx::query("UPDATE idempotency_keys SET request_id = NULL WHERE key = 'old'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let replay = Answer::of(app.post_charge(Some("old"), &visa(2000)).await).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(replay.header("original-request"), None);
+    assert_eq!(replay.header("idempotency-key"), Some("old"));
 }

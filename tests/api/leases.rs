@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use oncepay::processor::{
-    Capture, Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
+    Authorization, Capture, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
 };
 use oncepay::sweeper::Sweeper;
 

@@ -12,8 +12,13 @@ const SERVED: &[(&str, &str)] = &[
     ("get", "/v1/charges"),
     ("post", "/v1/charges"),
     ("get", "/v1/charges/{id}"),
+    ("get", "/v1/charges/{id}/refunds"),
+    ("get", "/v1/charges/{id}/refunds/{refund}"),
+    ("post", "/v1/charges/{id}"),
     ("post", "/v1/refunds"),
+    ("get", "/v1/refunds"),
     ("get", "/v1/refunds/{id}"),
+    ("post", "/v1/refunds/{id}"),
     ("get", "/v1/events"),
     ("get", "/v1/events/{id}"),
     ("get", "/v1/balance"),
@@ -21,6 +26,7 @@ const SERVED: &[(&str, &str)] = &[
     ("post", "/v1/webhook_endpoints"),
     ("get", "/v1/webhook_endpoints"),
     ("get", "/v1/webhook_endpoints/{id}"),
+    ("post", "/v1/webhook_endpoints/{id}"),
     ("delete", "/v1/webhook_endpoints/{id}"),
     ("get", "/v1/idempotency_keys/{key}"),
     ("get", "/healthz"),
@@ -78,7 +84,12 @@ async fn the_served_document_lists_every_route_the_router_serves() {
     // And every documented operation is really served: none falls through
     // to the router's 404 or 405.
     for (method, path) in &documented {
-        let url = app.url(&path.replace("{id}", "x").replace("{key}", "x"));
+        let url = app.url(
+            &path
+                .replace("{id}", "x")
+                .replace("{key}", "x")
+                .replace("{refund}", "x"),
+        );
         let request = match method.as_str() {
             "get" => app.client.get(url),
             "post" => app.client.post(url).json(&serde_json::json!({})),

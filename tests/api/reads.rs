@@ -39,7 +39,7 @@ async fn a_charge_reads_back_as_it_was_created() {
 async fn the_list_is_newest_first_and_pages_with_starting_after() {
     let app = spawn_app().await;
     let mut ids = Vec::new();
-    for amount in 1..=5 {
+    for amount in 51..=55 {
         let charge = Answer::of(app.post_charge(None, &visa(amount)).await)
             .await
             .json();
@@ -96,7 +96,7 @@ fn ids_of(page: &Value) -> Vec<String> {
 async fn ending_before_pages_back_to_newer_charges_newest_first() {
     let app = spawn_app().await;
     let mut ids = Vec::new();
-    for amount in 1..=5 {
+    for amount in 51..=55 {
         ids.push(app.paid_charge(amount).await);
     }
     ids.reverse(); // newest first, as listed
@@ -139,7 +139,7 @@ async fn bad_list_parameters_are_400_problems() {
         ("starting_after=ch_nope", "resource_missing"),
         ("ending_before=ch_nope", "resource_missing"),
         ("limit=2&limit=3", "parameter_duplicate"),
-        ("created=1", "parameter_unknown"),
+        ("created[after]=1", "parameter_unknown"),
     ] {
         Answer::of(app.get(&format!("/v1/charges?{query}")).await)
             .await
@@ -199,7 +199,7 @@ async fn unknown_routes_and_methods_get_problems() {
         .unwrap();
     Answer::of(delete)
         .await
-        .assert_problem(405, "method_not_allowed");
+        .assert_problem(404, "route_not_found");
 }
 
 #[tokio::test]

@@ -260,20 +260,83 @@ async fn a_paid_charge_reports_stripes_outcome_and_its_card() {
     assert_eq!(get_json(&app, &format!("/v1/charges/{id}")).await, charge);
 }
 
-/// (token, brand, last4, funding) of the cards that pay.
-const PAYING: [(&str, &str, &str, &str); 6] = [
-    ("tok_visa", "visa", "4242", "credit"),
-    ("tok_visa_debit", "visa", "5556", "debit"),
-    ("tok_mastercard", "mastercard", "4444", "credit"),
-    ("tok_mastercard_debit", "mastercard", "8210", "debit"),
-    ("tok_amex", "amex", "8431", "credit"),
-    ("tok_discover", "discover", "1117", "credit"),
+/// (token, brand, last4, funding, country, the card object's brand) of the
+/// cards that pay, as Stripe's testing docs give them.
+const PAYING: [(&str, &str, &str, &str, &str, &str); 10] = [
+    ("tok_visa", "visa", "4242", "credit", "US", "Visa"),
+    ("tok_visa_debit", "visa", "5556", "debit", "US", "Visa"),
+    (
+        "tok_mastercard",
+        "mastercard",
+        "4444",
+        "credit",
+        "US",
+        "MasterCard",
+    ),
+    (
+        "tok_mastercard_debit",
+        "mastercard",
+        "8210",
+        "debit",
+        "US",
+        "MasterCard",
+    ),
+    (
+        "tok_mastercard_prepaid",
+        "mastercard",
+        "5100",
+        "prepaid",
+        "US",
+        "MasterCard",
+    ),
+    (
+        "tok_amex",
+        "amex",
+        "8431",
+        "credit",
+        "US",
+        "American Express",
+    ),
+    (
+        "tok_discover",
+        "discover",
+        "1117",
+        "credit",
+        "US",
+        "Discover",
+    ),
+    ("tok_jcb", "jcb", "0505", "credit", "JP", "JCB"),
+    (
+        "tok_unionpay",
+        "unionpay",
+        "0005",
+        "credit",
+        "CN",
+        "UnionPay",
+    ),
+    (
+        "tok_diners",
+        "diners",
+        "0004",
+        "credit",
+        "US",
+        "Diners Club",
+    ),
 ];
 
 #[tokio::test]
-async fn each_paying_token_charges_its_own_card() {
+async fn each_paying_token_and_its_payment_method_charges_its_own_card() {
     let app = spawn_app().await;
-    for (token, brand, last4, funding) in PAYING {
+    let payment_methods = PAYING.map(|(token, brand, last4, funding, country, display)| {
+        let name = token.replacen("tok_", "pm_card_", 1);
+        (name, brand, last4, funding, country, display)
+    });
+    let tokens = PAYING.map(|(token, brand, last4, funding, country, display)| {
+        (token.to_owned(), brand, last4, funding, country, display)
+    });
+    for (token, brand, last4, funding, country, display) in tokens.iter().chain(&payment_methods) {
+        let (token, brand, last4, funding, country, display) =
+            (token.as_str(), *brand, *last4, *funding, *country, *display);
         let paid = Answer::of(app.post_charge(None, &charge_of(token)).await).await;
         assert_eq!(paid.status, 201, "{token}: {:?}", paid.body);
         let charge = paid.json();
@@ -285,11 +348,12 @@ async fn each_paying_token_charges_its_own_card() {
                 card["funding"].as_str(),
                 card["country"].as_str()
             ),
-            (Some(brand), Some(last4), Some(funding), Some("US")),
+            (Some(brand), Some(last4), Some(funding), Some(country)),
             "{token}"
         );
         assert_eq!(charge["outcome"]["type"], "authorized", "{token}");
         assert_eq!(charge["source"]["last4"], last4, "{token}");
+        assert_eq!(charge["source"]["brand"], display, "{token}");
         let status: String = sqlx::query_scalar("SELECT status FROM charges WHERE id = $1")
             .bind(charge["id"].as_str().unwrap())
             .fetch_one(&app.pool)
@@ -304,7 +368,7 @@ async fn each_paying_token_charges_its_own_card() {
 type Declining = (
     &'static str,
     &'static str,
-    &'static str,
+    Option<&'static str>,
     &'static str,
     &'static str,
     &'static str,
@@ -316,7 +380,7 @@ const DECLINING: [Declining; 8] = [
     (
         "tok_chargeDeclined",
         "card_declined",
-        "generic_decline",
+        Some("generic_decline"),
         "issuer_declined",
         "declined_by_network",
         "generic_decline",
@@ -325,8 +389,8 @@ const DECLINING: [Declining; 8] = [
     ),
     (
         "tok_chargeDeclinedInsufficientFunds",
-        "insufficient_funds",
-        "insufficient_funds",
+        "card_declined",
+        Some("insufficient_funds"),
         "issuer_declined",
         "declined_by_network",
         "insufficient_funds",
@@ -336,7 +400,7 @@ const DECLINING: [Declining; 8] = [
     (
         "tok_chargeDeclinedExpiredCard",
         "expired_card",
-        "expired_card",
+        None,
         "issuer_declined",
         "declined_by_network",
         "expired_card",
@@ -346,7 +410,7 @@ const DECLINING: [Declining; 8] = [
     (
         "tok_chargeDeclinedIncorrectCvc",
         "incorrect_cvc",
-        "incorrect_cvc",
+        None,
         "issuer_declined",
         "declined_by_network",
         "incorrect_cvc",
@@ -356,7 +420,7 @@ const DECLINING: [Declining; 8] = [
     (
         "tok_chargeDeclinedProcessingError",
         "processing_error",
-        "processing_error",
+        None,
         "issuer_declined",
         "declined_by_network",
         "processing_error",
@@ -366,7 +430,7 @@ const DECLINING: [Declining; 8] = [
     (
         "tok_chargeDeclinedFraudulent",
         "card_declined",
-        "fraudulent",
+        Some("fraudulent"),
         "blocked",
         "not_sent_to_network",
         "highest_risk_level",
@@ -376,7 +440,7 @@ const DECLINING: [Declining; 8] = [
     (
         "tok_chargeDeclinedLostCard",
         "card_declined",
-        "lost_card",
+        Some("lost_card"),
         "issuer_declined",
         "declined_by_network",
         "lost_card",
@@ -386,7 +450,7 @@ const DECLINING: [Declining; 8] = [
     (
         "tok_chargeDeclinedStolenCard",
         "card_declined",
-        "stolen_card",
+        Some("stolen_card"),
         "issuer_declined",
         "declined_by_network",
         "stolen_card",
@@ -394,6 +458,47 @@ const DECLINING: [Declining; 8] = [
         "9979",
     ),
 ];
+
+#[tokio::test]
+async fn an_elevated_risk_card_pays_and_is_placed_in_review() {
+    let app = spawn_app().await;
+    for token in ["tok_riskLevelElevated", "pm_card_riskLevelElevated"] {
+        let paid = Answer::of(app.post_charge(None, &charge_of(token)).await).await;
+        assert_eq!(paid.status, 201, "{token}: {:?}", paid.body);
+        let charge = paid.json();
+        assert_eq!(
+            (&charge["status"], &charge["paid"]),
+            (&json!("succeeded"), &json!(true))
+        );
+        assert_eq!(
+            charge["outcome"],
+            json!({
+                "advice_code": null,
+                "network_advice_code": null,
+                "network_decline_code": null,
+                "network_status": "approved_by_network",
+                "reason": "elevated_risk_level",
+                "risk_level": "elevated",
+                "seller_message": "Stripe evaluated this payment as having elevated risk, and placed it in your manual review queue.",
+                "type": "manual_review",
+            }),
+            "{token}"
+        );
+        assert_eq!(charge["payment_method_details"]["card"]["last4"], "9235");
+    }
+}
+
+#[tokio::test]
+async fn oncepays_own_fault_tokens_have_no_payment_method_name() {
+    let app = spawn_app().await;
+    let answer = Answer::of(
+        app.post_charge(None, &charge_of("pm_card_processorUnavailable"))
+            .await,
+    )
+    .await;
+    answer.assert_problem(400, "resource_missing");
+    assert_eq!(answer.json()["param"], "source");
+}
 
 #[tokio::test]
 async fn each_declining_token_gets_stripes_codes_outcome_and_card() {
@@ -405,7 +510,11 @@ async fn each_declining_token_gets_stripes_codes_outcome_and_card() {
         let problem = declined.json();
         assert_eq!(problem["error"]["type"], "card_error", "{token}");
         assert_eq!(problem["error"]["code"], code, "{token}");
-        assert_eq!(problem["error"]["decline_code"], decline_code, "{token}");
+        assert_eq!(
+            problem["error"]["decline_code"].as_str(),
+            decline_code,
+            "{token}"
+        );
         let id = problem["charge"].as_str().unwrap();
         let charge = get_json(&app, &format!("/v1/charges/{id}")).await;
         assert_eq!(

@@ -1,14 +1,28 @@
-//! What the official Stripe SDKs read: the `error` member of every problem,
-//! `Stripe-Should-Retry`, `Request-Id`, and a `400` for a reused key sent
-//! with `Stripe-Version`.
+//! What the official Stripe SDKs read: the `error` member of every problem
+//! (with Stripe's codes, `decline_code`, `param` and `doc_url`),
+//! `Stripe-Should-Retry`, `Request-Id`, and, sent with `Stripe-Version`,
+//! Stripe's statuses: `400` for a reused key, `200` for a create.
 
 use serde_json::{Value, json};
 
-use crate::helpers::{Answer, Settings, spawn_app, spawn_app_with, visa};
+use crate::helpers::{Answer, Settings, TestApp, spawn_app, spawn_app_with, visa};
 
 #[track_caller]
 fn assert_error(answer: &Answer, expected: Value) {
     assert_eq!(answer.json()["error"], expected, "{:?}", answer.body);
+}
+
+/// Sends `body` to `path` as a Stripe SDK does: with `Stripe-Version`.
+async fn stripe_post(app: &TestApp, path: &str, key: Option<&str>, body: &Value) -> Answer {
+    let mut request = app
+        .client
+        .post(app.url(path))
+        .bearer_auth(&app.api_key)
+        .header("Stripe-Version", "2024-06-20");
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    Answer::of(request.json(body).send().await.unwrap()).await
 }
 
 #[tokio::test]
@@ -17,26 +31,223 @@ async fn a_decline_is_a_card_error_with_its_decline_code_and_charge() {
     let body =
         json!({"amount": 500, "currency": "usd", "source": "tok_chargeDeclinedInsufficientFunds"});
     let declined = Answer::of(app.post_charge(Some("s1"), &body).await).await;
-    declined.assert_problem(402, "insufficient_funds");
+    declined.assert_problem(402, "card_declined");
     let problem = declined.json();
     let charge = problem["charge"].as_str().unwrap();
     assert_error(
         &declined,
         json!({
             "type": "card_error",
-            "code": "insufficient_funds",
+            "code": "card_declined",
             "decline_code": "insufficient_funds",
-            "message": problem["detail"],
+            "doc_url": "https://stripe.com/docs/error-codes/card-declined",
+            "message": "Your card has insufficient funds.",
             "charge": charge,
         }),
     );
     assert_eq!(declined.header("stripe-should-retry"), Some("false"));
-    let status: String = sqlx::query_scalar("SELECT status FROM charges WHERE id = $1")
-        .bind(charge)
-        .fetch_one(&app.pool)
+    let (status, failure_code): (String, String) =
+        sqlx::query_as("SELECT status, failure_code FROM charges WHERE id = $1")
+            .bind(charge)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), failure_code.as_str()),
+        ("failed", "card_declined")
+    );
+}
+
+#[tokio::test]
+async fn every_decline_has_stripes_code_decline_code_and_param() {
+    let app = spawn_app().await;
+    for (token, code, decline_code, param, message) in [
+        (
+            "tok_chargeDeclined",
+            "card_declined",
+            Some("generic_decline"),
+            None,
+            "Your card was declined.",
+        ),
+        (
+            "tok_chargeDeclinedInsufficientFunds",
+            "card_declined",
+            Some("insufficient_funds"),
+            None,
+            "Your card has insufficient funds.",
+        ),
+        (
+            "tok_chargeDeclinedLostCard",
+            "card_declined",
+            Some("lost_card"),
+            None,
+            "Your card was declined.",
+        ),
+        (
+            "tok_chargeDeclinedStolenCard",
+            "card_declined",
+            Some("stolen_card"),
+            None,
+            "Your card was declined.",
+        ),
+        (
+            "tok_chargeDeclinedFraudulent",
+            "card_declined",
+            Some("fraudulent"),
+            None,
+            "Your card was declined.",
+        ),
+        (
+            "tok_chargeDeclinedExpiredCard",
+            "expired_card",
+            None,
+            Some("exp_month"),
+            "Your card has expired.",
+        ),
+        (
+            "tok_chargeDeclinedIncorrectCvc",
+            "incorrect_cvc",
+            None,
+            Some("cvc"),
+            "Your card's security code is incorrect.",
+        ),
+        (
+            "tok_chargeDeclinedProcessingError",
+            "processing_error",
+            None,
+            None,
+            "An error occurred while processing your card. Try again in a little bit.",
+        ),
+    ] {
+        let body = json!({"amount": 500, "currency": "usd", "source": token});
+        let declined = Answer::of(app.post_charge(Some(token), &body).await).await;
+        declined.assert_problem(402, code);
+        let charge = declined.json()["charge"].as_str().unwrap().to_owned();
+        let mut error = json!({
+            "type": "card_error",
+            "code": code,
+            "doc_url": format!("https://stripe.com/docs/error-codes/{}", code.replace('_', "-")),
+            "message": message,
+            "charge": charge,
+        });
+        if let Some(decline_code) = decline_code {
+            error["decline_code"] = json!(decline_code);
+        }
+        if let Some(param) = param {
+            error["param"] = json!(param);
+            assert_eq!(declined.json()["param"], param, "{token}");
+        }
+        assert_error(&declined, error);
+        let object = Answer::of(app.get(&format!("/v1/charges/{charge}")).await)
+            .await
+            .json();
+        assert_eq!(object["failure_code"], code, "{token}");
+        assert_eq!(object["failure_message"], message, "{token}");
+    }
+}
+
+#[tokio::test]
+async fn errors_with_a_code_stripe_has_link_to_its_page_and_others_do_not() {
+    let app = spawn_app().await;
+    let unknown = Answer::of(
+        app.post_charge(
+            None,
+            &json!({"amount": 500, "currency": "usd", "source": "tok_visa", "tip": 1}),
+        )
+        .await,
+    )
+    .await;
+    unknown.assert_problem(400, "parameter_unknown");
+    assert_eq!(
+        unknown.json()["error"]["doc_url"],
+        "https://stripe.com/docs/error-codes/parameter-unknown"
+    );
+    assert_eq!(
+        unknown.json().get("doc_url"),
+        None,
+        "the problem's `type` is its link"
+    );
+    let missing = Answer::of(app.get("/v1/charges/ch_nothing").await).await;
+    assert_eq!(
+        missing.json()["error"]["doc_url"],
+        "https://stripe.com/docs/error-codes/resource-missing"
+    );
+    let own = Answer::of(app.post_raw(Some("t"), "text/plain", "amount=1").await).await;
+    own.assert_problem(415, "unsupported_media_type");
+    assert_eq!(own.json()["error"].get("doc_url"), None);
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_are_stripes_404_unrecognized_request_url() {
+    let app = spawn_app().await;
+    let send = |method: reqwest::Method, path: &str| {
+        app.client
+            .request(method, app.url(path))
+            .bearer_auth(&app.api_key)
+            .header("Stripe-Version", "2024-06-20")
+            .send()
+    };
+    for (method, path) in [
+        (reqwest::Method::POST, "/v1/foo"),
+        (reqwest::Method::GET, "/v1/payment_intents"),
+        (reqwest::Method::DELETE, "/v1/charges/ch_x"),
+        (reqwest::Method::DELETE, "/v1/charges"),
+        (reqwest::Method::PUT, "/v1/refunds"),
+    ] {
+        let answer = Answer::of(send(method.clone(), path).await.unwrap()).await;
+        answer.assert_problem(404, "route_not_found");
+        let message = format!(
+            "Unrecognized request URL ({method}: {path}). Please see https://stripe.com/docs or we can help at https://support.stripe.com/."
+        );
+        assert_error(
+            &answer,
+            json!({
+                "type": "invalid_request_error",
+                "code": "route_not_found",
+                "message": message,
+            }),
+        );
+        assert_eq!(answer.header("stripe-should-retry"), Some("false"));
+    }
+    assert_eq!(app.charges().await, 0);
+}
+
+#[tokio::test]
+async fn a_create_is_200_for_a_stripe_client_and_201_for_any_other_replays_included() {
+    let app = spawn_app().await;
+    let charge = stripe_post(&app, "/v1/charges", Some("c-200"), &visa(2000)).await;
+    assert_eq!(charge.status, 200, "{:?}", charge.body);
+    assert!(charge.header("location").is_some());
+    let id = charge.json()["id"].as_str().unwrap().to_owned();
+    let replay = stripe_post(&app, "/v1/charges", Some("c-200"), &visa(2000)).await;
+    assert!(replay.replayed());
+    assert_eq!((replay.status, &replay.body), (200, &charge.body));
+    // The saved answer keeps HTTP's status, and a plain client gets it.
+    let plain = Answer::of(app.post_charge(Some("c-200"), &visa(2000)).await).await;
+    assert!(plain.replayed());
+    assert_eq!((plain.status, &plain.body), (201, &charge.body));
+    let saved: i16 =
+        sqlx::query_scalar("SELECT response_status FROM idempotency_keys WHERE key = 'c-200'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(saved, 201);
+
+    let refund = stripe_post(&app, "/v1/refunds", Some("r-200"), &json!({"charge": id})).await;
+    assert_eq!(refund.status, 200, "{:?}", refund.body);
+    let endpoint = stripe_post(
+        &app,
+        "/v1/webhook_endpoints",
+        Some("w-200"),
+        &json!({"url": "https://example.com/hook", "enabled_events": ["*"]}),
+    )
+    .await;
+    assert_eq!(endpoint.status, 200, "{:?}", endpoint.body);
+    // An error keeps its status.
+    let declined = json!({"amount": 500, "currency": "usd", "source": "tok_chargeDeclined"});
+    stripe_post(&app, "/v1/charges", None, &declined)
         .await
-        .unwrap();
-    assert_eq!(status, "failed");
+        .assert_problem(402, "card_declined");
 }
 
 #[tokio::test]
@@ -69,6 +280,7 @@ async fn a_missing_parameter_is_an_invalid_request_error_naming_it() {
         json!({
             "type": "invalid_request_error",
             "code": "parameter_missing",
+            "doc_url": "https://stripe.com/docs/error-codes/parameter-missing",
             "message": problem["detail"],
             "param": "amount",
         }),
@@ -127,7 +339,7 @@ async fn a_reused_key_is_422_without_stripe_version_and_400_with_it() {
         json!({
             "type": "idempotency_error",
             "code": "idempotency_key_reused",
-            "message": stripe.json()["detail"],
+            "message": "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than 's3' if you meant to execute a different request.",
             "param": "Idempotency-Key",
         }),
     );
@@ -150,7 +362,7 @@ async fn a_stripe_version_header_changes_no_other_answer() {
             .unwrap(),
     )
     .await;
-    assert_eq!(charge.status, 201);
+    assert_eq!(charge.status, 200, "a create, as Stripe answers it");
     assert_eq!(charge.header("stripe-should-retry"), None);
     assert_eq!(app.charges().await, 1);
 }
@@ -177,7 +389,7 @@ async fn every_error_carries_stripe_should_retry_false_for_the_client_and_true_f
             .unwrap(),
     )
     .await;
-    not_allowed.assert_problem(405, "method_not_allowed");
+    not_allowed.assert_problem(404, "route_not_found");
     let mut big = visa(500);
     big["description"] = json!("d".repeat(2000));
     let too_large = Answer::of(
@@ -331,6 +543,6 @@ async fn the_stripe_client_user_agent_header_is_accepted() {
             .unwrap(),
     )
     .await;
-    assert_eq!(answer.status, 201, "{:?}", answer.body);
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
     assert_eq!(app.charges().await, 1);
 }

@@ -16,8 +16,8 @@ use oncepay::charges::settle::{self, Settled};
 use oncepay::idempotency::{Fingerprint, store};
 use oncepay::params::Params;
 use oncepay::processor::{
-    Capture, Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
-    authorization_key,
+    Authorization, Capture, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
+    TestToken, authorization_key,
 };
 use oncepay::sweeper::{SweepReport, SweepSettings, Sweeper};
 

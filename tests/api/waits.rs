@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::join_all;
 use oncepay::processor::{
-    Capture, Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
+    Authorization, Capture, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
 };
 use tokio::sync::watch;
 

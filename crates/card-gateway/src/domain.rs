@@ -232,8 +232,7 @@ impl Ledger {
                 return Err(GatewayError::Invalid {
                     code: "partial_release",
                     param: Some("amount"),
-                    message: "An uncaptured payment is released whole: refund all it holds."
-                        .into(),
+                    message: "An uncaptured payment is released whole: refund all it holds.".into(),
                 });
             }
             _ => payment.amount.unwrap_or(0),
@@ -444,9 +443,14 @@ fn repeated_capture(
     })
 }
 
-/// The decline message of a recorded decline code.
-pub fn decline_message(code: &str) -> &'static str {
-    TestToken::decline_message(code)
+/// The decline message of a recorded decline `code`: the message of the
+/// card's own decline, from its token (`source`), since several cards share
+/// a code (`card_declined`); by the code alone when the token is unknown.
+pub fn decline_message(source: Option<&str>, code: &str) -> &'static str {
+    source
+        .and_then(TestToken::parse)
+        .and_then(TestToken::decline)
+        .map_or_else(|| TestToken::decline_message(code), |d| d.message)
 }
 
 /// The checks every keyed request passes first: its key, its amount and

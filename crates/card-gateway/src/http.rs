@@ -276,7 +276,10 @@ pub fn operation_json(operation: &Operation) -> Value {
         "currency": operation.currency,
         "source": operation.source,
         "decline_code": operation.decline_code,
-        "decline_message": operation.decline_code.as_deref().map(decline_message),
+        "decline_message": operation
+            .decline_code
+            .as_deref()
+            .map(|code| decline_message(operation.source.as_deref(), code)),
         "failure_reason": (operation.outcome == "refund_failed").then_some(REFUND_REFUSED),
         "payment": operation.payment_key,
         "capture_later": operation.capture_later,

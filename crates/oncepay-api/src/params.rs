@@ -105,50 +105,17 @@ impl Params {
     }
 
     /// Decodes an `application/x-www-form-urlencoded` body, Stripe style:
-    /// `metadata[order]=42` sets one metadata entry. A repeated parameter is
-    /// refused rather than silently resolved, except `list[]=a&list[]=b`,
-    /// which is how a form sends a list: an array, `["a", "b"]`. A name or
-    /// value that is not UTF-8 is refused ([`form_pairs`]).
+    /// `metadata[order]=42` sets one metadata entry, and brackets nest
+    /// (`shipping[address][line1]=...`). A repeated parameter is refused
+    /// rather than silently resolved, except `list[]=a&list[]=b`, which is
+    /// how a form sends a list: an array, `["a", "b"]`. A name or value that
+    /// is not UTF-8 is refused ([`form_pairs`]).
     pub fn from_form(body: &[u8]) -> Result<Self, DecodeError> {
         let mut fields = Map::new();
         for pair in form_pairs(body) {
             let (name, value) = pair?;
-            let (name, value) = (name.into_owned(), value.into_owned());
-            refuse_nul(&name, &Value::String(value.clone()))?;
-            let (slot, param) = match name.split_once('[') {
-                Some((outer, rest)) => {
-                    let inner = rest
-                        .strip_suffix(']')
-                        .filter(|inner| !inner.contains(['[', ']']));
-                    let Some(inner) = inner else {
-                        return Err(ParamError::unknown(&name).into());
-                    };
-                    if inner.is_empty() {
-                        let list = fields
-                            .entry(outer.to_owned())
-                            .or_insert_with(|| Value::Array(Vec::new()));
-                        let Value::Array(list) = list else {
-                            return Err(duplicate(outer));
-                        };
-                        list.push(Value::String(value));
-                        continue;
-                    }
-                    let object = fields
-                        .entry(outer.to_owned())
-                        .or_insert_with(|| Value::Object(Map::new()));
-                    let Value::Object(object) = object else {
-                        return Err(duplicate(outer));
-                    };
-                    (object.entry(inner.to_owned()), name.clone())
-                }
-                None => (fields.entry(name.clone()), name.clone()),
-            };
-            match slot {
-                serde_json::map::Entry::Vacant(slot) => {
-                    slot.insert(Value::String(value));
-                }
-                serde_json::map::Entry::Occupied(_) => return Err(duplicate(&param)),
-            }
+            refuse_nul(&name, &Value::String(value.clone().into_owned()))?;
+            insert_form_pair(&mut fields, &name, value.into_owned())?;
         }
         Ok(Params {
             encoding: Encoding::Form,
@@ -161,13 +128,18 @@ impl Params {
         self.fields.remove(name).filter(|v| !v.is_null())
     }
 
-    /// Takes `metadata` and validates it ([`metadata`]); none is an empty map.
+    /// Takes `metadata` for a new object: [`MetadataUpdate`]'s rules applied
+    /// to no metadata (a key given `""` is left out); none is an empty map.
     pub fn take_metadata(&mut self) -> Result<BTreeMap<String, String>, ParamError> {
-        Ok(self
-            .take("metadata")
-            .map(metadata)
-            .transpose()?
-            .unwrap_or_default())
+        match self.take_metadata_update()? {
+            Some(update) => update.apply(&BTreeMap::new()),
+            None => Ok(BTreeMap::new()),
+        }
+    }
+
+    /// Takes `metadata` as an update of an object's ([`MetadataUpdate`]).
+    pub fn take_metadata_update(&mut self) -> Result<Option<MetadataUpdate>, ParamError> {
+        self.take("metadata").map(MetadataUpdate::parse).transpose()
     }
 
     /// Takes Stripe's `expand` parameter and refuses every property it names:
@@ -250,6 +222,78 @@ pub fn form_pairs(
         })
 }
 
+/// Puts one form pair into `fields`: `a[b][c]=v` sets `c` in the object
+/// `b` of the object `a`, `a[]=v` appends to the list `a`. Malformed
+/// brackets are an unknown parameter; a name that meets a value of another
+/// shape, or is given twice, is a duplicate.
+fn insert_form_pair(
+    fields: &mut Map<String, Value>,
+    name: &str,
+    value: String,
+) -> Result<(), DecodeError> {
+    let Some(segments) = form_segments(name) else {
+        return Err(ParamError::unknown(name).into());
+    };
+    let (path, append) = match segments.split_last() {
+        Some((&"", path)) if !path.is_empty() => (path, true),
+        _ => (&segments[..], false),
+    };
+    if path.iter().skip(1).any(|segment| segment.is_empty()) {
+        return Err(ParamError::unknown(name).into());
+    }
+    let joined = |to: usize| {
+        let (outer, inner) = path[..to].split_first().expect("a name has an outer part");
+        inner
+            .iter()
+            .fold(outer.to_string(), |name, s| format!("{name}[{s}]"))
+    };
+    let (key, parents) = path.split_last().expect("a name has an outer part");
+    let mut object = fields;
+    for (depth, segment) in parents.iter().enumerate() {
+        let slot = object
+            .entry(segment.to_string())
+            .or_insert_with(|| Value::Object(Map::new()));
+        let Value::Object(inner) = slot else {
+            return Err(duplicate(&joined(depth + 1)));
+        };
+        object = inner;
+    }
+    if append {
+        let list = object
+            .entry(key.to_string())
+            .or_insert_with(|| Value::Array(Vec::new()));
+        let Value::Array(list) = list else {
+            return Err(duplicate(&joined(path.len())));
+        };
+        list.push(Value::String(value));
+        return Ok(());
+    }
+    match object.entry(key.to_string()) {
+        serde_json::map::Entry::Vacant(slot) => {
+            slot.insert(Value::String(value));
+            Ok(())
+        }
+        serde_json::map::Entry::Occupied(_) => Err(duplicate(name)),
+    }
+}
+
+/// The parts of a form name: `shipping[address][line1]` is `shipping`,
+/// `address`, `line1`; `list[]` ends with an empty part. `None` when a
+/// bracket is left open or text follows a closing one.
+fn form_segments(name: &str) -> Option<Vec<&str>> {
+    let (outer, mut rest) = name.split_at(name.find('[').unwrap_or(name.len()));
+    let mut segments = vec![outer];
+    while !rest.is_empty() {
+        let (inner, after) = rest.strip_prefix('[')?.split_once(']')?;
+        if inner.contains('[') {
+            return None;
+        }
+        segments.push(inner);
+        rest = after;
+    }
+    Some(segments)
+}
+
 /// The bytes a form's name or value stands for: `+` a space, `%XX` a byte.
 fn percent_decode_form(raw: &[u8]) -> Cow<'_, [u8]> {
     if raw.contains(&b'+') {
@@ -283,33 +327,33 @@ fn not_utf8(param: &str) -> ParamError {
 }
 
 /// Postgres text cannot hold U+0000, and no parameter needs it: refuse it
-/// here, as a client error, rather than fail in the database.
+/// here, as a client error, rather than fail in the database. Nested
+/// objects and lists are searched too, each named as a form names it.
 fn refuse_nul(name: &str, value: &Value) -> Result<(), ParamError> {
-    let invalid = |param: &str| {
-        let param = shorten(param);
-        ParamError::new(
-            ProblemCode::ParameterInvalidString,
-            param.as_ref(),
-            format!("{param} must not contain the NUL character"),
-        )
-    };
     if name.contains('\0') {
-        return Err(invalid(&name.replace('\0', "\\u0000")));
+        let param = name.replace('\0', "\\u0000");
+        return Err(nul_in(&param));
     }
     match value {
-        Value::String(s) if s.contains('\0') => Err(invalid(name)),
-        Value::Object(entries) => {
-            for (key, inner) in entries {
-                let param = format!("{name}[{}]", key.replace('\0', "\\u0000"));
-                let bad_value = matches!(inner, Value::String(s) if s.contains('\0'));
-                if key.contains('\0') || bad_value {
-                    return Err(invalid(&param));
-                }
-            }
-            Ok(())
-        }
+        Value::String(s) if s.contains('\0') => Err(nul_in(name)),
+        Value::Object(entries) => entries
+            .iter()
+            .try_for_each(|(key, inner)| refuse_nul(&format!("{name}[{key}]"), inner)),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(n, inner)| refuse_nul(&format!("{name}[{n}]"), inner)),
         _ => Ok(()),
     }
+}
+
+fn nul_in(param: &str) -> ParamError {
+    let param = shorten(param);
+    ParamError::new(
+        ProblemCode::ParameterInvalidString,
+        param.as_ref(),
+        format!("{param} must not contain the NUL character"),
+    )
 }
 
 fn duplicate(param: &str) -> DecodeError {
@@ -462,6 +506,18 @@ pub fn required(params: &mut Params, name: &str) -> Result<Value, ParamError> {
     })
 }
 
+/// `value`, unless longer than `max` characters (`parameter_too_long`).
+pub fn at_most(value: String, name: &str, max: usize) -> Result<String, ParamError> {
+    if value.chars().count() > max {
+        return Err(ParamError::new(
+            ProblemCode::ParameterTooLong,
+            name,
+            format!("{name} must be at most {max} characters"),
+        ));
+    }
+    Ok(value)
+}
+
 /// A parameter that must be a string.
 pub fn string(value: Value, name: &str) -> Result<String, ParamError> {
     match value {
@@ -489,49 +545,108 @@ pub fn boolean(value: Value, name: &str) -> Result<bool, ParamError> {
     }
 }
 
-/// Validates `metadata`: up to 50 keys of 1 to 40 characters, string values
-/// of up to 500.
-pub fn metadata(value: Value) -> Result<BTreeMap<String, String>, ParamError> {
-    let invalid = |param: String, message: String| {
-        ParamError::new(ProblemCode::MetadataInvalid, param, message)
-    };
-    let Value::Object(entries) = value else {
-        return Err(invalid(
-            "metadata".into(),
-            "metadata must be an object of string keys and string values".into(),
-        ));
-    };
-    if entries.len() > MAX_METADATA_KEYS {
-        return Err(invalid(
-            "metadata".into(),
-            format!("metadata can have at most {MAX_METADATA_KEYS} keys"),
+/// `metadata` as a request gives it, validated: keys of 1 to 40
+/// characters, string values of up to 500. Stripe's rules, written once for
+/// every object that has metadata, on create and on update alike: the keys
+/// given are merged into the metadata the object has, a key given `""` is
+/// removed, and `metadata=""` removes them all (then sets those given with
+/// it, none in practice). The result may have up to 50 keys ([`Self::apply`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetadataUpdate {
+    /// `metadata=""`: remove every key first.
+    clear: bool,
+    /// The keys to set, and to remove (given `""`).
+    entries: BTreeMap<String, String>,
+}
+
+impl MetadataUpdate {
+    /// Validates a `metadata` parameter: `""`, or an object of strings.
+    pub fn parse(value: Value) -> Result<Self, ParamError> {
+        let entries = match value {
+            Value::String(s) if s.is_empty() => {
+                return Ok(MetadataUpdate {
+                    clear: true,
+                    entries: BTreeMap::new(),
+                });
+            }
+            Value::Object(entries) => entries,
+            _ => {
+                return Err(metadata_invalid(
+                    "metadata".into(),
+                    "metadata must be an object of string keys and string values, or \"\" to remove every key".into(),
+                ));
+            }
+        };
+        let entries = entries
+            .into_iter()
+            .map(|(key, value)| metadata_entry(key, value))
+            .collect::<Result<_, _>>()?;
+        Ok(MetadataUpdate {
+            clear: false,
+            entries,
+        })
+    }
+
+    /// The metadata an object with `current` has once this update applies;
+    /// `metadata_invalid` if it would have more than 50 keys.
+    pub fn apply(
+        &self,
+        current: &BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, String>, ParamError> {
+        let mut merged = if self.clear {
+            BTreeMap::new()
+        } else {
+            current.clone()
+        };
+        for (key, value) in &self.entries {
+            if value.is_empty() {
+                merged.remove(key);
+            } else {
+                merged.insert(key.clone(), value.clone());
+            }
+        }
+        if merged.len() > MAX_METADATA_KEYS {
+            return Err(metadata_invalid(
+                "metadata".into(),
+                format!("metadata can have at most {MAX_METADATA_KEYS} keys"),
+            ));
+        }
+        Ok(merged)
+    }
+
+    /// The update in a canonical form, for a request's fingerprint.
+    pub fn canonical(&self) -> Value {
+        serde_json::json!([self.clear, self.entries])
+    }
+}
+
+/// One metadata key and value, validated.
+fn metadata_entry(key: String, value: Value) -> Result<(String, String), ParamError> {
+    let param = format!("metadata[{}]", shorten(&key));
+    let key_chars = key.chars().count();
+    if key_chars == 0 || key_chars > MAX_METADATA_KEY_CHARS {
+        return Err(metadata_invalid(
+            param,
+            format!("metadata keys must be 1 to {MAX_METADATA_KEY_CHARS} characters"),
         ));
     }
-    entries
-        .into_iter()
-        .map(|(key, value)| {
-            let param = format!("metadata[{}]", shorten(&key));
-            let key_chars = key.chars().count();
-            if key_chars == 0 || key_chars > MAX_METADATA_KEY_CHARS {
-                return Err(invalid(
-                    param,
-                    format!("metadata keys must be 1 to {MAX_METADATA_KEY_CHARS} characters"),
-                ));
-            }
-            let Value::String(value) = value else {
-                return Err(invalid(param, "metadata values must be strings".into()));
-            };
-            if value.chars().count() > MAX_METADATA_VALUE_CHARS {
-                return Err(invalid(
-                    param,
-                    format!(
-                        "metadata values must be at most {MAX_METADATA_VALUE_CHARS} characters"
-                    ),
-                ));
-            }
-            Ok((key, value))
-        })
-        .collect()
+    let Value::String(value) = value else {
+        return Err(metadata_invalid(
+            param,
+            "metadata values must be strings".into(),
+        ));
+    };
+    if value.chars().count() > MAX_METADATA_VALUE_CHARS {
+        return Err(metadata_invalid(
+            param,
+            format!("metadata values must be at most {MAX_METADATA_VALUE_CHARS} characters"),
+        ));
+    }
+    Ok((key, value))
+}
+
+fn metadata_invalid(param: String, message: String) -> ParamError {
+    ParamError::new(ProblemCode::MetadataInvalid, param, message)
 }
 
 /// A new id: `prefix`, `_` and 24 random letters and digits.
@@ -576,14 +691,93 @@ mod tests {
     }
 
     #[test]
-    fn nested_brackets_are_unknown_parameters() {
-        assert!(matches!(
-            Params::from_form(b"metadata[a][b]=1"),
-            Err(DecodeError::Param(ParamError {
-                code: ProblemCode::ParameterUnknown,
-                ..
-            }))
-        ));
+    fn nested_brackets_make_nested_objects_and_malformed_ones_are_unknown() {
+        let mut p = Params::from_form(
+            b"shipping[name]=Jo&shipping[address][line1]=1+Main&shipping[address][city]=X&a[b][]=1&a[b][]=2",
+        )
+        .unwrap();
+        assert_eq!(
+            p.take("shipping"),
+            Some(json!({"name": "Jo", "address": {"line1": "1 Main", "city": "X"}}))
+        );
+        assert_eq!(p.take("a"), Some(json!({"b": ["1", "2"]})));
+        for malformed in [
+            &b"metadata[a"[..],
+            b"metadata[a]b",
+            b"a[][b]=1",
+            b"a[b[c]]=1",
+        ] {
+            assert!(
+                matches!(
+                    Params::from_form(malformed),
+                    Err(DecodeError::Param(ParamError {
+                        code: ProblemCode::ParameterUnknown,
+                        ..
+                    }))
+                ),
+                "{}",
+                String::from_utf8_lossy(malformed)
+            );
+        }
+        for clash in [
+            &b"s[a]=1&s[a][b]=2"[..],
+            b"s[a][b]=1&s[a]=2",
+            b"s[a][b]=1&s[a][b]=2",
+        ] {
+            assert!(matches!(
+                Params::from_form(clash),
+                Err(DecodeError::Param(ParamError {
+                    code: ProblemCode::ParameterDuplicate,
+                    ..
+                }))
+            ));
+        }
+    }
+
+    fn update(value: Value) -> MetadataUpdate {
+        MetadataUpdate::parse(value).unwrap()
+    }
+
+    #[test]
+    fn metadata_keys_merge_an_empty_value_removes_one_and_an_empty_string_clears_all() {
+        let current: BTreeMap<String, String> =
+            [("a".into(), "1".into()), ("b".into(), "2".into())].into();
+        let merged = update(json!({"b": "", "c": "3"})).apply(&current).unwrap();
+        assert_eq!(
+            merged,
+            [("a".into(), "1".into()), ("c".into(), "3".into())].into()
+        );
+        assert!(update(json!("")).apply(&current).unwrap().is_empty());
+        // A new object's metadata is an update of none: "" keys are left out.
+        assert_eq!(
+            update(json!({"x": ""})).apply(&BTreeMap::new()).unwrap(),
+            BTreeMap::new()
+        );
+    }
+
+    #[test]
+    fn metadata_may_hold_fifty_keys_once_merged() {
+        let current: BTreeMap<String, String> =
+            (0..40).map(|n| (format!("k{n}"), "v".into())).collect();
+        let ten: Map<String, Value> = (0..10).map(|n| (format!("n{n}"), json!("v"))).collect();
+        assert_eq!(
+            update(Value::Object(ten.clone()))
+                .apply(&current)
+                .unwrap()
+                .len(),
+            50
+        );
+        let mut eleven = ten;
+        eleven.insert("n10".into(), json!("v"));
+        let err = update(Value::Object(eleven)).apply(&current).unwrap_err();
+        assert_eq!(
+            (err.code, err.param.as_str()),
+            (ProblemCode::MetadataInvalid, "metadata")
+        );
+        for bad in [json!("x"), json!(["a"]), json!({"k": 1}), json!({"": "v"})] {
+            let err = MetadataUpdate::parse(bad.clone()).unwrap_err();
+            assert_eq!(err.code, ProblemCode::MetadataInvalid, "{bad}");
+        }
     }
 
     #[test]

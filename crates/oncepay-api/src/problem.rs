@@ -40,12 +40,12 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `parameter_unknown` (400): a parameter is not accepted.
 /// - `parameter_duplicate` (400): a form repeats a parameter.
 /// - `parameter_invalid_type` (400): a parameter has the wrong type.
-/// - `parameter_invalid_integer` (400): not a whole number (`amount`, `limit`).
+/// - `parameter_invalid_integer` (400): not a whole number (`amount`, `limit`), or an `amount` below 1.
 /// - `parameter_invalid_string` (400): a string contains NUL, or a form's bytes are not UTF-8.
 /// - `parameter_too_long` (400): over a length limit.
 /// - `property_not_expandable` (400): `expand` names a property oncepay cannot expand.
 /// - `parameters_exclusive` (400): two parameters that exclude each other.
-/// - `amount_too_small` (400): `amount` below 1.
+/// - `amount_too_small` (400): a charge's `amount` below its currency's minimum (50 cents in `usd`).
 /// - `amount_too_large` (400): `amount` above the maximum, or more than is left to refund.
 /// - `invalid_currency` (400): unknown currency.
 /// - `metadata_invalid` (400): metadata breaks its limits.
@@ -54,6 +54,8 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `url_invalid` (400): a webhook endpoint's `url` is not an absolute `http` or `https` URL,
 ///   or its host is, or resolves to, an address inside the network (the address guard).
 /// - `webhook_endpoint_limit` (400): the merchant has as many webhook endpoints as allowed.
+/// - `email_invalid` (400): a malformed email address (a charge's `receipt_email`).
+/// - `parameter_unsupported` (400): a parameter of Stripe's that needs what oncepay does not model (customers, connected accounts).
 /// - `resource_missing` (400/404): no such token, charge, refund or key.
 /// - `charge_not_refundable` (400): a refund of a pending or failed charge.
 /// - `charge_already_refunded` (400): a refund of a charge refunded in full.
@@ -68,14 +70,13 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `receiver_invalid` (400): a workshop receiver's `run`, `mode`, `secret`, `fail_first` or `fault` is not one it accepts.
 /// - `authentication_required` (401): no API key.
 /// - `invalid_api_key` (401): a wrong API key.
-/// - `card_declined` (402): declined (saved and replayed).
-/// - `insufficient_funds` (402): declined for insufficient funds.
+/// - `account_invalid` (403): a `Stripe-Account` header: the key has no access to another account (oncepay has none).
+/// - `card_declined` (402): declined (saved and replayed); `decline_code` says why.
 /// - `expired_card` (402): declined, card expired.
 /// - `incorrect_cvc` (402): declined, the card's security code is wrong.
 /// - `processing_error` (402): declined, the issuer could not process the card.
 /// - `processing_abandoned` (402): abandoned before the network answered; no money moved.
-/// - `route_not_found` (404): unknown route.
-/// - `method_not_allowed` (405): the route does not take that method.
+/// - `route_not_found` (404): unknown route, or a method the route does not take.
 /// - `idempotency_key_in_use` (409): the same request is still in flight (`Retry-After`).
 /// - `payload_too_large` (413): the body is too large.
 /// - `unsupported_media_type` (415): neither JSON nor a form.
@@ -103,7 +104,7 @@ pub enum ProblemCode {
     ParameterDuplicate,
     /// 400: a parameter has the wrong type.
     ParameterInvalidType,
-    /// 400: not a whole number (`amount`, `limit`).
+    /// 400: not a whole number (`amount`, `limit`), or an `amount` below 1.
     ParameterInvalidInteger,
     /// 400: a string contains NUL, or a form's bytes are not UTF-8.
     ParameterInvalidString,
@@ -113,7 +114,7 @@ pub enum ProblemCode {
     PropertyNotExpandable,
     /// 400: two parameters that exclude each other.
     ParametersExclusive,
-    /// 400: `amount` below 1.
+    /// 400: a charge's `amount` below its currency's minimum (50 cents in `usd`).
     AmountTooSmall,
     /// 400: `amount` above the maximum, or more than is left to refund.
     AmountTooLarge,
@@ -129,6 +130,10 @@ pub enum ProblemCode {
     UrlInvalid,
     /// 400: the merchant has as many webhook endpoints as allowed.
     WebhookEndpointLimit,
+    /// 400: a malformed email address (a charge's `receipt_email`).
+    EmailInvalid,
+    /// 400: a parameter of Stripe's that needs what oncepay does not model (customers, connected accounts).
+    ParameterUnsupported,
     /// 400/404: no such token, charge, refund or key.
     ResourceMissing,
     /// 400: a refund of a pending or failed charge.
@@ -164,10 +169,10 @@ pub enum ProblemCode {
     AuthenticationRequired,
     /// 401: a wrong API key.
     InvalidApiKey,
-    /// 402: declined (saved and replayed).
+    /// 403: a `Stripe-Account` header: the key has no access to another account (oncepay has none).
+    AccountInvalid,
+    /// 402: declined (saved and replayed); `decline_code` says why.
     CardDeclined,
-    /// 402: declined for insufficient funds.
-    InsufficientFunds,
     /// 402: declined, card expired.
     ExpiredCard,
     /// 402: declined, the card's security code is wrong.
@@ -176,10 +181,8 @@ pub enum ProblemCode {
     ProcessingError,
     /// 402: abandoned before the network answered; no money moved.
     ProcessingAbandoned,
-    /// 404: unknown route.
+    /// 404: unknown route, or a method the route does not take.
     RouteNotFound,
-    /// 405: the route does not take that method.
-    MethodNotAllowed,
     /// 409: the same request is still in flight (`Retry-After`).
     IdempotencyKeyInUse,
     /// 413: the body is too large.
@@ -215,7 +218,7 @@ impl ProblemCode {
     /// Every code, in the order they are declared; a unit test holds it
     /// against the enum itself (by way of its OpenAPI schema), and
     /// `tests/api/docs.rs` against the table of docs/api.md.
-    pub const ALL: [ProblemCode; 57] = [
+    pub const ALL: [ProblemCode; 58] = [
         ProblemCode::ParameterMissing,
         ProblemCode::ParameterUnknown,
         ProblemCode::ParameterDuplicate,
@@ -233,6 +236,8 @@ impl ProblemCode {
         ProblemCode::InvalidEventType,
         ProblemCode::UrlInvalid,
         ProblemCode::WebhookEndpointLimit,
+        ProblemCode::EmailInvalid,
+        ProblemCode::ParameterUnsupported,
         ProblemCode::ResourceMissing,
         ProblemCode::ChargeNotRefundable,
         ProblemCode::ChargeAlreadyRefunded,
@@ -250,14 +255,13 @@ impl ProblemCode {
         ProblemCode::ReceiverInvalid,
         ProblemCode::AuthenticationRequired,
         ProblemCode::InvalidApiKey,
+        ProblemCode::AccountInvalid,
         ProblemCode::CardDeclined,
-        ProblemCode::InsufficientFunds,
         ProblemCode::ExpiredCard,
         ProblemCode::IncorrectCvc,
         ProblemCode::ProcessingError,
         ProblemCode::ProcessingAbandoned,
         ProblemCode::RouteNotFound,
-        ProblemCode::MethodNotAllowed,
         ProblemCode::IdempotencyKeyInUse,
         ProblemCode::PayloadTooLarge,
         ProblemCode::UnsupportedMediaType,
@@ -295,6 +299,8 @@ impl ProblemCode {
             ProblemCode::InvalidEventType => "invalid_event_type",
             ProblemCode::UrlInvalid => "url_invalid",
             ProblemCode::WebhookEndpointLimit => "webhook_endpoint_limit",
+            ProblemCode::EmailInvalid => "email_invalid",
+            ProblemCode::ParameterUnsupported => "parameter_unsupported",
             ProblemCode::ResourceMissing => "resource_missing",
             ProblemCode::ChargeNotRefundable => "charge_not_refundable",
             ProblemCode::ChargeAlreadyRefunded => "charge_already_refunded",
@@ -312,14 +318,13 @@ impl ProblemCode {
             ProblemCode::ReceiverInvalid => "receiver_invalid",
             ProblemCode::AuthenticationRequired => "authentication_required",
             ProblemCode::InvalidApiKey => "invalid_api_key",
+            ProblemCode::AccountInvalid => "account_invalid",
             ProblemCode::CardDeclined => "card_declined",
-            ProblemCode::InsufficientFunds => "insufficient_funds",
             ProblemCode::ExpiredCard => "expired_card",
             ProblemCode::IncorrectCvc => "incorrect_cvc",
             ProblemCode::ProcessingError => "processing_error",
             ProblemCode::ProcessingAbandoned => "processing_abandoned",
             ProblemCode::RouteNotFound => "route_not_found",
-            ProblemCode::MethodNotAllowed => "method_not_allowed",
             ProblemCode::IdempotencyKeyInUse => "idempotency_key_in_use",
             ProblemCode::PayloadTooLarge => "payload_too_large",
             ProblemCode::UnsupportedMediaType => "unsupported_media_type",
@@ -360,6 +365,8 @@ impl ProblemCode {
             | ProblemCode::InvalidEventType
             | ProblemCode::UrlInvalid
             | ProblemCode::WebhookEndpointLimit
+            | ProblemCode::EmailInvalid
+            | ProblemCode::ParameterUnsupported
             | ProblemCode::ResourceMissing
             | ProblemCode::ChargeNotRefundable
             | ProblemCode::ChargeAlreadyRefunded
@@ -378,14 +385,13 @@ impl ProblemCode {
             ProblemCode::AuthenticationRequired | ProblemCode::InvalidApiKey => {
                 StatusCode::UNAUTHORIZED
             }
+            ProblemCode::AccountInvalid => StatusCode::FORBIDDEN,
             ProblemCode::CardDeclined
-            | ProblemCode::InsufficientFunds
             | ProblemCode::ExpiredCard
             | ProblemCode::IncorrectCvc
             | ProblemCode::ProcessingError
             | ProblemCode::ProcessingAbandoned => StatusCode::PAYMENT_REQUIRED,
             ProblemCode::RouteNotFound => StatusCode::NOT_FOUND,
-            ProblemCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ProblemCode::IdempotencyKeyInUse => StatusCode::CONFLICT,
             ProblemCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -422,17 +428,50 @@ impl ProblemCode {
         }
     }
 
-    /// Stripe's `error.decline_code` for a declined card; `None` for every
-    /// other code, an abandoned payment included (no card network refused it).
+    /// Stripe's `error.decline_code` for a declined card whose problem
+    /// names none of its own ([`Problem::with_decline_code`]):
+    /// `generic_decline` under `card_declined`; `None` for every other code.
+    /// Stripe gives none for `expired_card`, `incorrect_cvc` and
+    /// `processing_error`, which say why themselves, nor for an abandoned
+    /// payment (no card network refused it).
     pub fn decline_code(self) -> Option<&'static str> {
         match self {
             ProblemCode::CardDeclined => Some("generic_decline"),
-            ProblemCode::InsufficientFunds => Some("insufficient_funds"),
-            ProblemCode::ExpiredCard => Some("expired_card"),
-            ProblemCode::IncorrectCvc => Some("incorrect_cvc"),
-            ProblemCode::ProcessingError => Some("processing_error"),
             _ => None,
         }
+    }
+
+    /// Stripe's `error.doc_url`: the page of Stripe's error codes that
+    /// documents this code, `https://stripe.com/docs/error-codes/` and the
+    /// code with `-` for `_`. Only for the codes Stripe's API has, with the
+    /// meaning it gives them; oncepay's own codes (and `authentication_required`,
+    /// which is another thing at Stripe) have none.
+    pub fn doc_url(self) -> Option<String> {
+        let stripes = matches!(
+            self,
+            ProblemCode::ParameterMissing
+                | ProblemCode::ParameterUnknown
+                | ProblemCode::ParameterInvalidInteger
+                | ProblemCode::ParametersExclusive
+                | ProblemCode::AmountTooSmall
+                | ProblemCode::AmountTooLarge
+                | ProblemCode::UrlInvalid
+                | ProblemCode::ResourceMissing
+                | ProblemCode::ChargeNotRefundable
+                | ProblemCode::ChargeAlreadyRefunded
+                | ProblemCode::CardDeclined
+                | ProblemCode::ExpiredCard
+                | ProblemCode::IncorrectCvc
+                | ProblemCode::ProcessingError
+                | ProblemCode::IdempotencyKeyInUse
+                | ProblemCode::RateLimit
+        );
+        stripes.then(|| {
+            format!(
+                "https://stripe.com/docs/error-codes/{}",
+                self.as_str().replace('_', "-")
+            )
+        })
     }
 }
 
@@ -571,6 +610,7 @@ impl Problem {
                 kind: self.code.error_type().as_str(),
                 code: self.code,
                 decline_code: self.decline_code.or(self.code.decline_code()),
+                doc_url: self.code.doc_url(),
                 message: &self.detail,
                 param: self.param.as_deref(),
                 charge: named("charge"),
@@ -586,7 +626,8 @@ impl Problem {
 /// names the request that first got it, and its replays, sent exactly as
 /// first saved, name that one too; it is absent when recovery settled the
 /// charge); `error` is the same problem in Stripe's shape, for the Stripe
-/// SDKs.
+/// SDKs, with Stripe's `doc_url` for the codes Stripe has. The problem
+/// itself has no `doc_url`: its `type` names its documentation.
 #[derive(Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(as = Problem))]
@@ -643,15 +684,26 @@ pub struct StripeError<'a> {
     kind: &'static str,
     /// The problem's `code`.
     code: ProblemCode,
-    /// For a declined card: `generic_decline`, `insufficient_funds`, `expired_card`,
-    /// `incorrect_cvc`, `processing_error`, `fraudulent`, `lost_card` or `stolen_card`.
+    /// For a card declined as `card_declined`, the issuer's reason:
+    /// `generic_decline`, `insufficient_funds`, `fraudulent`, `lost_card` or
+    /// `stolen_card`. (`expired_card`, `incorrect_cvc` and `processing_error`
+    /// have none, as at Stripe.)
     #[serde(skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(example = "generic_decline"))]
     decline_code: Option<&'static str>,
+    /// Stripe's page for the code, for the codes Stripe's API has
+    /// ([`ProblemCode::doc_url`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(example = "https://stripe.com/docs/error-codes/card-declined")
+    )]
+    doc_url: Option<String>,
     /// The problem's `detail`.
     #[cfg_attr(feature = "openapi", schema(example = "Your card was declined."))]
     message: &'a str,
-    /// The parameter at fault.
+    /// The parameter at fault (for a declined card, the card's field at
+    /// fault: `exp_month` for an expired card, `cvc` for a wrong security code).
     #[serde(skip_serializing_if = "Option::is_none")]
     param: Option<&'a str>,
     /// The failed charge.
@@ -721,19 +773,35 @@ mod tests {
 
     #[test]
     fn the_body_carries_the_problem_in_stripes_shape_too() {
-        let body = Problem::new(ProblemCode::InsufficientFunds, "Declined.")
+        let body = Problem::new(ProblemCode::CardDeclined, "Declined.")
+            .with_decline_code("insufficient_funds")
             .with_extra("charge", "ch_1")
             .body();
         let body: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(body["code"], "insufficient_funds");
+        assert_eq!(body["code"], "card_declined");
         assert_eq!(
             body["error"],
             json!({
                 "type": "card_error",
-                "code": "insufficient_funds",
+                "code": "card_declined",
                 "decline_code": "insufficient_funds",
+                "doc_url": "https://stripe.com/docs/error-codes/card-declined",
                 "message": "Declined.",
                 "charge": "ch_1",
+            })
+        );
+        let body = Problem::new(ProblemCode::ExpiredCard, "Your card has expired.")
+            .with_param("exp_month")
+            .body();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body["error"],
+            json!({
+                "type": "card_error",
+                "code": "expired_card",
+                "doc_url": "https://stripe.com/docs/error-codes/expired-card",
+                "message": "Your card has expired.",
+                "param": "exp_month",
             })
         );
         let body = Problem::new(ProblemCode::ParameterMissing, "amount is required")
@@ -745,10 +813,14 @@ mod tests {
             json!({
                 "type": "invalid_request_error",
                 "code": "parameter_missing",
+                "doc_url": "https://stripe.com/docs/error-codes/parameter-missing",
                 "message": "amount is required",
                 "param": "amount",
             })
         );
+        let body = Problem::new(ProblemCode::InvalidFault, "no such fault").body();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"].get("doc_url"), None, "oncepay's own code");
         assert_eq!(
             ProblemCode::IdempotencyKeyInUse.error_type(),
             ErrorType::InvalidRequest

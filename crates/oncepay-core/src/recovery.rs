@@ -9,8 +9,8 @@ use sqlx::PgPool;
 
 use crate::charges::settle as charge_settle;
 use crate::charges::{capture, store as charges};
-use crate::operation::capture::capture_at_processor;
 use crate::idempotency::Resource;
+use crate::operation::capture::capture_at_processor;
 use crate::processor::{self, Outcome, Processor, RefundOutcome};
 use crate::refunds::settle::{self as refund_settle, Pending};
 use crate::refunds::{RefundStatus, store as refunds};
@@ -71,7 +71,8 @@ pub async fn recover(
         }
         Resource::Capture(id) => {
             let charge = charges::find_any(pool, id).await?;
-            let Some(charge) = charge.filter(|c| c.capture_amount.is_some() && c.captured_at.is_none())
+            let Some(charge) =
+                charge.filter(|c| c.capture_amount.is_some() && c.captured_at.is_none())
             else {
                 return Ok(None);
             };

@@ -25,11 +25,16 @@ use crate::idempotency::{Fingerprint, IdempotencyKey, SavedResponse};
 /// replay it.
 #[derive(Debug)]
 pub struct CachedAnswer {
+    /// The method the key was claimed with (`POST`).
+    pub method: String,
     /// The route the key was claimed on.
     pub route: String,
     /// The fingerprint of the request that claimed it.
     pub fingerprint: Fingerprint,
     pub response: SavedResponse,
+    /// The `X-Request-Id` of the request that claimed the key
+    /// ([`StoredKey::request_id`]).
+    pub original_request: Option<String>,
     /// When the answer stops being served ([`StoredKey::deadline`]).
     pub deadline: std::time::Instant,
 }

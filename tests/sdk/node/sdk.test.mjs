@@ -107,6 +107,7 @@ test("create then retrieve gives the same charge", async () => {
     ["charge", "succeeded", 2000, "usd", true],
   );
   assert.equal(charge.metadata.test, tag);
+  assert.equal(charge.lastResponse.statusCode, 200, "a create is 200, as Stripe answers it");
   assert.equal(charge.lastResponse.requestId, charge.lastResponse.headers["request-id"]);
   const again = await sdk.charges.retrieve(charge.id);
   const { lastResponse: _a, ...created } = charge;
@@ -123,6 +124,9 @@ test("the same idempotency key gives the same charge once", async () => {
   const second = await sdk.charges.create(params, { idempotencyKey });
   assert.equal(second.id, first.id);
   assert.equal(second.lastResponse.headers["idempotent-replayed"], "true");
+  assert.equal(second.lastResponse.headers["idempotency-key"], idempotencyKey);
+  assert.equal(second.lastResponse.headers["original-request"], first.lastResponse.requestId);
+  assert.equal(second.lastResponse.statusCode, 200);
   assert.equal(chargesTagged(tag), 1);
   assert.equal(paymentsTagged(tag), 1);
 });
@@ -164,15 +168,78 @@ test("a partial then full refund, and the balance", async () => {
   assert.equal(count(`SELECT amount_refunded FROM charges WHERE id = '${charge.id}'`), 3000);
 });
 
-for (const [source, code, declineCode] of [
-  ["tok_chargeDeclined", "card_declined", "generic_decline"],
-  ["tok_chargeDeclinedInsufficientFunds", "insufficient_funds", "insufficient_funds"],
-  ["tok_chargeDeclinedExpiredCard", "expired_card", "expired_card"],
+test("refunds are listed all, by charge, and through the charge's refunds URL", async () => {
+  const sdk = stripe();
+  const charge = await sdk.charges.create(tagged(3000)[1]);
+  const other = await sdk.charges.create(tagged(3000)[1]);
+  const first = await sdk.refunds.create({ charge: charge.id, amount: 1000 });
+  const second = await sdk.refunds.create({ charge: charge.id, amount: 500 });
+  const elsewhere = await sdk.refunds.create({ charge: other.id, amount: 100 });
+  const byCharge = await sdk.refunds.list({ charge: charge.id });
+  assert.deepEqual(
+    byCharge.data.map((r) => [r.object, r.id]),
+    [["refund", second.id], ["refund", first.id]],
+  );
+  const every = [];
+  for await (const r of sdk.refunds.list({ limit: 1 })) every.push(r.id);
+  assert.deepEqual(every.slice(0, 3), [elsewhere.id, second.id, first.id], "newest first");
+  assert.equal(new Set(every).size, every.length);
+  assert.equal(every.length, count("SELECT count(*) FROM refunds"));
+  // The charge's refunds, read from the URL the charge gives for them.
+  const { url } = (await sdk.charges.retrieve(charge.id)).refunds;
+  assert.equal(url, `/v1/charges/${charge.id}/refunds`);
+  const viaCharge = await sdk.rawRequest("GET", `${url}?limit=1`, null);
+  assert.deepEqual([viaCharge.data.map((r) => r.id), viaCharge.has_more], [[second.id], true]);
+  const one = await sdk.rawRequest("GET", `${url}/${first.id}`, null);
+  assert.deepEqual(one.id, first.id);
+  await assert.rejects(sdk.refunds.list({ charge: "ch_nope" }), (err) => {
+    assert.ok(err instanceof Stripe.errors.StripeInvalidRequestError);
+    assert.deepEqual([err.statusCode, err.code, err.param], [400, "resource_missing", "charge"]);
+    return true;
+  });
+});
+
+test("a created[gte] filter lists what was created in its seconds", async () => {
+  const sdk = stripe();
+  const old = await sdk.charges.create(tagged(100)[1]);
+  const recent = await sdk.charges.create(tagged(100)[1]);
+  const refund = await sdk.refunds.create({ charge: old.id });
+  // Created in 2001, as far as the lists know.
+  const moved = count(
+    "WITH c AS (UPDATE charges SET created_at = to_timestamp(1000000000.5) " +
+      `WHERE id = '${old.id}' RETURNING 1) SELECT count(*) FROM c`,
+  );
+  assert.equal(moved, 1);
+  const since = [];
+  for await (const c of sdk.charges.list({ created: { gte: recent.created } })) since.push(c.id);
+  assert.ok(since.includes(recent.id) && !since.includes(old.id));
+  const until = await sdk.charges.list({ created: { lte: 1000000000 } });
+  assert.deepEqual(until.data.map((c) => c.id), [old.id]);
+  const refunds = await sdk.refunds.list({ charge: old.id, created: { gte: refund.created } });
+  assert.deepEqual(refunds.data.map((r) => r.id), [refund.id]);
+  await assert.rejects(sdk.charges.list({ created: { gte: "soon" } }), (err) => {
+    assert.deepEqual([err.code, err.param], ["parameter_invalid_integer", "created[gte]"]);
+    return true;
+  });
+});
+
+for (const [source, code, declineCode, param] of [
+  ["tok_chargeDeclined", "card_declined", "generic_decline", undefined],
+  ["tok_chargeDeclinedInsufficientFunds", "card_declined", "insufficient_funds", undefined],
+  ["pm_card_chargeDeclinedInsufficientFunds", "card_declined", "insufficient_funds", undefined],
+  ["tok_chargeDeclinedExpiredCard", "expired_card", undefined, "exp_month"],
+  ["tok_chargeDeclinedIncorrectCvc", "incorrect_cvc", undefined, "cvc"],
+  ["tok_chargeDeclinedProcessingError", "processing_error", undefined, undefined],
 ]) {
   test(`a decline (${source}) throws StripeCardError with its codes and charge`, async () => {
     const [tag, params] = tagged(500, source);
     const e = await rejection(stripe().charges.create(params), Stripe.errors.StripeCardError);
-    assert.deepEqual([e.statusCode, e.rawType, e.code, e.decline_code], [402, "card_error", code, declineCode]);
+    assert.deepEqual(
+      [e.statusCode, e.rawType, e.code, e.decline_code, e.param],
+      // The SDK reads a missing decline_code as "".
+      [402, "card_error", code, declineCode ?? "", param],
+    );
+    assert.equal(e.doc_url, `https://stripe.com/docs/error-codes/${code.replaceAll("_", "-")}`);
     assert.match(e.charge, /^ch_/);
     assert.ok(e.requestId);
     assert.equal(e.headers["stripe-should-retry"], "false");
@@ -183,7 +250,8 @@ for (const [source, code, declineCode] of [
 
 for (const [params, code, param] of [
   [{ currency: "usd", source: "tok_visa" }, "parameter_missing", "amount"],
-  [{ amount: 0, currency: "usd", source: "tok_visa" }, "amount_too_small", "amount"],
+  [{ amount: 0, currency: "usd", source: "tok_visa" }, "parameter_invalid_integer", "amount"],
+  [{ amount: 5, currency: "usd", source: "tok_visa" }, "amount_too_small", "amount"],
   [{ amount: 100, currency: "usx", source: "tok_visa" }, "invalid_currency", "currency"],
   [{ amount: 100, currency: "usd", source: "tok_nope" }, "resource_missing", "source"],
   [{ amount: 100, currency: "usd", source: "tok_visa", colour: "red" }, "parameter_unknown", "colour"],
@@ -200,6 +268,34 @@ for (const [params, code, param] of [
     assert.equal(count("SELECT count(*) FROM charges"), before, "nothing written");
   });
 }
+
+test("an unknown route throws StripeInvalidRequestError 404", async () => {
+  const e = await rejection(
+    stripe().paymentIntents.create({ amount: 2000, currency: "usd" }),
+    Stripe.errors.StripeInvalidRequestError,
+  );
+  assert.deepEqual([e.statusCode, e.rawType], [404, "invalid_request_error"]);
+  assert.match(e.message, /^Unrecognized request URL \(POST: \/v1\/payment_intents\)\./);
+});
+
+test("a card of each new brand pays", async () => {
+  const sdk = stripe();
+  for (const [source, brand, last4] of [
+    ["tok_jcb", "jcb", "0505"],
+    ["tok_unionpay", "unionpay", "0005"],
+    ["tok_diners", "diners", "0004"],
+    ["pm_card_mastercard_prepaid", "mastercard", "5100"],
+  ]) {
+    const charge = await sdk.charges.create(tagged(2000, source)[1]);
+    const card = charge.payment_method_details.card;
+    assert.deepEqual([charge.status, card.brand, card.last4], ["succeeded", brand, last4], source);
+  }
+  const risky = await sdk.charges.create(tagged(2000, "tok_riskLevelElevated")[1]);
+  assert.deepEqual(
+    [risky.status, risky.outcome.risk_level, risky.outcome.type],
+    ["succeeded", "elevated", "manual_review"],
+  );
+});
 
 test("an unknown charge throws StripeInvalidRequestError 404", async () => {
   const e = await rejection(

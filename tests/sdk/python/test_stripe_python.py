@@ -29,6 +29,7 @@ def test_create_then_retrieve_gives_the_same_charge(oncepay):
     assert isinstance(charge, stripe.Charge)
     assert (charge.status, charge.amount, charge.currency, charge.paid) == ("succeeded", 2000, "usd", True)
     assert charge.metadata["test"] == tag
+    assert charge.last_response.code == 200, "a create is 200, as Stripe answers it"
     again = sdk.v1.charges.retrieve(charge.id)
     assert again.to_dict() == charge.to_dict()
     assert charge.last_response.headers["Request-Id"] == charge.last_response.request_id
@@ -43,6 +44,9 @@ def test_the_same_idempotency_key_gives_the_same_charge_once(oncepay):
     second = sdk.v1.charges.create(params=params, options={"idempotency_key": key})
     assert second.id == first.id
     assert second.last_response.headers["Idempotent-Replayed"] == "true"
+    assert second.last_response.headers["Idempotency-Key"] == key
+    assert second.last_response.headers["Original-Request"] == first.last_response.request_id
+    assert second.last_response.code == 200
     assert oncepay.charges_tagged(tag) == 1
     assert oncepay.payments_tagged(tag) == 1
 
@@ -82,20 +86,70 @@ def test_a_partial_then_full_refund_and_the_balance(oncepay):
     assert oncepay.count(f"SELECT amount_refunded FROM charges WHERE id = '{charge.id}'") == 3000
 
 
+def test_refunds_are_listed_all_by_charge_and_through_the_charge(oncepay):
+    sdk = client(oncepay)
+    charge = sdk.v1.charges.create(params=tagged(3000)[1])
+    other = sdk.v1.charges.create(params=tagged(3000)[1])
+    first = sdk.v1.refunds.create(params={"charge": charge.id, "amount": 1000})
+    second = sdk.v1.refunds.create(params={"charge": charge.id, "amount": 500})
+    elsewhere = sdk.v1.refunds.create(params={"charge": other.id, "amount": 100})
+    by_charge = sdk.v1.refunds.list(params={"charge": charge.id})
+    assert [r.id for r in by_charge.data] == [second.id, first.id]
+    assert all(isinstance(r, stripe.Refund) for r in by_charge.data)
+    every = [r.id for r in sdk.v1.refunds.list(params={"limit": 1}).auto_paging_iter()]
+    assert every[:3] == [elsewhere.id, second.id, first.id], "newest first"
+    assert len(every) == len(set(every)) == oncepay.count("SELECT count(*) FROM refunds")
+    # The charge's refunds, read from the URL the charge gives for them.
+    refunds = sdk.v1.charges.retrieve(charge.id).refunds
+    assert refunds.url == f"/v1/charges/{charge.id}/refunds"
+    assert [r.id for r in refunds.list(limit=1).auto_paging_iter()] == [second.id, first.id]
+    assert refunds.retrieve(first.id).to_dict() == sdk.v1.refunds.retrieve(first.id).to_dict()
+    with pytest.raises(stripe.InvalidRequestError) as refused:
+        sdk.v1.refunds.list(params={"charge": "ch_nope"})
+    assert (refused.value.http_status, refused.value.code, refused.value.param) == (400, "resource_missing", "charge")
+
+
+def test_a_created_filter_lists_what_was_created_in_its_seconds(oncepay):
+    sdk = client(oncepay)
+    old = sdk.v1.charges.create(params=tagged(100)[1])
+    new = sdk.v1.charges.create(params=tagged(100)[1])
+    refund = sdk.v1.refunds.create(params={"charge": old.id})
+    # Created in 2001, as far as the lists know.
+    moved = oncepay.count(
+        "WITH c AS (UPDATE charges SET created_at = to_timestamp(1000000000.5) "
+        f"WHERE id = '{old.id}' RETURNING 1) SELECT count(*) FROM c"
+    )
+    assert moved == 1
+    since = [c.id for c in sdk.v1.charges.list(params={"created": {"gte": new.created}}).auto_paging_iter()]
+    assert new.id in since and old.id not in since
+    until = sdk.v1.charges.list(params={"created": {"lte": 1000000000}})
+    assert [c.id for c in until.data] == [old.id]
+    refunds = sdk.v1.refunds.list(params={"charge": old.id, "created": {"gte": refund.created}})
+    assert [r.id for r in refunds.data] == [refund.id]
+    assert sdk.v1.refunds.list(params={"created": {"gt": refund.created + 10}}).data == []
+    with pytest.raises(stripe.InvalidRequestError) as refused:
+        sdk.v1.charges.list(params={"created": {"gte": "soon"}})
+    assert (refused.value.code, refused.value.param) == ("parameter_invalid_integer", "created[gte]")
+
+
 @pytest.mark.parametrize(
-    "source, code, decline_code",
+    "source, code, decline_code, param",
     [
-        ("tok_chargeDeclined", "card_declined", "generic_decline"),
-        ("tok_chargeDeclinedInsufficientFunds", "insufficient_funds", "insufficient_funds"),
-        ("tok_chargeDeclinedExpiredCard", "expired_card", "expired_card"),
+        ("tok_chargeDeclined", "card_declined", "generic_decline", None),
+        ("tok_chargeDeclinedInsufficientFunds", "card_declined", "insufficient_funds", None),
+        ("pm_card_chargeDeclinedInsufficientFunds", "card_declined", "insufficient_funds", None),
+        ("tok_chargeDeclinedExpiredCard", "expired_card", None, "exp_month"),
+        ("tok_chargeDeclinedIncorrectCvc", "incorrect_cvc", None, "cvc"),
+        ("tok_chargeDeclinedProcessingError", "processing_error", None, None),
     ],
 )
-def test_a_decline_raises_card_error_with_its_codes_and_charge(oncepay, source, code, decline_code):
+def test_a_decline_raises_card_error_with_its_codes_and_charge(oncepay, source, code, decline_code, param):
     tag, params = tagged(500, source)
     with pytest.raises(stripe.CardError) as raised:
         client(oncepay).v1.charges.create(params=params)
     e = raised.value
-    assert (e.http_status, e.code, e.error.decline_code) == (402, code, decline_code)
+    assert (e.http_status, e.code, e.error.decline_code, e.param) == (402, code, decline_code, param)
+    assert e.error.doc_url == "https://stripe.com/docs/error-codes/" + code.replace("_", "-")
     assert e.error.type == "card_error"
     assert e.error.charge.startswith("ch_")
     assert e.request_id and e.headers["Stripe-Should-Retry"] == "false"
@@ -107,7 +161,8 @@ def test_a_decline_raises_card_error_with_its_codes_and_charge(oncepay, source, 
     "params, code, param",
     [
         ({"currency": "usd", "source": "tok_visa"}, "parameter_missing", "amount"),
-        ({"amount": 0, "currency": "usd", "source": "tok_visa"}, "amount_too_small", "amount"),
+        ({"amount": 0, "currency": "usd", "source": "tok_visa"}, "parameter_invalid_integer", "amount"),
+        ({"amount": 5, "currency": "usd", "source": "tok_visa"}, "amount_too_small", "amount"),
         ({"amount": 100, "currency": "usx", "source": "tok_visa"}, "invalid_currency", "currency"),
         ({"amount": 100, "currency": "usd", "source": "tok_nope"}, "resource_missing", "source"),
         ({"amount": 100, "currency": "usd", "source": "tok_visa", "colour": "red"}, "parameter_unknown", "colour"),
@@ -126,6 +181,30 @@ def test_bad_parameters_raise_invalid_request_error_naming_the_parameter(oncepay
     assert (e.http_status, e.code, e.param) == (400, code, param)
     assert e.error.type == "invalid_request_error"
     assert oncepay.count("SELECT count(*) FROM charges") == before, "nothing written"
+
+
+def test_an_unknown_route_raises_invalid_request_error_404(oncepay):
+    with pytest.raises(stripe.InvalidRequestError) as raised:
+        client(oncepay).v1.payment_intents.create(params={"amount": 2000, "currency": "usd"})
+    e = raised.value
+    assert e.http_status == 404
+    assert e.error.type == "invalid_request_error"
+    assert e.error.message.startswith("Unrecognized request URL (POST: /v1/payment_intents).")
+
+
+def test_a_card_of_each_new_brand_pays(oncepay):
+    sdk = client(oncepay)
+    for source, brand, last4 in [
+        ("tok_jcb", "jcb", "0505"),
+        ("tok_unionpay", "unionpay", "0005"),
+        ("tok_diners", "diners", "0004"),
+        ("pm_card_mastercard_prepaid", "mastercard", "5100"),
+    ]:
+        charge = sdk.v1.charges.create(params=tagged(2000, source)[1])
+        card = charge.payment_method_details.card
+        assert (charge.status, card.brand, card.last4) == ("succeeded", brand, last4), source
+    risky = sdk.v1.charges.create(params=tagged(2000, "tok_riskLevelElevated")[1])
+    assert (risky.status, risky.outcome.risk_level, risky.outcome.type) == ("succeeded", "elevated", "manual_review")
 
 
 def test_an_unknown_charge_raises_invalid_request_error_404(oncepay):

@@ -22,8 +22,10 @@ use serde_json::Value;
 use test_cards::{TestToken, Verdict};
 
 pub mod card;
+pub mod details;
 
 use card::{PaymentMethodDetails, SourceCard};
+use details::{FraudDetails, Shipping};
 
 /// A field Stripe has and oncepay does not model: always `null` (serde
 /// writes a unit struct as `null`).
@@ -85,6 +87,12 @@ pub struct ChargeFacts<'a> {
     /// What the card network (or the fraud check) said; `None` while the
     /// charge is pending and for an abandoned one, which no network answered.
     pub verdict: Option<Verdict>,
+    pub receipt_email: Option<&'a str>,
+    pub statement_descriptor: Option<&'a str>,
+    pub statement_descriptor_suffix: Option<&'a str>,
+    pub shipping: Option<&'a Shipping>,
+    pub transfer_group: Option<&'a str>,
+    pub fraud_details: &'a FraudDetails,
 }
 
 /// The charge object of the API: every field of Stripe's charge, in Stripe's
@@ -115,9 +123,11 @@ pub struct ChargeObject<'a> {
     #[cfg_attr(feature = "openapi", schema(example = "txn_FSqF13LohwPRt53icfinsfKa"))]
     pub balance_transaction: Option<String>,
     pub billing_details: BillingDetails,
-    /// `ONCEPAY` for a captured charge, `null` otherwise.
+    /// What the statement shows, for a captured charge (`null` otherwise): its
+    /// `statement_descriptor`, else `ONCEPAY* ` and its suffix (cut to 22
+    /// characters), else `ONCEPAY`.
     #[cfg_attr(feature = "openapi", schema(example = "ONCEPAY"))]
-    pub calculated_statement_descriptor: Option<&'static str>,
+    pub calculated_statement_descriptor: Option<String>,
     /// Whether money was taken: at once, or by a capture of an authorized
     /// charge (`capture=false`).
     pub captured: bool,
@@ -132,14 +142,15 @@ pub struct ChargeObject<'a> {
     /// Always false.
     pub disputed: bool,
     pub failure_balance_transaction: Unmodelled,
-    /// The decline's code (`card_declined`, `insufficient_funds`, `expired_card`,
-    /// `incorrect_cvc`, `processing_error`) or `processing_abandoned`.
+    /// The decline's code (`card_declined`, `expired_card`, `incorrect_cvc`,
+    /// `processing_error`) or `processing_abandoned`.
     #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
     pub failure_code: Option<&'a str>,
     #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
     pub failure_message: Option<&'a str>,
-    /// Always `{}`.
-    pub fraud_details: Empty,
+    /// `{}`, or `{"user_report": "fraudulent" | "safe"}` once the merchant
+    /// reported it with an update.
+    pub fraud_details: &'a FraudDetails,
     pub livemode: bool,
     #[cfg_attr(feature = "openapi", schema(example = json!({"order_id": "6735"})))]
     pub metadata: &'a BTreeMap<String, String>,
@@ -154,23 +165,28 @@ pub struct ChargeObject<'a> {
     #[cfg_attr(feature = "openapi", schema(example = "card_FSqF13LohwPRt53icfinsfKa"))]
     pub payment_method: Option<String>,
     pub payment_method_details: Option<PaymentMethodDetails>,
-    pub receipt_email: Unmodelled,
+    /// Where the receipt goes; oncepay sends none.
+    #[cfg_attr(feature = "openapi", schema(example = "jenny.rosen@example.com"))]
+    pub receipt_email: Option<&'a str>,
     pub receipt_number: Unmodelled,
     pub receipt_url: Unmodelled,
     pub refunded: bool,
     /// The charge's refunds, newest first, as a list object.
     pub refunds: RefundList<'a>,
     pub review: Unmodelled,
-    pub shipping: Unmodelled,
+    pub shipping: Option<&'a Shipping>,
     /// The card charged, as a card object.
     pub source: Option<SourceCard>,
     pub source_transfer: Unmodelled,
-    pub statement_descriptor: Unmodelled,
-    pub statement_descriptor_suffix: Unmodelled,
+    #[cfg_attr(feature = "openapi", schema(example = json!(null)))]
+    pub statement_descriptor: Option<&'a str>,
+    #[cfg_attr(feature = "openapi", schema(example = "ORDER 6735"))]
+    pub statement_descriptor_suffix: Option<&'a str>,
     #[cfg_attr(feature = "openapi", schema(schema_with = charge_status))]
     pub status: &'a str,
     pub transfer_data: Unmodelled,
-    pub transfer_group: Unmodelled,
+    #[cfg_attr(feature = "openapi", schema(example = "order-6735"))]
+    pub transfer_group: Option<&'a str>,
 }
 
 /// The charge's statement descriptor when the merchant sets none.
@@ -280,7 +296,13 @@ impl<'a> ChargeObject<'a> {
             application_fee_amount: Unmodelled,
             balance_transaction: captured.then(|| format!("txn_{suffix}")),
             billing_details: NO_BILLING_DETAILS,
-            calculated_statement_descriptor: captured.then_some(STATEMENT_DESCRIPTOR),
+            calculated_statement_descriptor: captured.then(|| {
+                details::calculated_statement_descriptor(
+                    STATEMENT_DESCRIPTOR,
+                    facts.statement_descriptor,
+                    facts.statement_descriptor_suffix,
+                )
+            }),
             captured,
             created: facts.created,
             currency: facts.currency,
@@ -290,7 +312,7 @@ impl<'a> ChargeObject<'a> {
             failure_balance_transaction: Unmodelled,
             failure_code: facts.failure_code,
             failure_message: facts.failure_message,
-            fraud_details: Empty {},
+            fraud_details: facts.fraud_details,
             livemode: false,
             metadata: facts.metadata,
             on_behalf_of: Unmodelled,
@@ -301,20 +323,20 @@ impl<'a> ChargeObject<'a> {
             payment_method_details: facts
                 .token
                 .map(|token| PaymentMethodDetails::new(token, facts.amount, paid)),
-            receipt_email: Unmodelled,
+            receipt_email: facts.receipt_email,
             receipt_number: Unmodelled,
             receipt_url: Unmodelled,
             refunded: facts.amount_refunded > 0 && facts.amount_refunded == facts.amount,
             refunds: RefundList::new(facts.id, refunds),
             review: Unmodelled,
-            shipping: Unmodelled,
+            shipping: facts.shipping,
             source,
             source_transfer: Unmodelled,
-            statement_descriptor: Unmodelled,
-            statement_descriptor_suffix: Unmodelled,
+            statement_descriptor: facts.statement_descriptor,
+            statement_descriptor_suffix: facts.statement_descriptor_suffix,
             status: facts.status,
             transfer_data: Unmodelled,
-            transfer_group: Unmodelled,
+            transfer_group: facts.transfer_group,
         }
     }
 }
@@ -590,6 +612,8 @@ fn event_type() -> utoipa::openapi::Ref {
 mod tests {
     use super::*;
 
+    const NO_FRAUD_DETAILS: FraudDetails = FraudDetails { user_report: None };
+
     fn visa_charge(metadata: &BTreeMap<String, String>, paid: bool) -> ChargeFacts<'_> {
         ChargeFacts {
             id: "ch_abc",
@@ -606,6 +630,12 @@ mod tests {
             status: if paid { "succeeded" } else { "pending" },
             token: Some(TestToken::Visa),
             verdict: paid.then(|| TestToken::Visa.verdict()),
+            receipt_email: None,
+            statement_descriptor: None,
+            statement_descriptor_suffix: None,
+            shipping: None,
+            transfer_group: None,
+            fraud_details: &NO_FRAUD_DETAILS,
         }
     }
 

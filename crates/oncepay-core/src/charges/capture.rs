@@ -42,6 +42,9 @@ pub async fn reserve(
             RETURNING id, merchant_id, amount, currency, source, description,
                       metadata AS "metadata: _", status AS "status: _",
                       failure_code, failure_message, amount_refunded, created_at,
+                      receipt_email, statement_descriptor, statement_descriptor_suffix,
+                      shipping AS "shipping: _", transfer_group,
+                      fraud_details AS "fraud_details: _",
                       capture_later, capture_amount, captured_at"#,
         charge_id,
         merchant_id,
@@ -89,7 +92,8 @@ pub async fn refused(
         let detail = format!("Charge {id} has already been refunded.");
         (ProblemCode::ChargeAlreadyRefunded, detail, None)
     } else if expired {
-        let detail = format!("Charge {id} has expired for capture: it was authorized too long ago.");
+        let detail =
+            format!("Charge {id} has expired for capture: it was authorized too long ago.");
         (ProblemCode::ChargeExpiredForCapture, detail, None)
     } else {
         let detail = format!(
@@ -133,7 +137,14 @@ pub async fn settle_or_crash(
         &charge.to_object(&refunds),
     );
     let new_events = std::slice::from_ref(&event);
-    events::insert(&mut tx, charge.merchant_id, request_id, key.as_deref(), new_events).await?;
+    events::insert(
+        &mut tx,
+        charge.merchant_id,
+        request_id,
+        key.as_deref(),
+        new_events,
+    )
+    .await?;
     crash_if(fault, Fault::CrashBeforeSettleCommit);
     tx.commit().await?;
     tracing::info!(charge = %charge.id, amount = charge.amount_captured(), key_completed = key.is_some(), event = %event.id, "capture settled");
@@ -151,6 +162,9 @@ async fn mark_captured(db: impl PgExecutor<'_>, charge_id: &str) -> sqlx::Result
             RETURNING id, merchant_id, amount, currency, source, description,
                       metadata AS "metadata: _", status AS "status: _",
                       failure_code, failure_message, amount_refunded, created_at,
+                      receipt_email, statement_descriptor, statement_descriptor_suffix,
+                      shipping AS "shipping: _", transfer_group,
+                      fraud_details AS "fraud_details: _",
                       capture_later, capture_amount, captured_at"#,
         charge_id,
     )

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::currency::Currency;
 use crate::amount::Amount;
+use crate::objects::details::{FraudDetails, Shipping};
 use crate::objects::{ChargeFacts, ChargeObject};
 use crate::params::new_id;
 use crate::processor::TestToken;
@@ -28,13 +29,17 @@ pub struct NewCharge {
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "usd", min_length = 3, max_length = 3))]
     pub currency: Currency,
     /// A test token: `tok_visa`, `tok_visa_debit`, `tok_mastercard`,
-    /// `tok_mastercard_debit`, `tok_amex`, `tok_discover` succeed;
+    /// `tok_mastercard_debit`, `tok_amex`, `tok_discover`,
+    /// `tok_mastercard_prepaid`, `tok_jcb`, `tok_unionpay`, `tok_diners`
+    /// succeed, and so does `tok_riskLevelElevated` (placed in review);
     /// `tok_chargeDeclined`, `tok_chargeDeclinedInsufficientFunds`,
     /// `tok_chargeDeclinedExpiredCard`, `tok_chargeDeclinedIncorrectCvc`,
     /// `tok_chargeDeclinedProcessingError`, `tok_chargeDeclinedFraudulent`,
     /// `tok_chargeDeclinedLostCard`, `tok_chargeDeclinedStolenCard` are declined;
     /// `tok_processorTimeoutAfterCapture`, `tok_processorUnavailable` simulate faults;
     /// `tok_refundFail` pays, and the first refund of it is refused (`failed`).
+    /// Stripe's test payment methods for the same cards name them too
+    /// (`pm_card_visa` is `tok_visa`).
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "tok_visa"))]
     pub source: TestToken,
     /// Up to 1000 characters.
@@ -43,6 +48,28 @@ pub struct NewCharge {
     /// Up to 50 keys of 1 to 40 characters; string values of up to 500.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<BTreeMap<String, String>>, example = json!({"order_id": "6735"})))]
     pub metadata: BTreeMap<String, String>,
+    /// Where the receipt would go: an email address, up to 512 characters.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 512, example = "jenny.rosen@example.com")
+    )]
+    pub receipt_email: Option<String>,
+    /// The whole statement descriptor: up to 22 characters, at least one
+    /// letter, none of `<>\'"*`.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 22, example = "ONCEPAY ORDER 6735")
+    )]
+    pub statement_descriptor: Option<String>,
+    /// Shown after the account's `ONCEPAY* `: up to 22 characters, at least
+    /// one letter, none of `<>\'"*`.
+    #[cfg_attr(feature = "openapi", schema(max_length = 22, example = "ORDER 6735"))]
+    pub statement_descriptor_suffix: Option<String>,
+    /// Where the goods ship: `name` and `address` required.
+    pub shipping: Option<Shipping>,
+    /// A string that groups the charge with others; up to 5000 characters.
+    #[cfg_attr(feature = "openapi", schema(max_length = 5000, example = "order-6735"))]
+    pub transfer_group: Option<String>,
     /// `true` (the default) pays at once; `false` only authorizes: the
     /// amount is held on the card until `POST /v1/charges/{id}/capture`.
     #[cfg_attr(feature = "openapi", schema(default = true))]
@@ -57,16 +84,44 @@ impl NewCharge {
     /// A canonical encoding of the parameters for the request fingerprint:
     /// fixed field order, sorted metadata, normalised values. Key order,
     /// white space and JSON versus form do not change it; any value does.
+    ///
+    /// The details (`receipt_email` and those after it) are appended only
+    /// when one is given, so a charge without them keeps the fingerprint it
+    /// had before they were taken: a retry across the upgrade still replays.
     pub fn canonical(&self) -> Vec<u8> {
-        let canonical = serde_json::json!([
-            self.amount.minor_units(),
-            self.currency.as_str(),
-            self.source.as_str(),
-            self.description,
-            self.metadata,
-            self.capture,
-        ]);
+        let mut canonical = vec![
+            serde_json::json!(self.amount.minor_units()),
+            serde_json::json!(self.currency.as_str()),
+            serde_json::json!(self.source.as_str()),
+            serde_json::json!(self.description),
+            serde_json::json!(self.metadata),
+        ];
+        if let Some(details) = self.details() {
+            canonical.push(serde_json::json!(details));
+        }
+        // Appended only when false, so that a charge paid at once keeps the
+        // fingerprint it had before captures existed.
+        if !self.capture {
+            canonical.push(serde_json::json!({"capture": false}));
+        }
         serde_json::to_vec(&canonical).expect("serialising a JSON value cannot fail")
+    }
+
+    /// The details (`receipt_email`, `statement_descriptor`,
+    /// `statement_descriptor_suffix`, `shipping`, `transfer_group`) as a
+    /// JSON object's text, as the claim writes them; `None` when none is given.
+    pub fn details(&self) -> Option<String> {
+        let details = serde_json::json!({
+            "receipt_email": self.receipt_email,
+            "statement_descriptor": self.statement_descriptor,
+            "statement_descriptor_suffix": self.statement_descriptor_suffix,
+            "shipping": self.shipping,
+            "transfer_group": self.transfer_group,
+        });
+        let given = details
+            .as_object()
+            .is_some_and(|d| d.values().any(|v| !v.is_null()));
+        given.then(|| details.to_string())
     }
 }
 
@@ -104,6 +159,12 @@ pub struct Charge {
     pub failure_message: Option<String>,
     pub amount_refunded: i64,
     pub created_at: DateTime<Utc>,
+    pub receipt_email: Option<String>,
+    pub statement_descriptor: Option<String>,
+    pub statement_descriptor_suffix: Option<String>,
+    pub shipping: Option<sqlx::types::Json<Shipping>>,
+    pub transfer_group: Option<String>,
+    pub fraud_details: sqlx::types::Json<FraudDetails>,
     /// Made with `capture=false`: a succeeded charge is authorized, and
     /// paid once captured.
     pub capture_later: bool,
@@ -119,10 +180,15 @@ impl Charge {
         TestToken::parse(&self.source)
     }
 
-    /// The decline of a charge its card declined; `None` for any other.
+    /// The decline of a charge its card declined; `None` for any other,
+    /// a declining card's charge abandoned before the network answered
+    /// included. (A charge declined before the codes followed Stripe's table
+    /// stored its decline code as its `failure_code`: any failure code but
+    /// the abandoned one is the card's decline.)
     pub fn decline(&self) -> Option<Decline> {
         let decline = self.token()?.decline()?;
-        (self.failure_code.as_deref() == Some(decline.code)).then_some(decline)
+        let failure = self.failure_code.as_deref()?;
+        (failure != crate::charges::settle::ABANDONED).then_some(decline)
     }
 
     /// The API object, with `refunds`, the charge's refunds, newest first.
@@ -142,6 +208,12 @@ impl Charge {
             status: self.status.as_str(),
             token: self.token(),
             verdict: self.verdict(),
+            receipt_email: self.receipt_email.as_deref(),
+            statement_descriptor: self.statement_descriptor.as_deref(),
+            statement_descriptor_suffix: self.statement_descriptor_suffix.as_deref(),
+            shipping: self.shipping.as_ref().map(|s| &s.0),
+            transfer_group: self.transfer_group.as_deref(),
+            fraud_details: &self.fraud_details.0,
         };
         ChargeObject::new(facts, refunds.iter().map(Refund::to_object))
     }

@@ -106,7 +106,6 @@ pub fn response_for(charge: &Charge, request_id: Option<&str>) -> SavedResponse 
         return created(format!("/v1/charges/{}", charge.id), &charge.to_object(&[]));
     }
     let code = match charge.failure_code.as_deref() {
-        Some("insufficient_funds") => ProblemCode::InsufficientFunds,
         Some("expired_card") => ProblemCode::ExpiredCard,
         Some("incorrect_cvc") => ProblemCode::IncorrectCvc,
         Some("processing_error") => ProblemCode::ProcessingError,
@@ -117,10 +116,18 @@ pub fn response_for(charge: &Charge, request_id: Option<&str>) -> SavedResponse 
         .failure_message
         .clone()
         .unwrap_or_else(|| "The payment failed.".into());
-    let mut problem = Problem::new(code, detail).with_extra("charge", charge.id.clone());
+    let mut problem = Problem::new(code, detail);
+    // The card's decline says why (`decline_code`) and which of its fields
+    // is at fault (`param`), as Stripe's error does.
     if let Some(decline) = charge.decline() {
-        problem = problem.with_decline_code(decline.decline_code);
+        if let Some(decline_code) = decline.decline_code {
+            problem = problem.with_decline_code(decline_code);
+        }
+        if let Some(param) = decline.param {
+            problem = problem.with_param(param);
+        }
     }
+    problem = problem.with_extra("charge", charge.id.clone());
     if let Some(request_id) = request_id {
         problem = problem.with_extra("request_id", request_id);
     }

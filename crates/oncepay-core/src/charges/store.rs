@@ -17,13 +17,17 @@ pub async fn insert_pending(
 ) -> sqlx::Result<Charge> {
     sqlx::query_as!(
         Charge,
-        r#"INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata,
-                                  status, capture_later)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8)
+        r#"INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata, status,
+                                receipt_email, statement_descriptor, statement_descriptor_suffix,
+                                shipping, transfer_group, capture_later)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10, $11, $12, $13)
            RETURNING id, merchant_id, amount, currency, source, description,
                      metadata AS "metadata: _", status AS "status: _",
                      failure_code, failure_message, amount_refunded, created_at,
-                  capture_later, capture_amount, captured_at"#,
+                     receipt_email, statement_descriptor, statement_descriptor_suffix,
+                     shipping AS "shipping: _", transfer_group,
+                     fraud_details AS "fraud_details: _",
+                     capture_later, capture_amount, captured_at"#,
         id,
         merchant_id,
         charge.amount.minor_units(),
@@ -31,6 +35,11 @@ pub async fn insert_pending(
         charge.source.as_str(),
         charge.description.as_deref(),
         sqlx::types::Json(&charge.metadata) as _,
+        charge.receipt_email.as_deref(),
+        charge.statement_descriptor.as_deref(),
+        charge.statement_descriptor_suffix.as_deref(),
+        charge.shipping.as_ref().map(sqlx::types::Json) as _,
+        charge.transfer_group.as_deref(),
         !charge.capture,
     )
     .fetch_one(tx)
@@ -150,6 +159,9 @@ async fn find_scoped(
         r#"SELECT id, merchant_id, amount, currency, source, description,
                   metadata AS "metadata: _", status AS "status: _",
                   failure_code, failure_message, amount_refunded, created_at,
+                  receipt_email, statement_descriptor, statement_descriptor_suffix,
+                  shipping AS "shipping: _", transfer_group,
+                  fraud_details AS "fraud_details: _",
                   capture_later, capture_amount, captured_at
              FROM charges WHERE id = $2 AND ($1::uuid IS NULL OR merchant_id = $1)"#,
         merchant_id,

@@ -30,6 +30,11 @@ pub enum EventType {
     #[sqlx(rename = "charge.refunded")]
     #[cfg_attr(feature = "openapi", schema(rename = "charge.refunded"))]
     ChargeRefunded,
+    /// A charge's description, metadata, receipt email, shipping or fraud
+    /// report was changed by an update.
+    #[sqlx(rename = "charge.updated")]
+    #[cfg_attr(feature = "openapi", schema(rename = "charge.updated"))]
+    ChargeUpdated,
     /// A refund succeeded; `data.object` is the refund.
     #[sqlx(rename = "refund.succeeded")]
     #[cfg_attr(feature = "openapi", schema(rename = "refund.succeeded"))]
@@ -38,17 +43,23 @@ pub enum EventType {
     #[sqlx(rename = "refund.failed")]
     #[cfg_attr(feature = "openapi", schema(rename = "refund.failed"))]
     RefundFailed,
+    /// A refund's metadata was changed by an update.
+    #[sqlx(rename = "refund.updated")]
+    #[cfg_attr(feature = "openapi", schema(rename = "refund.updated"))]
+    RefundUpdated,
 }
 
 impl EventType {
     /// Every type, in the order the documentation lists them.
-    pub const ALL: [EventType; 6] = [
+    pub const ALL: [EventType; 8] = [
         EventType::ChargeSucceeded,
         EventType::ChargeFailed,
         EventType::ChargeCaptured,
         EventType::ChargeRefunded,
+        EventType::ChargeUpdated,
         EventType::RefundSucceeded,
         EventType::RefundFailed,
+        EventType::RefundUpdated,
     ];
 
     /// The type a name names, if any.
@@ -62,8 +73,10 @@ crate::stored_as_text!(EventType {
     ChargeFailed => "charge.failed",
     ChargeCaptured => "charge.captured",
     ChargeRefunded => "charge.refunded",
+    ChargeUpdated => "charge.updated",
     RefundSucceeded => "refund.succeeded",
     RefundFailed => "refund.failed",
+    RefundUpdated => "refund.updated",
 });
 
 /// An event a settle is about to write.

@@ -123,6 +123,10 @@ pub struct StoredKey {
     pub expires_at: DateTime<Utc>,
     /// When its answer was saved, once it is `completed`.
     pub completed_at: Option<DateTime<Utc>>,
+    /// The `X-Request-Id` of the request that claimed it: the original
+    /// request its replays name. `None` for a key claimed before it was
+    /// recorded, or by a request without one.
+    pub request_id: Option<String>,
     /// When the key expires at the latest, on this process's monotonic
     /// clock: the instant taken before the read plus the lifetime the
     /// database gave the row in that read. This instance's wall clock plays
@@ -154,6 +158,7 @@ struct KeyRow {
     completed_at: Option<DateTime<Utc>>,
     /// Milliseconds from the read to `expires_at`, by the database's clock.
     remaining_ms: Option<f64>,
+    request_id: Option<String>,
 }
 
 /// A [`KeyRow`] from the record of a `query!` that selects the view's
@@ -179,6 +184,7 @@ macro_rules! key_row {
             expires_at: $row.expires_at,
             completed_at: $row.completed_at,
             remaining_ms: $row.remaining_ms,
+            request_id: $row.request_id,
         }
     };
 }
@@ -218,6 +224,7 @@ impl KeyRow {
             locked_at: self.locked_at,
             expires_at: self.expires_at.ok_or_else(required("expires_at"))?,
             completed_at: self.completed_at,
+            request_id: self.request_id,
             deadline: deadline(sent, self.remaining_ms.ok_or_else(required("expires_at"))?),
         })
     }
@@ -241,6 +248,8 @@ pub struct Claim<'a> {
     pub method: &'a str,
     pub path: &'a str,
     pub fingerprint: Fingerprint,
+    /// The claiming request's `X-Request-Id`, recorded with the key.
+    pub request_id: Option<&'a str>,
     /// The business record written in the same transaction, when the key
     /// guards one that recovery may have to settle. A record written and
     /// answered in the claim's own transaction (a webhook endpoint) needs
@@ -311,8 +320,8 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
     let (charge_id, refund_id, capture_of) = Resource::columns(claim.resource);
     let claimed = sqlx::query_scalar!(
         r#"SELECT took_over AS "took_over!"
-             FROM idempotency_key_claim($1, $2, $3, $4, $5, $6, $7, $11, $8::float8, $9,
-                                        $10::float8, true) AS claimed(took_over)"#,
+             FROM idempotency_key_claim($1, $2, $3, $4, $5, $6, $7, $8::float8, $9,
+                                        $10::float8, true, $11, $12) AS claimed(took_over)"#,
         claim.merchant_id,
         claim.key.as_str(),
         claim.method,
@@ -323,6 +332,7 @@ pub async fn claim(tx: &mut PgConnection, claim: Claim<'_>) -> sqlx::Result<Clai
         claim.ttl.as_millis() as f64,
         claim.deadline_at(),
         claim.age_ms(),
+        claim.request_id,
         capture_of,
     )
     .fetch_optional(&mut *tx)
@@ -362,6 +372,8 @@ pub struct PendingCharge<'a> {
     pub description: Option<&'a str>,
     /// `metadata`, as JSON text.
     pub metadata: &'a str,
+    /// Its details, as JSON text (`NewCharge::details`); `None` when it has none.
+    pub details: Option<&'a str>,
     /// Made with `capture=false`.
     pub capture_later: bool,
 }
@@ -385,15 +397,20 @@ pub async fn claim_with_charge(
            claimed AS (
                SELECT took_over
                  FROM idempotency_key_claim(
-                          $1, $2, $3, $4, $5, $6, NULL, NULL, $7::float8, $13, $14::float8,
+                          $1, $2, $3, $4, $5, $6, NULL, $7::float8, $13, $14::float8,
                           NOT EXISTS (SELECT 1 FROM existing e
                                        WHERE NOT idempotency_key_takeover(
                                                  e.status, e.expires_at, e.completed_at,
-                                                 $14::float8))) AS c(took_over)),
+                                                 $14::float8)), $15, NULL) AS c(took_over)),
            charge AS (
                INSERT INTO charges (id, merchant_id, amount, currency, source, description,
-                                    metadata, status, capture_later)
-               SELECT $6, $1, $8, $9, $10, $11, $12::text::jsonb, 'pending', $15 FROM claimed
+                                    metadata, status, receipt_email, statement_descriptor,
+                                    statement_descriptor_suffix, shipping, transfer_group, capture_later)
+               SELECT $6, $1, $8, $9, $10, $11, $12::text::jsonb, 'pending',
+                      d->>'receipt_email', d->>'statement_descriptor',
+                      d->>'statement_descriptor_suffix', NULLIF(d->'shipping', 'null'::jsonb),
+                      d->>'transfer_group', $17
+                 FROM claimed, (SELECT $16::text::jsonb AS d) AS details
                RETURNING created_at)
            SELECT statement_timestamp() < $13 AS "in_time!",
                   (SELECT took_over FROM claimed) AS took_over,
@@ -414,6 +431,8 @@ pub async fn claim_with_charge(
         charge.metadata,
         claim.deadline_at(),
         claim.age_ms(),
+        claim.request_id,
+        charge.details,
         charge.capture_later,
     )
     .fetch_one(db)

@@ -72,18 +72,20 @@ impl Operation for CaptureCharge {
     }
 
     fn canonical(&self) -> Vec<u8> {
-        let canonical = serde_json::json!([
-            self.charge_id,
-            self.amount.map(|a| a.minor_units())
-        ]);
+        let canonical = serde_json::json!([self.charge_id, self.amount.map(|a| a.minor_units())]);
         serde_json::to_vec(&canonical).expect("serialising a JSON value cannot fail")
     }
 
     async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<(), Error> {
         let amount = self.amount.map(|a| a.minor_units());
-        let reserved =
-            capture::reserve(&mut *tx, self.merchant_id, &self.charge_id, amount, self.window)
-                .await?;
+        let reserved = capture::reserve(
+            &mut *tx,
+            self.merchant_id,
+            &self.charge_id,
+            amount,
+            self.window,
+        )
+        .await?;
         match reserved {
             Some(charge) => {
                 self.reserved = Some(charge);
@@ -117,7 +119,9 @@ impl Operation for CaptureCharge {
     async fn render(&self, engine: &Engine, _: Option<&str>) -> Result<SavedResponse, Error> {
         let charge = charges::find_any(&engine.pool, &self.charge_id)
             .await?
-            .ok_or_else(|| Error::internal(format!("captured charge {} vanished", self.charge_id)))?;
+            .ok_or_else(|| {
+                Error::internal(format!("captured charge {} vanished", self.charge_id))
+            })?;
         let refunds = refunds::of_charges(&engine.pool, std::slice::from_ref(&charge.id)).await?;
         Ok(capture::response_for(&charge, &refunds))
     }

@@ -71,6 +71,7 @@ impl Operation for CreateCharge {
         claim: &Claim<'_>,
     ) -> Result<Option<ClaimOutcome>, Error> {
         let metadata = serde_json::to_string(&self.charge.metadata).expect("metadata serialises");
+        let details = self.charge.details();
         let pending = PendingCharge {
             id: self.id(),
             amount: self.charge.amount.minor_units(),
@@ -79,6 +80,7 @@ impl Operation for CreateCharge {
             description: self.charge.description.as_deref(),
             metadata: &metadata,
             capture_later: !self.charge.capture,
+            details: details.as_deref(),
         };
         let mut db = request.connection(engine).await?;
         let first = keys::claim_with_charge(&mut *db, claim, &pending).await?;
@@ -103,6 +105,12 @@ impl Operation for CreateCharge {
                 capture_later: !self.charge.capture,
                 capture_amount: None,
                 captured_at: None,
+                receipt_email: self.charge.receipt_email.clone(),
+                statement_descriptor: self.charge.statement_descriptor.clone(),
+                statement_descriptor_suffix: self.charge.statement_descriptor_suffix.clone(),
+                shipping: self.charge.shipping.clone().map(sqlx::types::Json),
+                transfer_group: self.charge.transfer_group.clone(),
+                fraud_details: Default::default(),
             });
         }
         Ok(Some(first))

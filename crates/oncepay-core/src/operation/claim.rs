@@ -59,7 +59,7 @@ impl Request {
         canonical: impl FnOnce() -> Vec<u8>,
     ) -> (Self, DropGuard) {
         let started = guard.clock.lap(Phase::Extract, guard.arrived);
-        let fingerprint = Fingerprint::of("POST", route, &canonical());
+        let fingerprint = Fingerprint::of(METHOD, route, &canonical());
         guard.clock.lap(Phase::Fingerprint, started);
         let client_gone = CancellationToken::new();
         let hang_up = client_gone.clone().drop_guard();
@@ -92,9 +92,10 @@ impl Request {
         Claim {
             merchant_id: self.merchant_id,
             key,
-            method: "POST",
+            method: METHOD,
             path: self.route,
             fingerprint: self.fingerprint,
+            request_id: self.request_id.as_deref(),
             resource,
             ttl: engine.timeouts.key_ttl,
             arrived: self.arrived,
@@ -204,22 +205,34 @@ enum Queue {
     Kept,
 }
 
-/// `422`, counted: the key was used with other parameters (or on another route).
-fn reused(key: &IdempotencyKey) -> Error {
+/// `422`, counted: `key`, first used for `first_method` on the route
+/// `first_route`, is used by `request` for something else.
+fn reused(key: &IdempotencyKey, first_method: &str, first_route: &str, request: &Request) -> Error {
     count_outcome("reused");
-    key_reused(key.as_str()).into()
+    let first = format!("{first_method} {first_route}");
+    let now = format!("{METHOD} {}", request.route);
+    key_reused(key.as_str(), &first, &now).into()
 }
 
-/// The `422` of `key` used with other parameters (or on another route).
-pub fn key_reused(key: &str) -> Problem {
-    Problem::new(
-        ProblemCode::IdempotencyKeyReused,
+/// The `422` of `key`, first used on the endpoint `first` (`POST
+/// /v1/charges`), used again on `now`: with other parameters when the two
+/// are the same, else on another endpoint. The messages are Stripe's.
+pub fn key_reused(key: &str, first: &str, now: &str) -> Problem {
+    let detail = if first == now {
         format!(
-            "Keys are for one operation only: '{key}' was used with different parameters. Use a new key for a new operation."
-        ),
-    )
-    .with_param("Idempotency-Key")
+            "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{key}' if you meant to execute a different request."
+        )
+    } else {
+        format!(
+            "Keys for idempotent requests can only be used for the same endpoint they were first used for ('{first}' vs '{now}'). Try using a key other than '{key}' if you meant to execute a different request."
+        )
+    };
+    Problem::new(ProblemCode::IdempotencyKeyReused, detail).with_param("Idempotency-Key")
 }
+
+/// The method of every request a key guards: the fingerprint and the claim
+/// record it.
+const METHOD: &str = "POST";
 
 /// The `409` of the same request still in flight under the key (and not
 /// finished within the wait, if the request asked to wait).
@@ -429,7 +442,12 @@ impl Pursuit<'_> {
                 .ok_or_else(|| Error::internal("a completed key without its response"));
         }
         if !same(&stored, request) {
-            return Err(reused(self.key));
+            return Err(reused(
+                self.key,
+                &stored.request_method,
+                &stored.request_path,
+                request,
+            ));
         }
         Ok(Step::Lease)
     }
@@ -545,9 +563,11 @@ fn remember(
 ) -> Option<Arc<CachedAnswer>> {
     let answer = match (stored.status, stored.response) {
         (KeyStatus::Completed, Some(response)) => Arc::new(CachedAnswer {
+            method: stored.request_method,
             route: stored.request_path,
             fingerprint: stored.fingerprint,
             response,
+            original_request: stored.request_id,
             deadline: stored.deadline,
         }),
         _ => return None,
@@ -565,12 +585,13 @@ fn answer_from(
     waited: bool,
 ) -> Result<Answer, Error> {
     if answer.fingerprint != request.fingerprint || answer.route != request.route {
-        return Err(reused(key));
+        return Err(reused(key, &answer.method, &answer.route, request));
     }
     count_outcome("replayed");
     // The clone shares the body with the cache.
     Ok(Answer::Replayed {
         saved: answer.response.clone(),
+        original_request: answer.original_request.clone(),
         waited,
     })
 }

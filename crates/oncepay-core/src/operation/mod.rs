@@ -93,8 +93,14 @@ pub enum Answer {
     /// This request's own answer: the work it did, or the answer of whoever
     /// settled the record while it worked.
     Fresh(SavedResponse),
-    /// The answer the key had saved; `waited` when the request waited for it.
-    Replayed { saved: SavedResponse, waited: bool },
+    /// The answer the key had saved, and the request that claimed the key
+    /// (its `X-Request-Id`, if recorded); `waited` when the request waited
+    /// for it.
+    Replayed {
+        saved: SavedResponse,
+        original_request: Option<String>,
+        waited: bool,
+    },
 }
 
 /// The work of one kind of record, plugged into [`run`].

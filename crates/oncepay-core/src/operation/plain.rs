@@ -17,7 +17,8 @@ use super::{Answer, Engine, Guard, run};
 use crate::charges::{Amount, Currency, NewCharge};
 use crate::idempotency::IdempotencyKey;
 use crate::processor::{
-    Capture, Authorization, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome, TestToken,
+    Authorization, Capture, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
+    TestToken,
 };
 use crate::settings::Timeouts;
 use crate::speed::Plain;
@@ -82,6 +83,11 @@ fn charge() -> NewCharge {
         description: None,
         metadata: Default::default(),
         capture: true,
+        receipt_email: None,
+        statement_descriptor: None,
+        statement_descriptor_suffix: None,
+        shipping: None,
+        transfer_group: None,
     }
 }
 

@@ -170,7 +170,10 @@ async fn refused(db: &mut PgConnection, merchant_id: Uuid, refund: &NewRefund) -
         .with_param("charge")
     } else if charge.capture_later && charge.captured_at.is_none() {
         let detail = if charge.capture_amount.is_some() {
-            format!("Charge {} is being captured: refund it once captured.", charge.id)
+            format!(
+                "Charge {} is being captured: refund it once captured.",
+                charge.id
+            )
         } else {
             "You cannot partially refund an uncaptured charge. Instead, capture the charge for an amount less than the original amount.".to_owned()
         };

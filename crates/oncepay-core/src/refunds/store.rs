@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::{NewRefund, Refund, RefundStatus};
 use crate::charges::{Charge, ChargeStatus};
+use crate::objects::details::{FraudDetails, Shipping};
 
 /// An amount reserved on a charge for a refund.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,6 +97,13 @@ pub async fn succeed_pending(
                       c.failure_message AS charge_failure_message,
                       c.amount_refunded AS "charge_amount_refunded!",
                       c.created_at AS "charge_created_at!",
+                      c.receipt_email AS charge_receipt_email,
+                      c.statement_descriptor AS charge_statement_descriptor,
+                      c.statement_descriptor_suffix AS charge_statement_descriptor_suffix,
+                      c.shipping AS "charge_shipping: Json<Shipping>",
+                      c.transfer_group AS charge_transfer_group,
+                      c.fraud_details AS "charge_fraud_details!: Json<FraudDetails>",
+
                       c.capture_later AS "charge_capture_later!",
                       c.capture_amount AS charge_capture_amount,
                       c.captured_at AS charge_captured_at"#,
@@ -120,6 +128,12 @@ pub async fn succeed_pending(
             capture_later: row.charge_capture_later,
             capture_amount: row.charge_capture_amount,
             captured_at: row.charge_captured_at,
+            receipt_email: row.charge_receipt_email,
+            statement_descriptor: row.charge_statement_descriptor,
+            statement_descriptor_suffix: row.charge_statement_descriptor_suffix,
+            shipping: row.charge_shipping,
+            transfer_group: row.charge_transfer_group,
+            fraud_details: row.charge_fraud_details,
         };
         let refund = Refund {
             id: row.id,

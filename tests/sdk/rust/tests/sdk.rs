@@ -16,18 +16,19 @@ use futures_util::TryStreamExt;
 use oncepay_sdk_rust::receiver::Receiver;
 use oncepay_sdk_rust::{Oncepay, oncepay, random_hex, root, tagged};
 use stripe::{
-    ApiErrors, ApiErrorsType, Client, IdempotencyKey, RequestStrategy, StripeError, StripeRequest,
+    ApiErrors, ApiErrorsType, Client, IdempotencyKey, PaginationExt, RequestStrategy, StripeError,
+    StripeRequest,
 };
 use stripe_core::balance::RetrieveForMyAccountBalance;
 use stripe_core::charge::{CreateCharge, ListCharge, RetrieveCharge};
 use stripe_core::event::{ListEvent, RetrieveEvent};
-use stripe_core::refund::{CreateRefund, RetrieveRefund};
+use stripe_core::refund::{CreateRefund, ListRefund, RetrieveRefund};
 use stripe_misc::webhook_endpoint::{
     CreateWebhookEndpoint, CreateWebhookEndpointEnabledEvents, DeleteWebhookEndpoint,
     ListWebhookEndpoint, RetrieveWebhookEndpoint,
 };
 use stripe_shared::{Charge, ChargeStatus, Refund};
-use stripe_types::Currency;
+use stripe_types::{Currency, RangeQueryTs};
 use stripe_webhook::{EventObject, Webhook, WebhookError};
 
 // ---------------------------------------------------------------------------
@@ -99,21 +100,44 @@ fn idempotent(key: &str) -> RequestStrategy {
 #[derive(Clone, Copy, Debug)]
 struct Decline {
     code: &'static str,
-    decline_code: &'static str,
+    /// `None` for the declines with a code of their own.
+    decline_code: Option<&'static str>,
+    /// The card's field at fault, where Stripe names one.
+    param: Option<&'static str>,
     /// `outcome.type`: `issuer_declined`, or `blocked` for fraud.
     outcome: &'static str,
-    /// `outcome.reason`: the decline code, or `highest_risk_level`.
+    /// `outcome.reason`: the issuer's reason, or `highest_risk_level`.
     reason: &'static str,
     risk_level: &'static str,
     last4: &'static str,
 }
 
-const fn declined(code: &'static str, decline_code: &'static str, last4: &'static str) -> Expect {
+/// Declined by the issuer for `reason`: `card_declined`, with the reason as
+/// its `decline_code`.
+const fn declined(reason: &'static str, last4: &'static str) -> Expect {
+    Expect::Declined(Decline {
+        code: "card_declined",
+        decline_code: Some(reason),
+        param: None,
+        outcome: "issuer_declined",
+        reason,
+        risk_level: "normal",
+        last4,
+    })
+}
+
+/// Declined with a code of its own: no `decline_code`, perhaps a `param`.
+const fn declined_as(
+    code: &'static str,
+    param: Option<&'static str>,
+    last4: &'static str,
+) -> Expect {
     Expect::Declined(Decline {
         code,
-        decline_code,
+        decline_code: None,
+        param,
         outcome: "issuer_declined",
-        reason: decline_code,
+        reason: code,
         risk_level: "normal",
         last4,
     })
@@ -124,6 +148,9 @@ const fn declined(code: &'static str, decline_code: &'static str, last4: &'stati
 enum Expect {
     /// The charge succeeds, on this card: (brand, last4, funding).
     Paid(&'static str, &'static str, &'static str),
+    /// The charge succeeds at an elevated risk, placed in review, on the
+    /// Visa card with these last four digits.
+    PaidInReview(&'static str),
     /// A decline, on a Visa card.
     Declined(Decline),
     /// The processor takes the money and the call times out: the SDK's
@@ -178,13 +205,48 @@ async fn charge_with_token(token: &str, expect: Expect) {
             assert_eq!(server.charges_tagged(&tag), 1);
             assert_eq!(server.payments_tagged(&tag), 1);
         }
+        Expect::PaidInReview(last4) => {
+            let (tag, charge) = paid_charge(&client, 2000, token).await;
+            assert_eq!(charge.status, ChargeStatus::Succeeded);
+            let outcome = charge.outcome.as_ref().expect("an outcome");
+            assert_eq!(
+                (
+                    outcome.type_.as_str(),
+                    outcome.reason.as_deref(),
+                    outcome.risk_level.as_deref()
+                ),
+                (
+                    "manual_review",
+                    Some("elevated_risk_level"),
+                    Some("elevated")
+                )
+            );
+            let card = charge
+                .payment_method_details
+                .as_ref()
+                .and_then(|d| d.card.as_ref())
+                .expect("payment_method_details.card");
+            assert_eq!(card.last4.as_deref(), Some(last4));
+            assert_eq!(server.payments_tagged(&tag), 1);
+        }
         Expect::Declined(decline) => {
             let (tag, request) = charge_request(2000, token);
             let (error, status) = api_error(request.send(&client).await);
             assert_eq!(status, 402);
             assert_eq!(error.type_, ApiErrorsType::CardError);
             assert_eq!(code(&error), Some(decline.code));
-            assert_eq!(error.decline_code.as_deref(), Some(decline.decline_code));
+            assert_eq!(error.decline_code.as_deref(), decline.decline_code);
+            assert_eq!(error.param.as_deref(), decline.param);
+            assert_eq!(
+                error.doc_url.as_deref(),
+                Some(
+                    format!(
+                        "https://stripe.com/docs/error-codes/{}",
+                        decline.code.replace('_', "-")
+                    )
+                    .as_str()
+                )
+            );
             let id = error.charge.clone().expect("the declined charge's id");
             assert!(id.starts_with("ch_"), "{id}");
             let charge = retrieve_charge(&client, &id).await;
@@ -291,31 +353,44 @@ token_tests! {
         "tok_amex" => Expect::Paid("amex", "8431", "credit");
     a_tok_discover_charge_succeeds_and_reads_back_as_the_typed_charge_created:
         "tok_discover" => Expect::Paid("discover", "1117", "credit");
+    a_tok_mastercard_prepaid_charge_succeeds_and_reads_back_as_the_typed_charge_created:
+        "tok_mastercard_prepaid" => Expect::Paid("mastercard", "5100", "prepaid");
+    a_tok_jcb_charge_succeeds_and_reads_back_as_the_typed_charge_created:
+        "tok_jcb" => Expect::Paid("jcb", "0505", "credit");
+    a_tok_unionpay_charge_succeeds_and_reads_back_as_the_typed_charge_created:
+        "tok_unionpay" => Expect::Paid("unionpay", "0005", "credit");
+    a_tok_diners_charge_succeeds_and_reads_back_as_the_typed_charge_created:
+        "tok_diners" => Expect::Paid("diners", "0004", "credit");
+    a_pm_card_visa_charge_succeeds_on_the_card_of_tok_visa:
+        "pm_card_visa" => Expect::Paid("visa", "4242", "credit");
+    a_tok_risk_level_elevated_charge_succeeds_placed_in_review:
+        "tok_riskLevelElevated" => Expect::PaidInReview("9235");
     a_tok_refund_fail_charge_succeeds_and_reads_back_as_the_typed_charge_created:
         "tok_refundFail" => Expect::Paid("visa", "4242", "credit");
     a_tok_charge_declined_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclined" => declined("card_declined", "generic_decline", "0002");
+        "tok_chargeDeclined" => declined("generic_decline", "0002");
     a_tok_charge_declined_insufficient_funds_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclinedInsufficientFunds" => declined("insufficient_funds", "insufficient_funds", "9995");
+        "tok_chargeDeclinedInsufficientFunds" => declined("insufficient_funds", "9995");
     a_tok_charge_declined_expired_card_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclinedExpiredCard" => declined("expired_card", "expired_card", "0069");
+        "tok_chargeDeclinedExpiredCard" => declined_as("expired_card", Some("exp_month"), "0069");
     a_tok_charge_declined_incorrect_cvc_charge_is_a_typed_card_error_and_reads_back_failed_its_cvc_check:
-        "tok_chargeDeclinedIncorrectCvc" => declined("incorrect_cvc", "incorrect_cvc", "0127");
+        "tok_chargeDeclinedIncorrectCvc" => declined_as("incorrect_cvc", Some("cvc"), "0127");
     a_tok_charge_declined_processing_error_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclinedProcessingError" => declined("processing_error", "processing_error", "0119");
+        "tok_chargeDeclinedProcessingError" => declined_as("processing_error", None, "0119");
     a_tok_charge_declined_fraudulent_charge_is_a_typed_card_error_and_reads_back_blocked_at_highest_risk:
         "tok_chargeDeclinedFraudulent" => Expect::Declined(Decline {
             code: "card_declined",
-            decline_code: "fraudulent",
+            decline_code: Some("fraudulent"),
+            param: None,
             outcome: "blocked",
             reason: "highest_risk_level",
             risk_level: "highest",
             last4: "0019",
         });
     a_tok_charge_declined_lost_card_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclinedLostCard" => declined("card_declined", "lost_card", "9987");
+        "tok_chargeDeclinedLostCard" => declined("lost_card", "9987");
     a_tok_charge_declined_stolen_card_charge_is_a_typed_card_error_and_reads_back_failed:
-        "tok_chargeDeclinedStolenCard" => declined("card_declined", "stolen_card", "9979");
+        "tok_chargeDeclinedStolenCard" => declined("stolen_card", "9979");
     a_tok_processor_timeout_after_capture_charge_ends_in_one_succeeded_charge_through_the_sdks_retries:
         "tok_processorTimeoutAfterCapture" => Expect::OutcomeUnknownThenPaid;
     a_tok_processor_unavailable_charge_is_a_typed_api_error_and_moves_no_money:
@@ -446,6 +521,123 @@ async fn a_partial_then_a_full_refund_read_back_typed_and_leave_the_charge_refun
         )),
         3000
     );
+}
+
+/// `amount` refunded of the charge `id`: the refund's id.
+async fn refund(client: &Client, id: &str, amount: i64) -> String {
+    let refund = CreateRefund::new()
+        .charge(id)
+        .amount(amount)
+        .send(client)
+        .await;
+    refund.expect("a refund").id.to_string()
+}
+
+/// The ids of `refunds`.
+fn refund_ids(refunds: &[Refund]) -> Vec<String> {
+    refunds.iter().map(|r| r.id.to_string()).collect()
+}
+
+#[tokio::test]
+async fn refunds_are_listed_typed_all_by_charge_and_through_the_charges_refunds_url() {
+    let server = oncepay();
+    let client = server.client();
+    let (_, charge) = paid_charge(&client, 3000, "tok_visa").await;
+    let id = charge.id.as_str();
+    let mut ids = Vec::new();
+    for amount in 1..=12 {
+        ids.push(refund(&client, id, amount).await);
+    }
+    ids.reverse(); // newest first
+    let (_, other) = paid_charge(&client, 3000, "tok_visa").await;
+    let elsewhere = refund(&client, other.id.as_str(), 100).await;
+
+    let result = ListRefund::new().charge(id).limit(5).send(&client).await;
+    let page = server.typed(
+        "a charge's refunds",
+        &format!("/v1/refunds?charge={id}&limit=5"),
+        result,
+    );
+    assert_eq!(
+        (refund_ids(&page.data), page.has_more),
+        (ids[..5].to_vec(), true)
+    );
+    let all: Vec<Refund> = ListRefund::new()
+        .limit(4)
+        .paginate()
+        .stream(&client)
+        .try_collect()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "listing the refunds: {e}; {}",
+                server.raw("/v1/refunds?limit=4")
+            )
+        });
+    let all = refund_ids(&all);
+    assert_eq!(all[0], elsewhere, "newest first");
+    assert_eq!(all[1..13], ids[..]);
+    assert_eq!(
+        all.len() as i64,
+        server.count("SELECT count(*) FROM refunds")
+    );
+
+    // The charge carries its first 10 refunds; its paginator reads the rest
+    // from the list's URL, /v1/charges/{id}/refunds.
+    let refunds = retrieve_charge(&client, id)
+        .await
+        .refunds
+        .expect("the charge's refunds");
+    assert_eq!(
+        (refunds.url.as_str(), refunds.data.len()),
+        (format!("/v1/charges/{id}/refunds").as_str(), 10)
+    );
+    let through_charge: Vec<Refund> = refunds
+        .into_paginator()
+        .stream(&client)
+        .try_collect()
+        .await
+        .unwrap_or_else(|e| panic!("paging the charge's refunds: {e}"));
+    assert_eq!(refund_ids(&through_charge), ids);
+}
+
+#[tokio::test]
+async fn a_created_gte_filter_lists_typed_what_was_created_in_its_seconds() {
+    let server = oncepay();
+    let client = server.client();
+    let (_, old) = paid_charge(&client, 1000, "tok_visa").await;
+    let (_, recent) = paid_charge(&client, 1000, "tok_visa").await;
+    let refunded = refund(&client, old.id.as_str(), 100).await;
+    // Created in 2001, as far as the lists know.
+    let moved = server.count(&format!(
+        "WITH c AS (UPDATE charges SET created_at = to_timestamp(1000000000.5) \
+         WHERE id = '{}' RETURNING 1) SELECT count(*) FROM c",
+        old.id
+    ));
+    assert_eq!(moved, 1);
+    let since: Vec<Charge> = ListCharge::new()
+        .created(RangeQueryTs::gte(recent.created))
+        .paginate()
+        .stream(&client)
+        .try_collect()
+        .await
+        .unwrap();
+    let since: Vec<&str> = since.iter().map(|c| c.id.as_str()).collect();
+    assert!(since.contains(&recent.id.as_str()) && !since.contains(&old.id.as_str()));
+    let until = ListCharge::new()
+        .created(RangeQueryTs::lte(1_000_000_000))
+        .send(&client)
+        .await
+        .unwrap();
+    let until: Vec<&str> = until.data.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(until, [old.id.as_str()]);
+    let refunds = ListRefund::new()
+        .charge(old.id.as_str())
+        .created(RangeQueryTs::gte(recent.created))
+        .send(&client)
+        .await
+        .unwrap();
+    assert_eq!(refund_ids(&refunds.data), [refunded]);
 }
 
 #[tokio::test]
