@@ -556,7 +556,12 @@ mod filter_tests {
         use EventType::*;
         assert_eq!(
             filter("type=charge.*"),
-            Ok(Some(vec![ChargeSucceeded, ChargeFailed, ChargeRefunded]))
+            Ok(Some(vec![
+                ChargeSucceeded,
+                ChargeFailed,
+                ChargeRefunded,
+                ChargeUpdated
+            ]))
         );
         assert_eq!(
             filter("type=*.failed"),
