@@ -559,6 +559,7 @@ mod filter_tests {
             Ok(Some(vec![
                 ChargeSucceeded,
                 ChargeFailed,
+                ChargeCaptured,
                 ChargeRefunded,
                 ChargeUpdated
             ]))

@@ -168,6 +168,36 @@ test("a partial then full refund, and the balance", async () => {
   assert.equal(count(`SELECT amount_refunded FROM charges WHERE id = '${charge.id}'`), 3000);
 });
 
+test("an authorized charge is captured once by racing captures with many keys", async () => {
+  const [tag, params] = tagged(2000);
+  const charge = await stripe().charges.create({ ...params, capture: false });
+  assert.deepEqual([charge.paid, charge.captured, charge.amount_captured], [true, false, 0]);
+  const answers = await Promise.allSettled(
+    Array.from({ length: 8 }, (_, i) =>
+      stripe({ maxNetworkRetries: 0 }).charges.capture(
+        charge.id,
+        { amount: 1200 },
+        { idempotencyKey: `${tag}-${i}` },
+      ),
+    ),
+  );
+  const won = answers.filter((a) => a.status === "fulfilled");
+  assert.equal(won.length, 1, "one capture wins");
+  for (const lost of answers.filter((a) => a.status === "rejected")) {
+    assert.ok(lost.reason instanceof Stripe.errors.StripeInvalidRequestError);
+    assert.equal(lost.reason.code, "charge_already_captured");
+  }
+  const after = await stripe().charges.retrieve(charge.id);
+  assert.deepEqual(
+    [after.captured, after.amount_captured, after.amount_refunded],
+    [true, 1200, 800],
+  );
+  assert.equal(
+    count(`SELECT count(*) FROM events WHERE object_id = '${charge.id}' AND type = 'charge.captured'`),
+    1,
+  );
+});
+
 test("refunds are listed all, by charge, and through the charge's refunds URL", async () => {
   const sdk = stripe();
   const charge = await sdk.charges.create(tagged(3000)[1]);

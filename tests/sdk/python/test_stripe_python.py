@@ -5,6 +5,7 @@ retries ending in exactly one charge, counted in the database."""
 import secrets
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import stripe
@@ -84,6 +85,34 @@ def test_a_partial_then_full_refund_and_the_balance(oncepay):
     usd = lambda b: next((x for x in b.available if x.currency == "usd"), {"amount": 0})["amount"]  # noqa: E731
     assert usd(after) == usd(before), "charged 3000, refunded 3000"
     assert oncepay.count(f"SELECT amount_refunded FROM charges WHERE id = '{charge.id}'") == 3000
+
+
+def test_an_authorized_charge_is_captured_once_by_racing_captures(oncepay):
+    tag, params = tagged(2000)
+    charge = client(oncepay).v1.charges.create(params={**params, "capture": False})
+    assert (charge.paid, charge.captured, charge.amount_captured) == (True, False, 0)
+
+    def capture(i):
+        try:
+            return client(oncepay, max_network_retries=0).v1.charges.capture(
+                charge.id, params={"amount": 1500}, options={"idempotency_key": f"{tag}-{i % 2}"}
+            )
+        except stripe.StripeError as e:
+            return e
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(capture, range(8)))
+    captured = [a for a in answers if isinstance(a, stripe.Charge)]
+    assert captured and all(c.amount_captured == 1500 for c in captured)
+    for refused in (a for a in answers if not isinstance(a, stripe.Charge)):
+        assert isinstance(refused, (stripe.InvalidRequestError, stripe.APIError)), refused
+        assert refused.error.code in ("charge_already_captured", "idempotency_key_in_use")
+    after = client(oncepay).v1.charges.retrieve(charge.id)
+    assert (after.captured, after.amount_captured, after.amount_refunded) == (True, 1500, 500)
+    assert oncepay.count(f"SELECT count(*) FROM events WHERE object_id = '{charge.id}' AND type = 'charge.captured'") == 1
+    with pytest.raises(stripe.InvalidRequestError) as again:
+        client(oncepay).v1.charges.capture(charge.id)
+    assert again.value.error.code == "charge_already_captured"
 
 
 def test_refunds_are_listed_all_by_charge_and_through_the_charge(oncepay):
