@@ -113,10 +113,10 @@ async fn missing_and_unknown_parameters_are_named() {
                 Some("capture"),
             ),
             (
-                with("customer", json!("cus_1")),
+                with("customr", json!("cus_1")),
                 400,
                 "parameter_unknown",
-                Some("customer"),
+                Some("customr"),
             ),
             (json!({}), 400, "parameter_missing", Some("amount")),
         ],
