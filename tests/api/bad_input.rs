@@ -107,9 +107,9 @@ async fn missing_and_unknown_parameters_are_named() {
                 Some("amount"),
             ),
             (
-                with("capture", json!(false)),
+                with("capture", json!("maybe")),
                 400,
-                "parameter_unknown",
+                "parameter_invalid_type",
                 Some("capture"),
             ),
             (

@@ -15,6 +15,7 @@ const SERVED: &[(&str, &str)] = &[
     ("get", "/v1/charges/{id}/refunds"),
     ("get", "/v1/charges/{id}/refunds/{refund}"),
     ("post", "/v1/charges/{id}"),
+    ("post", "/v1/charges/{id}/capture"),
     ("post", "/v1/refunds"),
     ("get", "/v1/refunds"),
     ("get", "/v1/refunds/{id}"),
