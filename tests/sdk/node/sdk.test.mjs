@@ -198,6 +198,37 @@ test("an authorized charge is captured once by racing captures with many keys", 
   );
 });
 
+test("updates merge and unset metadata, and a charge keeps its details", async () => {
+  const sdk = stripe();
+  const [tag, params] = tagged(2000);
+  const charge = await sdk.charges.create({
+    ...params,
+    metadata: { test: tag, order: "1" },
+    receipt_email: "jenny@example.com",
+  });
+  assert.equal(charge.receipt_email, "jenny@example.com");
+  const updated = await sdk.charges.update(
+    charge.id,
+    { description: "Order 1", metadata: { order: "", note: "gift" } },
+    { idempotencyKey: `${tag}-update` },
+  );
+  assert.equal(updated.description, "Order 1");
+  assert.deepEqual(updated.metadata, { test: tag, note: "gift" });
+  const refund = await sdk.refunds.create({ charge: charge.id, amount: 500 });
+  const tagged_ = await sdk.refunds.update(refund.id, { metadata: { reason: "damaged" } });
+  assert.deepEqual(tagged_.metadata, { reason: "damaged" });
+  const endpoint = await sdk.webhookEndpoints.create({
+    url: "http://127.0.0.1:9/hooks",
+    enabled_events: ["charge.succeeded"],
+  });
+  try {
+    const disabled = await sdk.webhookEndpoints.update(endpoint.id, { disabled: true });
+    assert.equal(disabled.status, "disabled");
+  } finally {
+    await sdk.webhookEndpoints.del(endpoint.id);
+  }
+});
+
 test("refunds are listed all, by charge, and through the charge's refunds URL", async () => {
   const sdk = stripe();
   const charge = await sdk.charges.create(tagged(3000)[1]);

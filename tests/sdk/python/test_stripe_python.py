@@ -115,6 +115,60 @@ def test_an_authorized_charge_is_captured_once_by_racing_captures(oncepay):
     assert again.value.error.code == "charge_already_captured"
 
 
+def test_updates_merge_and_unset_metadata_and_change_a_description(oncepay):
+    sdk = client(oncepay)
+    tag, params = tagged(2000)
+    charge = sdk.v1.charges.create(params={**params, "metadata": {"test": tag, "order": "1"}})
+    updated = sdk.v1.charges.update(
+        charge.id,
+        params={"description": "Order 1", "metadata": {"order": "", "note": "gift"}},
+        options={"idempotency_key": f"{tag}-update"},
+    )
+    assert isinstance(updated, stripe.Charge)
+    assert updated.description == "Order 1"
+    assert updated.metadata.to_dict() == {"test": tag, "note": "gift"}
+    assert sdk.v1.charges.retrieve(charge.id).metadata.to_dict() == {"test": tag, "note": "gift"}
+    assert oncepay.count(f"SELECT count(*) FROM events WHERE object_id = '{charge.id}' AND type = 'charge.updated'") == 1
+    refund = sdk.v1.refunds.create(params={"charge": charge.id, "amount": 500})
+    refund = sdk.v1.refunds.update(refund.id, params={"metadata": {"reason": "damaged"}})
+    assert refund.metadata.to_dict() == {"reason": "damaged"}
+
+
+def test_an_endpoint_is_updated_and_disabled_by_the_sdk(oncepay):
+    sdk = client(oncepay)
+    endpoint = sdk.v1.webhook_endpoints.create(
+        params={"url": "http://127.0.0.1:9/hooks", "enabled_events": ["charge.succeeded"]}
+    )
+    try:
+        updated = sdk.v1.webhook_endpoints.update(
+            endpoint.id,
+            params={"enabled_events": ["charge.failed", "charge.refunded"], "disabled": True},
+        )
+        assert updated.enabled_events == ["charge.failed", "charge.refunded"]
+        assert updated.status == "disabled"
+        enabled = sdk.v1.webhook_endpoints.update(endpoint.id, params={"disabled": False})
+        assert enabled.status == "enabled"
+    finally:
+        sdk.v1.webhook_endpoints.delete(endpoint.id)
+
+
+def test_a_charge_keeps_the_details_it_was_created_with(oncepay):
+    shipping = {"name": "Jenny Rosen", "address": {"line1": "1 Main St", "city": "Paris", "country": "FR"}}
+    charge = client(oncepay).v1.charges.create(
+        params={
+            **tagged(2000)[1],
+            "receipt_email": "jenny@example.com",
+            "statement_descriptor_suffix": "ORDER 6735",
+            "shipping": shipping,
+        }
+    )
+    again = client(oncepay).v1.charges.retrieve(charge.id)
+    assert again.receipt_email == "jenny@example.com"
+    assert again.shipping.name == "Jenny Rosen"
+    assert again.shipping.address.line1 == "1 Main St"
+    assert again.calculated_statement_descriptor.endswith("ORDER 6735")
+
+
 def test_refunds_are_listed_all_by_charge_and_through_the_charge(oncepay):
     sdk = client(oncepay)
     charge = sdk.v1.charges.create(params=tagged(3000)[1])
