@@ -435,12 +435,12 @@ mod body_tests {
     #[test]
     fn unknown_missing_and_mistyped_parameters_are_named() {
         let err = parse_json::<NewCharge>(
-            json!({"amount": 1, "currency": "usd", "source": "tok_visa", "capture": false}),
+            json!({"amount": 2000, "currency": "usd", "source": "tok_visa", "captur": false}),
         )
         .unwrap_err();
         assert_eq!(
             (err.code.as_str(), err.param.as_str()),
-            ("parameter_unknown", "capture")
+            ("parameter_unknown", "captur")
         );
         let err = parse_json::<NewCharge>(json!({"amount": 1, "source": "tok_visa"})).unwrap_err();
         assert_eq!(
