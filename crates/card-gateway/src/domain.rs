@@ -198,7 +198,7 @@ impl Ledger {
         }
         self.wait().await;
         if let Some(existing) = store::find(&self.pool, account, &request.key).await? {
-            return self.repeated_refund(request, existing);
+            return repeated_refund(request, existing);
         }
         let mut tx = self.pool.begin().await?;
         let payment = store::lock_payment(&mut tx, account, &request.payment)
@@ -262,7 +262,7 @@ impl Ledger {
         let operation = self.recorded(account, &request.key).await?;
         if !fresh {
             // A racing request under the same key wrote first.
-            return self.repeated_refund(request, operation);
+            return repeated_refund(request, operation);
         }
         tracing::info!(account, key = %request.key, payment = %request.payment, outcome, amount = request.amount, "refund recorded");
         Ok(Recorded {
@@ -373,25 +373,6 @@ impl Ledger {
             .ok_or_else(|| GatewayError::Database(sqlx::Error::RowNotFound))
     }
 
-    fn repeated_refund(
-        &self,
-        request: &RefundPayment,
-        existing: Operation,
-    ) -> Result<Recorded, GatewayError> {
-        let same = existing.kind == "refund"
-            && existing.payment_key.as_deref() == Some(request.payment.as_str())
-            && existing.amount == Some(request.amount)
-            && existing.currency.as_deref() == Some(request.currency.as_str());
-        if !same {
-            return Err(GatewayError::KeyReused(request.key.clone()));
-        }
-        Ok(Recorded {
-            operation: existing,
-            fresh: false,
-            answer_lost: false,
-        })
-    }
-
     async fn wait(&self) {
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
@@ -424,23 +405,53 @@ fn check_capturable(payment: &Operation, request: &CapturePayment) -> Result<(),
     Ok(())
 }
 
-/// A capture asked again under its key: the first one, if the same.
-fn repeated_capture(
-    request: &CapturePayment,
+/// A refund or a capture (`kind`) of `payment` asked again under `key`: the
+/// operation recorded first, if it is the same one; another is a reused key.
+fn repeated(
+    kind: &str,
+    key: &str,
+    payment: &str,
+    amount: i64,
+    currency: &str,
     existing: Operation,
 ) -> Result<Recorded, GatewayError> {
-    let same = existing.kind == "capture"
-        && existing.payment_key.as_deref() == Some(request.payment.as_str())
-        && existing.amount == Some(request.amount)
-        && existing.currency.as_deref() == Some(request.currency.as_str());
+    let same = existing.kind == kind
+        && existing.payment_key.as_deref() == Some(payment)
+        && existing.amount == Some(amount)
+        && existing.currency.as_deref() == Some(currency);
     if !same {
-        return Err(GatewayError::KeyReused(request.key.clone()));
+        return Err(GatewayError::KeyReused(key.to_owned()));
     }
     Ok(Recorded {
         operation: existing,
         fresh: false,
         answer_lost: false,
     })
+}
+
+/// A refund asked again under its key ([`repeated`]).
+fn repeated_refund(request: &RefundPayment, existing: Operation) -> Result<Recorded, GatewayError> {
+    let RefundPayment {
+        key,
+        payment,
+        amount,
+        currency,
+    } = request;
+    repeated("refund", key, payment, *amount, currency, existing)
+}
+
+/// A capture asked again under its key ([`repeated`]).
+fn repeated_capture(
+    request: &CapturePayment,
+    existing: Operation,
+) -> Result<Recorded, GatewayError> {
+    let CapturePayment {
+        key,
+        payment,
+        amount,
+        currency,
+    } = request;
+    repeated("capture", key, payment, *amount, currency, existing)
 }
 
 /// The decline message of a recorded decline `code`: the message of the
