@@ -59,17 +59,33 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
         .routes(routes!(openapi::openapi_json))
 }
 
-/// `404 route_not_found` for a request no route takes (its path, or its
-/// method on that path), with Stripe's message for it, which names both.
+/// `404 route_not_found` for a request whose path no route has.
 async fn unrecognized(method: Method, uri: Uri) -> axum::response::Response {
-    problem::respond(Problem::new(
-        ProblemCode::RouteNotFound,
+    problem::respond(unrecognized_url(ProblemCode::RouteNotFound, &method, &uri))
+}
+
+/// `405 method_not_allowed` for a method its path's route does not take;
+/// the router adds `Allow`. A Stripe client gets Stripe's `404` for it
+/// (see `stripe::for_client`).
+async fn not_allowed(method: Method, uri: Uri) -> axum::response::Response {
+    problem::respond(unrecognized_url(
+        ProblemCode::MethodNotAllowed,
+        &method,
+        &uri,
+    ))
+}
+
+/// A request URL no route takes, with Stripe's message for it, word for
+/// word, which names the method and the path.
+fn unrecognized_url(code: ProblemCode, method: &Method, uri: &Uri) -> Problem {
+    Problem::new(
+        code,
         format!(
             "Unrecognized request URL ({}: {}). Please see https://stripe.com/docs or we can help at https://support.stripe.com/.",
             crate::params::shorten(method.as_str()),
             crate::params::shorten(uri.path()),
         ),
-    ))
+    )
 }
 
 /// The whole API, and Swagger UI at `/docs`. Layers, from the outside in:
@@ -90,10 +106,8 @@ pub fn router(state: AppState) -> Router {
     let (routes, _) = api(&state.config).split_for_parts();
     let routes = routes
         .merge(openapi::swagger_ui())
-        // A path no route has, and a method its route does not take, are
-        // the same to a client: a request URL this API does not recognise.
         .fallback(unrecognized)
-        .method_not_allowed_fallback(unrecognized)
+        .method_not_allowed_fallback(not_allowed)
         // On every route and fallback, after the router has matched the
         // path (a method the route lacks included).
         .layer(MapRequestLayer::new(observe::note_route))

@@ -3,7 +3,7 @@
 //! `Idempotency-Key` echoed to a request that sent one, `Stripe-Should-Retry`
 //! on errors where their retry decision matters, and, when the client says it
 //! speaks Stripe's API, Stripe's statuses: `200` for a create, `400` for a
-//! reused key.
+//! reused key, `404` for a method a route does not take.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
@@ -69,7 +69,7 @@ pub fn finish(response: &mut Response, id: Option<HeaderValue>, client: Client) 
 /// rate limit, after `Retry-After`; a `5xx`: the server's side failed, and
 /// a retry with the same key is safe), `false` on every
 /// other client error, which a retry cannot change (`400`, `401`, `402`,
-/// `403`, `404`, `413`, `415`, `422`). `None` below `400`. The SDKs retry
+/// `403`, `404`, `405`, `413`, `415`, `422`). `None` below `400`. The SDKs retry
 /// `409`s, `429`s and `5xx`s on their own, so `false` matters most on a `402` or a
 /// `400`.
 fn should_retry(status: StatusCode) -> Option<&'static str> {
@@ -94,18 +94,26 @@ pub fn status_for(status: StatusCode, stripe_client: bool) -> StatusCode {
     }
 }
 
-/// A reused key is `422` (the IETF draft's answer), but the Stripe SDKs
-/// raise their `IdempotencyError` only for a `400`, Stripe's own status for
-/// it. A request with a `Stripe-Version` header (every SDK sends one) gets
-/// the `400`.
+/// The problem as a Stripe client expects it. A reused key is `422` (the
+/// IETF draft's answer), but the Stripe SDKs raise their `IdempotencyError`
+/// only for a `400`, Stripe's own status for it. A method a route does not
+/// take is HTTP's `405`, but Stripe answers it as any URL it does not know,
+/// `404`, which the SDKs raise as an `InvalidRequestError` (a `405` is a
+/// bare `APIError`). A request with a `Stripe-Version` header (every SDK
+/// sends one) gets Stripe's answer.
 pub fn for_client(problem: Problem, stripe_client: bool) -> Problem {
-    if stripe_client && problem.code == ProblemCode::IdempotencyKeyReused {
-        return Problem {
+    match problem.code {
+        ProblemCode::IdempotencyKeyReused if stripe_client => Problem {
             status: StatusCode::BAD_REQUEST,
             ..problem
-        };
+        },
+        ProblemCode::MethodNotAllowed if stripe_client => Problem {
+            status: StatusCode::NOT_FOUND,
+            code: ProblemCode::RouteNotFound,
+            ..problem
+        },
+        _ => problem,
     }
-    problem
 }
 
 #[cfg(test)]

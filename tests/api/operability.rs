@@ -565,7 +565,7 @@ async fn made_up_methods_neither_grow_the_metrics_nor_reach_a_label_or_the_log()
     assert!(!after.contains("JUNK"), "a method became a label");
     assert!(
         after
-            .contains(r#"http_requests_total{method="other",route="/v1/charges",status="404"} 51"#),
+            .contains(r#"http_requests_total{method="other",route="/v1/charges",status="405"} 51"#),
         "{after}"
     );
     assert!(

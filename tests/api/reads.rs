@@ -186,7 +186,7 @@ async fn health_and_readiness_answer() {
 }
 
 #[tokio::test]
-async fn unknown_routes_and_methods_get_problems() {
+async fn an_unknown_path_is_404_and_a_method_its_route_lacks_is_405_with_allow() {
     let app = spawn_app().await;
     Answer::of(app.get("/v1/nothing").await)
         .await
@@ -197,9 +197,13 @@ async fn unknown_routes_and_methods_get_problems() {
         .send()
         .await
         .unwrap();
-    Answer::of(delete)
-        .await
-        .assert_problem(404, "route_not_found");
+    let delete = Answer::of(delete).await;
+    delete.assert_problem(405, "method_not_allowed");
+    assert_eq!(delete.header("allow"), Some("GET,HEAD,POST"));
+    assert_eq!(
+        delete.json()["detail"],
+        "Unrecognized request URL (DELETE: /v1/charges). Please see https://stripe.com/docs or we can help at https://support.stripe.com/."
+    );
 }
 
 #[tokio::test]

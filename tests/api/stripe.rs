@@ -389,7 +389,7 @@ async fn every_error_carries_stripe_should_retry_false_for_the_client_and_true_f
             .unwrap(),
     )
     .await;
-    not_allowed.assert_problem(404, "route_not_found");
+    not_allowed.assert_problem(405, "method_not_allowed");
     let mut big = visa(500);
     big["description"] = json!("d".repeat(2000));
     let too_large = Answer::of(

@@ -76,7 +76,8 @@ pub fn shorten_to(text: &str, max: usize) -> Cow<'_, str> {
 /// - `incorrect_cvc` (402): declined, the card's security code is wrong.
 /// - `processing_error` (402): declined, the issuer could not process the card.
 /// - `processing_abandoned` (402): abandoned before the network answered; no money moved.
-/// - `route_not_found` (404): unknown route, or a method the route does not take.
+/// - `route_not_found` (404): unknown route, or (to a Stripe client) a method the route does not take.
+/// - `method_not_allowed` (405): a method the route does not take (`Allow` lists those it does).
 /// - `idempotency_key_in_use` (409): the same request is still in flight (`Retry-After`).
 /// - `payload_too_large` (413): the body is too large.
 /// - `unsupported_media_type` (415): neither JSON nor a form.
@@ -181,8 +182,10 @@ pub enum ProblemCode {
     ProcessingError,
     /// 402: abandoned before the network answered; no money moved.
     ProcessingAbandoned,
-    /// 404: unknown route, or a method the route does not take.
+    /// 404: unknown route, or (to a Stripe client) a method the route does not take.
     RouteNotFound,
+    /// 405: a method the route does not take (`Allow` lists those it does).
+    MethodNotAllowed,
     /// 409: the same request is still in flight (`Retry-After`).
     IdempotencyKeyInUse,
     /// 413: the body is too large.
@@ -218,7 +221,7 @@ impl ProblemCode {
     /// Every code, in the order they are declared; a unit test holds it
     /// against the enum itself (by way of its OpenAPI schema), and
     /// `tests/api/docs.rs` against the table of docs/api.md.
-    pub const ALL: [ProblemCode; 58] = [
+    pub const ALL: [ProblemCode; 59] = [
         ProblemCode::ParameterMissing,
         ProblemCode::ParameterUnknown,
         ProblemCode::ParameterDuplicate,
@@ -262,6 +265,7 @@ impl ProblemCode {
         ProblemCode::ProcessingError,
         ProblemCode::ProcessingAbandoned,
         ProblemCode::RouteNotFound,
+        ProblemCode::MethodNotAllowed,
         ProblemCode::IdempotencyKeyInUse,
         ProblemCode::PayloadTooLarge,
         ProblemCode::UnsupportedMediaType,
@@ -325,6 +329,7 @@ impl ProblemCode {
             ProblemCode::ProcessingError => "processing_error",
             ProblemCode::ProcessingAbandoned => "processing_abandoned",
             ProblemCode::RouteNotFound => "route_not_found",
+            ProblemCode::MethodNotAllowed => "method_not_allowed",
             ProblemCode::IdempotencyKeyInUse => "idempotency_key_in_use",
             ProblemCode::PayloadTooLarge => "payload_too_large",
             ProblemCode::UnsupportedMediaType => "unsupported_media_type",
@@ -392,6 +397,7 @@ impl ProblemCode {
             | ProblemCode::ProcessingError
             | ProblemCode::ProcessingAbandoned => StatusCode::PAYMENT_REQUIRED,
             ProblemCode::RouteNotFound => StatusCode::NOT_FOUND,
+            ProblemCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ProblemCode::IdempotencyKeyInUse => StatusCode::CONFLICT,
             ProblemCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
