@@ -50,6 +50,38 @@ impl Broker {
         ]
     }
 
+    /// Waits until the stream has a leader and every one of its `replicas`
+    /// copies is current, and the ledger's durable consumer exists: a node
+    /// killed before that leaves too few peers to place the stream on, and
+    /// the scenario would test placement, not the loss of a copy.
+    async fn replicated(&self, replicas: usize, within: Duration) {
+        let js = self.js().await;
+        let deadline = Instant::now() + within;
+        loop {
+            let mut seen = String::from("no stream yet");
+            if let Ok(mut stream) = js.get_stream(&self.stream).await {
+                let cluster = stream.info().await.ok().and_then(|i| i.cluster.clone());
+                let current = cluster.as_ref().map_or(0, |c| {
+                    usize::from(c.leader.is_some())
+                        + c.replicas.iter().filter(|r| r.current).count()
+                });
+                let consumer = stream
+                    .get_consumer::<jetstream::consumer::pull::Config>("ledger")
+                    .await
+                    .is_ok();
+                if current == replicas && consumer {
+                    return;
+                }
+                seen = format!("{current} current copies, ledger consumer: {consumer}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the stream was not replicated {replicas} times: {seen}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     async fn js(&self) -> jetstream::Context {
         let addrs: Vec<async_nats::ServerAddr> =
             self.url.split(',').map(|u| u.parse().unwrap()).collect();
@@ -105,10 +137,20 @@ impl Worker {
 }
 
 impl Drop for Worker {
+    /// Stops the process; when the scenario failed, prints the end of its
+    /// log, which the failure's output then carries.
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("--- the end of {}:", self.log.display());
+            for line in tail.into_iter().rev() {
+                eprintln!("{line}");
+            }
         }
     }
 }
@@ -600,6 +642,7 @@ async fn a_three_node_cluster_losing_a_node_under_load_loses_no_event_and_applie
     let _relay = Worker::start(&["relay"], &db.url, &env);
     let _ledger = Worker::start(&["consume"], &db.url, &env);
     charges(&server, 2 * scale()).await;
+    broker.replicated(3, SLACK * 20).await;
     // One node killed while charges are being made; the stream has two
     // copies left, a majority, and goes on.
     tokio::join!(charges(&server, 2 * scale()), async {
