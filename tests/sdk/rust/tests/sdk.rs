@@ -10,22 +10,24 @@
 //! The server is this binary's own (see src/lib.rs); its log is
 //! target/sdk/rust-server.log.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
 use oncepay_sdk_rust::receiver::Receiver;
-use oncepay_sdk_rust::{Oncepay, oncepay, random_hex, root, tagged};
+use oncepay_sdk_rust::{Oncepay, oncepay, psql, random_hex, root, tagged};
 use stripe::{
     ApiErrors, ApiErrorsType, Client, IdempotencyKey, PaginationExt, RequestStrategy, StripeError,
     StripeRequest,
 };
 use stripe_core::balance::RetrieveForMyAccountBalance;
-use stripe_core::charge::{CreateCharge, ListCharge, RetrieveCharge};
+use stripe_core::charge::{CaptureCharge, CreateCharge, ListCharge, RetrieveCharge, UpdateCharge};
 use stripe_core::event::{ListEvent, RetrieveEvent};
-use stripe_core::refund::{CreateRefund, ListRefund, RetrieveRefund};
+use stripe_core::refund::{CreateRefund, ListRefund, RetrieveRefund, UpdateRefund};
 use stripe_misc::webhook_endpoint::{
     CreateWebhookEndpoint, CreateWebhookEndpointEnabledEvents, DeleteWebhookEndpoint,
-    ListWebhookEndpoint, RetrieveWebhookEndpoint,
+    ListWebhookEndpoint, RetrieveWebhookEndpoint, UpdateWebhookEndpoint,
+    UpdateWebhookEndpointEnabledEvents,
 };
 use stripe_shared::{Charge, ChargeStatus, Refund};
 use stripe_types::{Currency, RangeQueryTs};
@@ -638,6 +640,219 @@ async fn a_created_gte_filter_lists_typed_what_was_created_in_its_seconds() {
         .await
         .unwrap();
     assert_eq!(refund_ids(&refunds.data), [refunded]);
+}
+
+/// The gateway's captures of the charge ID: its payment is captured under
+/// `capture:<charge id>`, one row at most.
+fn captures_at_gateway(server: &Oncepay, id: &str) -> i64 {
+    psql(
+        &server.processor_url,
+        &format!("SELECT count(*) FROM operations WHERE kind = 'capture' AND key = 'capture:{id}'"),
+    )
+    .parse()
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_authorized_charge_is_captured_once_by_typed_captures_racing_with_one_key_and_many() {
+    let server = oncepay();
+    let client = server.client();
+    let (tag, request) = charge_request(2000, "tok_visa");
+    let result = request.capture(false).send(&client).await;
+    let authorized = server.typed(
+        "the authorized charge",
+        &raw_charge_path(server, &tag),
+        result,
+    );
+    assert_eq!(
+        (
+            authorized.paid,
+            authorized.captured,
+            authorized.amount_captured
+        ),
+        (true, false, 0)
+    );
+    let id = authorized.id.to_string();
+    // Eight captures at once: four share a key, four have one each.
+    let shared = uuid::Uuid::new_v4().to_string();
+    let keys: Vec<String> = (0..8)
+        .map(|n| {
+            if n < 4 {
+                shared.clone()
+            } else {
+                uuid::Uuid::new_v4().to_string()
+            }
+        })
+        .collect();
+    let captures = keys.iter().map(|key| {
+        CaptureCharge::new(id.as_str())
+            .amount(1500)
+            .customize()
+            .request_strategy(idempotent(key))
+            .send(&client)
+    });
+    let mut captured = 0;
+    for result in futures_util::future::join_all(captures).await {
+        match result {
+            Ok(charge) => {
+                assert_eq!((charge.captured, charge.amount_captured), (true, 1500));
+                captured += 1;
+            }
+            Err(StripeError::Stripe(error, status)) => assert!(
+                matches!(
+                    (status, code(&error)),
+                    (400, Some("charge_already_captured")) | (409, Some("idempotency_key_in_use"))
+                ),
+                "{status} {error:?}"
+            ),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(captured >= 1, "at least one capture is answered the charge");
+    let after = retrieve_charge(&client, &id).await;
+    assert_eq!(
+        (after.captured, after.amount_captured, after.amount_refunded),
+        (true, 1500, 500),
+        "captured once, the rest given back"
+    );
+    assert_eq!(
+        captures_at_gateway(server, &id),
+        1,
+        "one capture at the gateway"
+    );
+    assert_eq!(
+        server.count(&format!(
+            "SELECT count(*) FROM events WHERE object_id = '{id}' AND type = 'charge.captured'"
+        )),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_capture_of_more_than_was_authorized_is_a_typed_invalid_request_error_and_captures_nothing()
+ {
+    let server = oncepay();
+    let client = server.client();
+    let (tag, request) = charge_request(2000, "tok_visa");
+    let result = request.capture(false).send(&client).await;
+    let authorized = server.typed(
+        "the authorized charge",
+        &raw_charge_path(server, &tag),
+        result,
+    );
+    let id = authorized.id.to_string();
+    let (error, status) = api_error(
+        CaptureCharge::new(id.as_str())
+            .amount(2001)
+            .send(&client)
+            .await,
+    );
+    assert_eq!(status, 400);
+    assert_eq!(error.type_, ApiErrorsType::InvalidRequestError);
+    assert_eq!(code(&error), Some("amount_too_large"));
+    assert_eq!(error.param.as_deref(), Some("amount"));
+    assert!(!retrieve_charge(&client, &id).await.captured);
+    assert_eq!(captures_at_gateway(server, &id), 0);
+}
+
+#[tokio::test]
+async fn updates_read_back_typed_merge_and_unset_metadata_and_write_one_event_per_key() {
+    let server = oncepay();
+    let client = server.client();
+    let (tag, charge) = paid_charge(&client, 2000, "tok_visa").await;
+    let id = charge.id.to_string();
+    let metadata = HashMap::from([
+        ("note".to_owned(), "gift".to_owned()),
+        ("test".to_owned(), String::new()),
+    ]);
+    let key = uuid::Uuid::new_v4().to_string();
+    let update = || {
+        UpdateCharge::new(id.as_str())
+            .description("Order 1")
+            .receipt_email("jenny.rosen@example.com")
+            .metadata(metadata.clone())
+            .customize()
+            .request_strategy(idempotent(&key))
+            .send(&client)
+    };
+    let path = format!("/v1/charges/{id}");
+    let updated = server.typed("the updated charge", &path, update().await);
+    let again = server.typed("the update sent again", &path, update().await);
+    assert_same(&updated, &again, "the update's answer, replayed");
+    assert_eq!(updated.description.as_deref(), Some("Order 1"));
+    assert_eq!(
+        updated.receipt_email.as_deref(),
+        Some("jenny.rosen@example.com")
+    );
+    assert_eq!(
+        updated.metadata,
+        HashMap::from([("note".to_owned(), "gift".to_owned())]),
+        "`test` unset by an empty value, `note` added"
+    );
+    assert_same(&retrieve_charge(&client, &id).await, &updated, "read back");
+    assert_eq!(
+        server.charges_tagged(&tag),
+        0,
+        "the tag is gone from the charge"
+    );
+    assert_eq!(
+        server.count(&format!(
+            "SELECT count(*) FROM events WHERE object_id = '{id}' AND type = 'charge.updated'"
+        )),
+        1,
+        "one event for one update sent twice"
+    );
+
+    let refund_id = refund(&client, &id, 500).await;
+    let result = UpdateRefund::new(refund_id.as_str())
+        .metadata(HashMap::from([("reason".to_owned(), "damaged".to_owned())]))
+        .send(&client)
+        .await;
+    let refund = server.typed(
+        "the updated refund",
+        &format!("/v1/refunds/{refund_id}"),
+        result,
+    );
+    assert_eq!(
+        refund.metadata,
+        Some(HashMap::from([("reason".to_owned(), "damaged".to_owned())]))
+    );
+}
+
+#[tokio::test]
+async fn an_endpoint_is_updated_typed_disabled_and_enabled_again() {
+    let server = oncepay();
+    let client = server.client();
+    let (_receiver, _secret, id) = endpoint(&client).await;
+    let path = format!("/v1/webhook_endpoints/{id}");
+    let result = UpdateWebhookEndpoint::new(id.as_str())
+        .enabled_events(vec![
+            UpdateWebhookEndpointEnabledEvents::ChargeFailed,
+            UpdateWebhookEndpointEnabledEvents::ChargeRefunded,
+        ])
+        .disabled(true)
+        .send(&client)
+        .await;
+    let disabled = server.typed("the disabled endpoint", &path, result);
+    assert_eq!(
+        disabled.enabled_events,
+        ["charge.failed", "charge.refunded"]
+    );
+    assert_eq!(disabled.status, "disabled");
+    assert_eq!(
+        disabled.secret, None,
+        "the secret is shown only when created"
+    );
+    let result = UpdateWebhookEndpoint::new(id.as_str())
+        .disabled(false)
+        .send(&client)
+        .await;
+    assert_eq!(
+        server.typed("the enabled endpoint", &path, result).status,
+        "enabled"
+    );
+    let result = DeleteWebhookEndpoint::new(id.as_str()).send(&client).await;
+    server.typed("the deleted endpoint", &path, result);
 }
 
 #[tokio::test]
