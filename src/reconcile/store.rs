@@ -19,9 +19,13 @@ pub struct ChargeRow {
     pub currency: String,
     pub status: ChargeStatus,
     pub created_at: DateTime<Utc>,
-    /// What its succeeded refunds gave back, and whether one is pending.
+    /// What it gave back: its succeeded refunds, and the part a capture
+    /// left uncaptured (the processor counts both as refunded).
     pub amount_refunded: i64,
+    /// A refund of it is pending.
     pub refund_pending: bool,
+    /// Its capture is asked and not yet settled.
+    pub capturing: bool,
 }
 
 /// A refund as reconciliation compares it.
@@ -35,8 +39,8 @@ pub struct RefundRow {
     pub created_at: DateTime<Utc>,
 }
 
-/// A `query_as!` of [`ChargeRow`]s, each charge with what its refunds gave
-/// back, for the charges the `WHERE` clause `$filter` keeps (`c` is the
+/// A `query_as!` of [`ChargeRow`]s, each charge with what its refunds and
+/// its capture gave back, for the charges the `WHERE` clause `$filter` keeps (`c` is the
 /// charge). A macro because sqlx checks only literal text: each expansion,
 /// its filter appended, is checked against the schema like any query.
 macro_rules! charge_rows {
@@ -44,7 +48,11 @@ macro_rules! charge_rows {
         sqlx::query_as!(
             ChargeRow,
             r#"SELECT c.id, c.amount, c.currency, c.status AS "status: ChargeStatus", c.created_at,
-                  r.refunded AS "amount_refunded!", r.pending AS "refund_pending!"
+                  (r.refunded + CASE WHEN c.captured_at IS NOT NULL
+                                     THEN c.amount - c.capture_amount ELSE 0 END)::bigint
+                      AS "amount_refunded!",
+                  r.pending AS "refund_pending!",
+                  (c.capture_amount IS NOT NULL AND c.captured_at IS NULL) AS "capturing!"
              FROM charges c
             CROSS JOIN LATERAL (
                   SELECT coalesce(sum(amount) FILTER (WHERE status = 'succeeded'), 0)::bigint

@@ -1013,3 +1013,86 @@ async fn two_oncepay_databases_on_one_gateway_never_touch_each_others_payments()
     assert!(!mine.is_empty());
     drop(b);
 }
+
+/// `POST /v1/charges/{id}/capture` of `amount` (all of it when `None`).
+async fn capture(app: &TestApp, id: &str, amount: Option<i64>) {
+    let body = amount.map_or(json!({}), |a| json!({"amount": a}));
+    let answer = app
+        .client
+        .post(app.url(&format!("/v1/charges/{id}/capture")))
+        .bearer_auth(&app.api_key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+}
+
+/// A `tok_visa` charge of `amount` made with `capture=false`; its id.
+async fn authorized(app: &TestApp, amount: i64) -> String {
+    let body = json!({"amount": amount, "currency": "usd", "source": "tok_visa", "capture": false});
+    let charge = Answer::of(app.post_charge(None, &body).await).await;
+    assert_eq!(charge.status, 201, "{:?}", charge.body);
+    charge.json()["id"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn captured_partly_captured_released_and_uncaptured_charges_reconcile_with_no_difference() {
+    let app = spawn_app().await;
+    let whole = authorized(&app, 2000).await;
+    capture(&app, &whole, None).await;
+    let part = authorized(&app, 2000).await;
+    capture(&app, &part, Some(1500)).await;
+    let part_refunded = authorized(&app, 3000).await;
+    capture(&app, &part_refunded, Some(1000)).await;
+    let refund = app
+        .post_refund(None, &json!({"charge": part_refunded, "amount": 400}))
+        .await;
+    assert_eq!(refund.status(), 201);
+    let released = authorized(&app, 2500).await;
+    let release = app.post_refund(None, &json!({"charge": released})).await;
+    assert_eq!(release.status(), 201);
+    authorized(&app, 900).await;
+
+    let r = reconciler(&app, Duration::ZERO)
+        .run(last_day(), false)
+        .await
+        .unwrap();
+    assert_eq!(r.differences, vec![], "{}", r.table());
+    assert_eq!((r.checked.charges, r.checked.refunds), (5, 2));
+    assert_eq!((r.in_flight, r.remaining), (0, 0));
+}
+
+#[tokio::test]
+async fn a_partial_capture_the_processor_made_and_oncepay_has_not_settled_is_in_flight() {
+    let app = spawn_app().await;
+    let id = authorized(&app, 2000).await;
+    // The capture's claim reserved it an hour ago, the processor captured
+    // 1500 (giving 500 back), and the settle has not run yet: the sweeper
+    // rolls it forward.
+    sqlx::query(
+        "UPDATE charges SET capture_amount = 1500, capture_asked_at = now() - interval '1 hour'
+          WHERE id = $1",
+    )
+    .bind(&id)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO operations (account, key, kind, outcome, amount, currency, payment_key, created)
+         VALUES ($1, $2, 'capture', 'captured', 1500, 'usd', $3, now() - interval '1 hour')",
+    )
+    .bind(&app.processor_account)
+    .bind(format!("capture:{id}"))
+    .bind(format!("auth:{id}"))
+    .execute(&app.processor_pool)
+    .await
+    .unwrap();
+
+    let r = reconciler(&app, Duration::ZERO)
+        .run(last_day(), false)
+        .await
+        .unwrap();
+    assert_eq!(r.differences, vec![], "{}", r.table());
+    assert_eq!(r.in_flight, 1, "{}", r.table());
+}
