@@ -468,6 +468,7 @@ impl Config {
             key_ttl: self.keys.ttl,
             batch_size: self.keys.sweep_batch_size,
             delete_budget: crate::sweeper::DELETE_BUDGET,
+            capture_window: self.processor.capture_window,
         }
     }
 

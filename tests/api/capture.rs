@@ -235,3 +235,57 @@ async fn a_capture_left_in_flight_is_rolled_forward_by_the_sweeper() {
     assert_eq!(charge["amount_refunded"], 800);
     assert_eq!(app.sweep_once().await.captures_settled, 0);
 }
+
+#[tokio::test]
+async fn an_authorization_left_past_its_window_is_released_once_by_racing_sweepers_as_charge_expired()
+ {
+    let app = spawn_app().await;
+    let id = authorized_charge(&app, 2000).await;
+    let fresh = authorized_charge(&app, 900).await;
+    sqlx::query("UPDATE charges SET created_at = now() - interval '7 days 1 minute' WHERE id = $1")
+        .bind(&id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    let sweeps = (0..4).map(|_| app.sweep_once());
+    let reports = join_all(sweeps).await;
+    let expired: u64 = reports.iter().map(|r| r.authorizations_expired).sum();
+    assert_eq!(expired, 1, "one sweeper reserves the release: {reports:?}");
+
+    let charge = Answer::of(app.get(&format!("/v1/charges/{id}")).await)
+        .await
+        .json();
+    assert_eq!(
+        (
+            &charge["captured"],
+            &charge["refunded"],
+            &charge["amount_refunded"]
+        ),
+        (&json!(false), &json!(true), &json!(2000))
+    );
+    let refunds = &charge["refunds"]["data"];
+    assert_eq!(refunds.as_array().unwrap().len(), 1);
+    assert_eq!(refunds[0]["reason"], "expired_uncaptured_charge");
+    assert_eq!(refunds[0]["status"], "succeeded");
+    let events = |kind: &str| {
+        format!("SELECT count(*) FROM events WHERE object_id = '{id}' AND type = '{kind}'")
+    };
+    assert_eq!(app.count(&events("charge.expired")).await, 1);
+    assert_eq!(app.count(&events("charge.refunded")).await, 0);
+    let released = format!(
+        "SELECT count(*) FROM operations WHERE kind = 'refund' AND payment_key = 'auth:{id}'"
+    );
+    assert_eq!(
+        app.processor_count(&released).await,
+        1,
+        "one release at the gateway"
+    );
+
+    let late = Answer::of(post_capture(&app, &id, None, &json!({})).await).await;
+    late.assert_problem(400, "charge_expired_for_capture");
+    // An authorization inside its window is left to be captured.
+    assert_eq!(app.amount_refunded(&fresh).await, 0);
+    let captured = Answer::of(post_capture(&app, &fresh, None, &json!({})).await).await;
+    assert_eq!(captured.status, 200, "{:?}", captured.body);
+}

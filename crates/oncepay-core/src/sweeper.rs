@@ -1,6 +1,7 @@
 //! The background task in every `serve` process (and `oncepay sweep`):
 //! settles, by [`crate::recovery`], the charges and refunds a crash or a
-//! lost answer left `pending`, and deletes expired keys. Several sweepers may
+//! lost answer left `pending`, releases authorizations left uncaptured past
+//! their window ([`expiry`]), and deletes expired keys. Several sweepers may
 //! run at once: stale keys are leased ([`keys::lease_stale`]), and every
 //! settle is conditional.
 
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{PgExecutor, PgPool};
 
-use crate::charges::capture;
+use crate::charges::{capture, expiry};
 use crate::idempotency::{Resource, store as keys};
 use crate::processor::{Outcome, Processor, RefundOutcome};
 use crate::recovery::{Recovered, recover};
@@ -31,6 +32,9 @@ pub struct SweepSettings {
     pub batch_size: i64,
     /// See [`DELETE_BUDGET`].
     pub delete_budget: Duration,
+    /// How long an authorization can be captured (`CAPTURE_WINDOW`); it
+    /// is released after.
+    pub capture_window: Duration,
 }
 
 /// What one pass did.
@@ -53,6 +57,9 @@ pub struct SweepReport {
     pub refunds_failed: u64,
     /// Stale captures rolled forward, now captured.
     pub captures_settled: u64,
+    /// Authorizations past the capture window whose release this pass
+    /// reserved (each a refund, settled with the refunds).
+    pub authorizations_expired: u64,
     /// Expired keys deleted.
     pub keys_deleted: u64,
 }
@@ -82,6 +89,7 @@ impl Sweeper {
             processing_timeout: timeout,
             batch_size,
             delete_budget,
+            capture_window,
             ..
         } = self.settings;
         let leases = keys::lease_stale(&self.pool, timeout, batch_size).await?;
@@ -115,6 +123,22 @@ impl Sweeper {
             }
             self.recover_one(&resource, &mut report).await;
         }
+        for (merchant, charge) in expiry::expired(&self.pool, capture_window, batch_size).await? {
+            if !in_budget() {
+                break;
+            }
+            match expiry::release(&self.pool, merchant, &charge).await {
+                Ok(Some(refund)) => {
+                    report.authorizations_expired += 1;
+                    self.recover_one(&Resource::Refund(refund), &mut report)
+                        .await;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(%charge, error = format!("{e:#}"), "could not release an expired authorization")
+                }
+            }
+        }
         let deleting = Instant::now();
         loop {
             let deleted = keys::delete_expired(&self.pool, batch_size).await?;
@@ -133,6 +157,8 @@ impl Sweeper {
         ] {
             metrics::counter!("sweeper_settled_total", "outcome" => outcome).increment(n);
         }
+        metrics::counter!("sweeper_authorizations_expired_total")
+            .increment(report.authorizations_expired);
         metrics::counter!("sweeper_keys_deleted_total").increment(report.keys_deleted);
         metrics::counter!("sweeper_leased_total").increment(report.leased);
         if report != SweepReport::default() {

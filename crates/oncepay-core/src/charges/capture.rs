@@ -88,13 +88,13 @@ pub async fn refused(
     } else if !charge.capture_later || charge.capture_amount.is_some() {
         let detail = format!("Charge {id} has already been captured.");
         (ProblemCode::ChargeAlreadyCaptured, detail, None)
-    } else if charge.amount_refunded > 0 {
-        let detail = format!("Charge {id} has already been refunded.");
-        (ProblemCode::ChargeAlreadyRefunded, detail, None)
     } else if expired {
         let detail =
             format!("Charge {id} has expired for capture: it was authorized too long ago.");
         (ProblemCode::ChargeExpiredForCapture, detail, None)
+    } else if charge.amount_refunded > 0 {
+        let detail = format!("Charge {id} has already been refunded.");
+        (ProblemCode::ChargeAlreadyRefunded, detail, None)
     } else {
         let detail = format!(
             "Amount must be no more than the {} authorized on charge {id}.",

@@ -4,6 +4,7 @@
 pub mod capture;
 pub mod currency;
 pub mod domain;
+pub mod expiry;
 pub mod settle;
 pub mod store;
 

@@ -25,6 +25,13 @@ pub enum EventType {
     #[sqlx(rename = "charge.captured")]
     #[cfg_attr(feature = "openapi", schema(rename = "charge.captured"))]
     ChargeCaptured,
+    /// A charge authorized with `capture=false` was not captured within
+    /// `CAPTURE_WINDOW`, and its authorization was released (a refund of
+    /// the whole amount, `reason: expired_uncaptured_charge`); `data.object`
+    /// is the charge.
+    #[sqlx(rename = "charge.expired")]
+    #[cfg_attr(feature = "openapi", schema(rename = "charge.expired"))]
+    ChargeExpired,
     /// A refund of the charge succeeded, in part or in full; `data.object`
     /// is the charge.
     #[sqlx(rename = "charge.refunded")]
@@ -51,10 +58,11 @@ pub enum EventType {
 
 impl EventType {
     /// Every type, in the order the documentation lists them.
-    pub const ALL: [EventType; 8] = [
+    pub const ALL: [EventType; 9] = [
         EventType::ChargeSucceeded,
         EventType::ChargeFailed,
         EventType::ChargeCaptured,
+        EventType::ChargeExpired,
         EventType::ChargeRefunded,
         EventType::ChargeUpdated,
         EventType::RefundSucceeded,
@@ -72,6 +80,7 @@ crate::stored_as_text!(EventType {
     ChargeSucceeded => "charge.succeeded",
     ChargeFailed => "charge.failed",
     ChargeCaptured => "charge.captured",
+    ChargeExpired => "charge.expired",
     ChargeRefunded => "charge.refunded",
     ChargeUpdated => "charge.updated",
     RefundSucceeded => "refund.succeeded",

@@ -17,16 +17,20 @@ pub enum RefundReason {
     Duplicate,
     Fraudulent,
     RequestedByCustomer,
+    /// The sweeper's release of an authorization left uncaptured past
+    /// `CAPTURE_WINDOW`; no client may give it.
+    ExpiredUncapturedCharge,
 }
 
 crate::stored_as_text!(RefundReason {
     Duplicate => "duplicate",
     Fraudulent => "fraudulent",
     RequestedByCustomer => "requested_by_customer",
+    ExpiredUncapturedCharge => "expired_uncaptured_charge",
 });
 
 impl RefundReason {
-    /// The reason a name names, if any.
+    /// The reason a client's name names, if any: not the sweeper's own.
     pub fn parse(name: &str) -> Option<Self> {
         use RefundReason::*;
         [Duplicate, Fraudulent, RequestedByCustomer]

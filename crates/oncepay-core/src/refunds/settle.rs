@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sqlx::{Connection, PgConnection, PgPool};
 
-use super::{Refund, store};
+use super::{Refund, RefundReason, store};
 use crate::events::{EventType, NewEvent, store as events};
 use crate::faults::{Fault, crash_if};
 use crate::idempotency::{Resource, SavedResponse, store as keys};
@@ -40,18 +40,22 @@ pub async fn settle_or_crash(
 ) -> sqlx::Result<Settled> {
     let mut tx = db.begin().await?;
     // A refund that succeeds refunds its charge, in part or in full: Stripe
-    // sends `charge.refunded` for both, with the charge as it stands.
+    // sends `charge.refunded` for both, with the charge as it stands, and
+    // `charge.expired` for the release of an authorization that expired.
     let settled = match outcome {
         RefundOutcome::Refunded => match store::succeed_pending(&mut tx, refund_id).await? {
             Some((refund, charge)) => {
                 let refunds = store::of_charges(&mut *tx, std::slice::from_ref(&charge.id)).await?;
+                let expired = refund.reason.as_deref()
+                    == Some(RefundReason::ExpiredUncapturedCharge.as_str());
+                let charge_event = if expired {
+                    EventType::ChargeExpired
+                } else {
+                    EventType::ChargeRefunded
+                };
                 let events = vec![
                     NewEvent::new(EventType::RefundSucceeded, &refund.id, &refund.to_object()),
-                    NewEvent::new(
-                        EventType::ChargeRefunded,
-                        &charge.id,
-                        &charge.to_object(&refunds),
-                    ),
+                    NewEvent::new(charge_event, &charge.id, &charge.to_object(&refunds)),
                 ];
                 Some((refund, events))
             }
