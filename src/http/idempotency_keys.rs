@@ -65,6 +65,10 @@ async fn retrieve(
             Some(Resource::Refund(id)) => Some(id.clone()),
             _ => None,
         },
+        capture: match &stored.resource {
+            Some(Resource::Capture(id)) => Some(id.clone()),
+            _ => None,
+        },
         request: KeyRequest {
             method: stored.request_method,
             path: stored.request_path,
@@ -99,6 +103,9 @@ struct KeyState {
     /// The refund the key guards, if it guards a refund.
     #[schema(example = json!(null))]
     refund: Option<String>,
+    /// The charge whose capture the key guards, if it guards a capture.
+    #[schema(example = json!(null))]
+    capture: Option<String>,
 }
 
 /// The request that claimed the key.

@@ -91,6 +91,14 @@ async fn sixteen_captures_racing_with_one_key_capture_the_charge_once() {
             .await,
         1
     );
+    let key = Answer::of(app.get("/v1/idempotency_keys/one").await)
+        .await
+        .json();
+    assert_eq!(
+        (&key["capture"], &key["charge"], &key["refund"]),
+        (&json!(id), &Value::Null, &Value::Null),
+        "the key names the capture it guards"
+    );
 }
 
 #[tokio::test]
