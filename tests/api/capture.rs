@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::helpers::{Answer, TestApp, spawn_app, visa};
 
 /// An authorized, uncaptured `tok_visa` charge of `amount`; returns its id.
-async fn authorized_charge(app: &TestApp, amount: i64) -> String {
+pub(crate) async fn authorized_charge(app: &TestApp, amount: i64) -> String {
     let mut body = visa(amount);
     body["capture"] = json!(false);
     let charge = Answer::of(app.post_charge(None, &body).await).await;
@@ -23,7 +23,12 @@ async fn authorized_charge(app: &TestApp, amount: i64) -> String {
 }
 
 /// `POST /v1/charges/{id}/capture` with a JSON body.
-async fn post_capture(app: &TestApp, id: &str, key: Option<&str>, body: &Value) -> Response {
+pub(crate) async fn post_capture(
+    app: &TestApp,
+    id: &str,
+    key: Option<&str>,
+    body: &Value,
+) -> Response {
     let mut request = app
         .client
         .post(app.url(&format!("/v1/charges/{id}/capture")))
@@ -33,6 +38,20 @@ async fn post_capture(app: &TestApp, id: &str, key: Option<&str>, body: &Value) 
         request = request.header("Idempotency-Key", key);
     }
     request.send().await.expect("send the request")
+}
+
+/// What a capture's claim does to the charge, as if an hour ago: `amount`
+/// reserved, nothing settled yet.
+pub(crate) async fn reserve_capture_an_hour_ago(app: &TestApp, id: &str, amount: i64) {
+    sqlx::query(
+        "UPDATE charges SET capture_amount = $2, capture_asked_at = now() - interval '1 hour'
+          WHERE id = $1",
+    )
+    .bind(id)
+    .bind(amount)
+    .execute(&app.pool)
+    .await
+    .unwrap();
 }
 
 /// Captures recorded at the card gateway.
@@ -222,14 +241,7 @@ async fn a_capture_left_in_flight_is_rolled_forward_by_the_sweeper() {
     let id = authorized_charge(&app, 2000).await;
     // A capture reserved an hour ago by a request that died before the
     // processor was called.
-    sqlx::query(
-        "UPDATE charges SET capture_amount = 1200, capture_asked_at = now() - interval '1 hour'
-          WHERE id = $1",
-    )
-    .bind(&id)
-    .execute(&app.pool)
-    .await
-    .unwrap();
+    reserve_capture_an_hour_ago(&app, &id, 1200).await;
     let refund = Answer::of(app.post_refund(None, &json!({"charge": id})).await).await;
     refund.assert_problem(400, "charge_not_refundable");
 

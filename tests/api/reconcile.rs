@@ -13,6 +13,7 @@ use oncepay::reconcile::job::{JobRun, ReconcileJob};
 use oncepay::reconcile::{Difference, Fix, Kind, Reconciler, Reconciliation, Window};
 use serde_json::{Value, json};
 
+use crate::capture::{authorized_charge, post_capture, reserve_capture_an_hour_ago};
 use crate::helpers::{
     Answer, Settings, TestApp, spawn_app, spawn_app_beside, spawn_app_with, until,
 };
@@ -1014,45 +1015,29 @@ async fn two_oncepay_databases_on_one_gateway_never_touch_each_others_payments()
     drop(b);
 }
 
-/// `POST /v1/charges/{id}/capture` of `amount` (all of it when `None`).
+/// Captures `amount` (all of it when `None`) of the charge `id`.
 async fn capture(app: &TestApp, id: &str, amount: Option<i64>) {
     let body = amount.map_or(json!({}), |a| json!({"amount": a}));
-    let answer = app
-        .client
-        .post(app.url(&format!("/v1/charges/{id}/capture")))
-        .bearer_auth(&app.api_key)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 200);
-}
-
-/// A `tok_visa` charge of `amount` made with `capture=false`; its id.
-async fn authorized(app: &TestApp, amount: i64) -> String {
-    let body = json!({"amount": amount, "currency": "usd", "source": "tok_visa", "capture": false});
-    let charge = Answer::of(app.post_charge(None, &body).await).await;
-    assert_eq!(charge.status, 201, "{:?}", charge.body);
-    charge.json()["id"].as_str().unwrap().to_owned()
+    assert_eq!(post_capture(app, id, None, &body).await.status(), 200);
 }
 
 #[tokio::test]
 async fn captured_partly_captured_released_and_uncaptured_charges_reconcile_with_no_difference() {
     let app = spawn_app().await;
-    let whole = authorized(&app, 2000).await;
+    let whole = authorized_charge(&app, 2000).await;
     capture(&app, &whole, None).await;
-    let part = authorized(&app, 2000).await;
+    let part = authorized_charge(&app, 2000).await;
     capture(&app, &part, Some(1500)).await;
-    let part_refunded = authorized(&app, 3000).await;
+    let part_refunded = authorized_charge(&app, 3000).await;
     capture(&app, &part_refunded, Some(1000)).await;
     let refund = app
         .post_refund(None, &json!({"charge": part_refunded, "amount": 400}))
         .await;
     assert_eq!(refund.status(), 201);
-    let released = authorized(&app, 2500).await;
+    let released = authorized_charge(&app, 2500).await;
     let release = app.post_refund(None, &json!({"charge": released})).await;
     assert_eq!(release.status(), 201);
-    authorized(&app, 900).await;
+    authorized_charge(&app, 900).await;
 
     let r = reconciler(&app, Duration::ZERO)
         .run(last_day(), false)
@@ -1066,18 +1051,11 @@ async fn captured_partly_captured_released_and_uncaptured_charges_reconcile_with
 #[tokio::test]
 async fn a_partial_capture_the_processor_made_and_oncepay_has_not_settled_is_in_flight() {
     let app = spawn_app().await;
-    let id = authorized(&app, 2000).await;
+    let id = authorized_charge(&app, 2000).await;
     // The capture's claim reserved it an hour ago, the processor captured
     // 1500 (giving 500 back), and the settle has not run yet: the sweeper
     // rolls it forward.
-    sqlx::query(
-        "UPDATE charges SET capture_amount = 1500, capture_asked_at = now() - interval '1 hour'
-          WHERE id = $1",
-    )
-    .bind(&id)
-    .execute(&app.pool)
-    .await
-    .unwrap();
+    reserve_capture_an_hour_ago(&app, &id, 1500).await;
     sqlx::query(
         "INSERT INTO operations (account, key, kind, outcome, amount, currency, payment_key, created)
          VALUES ($1, $2, 'capture', 'captured', 1500, 'usd', $3, now() - interval '1 hour')",

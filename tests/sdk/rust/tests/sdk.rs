@@ -653,17 +653,23 @@ fn captures_at_gateway(server: &Oncepay, id: &str) -> i64 {
     .unwrap()
 }
 
+/// A `tok_visa` charge of AMOUNT made with `capture=false`.
+async fn authorized_charge(client: &Client, amount: i64) -> Charge {
+    let server = oncepay();
+    let (tag, request) = charge_request(amount, "tok_visa");
+    let result = request.capture(false).send(client).await;
+    server.typed(
+        "the authorized charge",
+        &raw_charge_path(server, &tag),
+        result,
+    )
+}
+
 #[tokio::test]
 async fn an_authorized_charge_is_captured_once_by_typed_captures_racing_with_one_key_and_many() {
     let server = oncepay();
     let client = server.client();
-    let (tag, request) = charge_request(2000, "tok_visa");
-    let result = request.capture(false).send(&client).await;
-    let authorized = server.typed(
-        "the authorized charge",
-        &raw_charge_path(server, &tag),
-        result,
-    );
+    let authorized = authorized_charge(&client, 2000).await;
     assert_eq!(
         (
             authorized.paid,
@@ -733,13 +739,7 @@ async fn a_capture_of_more_than_was_authorized_is_a_typed_invalid_request_error_
  {
     let server = oncepay();
     let client = server.client();
-    let (tag, request) = charge_request(2000, "tok_visa");
-    let result = request.capture(false).send(&client).await;
-    let authorized = server.typed(
-        "the authorized charge",
-        &raw_charge_path(server, &tag),
-        result,
-    );
+    let authorized = authorized_charge(&client, 2000).await;
     let id = authorized.id.to_string();
     let (error, status) = api_error(
         CaptureCharge::new(id.as_str())
