@@ -16,4 +16,5 @@ CREATE UNIQUE INDEX events_one_expiry_idx ON events (object_id) WHERE type = 'ch
 
 -- The sweeper looks for authorizations neither captured nor released.
 CREATE INDEX charges_uncaptured_idx ON charges (created_at)
-    WHERE capture_later AND capture_amount IS NULL AND amount_refunded = 0;
+    WHERE capture_later AND status = 'succeeded' AND capture_amount IS NULL
+      AND amount_refunded = 0;

@@ -137,7 +137,9 @@ impl BalanceObject {
 
 /// (currency, succeeded charges, succeeded refunds) per currency, in one
 /// statement so both sums come from one snapshot. Pending refunds, whose
-/// amount is only reserved on the charge, do not count yet.
+/// amount is only reserved on the charge, do not count yet. A charge made
+/// with `capture=false` counts what was captured, once captured, and the
+/// release of one never captured counts on neither side: no money moved.
 async fn totals(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
@@ -145,11 +147,17 @@ async fn totals(
     let rows = sqlx::query!(
         r#"SELECT currency AS "currency!", sum(charged)::bigint AS "charged!",
                   sum(refunded)::bigint AS "refunded!"
-           FROM (SELECT currency, amount AS charged, 0::bigint AS refunded
+           FROM (SELECT currency,
+                        CASE WHEN NOT capture_later THEN amount
+                             WHEN captured_at IS NOT NULL THEN capture_amount
+                             ELSE 0 END AS charged,
+                        0::bigint AS refunded
                    FROM charges WHERE merchant_id = $1 AND status = 'succeeded'
                  UNION ALL
-                 SELECT currency, 0::bigint, amount
-                   FROM refunds WHERE merchant_id = $1 AND status = 'succeeded') movements
+                 SELECT r.currency, 0::bigint, r.amount
+                   FROM refunds r JOIN charges c ON c.id = r.charge_id
+                  WHERE r.merchant_id = $1 AND r.status = 'succeeded'
+                    AND (NOT c.capture_later OR c.captured_at IS NOT NULL)) movements
           GROUP BY currency
           ORDER BY currency"#,
         merchant_id,

@@ -560,6 +560,7 @@ mod filter_tests {
                 ChargeSucceeded,
                 ChargeFailed,
                 ChargeCaptured,
+                ChargeExpired,
                 ChargeRefunded,
                 ChargeUpdated
             ]))

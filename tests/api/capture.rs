@@ -309,3 +309,71 @@ async fn an_authorization_left_past_its_window_is_released_once_by_racing_sweepe
     let captured = Answer::of(post_capture(&app, &fresh, None, &json!({})).await).await;
     assert_eq!(captured.status, 200, "{:?}", captured.body);
 }
+
+#[tokio::test]
+async fn a_release_the_issuer_refuses_is_asked_again_and_expires_the_charge_once() {
+    let app = spawn_app().await;
+    let body =
+        json!({"amount": 2000, "currency": "usd", "source": "tok_refundFail", "capture": false});
+    let charge = Answer::of(app.post_charge(None, &body).await).await;
+    assert_eq!(charge.status, 201, "{:?}", charge.body);
+    let id = charge.json()["id"].as_str().unwrap().to_owned();
+    sqlx::query("UPDATE charges SET created_at = now() - interval '8 days' WHERE id = $1")
+        .bind(&id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    let first = app.sweep_once().await;
+    assert_eq!((first.authorizations_expired, first.refunds_failed), (1, 1));
+    assert_eq!(
+        app.amount_refunded(&id).await,
+        0,
+        "the refused release gave it back"
+    );
+    let second = app.sweep_once().await;
+    assert_eq!(
+        (second.authorizations_expired, second.refunds_settled),
+        (1, 1)
+    );
+    assert_eq!(app.amount_refunded(&id).await, 2000);
+    assert_eq!(
+        app.sweep_once().await.authorizations_expired,
+        0,
+        "released: not asked again"
+    );
+
+    let statuses = |status: &str| {
+        format!("SELECT count(*) FROM refunds WHERE charge_id = '{id}' AND status = '{status}'")
+    };
+    assert_eq!(app.count(&statuses("failed")).await, 1);
+    assert_eq!(app.count(&statuses("succeeded")).await, 1);
+    let expired =
+        format!("SELECT count(*) FROM events WHERE object_id = '{id}' AND type = 'charge.expired'");
+    assert_eq!(app.count(&expired).await, 1);
+}
+
+#[tokio::test]
+async fn the_balance_counts_what_was_captured_and_not_what_was_only_authorized_or_released() {
+    let app = spawn_app().await;
+    authorized_charge(&app, 900).await;
+    let part = authorized_charge(&app, 2000).await;
+    let captured =
+        Answer::of(post_capture(&app, &part, None, &json!({"amount": 1500})).await).await;
+    assert_eq!(captured.status, 200, "{:?}", captured.body);
+    let refund = app
+        .post_refund(None, &json!({"charge": part, "amount": 400}))
+        .await;
+    assert_eq!(refund.status(), 201);
+    let released = authorized_charge(&app, 2500).await;
+    let release = app.post_refund(None, &json!({"charge": released})).await;
+    assert_eq!(release.status(), 201);
+
+    let balance = Answer::of(app.get("/v1/balance").await).await.json();
+    let usd = &balance["available"][0];
+    assert_eq!(
+        (&usd["charged"], &usd["refunded"], &usd["amount"]),
+        (&json!(1500), &json!(400), &json!(1100)),
+        "{balance}"
+    );
+}

@@ -433,7 +433,9 @@ pub struct RefundObject<'a> {
     pub metadata: &'a BTreeMap<String, String>,
     pub payment_intent: Unmodelled,
     pub payment_method: Unmodelled,
-    /// `duplicate`, `fraudulent` or `requested_by_customer`, as asked.
+    /// `duplicate`, `fraudulent` or `requested_by_customer`, as asked, or
+    /// `expired_uncaptured_charge` for the sweeper's release of an expired
+    /// authorization.
     #[cfg_attr(feature = "openapi", schema(example = "requested_by_customer"))]
     pub reason: Option<&'a str>,
     pub receipt_number: Unmodelled,

@@ -77,7 +77,16 @@ pub async fn refused(
         Err(e) => return e.into(),
     };
     let id = &charge.id;
-    let expired = chrono::Utc::now() - charge.created_at
+    // On the database's clock, as the reservation and the sweeper's
+    // release decided.
+    let now = match sqlx::query_scalar!(r#"SELECT now() AS "now!""#)
+        .fetch_one(&mut *db)
+        .await
+    {
+        Ok(now) => now,
+        Err(e) => return e.into(),
+    };
+    let expired = now - charge.created_at
         >= chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX);
     let (code, detail, param) = if charge.status != ChargeStatus::Succeeded {
         let detail = format!(

@@ -15,8 +15,14 @@ use uuid::Uuid;
 use crate::refunds::domain::new_refund_id;
 use crate::refunds::{NewRefund, RefundReason, store as refunds};
 
+/// How many releases of one authorization the issuer may refuse before the
+/// sweeper stops asking: a person must look then (a client's refund still
+/// releases it).
+pub const MAX_RELEASES: i64 = 3;
+
 /// Authorizations made more than `window` ago and neither captured nor
-/// released, oldest first, up to `limit`: `(merchant, charge id)`.
+/// released, oldest first, up to `limit`, leaving out those whose release
+/// was refused [`MAX_RELEASES`] times: `(merchant, charge id)`.
 pub async fn expired(
     db: impl PgExecutor<'_>,
     window: Duration,
@@ -27,10 +33,14 @@ pub async fn expired(
             WHERE capture_later AND capture_amount IS NULL AND amount_refunded = 0
               AND status = 'succeeded'
               AND created_at <= now() - $1::float8 * interval '1 millisecond'
+              AND (SELECT count(*) FROM refunds r
+                    WHERE r.charge_id = charges.id AND r.status = 'failed'
+                      AND r.reason = 'expired_uncaptured_charge') < $3
             ORDER BY created_at
             LIMIT $2"#,
         window.as_millis() as f64,
         limit,
+        MAX_RELEASES,
     )
     .fetch_all(db)
     .await?;
