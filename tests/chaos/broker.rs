@@ -82,6 +82,30 @@ impl Broker {
         }
     }
 
+    /// Waits until the ledger's durable consumer has delivered a message
+    /// not yet acknowledged.
+    async fn ledger_holds_unacked(&self, within: Duration) {
+        let js = self.js().await;
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(stream) = js.get_stream(&self.stream).await {
+                if let Ok(mut consumer) = stream
+                    .get_consumer::<jetstream::consumer::pull::Config>("ledger")
+                    .await
+                {
+                    if consumer.info().await.is_ok_and(|i| i.num_ack_pending > 0) {
+                        return;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the ledger consumer held no message in {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn js(&self) -> jetstream::Context {
         let addrs: Vec<async_nats::ServerAddr> =
             self.url.split(',').map(|u| u.parse().unwrap()).collect();
@@ -451,6 +475,9 @@ async fn two_consumers_with_a_short_ack_wait_share_redeliveries_and_apply_each_o
         &[("FAULT_INJECTION", "true"), ("BROKER_FAULT", "ack-late")],
     );
     let _slow = Worker::start(&["consume"], &db.url, &late);
+    // The other starts once the slow one holds messages, so that some are
+    // given to it again: started together, it could take them all first.
+    broker.ledger_holds_unacked(SLACK * 10).await;
     let _quick = Worker::start(&["consume"], &db.url, &broker.env());
     let row = Row::settle(
         "two consumers, short ack wait",
