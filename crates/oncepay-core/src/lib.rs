@@ -6,7 +6,7 @@
 //! - [`idempotency`]: the key, the request's fingerprint, and the store that
 //!   claims, completes, reads, leases and expires keys.
 //! - [`charges`], [`refunds`]: the records, their validated input, their SQL
-//!   and their settle; [`amount`] and [`settled`], which both use.
+//!   and their settle; [`settled`], which both use.
 //! - [`events`]: the events a settle writes in its own transaction (the outbox).
 //! - [`processor`]: the card processor behind a trait, the keys derived for
 //!   it, and how a call can fail.
@@ -17,8 +17,8 @@
 //!   client should retry, and the durations it all runs by.
 //! - [`faults`]: the crash points the failure tests ask for.
 //!
-//! [`problem`], [`params`] and [`objects`] are the API's vocabulary (the
-//! `oncepay-api` crate). docs/design.md gives the reading order.
+//! [`problem`], [`params`], [`objects`] and [`amount`] are the API's
+//! vocabulary (the `oncepay-api` crate). docs/design.md gives the reading order.
 
 /// `as_str` (the name a status is stored and shown under) and `Display` for
 /// an enum of unit variants stored as text: written once for every status.
@@ -42,7 +42,6 @@ macro_rules! stored_as_text {
 }
 pub(crate) use stored_as_text;
 
-pub mod amount;
 pub mod charges;
 pub mod error;
 pub mod events;
@@ -59,4 +58,4 @@ pub mod speed;
 pub mod sweeper;
 
 // The API's vocabulary, under the names the core has always used.
-pub use oncepay_api::{objects, params, problem};
+pub use oncepay_api::{amount, objects, params, problem};

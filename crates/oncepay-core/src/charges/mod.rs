@@ -2,12 +2,11 @@
 //! and how a charge authorized first is captured.
 
 pub mod capture;
-pub mod currency;
 pub mod domain;
 pub mod expiry;
 pub mod settle;
 pub mod store;
 
 pub use crate::amount::Amount;
-pub use currency::Currency;
 pub use domain::{Charge, ChargeStatus, NewCharge};
+pub use oncepay_api::currency::{self, Currency};

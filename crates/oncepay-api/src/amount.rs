@@ -17,7 +17,7 @@ pub struct Amount(i64);
 impl Amount {
     /// `minor_units` if within range, else the parameter error to show.
     /// (Below 1 is no positive integer, as Stripe says; a charge's
-    /// currency asks for more, see [`crate::charges::Currency::check_charge`],
+    /// currency asks for more, see [`crate::currency::Currency::check_charge`],
     /// while a refund may give back a single minor unit.)
     pub fn new(minor_units: i64) -> Result<Self, ParamError> {
         if minor_units < MIN_AMOUNT {
