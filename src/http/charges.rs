@@ -19,7 +19,7 @@ use super::input::{CaptureParams, FromParams};
 use super::list::{Created, List, Page, Position, created_page, finish};
 use super::problem::{ApiError, found};
 use crate::app::AppState;
-use crate::charges::{Charge, NewCharge, store};
+use crate::charges::{NewCharge, store};
 use crate::objects::ChargeObject;
 use crate::operation::capture::CaptureCharge;
 use crate::operation::charge::CreateCharge;
@@ -155,24 +155,16 @@ async fn retrieve(
     Ok(Json(charge.to_object(&refunds)).into_response())
 }
 
-/// A `query_as!` of the merchant's [`Charge`]s, with `$page` (the position
-/// against the cursor, the order; see [`created_page!`]) appended. A macro
-/// because sqlx checks only literal text: each expansion, its `$page`
-/// appended, is checked against the schema like any query.
+/// A `query_as!` of the merchant's charges (`oncepay_core::charge_query!`),
+/// with `$page` (the position against the cursor, the order; see
+/// [`created_page!`]) appended. A macro because sqlx checks only literal
+/// text: each expansion, its `$page` appended, is checked against the
+/// schema like any query.
 macro_rules! merchant_charges {
     ($page:literal, $($arg:expr),+ $(,)?) => {
-        sqlx::query_as!(
-            Charge,
-            r#"SELECT id, merchant_id, amount, currency, source, description,
-                  metadata AS "metadata: _", status AS "status: _",
-                  failure_code, failure_message, amount_refunded, created_at,
-                  receipt_email, statement_descriptor, statement_descriptor_suffix,
-                  shipping AS "shipping: _", transfer_group,
-                  fraud_details AS "fraud_details: _",
-                  capture_later, capture_amount, captured_at
-             FROM charges
-            WHERE merchant_id = $1
-              AND "# + $page,
+        oncepay_core::charge_query!(
+            "SELECT",
+            ["FROM charges WHERE merchant_id = $1 AND ", $page],
             $($arg),+
         )
     };

@@ -201,12 +201,7 @@ impl Ledger {
             return repeated_refund(request, existing);
         }
         let mut tx = self.pool.begin().await?;
-        let payment = store::lock_payment(&mut tx, account, &request.payment)
-            .await?
-            .ok_or_else(|| GatewayError::NotFound {
-                what: "payment",
-                key: request.payment.clone(),
-            })?;
+        let payment = locked_payment(&mut tx, account, &request.payment).await?;
         if payment.kind != "authorization" || payment.outcome != "succeeded" {
             return Err(GatewayError::NotRefundable(request.payment.clone()));
         }
@@ -288,12 +283,7 @@ impl Ledger {
             return repeated_capture(request, existing);
         }
         let mut tx = self.pool.begin().await?;
-        let payment = store::lock_payment(&mut tx, account, &request.payment)
-            .await?
-            .ok_or_else(|| GatewayError::NotFound {
-                what: "payment",
-                key: request.payment.clone(),
-            })?;
+        let payment = locked_payment(&mut tx, account, &request.payment).await?;
         check_capturable(&payment, request)?;
         let fresh = store::insert_capture(
             &mut tx,
@@ -381,6 +371,21 @@ impl Ledger {
 }
 
 /// Whether `payment`, locked, can be captured as `request` asks.
+/// The account's payment `key`, locked until the transaction ends (see
+/// [`store::lock_payment`]); not found when the account has none.
+async fn locked_payment(
+    tx: &mut sqlx::PgConnection,
+    account: &str,
+    key: &str,
+) -> Result<Operation, GatewayError> {
+    store::lock_payment(tx, account, key)
+        .await?
+        .ok_or_else(|| GatewayError::NotFound {
+            what: "payment",
+            key: key.to_owned(),
+        })
+}
+
 fn check_capturable(payment: &Operation, request: &CapturePayment) -> Result<(), GatewayError> {
     let not = |why| GatewayError::NotCapturable {
         key: request.payment.clone(),

@@ -154,7 +154,7 @@ pub async fn list(
 }
 
 /// `account`'s payment `key`, locked until the transaction ends, so
-/// refunds of it are checked one after the other.
+/// refunds and captures of it are checked one after the other.
 pub async fn lock_payment(
     tx: &mut PgConnection,
     account: &str,

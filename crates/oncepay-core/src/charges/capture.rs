@@ -32,20 +32,14 @@ pub async fn reserve(
     amount: Option<i64>,
     window: Duration,
 ) -> sqlx::Result<Option<Charge>> {
-    sqlx::query_as!(
-        Charge,
-        r#"UPDATE charges SET capture_amount = COALESCE($3, amount), capture_asked_at = now()
-            WHERE id = $1 AND merchant_id = $2 AND status = 'succeeded'
-              AND capture_later AND capture_amount IS NULL AND amount_refunded = 0
-              AND created_at > now() - $4::float8 * interval '1 millisecond'
-              AND COALESCE($3, amount) <= amount
-            RETURNING id, merchant_id, amount, currency, source, description,
-                      metadata AS "metadata: _", status AS "status: _",
-                      failure_code, failure_message, amount_refunded, created_at,
-                      receipt_email, statement_descriptor, statement_descriptor_suffix,
-                      shipping AS "shipping: _", transfer_group,
-                      fraud_details AS "fraud_details: _",
-                      capture_later, capture_amount, captured_at"#,
+    crate::charge_query!(
+        "UPDATE charges SET capture_amount = COALESCE($3, amount), capture_asked_at = now()
+          WHERE id = $1 AND merchant_id = $2 AND status = 'succeeded'
+            AND capture_later AND capture_amount IS NULL AND amount_refunded = 0
+            AND created_at > now() - $4::float8 * interval '1 millisecond'
+            AND COALESCE($3, amount) <= amount
+          RETURNING",
+        [],
         charge_id,
         merchant_id,
         amount,
@@ -163,18 +157,12 @@ pub async fn settle_or_crash(
 /// The conditional update of a capture's settle: `None` when the capture
 /// was not in flight any more (another settle came first).
 async fn mark_captured(db: impl PgExecutor<'_>, charge_id: &str) -> sqlx::Result<Option<Charge>> {
-    sqlx::query_as!(
-        Charge,
-        r#"UPDATE charges
-              SET captured_at = now(), amount_refunded = amount_refunded + amount - capture_amount
-            WHERE id = $1 AND capture_amount IS NOT NULL AND captured_at IS NULL
-            RETURNING id, merchant_id, amount, currency, source, description,
-                      metadata AS "metadata: _", status AS "status: _",
-                      failure_code, failure_message, amount_refunded, created_at,
-                      receipt_email, statement_descriptor, statement_descriptor_suffix,
-                      shipping AS "shipping: _", transfer_group,
-                      fraud_details AS "fraud_details: _",
-                      capture_later, capture_amount, captured_at"#,
+    crate::charge_query!(
+        "UPDATE charges
+            SET captured_at = now(), amount_refunded = amount_refunded + amount - capture_amount
+          WHERE id = $1 AND capture_amount IS NOT NULL AND captured_at IS NULL
+          RETURNING",
+        [],
         charge_id,
     )
     .fetch_optional(db)

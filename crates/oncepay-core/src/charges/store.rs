@@ -7,6 +7,28 @@ use super::{Charge, NewCharge};
 use crate::events::NewEvent;
 use crate::idempotency::SavedResponse;
 
+/// A `query_as!` of [`Charge`]s: `$head` (a statement up to where the
+/// columns go: `SELECT`, or an `INSERT` or `UPDATE` up to `RETURNING`),
+/// every column of a charge, then the `$tail` literals. The columns are
+/// written here once; a macro because sqlx checks only literal text, and
+/// each expansion is checked against the schema like any query.
+#[macro_export]
+macro_rules! charge_query {
+    ($head:literal, [$($tail:literal),*], $($arg:expr),* $(,)?) => {
+        sqlx::query_as!(
+            $crate::charges::Charge,
+            $head + r#" id, merchant_id, amount, currency, source, description,
+                  metadata AS "metadata: _", status AS "status: _",
+                  failure_code, failure_message, amount_refunded, created_at,
+                  receipt_email, statement_descriptor, statement_descriptor_suffix,
+                  shipping AS "shipping: _", transfer_group,
+                  fraud_details AS "fraud_details: _",
+                  capture_later, capture_amount, captured_at "# $(+ $tail)*,
+            $($arg),*
+        )
+    };
+}
+
 /// Writes a new charge in status `pending`, before the processor is called,
 /// and returns it as stored.
 pub async fn insert_pending(
@@ -15,19 +37,13 @@ pub async fn insert_pending(
     merchant_id: Uuid,
     charge: &NewCharge,
 ) -> sqlx::Result<Charge> {
-    sqlx::query_as!(
-        Charge,
-        r#"INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata, status,
-                                receipt_email, statement_descriptor, statement_descriptor_suffix,
-                                shipping, transfer_group, capture_later)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10, $11, $12, $13)
-           RETURNING id, merchant_id, amount, currency, source, description,
-                     metadata AS "metadata: _", status AS "status: _",
-                     failure_code, failure_message, amount_refunded, created_at,
-                     receipt_email, statement_descriptor, statement_descriptor_suffix,
-                     shipping AS "shipping: _", transfer_group,
-                     fraud_details AS "fraud_details: _",
-                     capture_later, capture_amount, captured_at"#,
+    crate::charge_query!(
+        "INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata,
+                              status, receipt_email, statement_descriptor,
+                              statement_descriptor_suffix, shipping, transfer_group, capture_later)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10, $11, $12, $13)
+         RETURNING",
+        [],
         id,
         merchant_id,
         charge.amount.minor_units(),
@@ -154,16 +170,9 @@ async fn find_scoped(
     merchant_id: Option<Uuid>,
     id: &str,
 ) -> sqlx::Result<Option<Charge>> {
-    sqlx::query_as!(
-        Charge,
-        r#"SELECT id, merchant_id, amount, currency, source, description,
-                  metadata AS "metadata: _", status AS "status: _",
-                  failure_code, failure_message, amount_refunded, created_at,
-                  receipt_email, statement_descriptor, statement_descriptor_suffix,
-                  shipping AS "shipping: _", transfer_group,
-                  fraud_details AS "fraud_details: _",
-                  capture_later, capture_amount, captured_at
-             FROM charges WHERE id = $2 AND ($1::uuid IS NULL OR merchant_id = $1)"#,
+    crate::charge_query!(
+        "SELECT",
+        ["FROM charges WHERE id = $2 AND ($1::uuid IS NULL OR merchant_id = $1)"],
         merchant_id,
         id,
     )
