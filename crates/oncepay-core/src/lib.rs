@@ -2,9 +2,10 @@
 //! and no speed mechanism among its dependencies.
 //!
 //! - [`operation`]: one guarded request's workflow: claim the key with the
-//!   pending record, call the processor outside any transaction, settle.
+//!   pending record ([`operation::claim`]), call the processor outside any
+//!   transaction, settle.
 //! - [`idempotency`]: the key, the request's fingerprint, and the store that
-//!   claims, completes, reads, leases and expires keys.
+//!   completes, reads, leases and expires keys.
 //! - [`charges`], [`refunds`]: the records, their validated input, their SQL
 //!   and their settle; [`settled`], which both use.
 //! - [`events`]: the events a settle writes in its own transaction (the outbox).
@@ -12,7 +13,8 @@
 //!   it, and how a call can fail.
 //! - [`recovery`], [`sweeper`]: settling a stale record, and the loop that
 //!   finds them and deletes expired keys.
-//! - [`speed`]: the seams for a server's fast paths, and plain defaults.
+//! - [`speed`]: the two seams where a server may plug speed in (taking a
+//!   connection, waiting for a key in flight), and their plain defaults.
 //! - [`error`], [`retry_after`], [`settings`]: what fails and how, when a
 //!   client should retry, and the durations it all runs by.
 //! - [`faults`]: the crash points the failure tests ask for.

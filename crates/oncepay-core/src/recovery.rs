@@ -1,7 +1,7 @@
 //! Recovery of one stale record: a charge or refund whose request went
 //! quiet (crashed, lost the processor's answer, or is just slow). Shared by
 //! the sweeper (`request_id` is `None`) and by a retry that finds its own key
-//! stale ([`crate::operation::claim`]; its request id, which the events name).
+//! stale (`crate::operation::claim`; its request id, which the events name).
 
 use std::time::Duration;
 
@@ -10,7 +10,6 @@ use sqlx::PgPool;
 use crate::charges::settle as charge_settle;
 use crate::charges::{capture, store as charges};
 use crate::idempotency::Resource;
-use crate::operation::capture::capture_at_processor;
 use crate::processor::{self, Outcome, Processor, RefundOutcome};
 use crate::refunds::settle::{self as refund_settle, Pending};
 use crate::refunds::{RefundStatus, store as refunds};
@@ -76,7 +75,7 @@ pub async fn recover(
             else {
                 return Ok(None);
             };
-            capture_at_processor(processor, &charge, None).await?;
+            capture::at_processor(processor, &charge, None).await?;
             let mut db = pool.acquire().await?;
             let settled = capture::settle_or_crash(&mut db, id, key_ttl, request_id, None).await?;
             if let Settled::Already = settled {

@@ -15,6 +15,7 @@ use crate::faults::{Fault, crash_if};
 use crate::idempotency::{Resource, SavedResponse, store as keys};
 use crate::params::shorten;
 use crate::problem::{Problem, ProblemCode};
+use crate::processor::{self, Processor, ProcessorError, WireFault};
 use crate::refunds::store as refunds;
 use crate::settled::{Settled, ok};
 
@@ -194,4 +195,24 @@ pub async fn stale_unguarded(
     )
     .fetch_all(db)
     .await
+}
+
+/// The processor call of a reserved capture, idempotent on
+/// [`processor::capture_key`], asking the gateway for `fault` if any.
+pub async fn at_processor(
+    processor: &dyn Processor,
+    charge: &Charge,
+    fault: Option<WireFault>,
+) -> Result<(), ProcessorError> {
+    let processor_key = processor::capture_key(&charge.id);
+    let payment_key = processor::authorization_key(&charge.id);
+    processor
+        .capture(processor::Capture {
+            processor_key: &processor_key,
+            payment_key: &payment_key,
+            amount: charge.capture_amount.unwrap_or(charge.amount),
+            currency: &charge.currency,
+            fault,
+        })
+        .await
 }

@@ -107,6 +107,35 @@ impl NewCharge {
         serde_json::to_vec(&canonical).expect("serialising a JSON value cannot fail")
     }
 
+    /// The charge as step 2 writes it, `pending`: the one place a new
+    /// charge becomes a stored one. Its `created_at` is the database's,
+    /// which the claim's statement sets when it writes the charge.
+    pub fn pending(&self, id: String, merchant_id: Uuid) -> Charge {
+        Charge {
+            id,
+            merchant_id,
+            amount: self.amount.minor_units(),
+            currency: self.currency.as_str().to_owned(),
+            source: self.source.as_str().to_owned(),
+            description: self.description.clone(),
+            metadata: sqlx::types::Json(self.metadata.clone()),
+            status: ChargeStatus::Pending,
+            failure_code: None,
+            failure_message: None,
+            amount_refunded: 0,
+            created_at: Utc::now(),
+            receipt_email: self.receipt_email.clone(),
+            statement_descriptor: self.statement_descriptor.clone(),
+            statement_descriptor_suffix: self.statement_descriptor_suffix.clone(),
+            shipping: self.shipping.clone().map(sqlx::types::Json),
+            transfer_group: self.transfer_group.clone(),
+            fraud_details: Default::default(),
+            capture_later: !self.capture,
+            capture_amount: None,
+            captured_at: None,
+        }
+    }
+
     /// The details (`receipt_email`, `statement_descriptor`,
     /// `statement_descriptor_suffix`, `shipping`, `transfer_group`) as a
     /// JSON object's text, as the claim writes them; `None` when none is given.
@@ -126,7 +155,8 @@ impl NewCharge {
 }
 
 /// A charge's lifecycle: `pending` until the processor's outcome is recorded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 // The API's objects name this schema (`oncepay_api::objects`).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(rename_all = "lowercase"))]
@@ -143,8 +173,9 @@ crate::stored_as_text!(ChargeStatus {
     Failed => "failed",
 });
 
-/// A charge as stored.
-#[derive(Clone, Debug, sqlx::FromRow)]
+/// A charge as stored. Serialised, its members are its columns (the claim
+/// writes a pending charge from them, `crate::operation::claim`).
+#[derive(Clone, Debug, sqlx::FromRow, serde::Serialize)]
 pub struct Charge {
     pub id: String,
     /// Who owns it; not part of the API object.

@@ -1,9 +1,9 @@
 //! The charges table's SQL.
 
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::PgExecutor;
 use uuid::Uuid;
 
-use super::{Charge, NewCharge};
+use super::Charge;
 use crate::events::NewEvent;
 use crate::idempotency::SavedResponse;
 
@@ -27,39 +27,6 @@ macro_rules! charge_query {
             $($arg),*
         )
     };
-}
-
-/// Writes a new charge in status `pending`, before the processor is called,
-/// and returns it as stored.
-pub async fn insert_pending(
-    tx: &mut PgConnection,
-    id: &str,
-    merchant_id: Uuid,
-    charge: &NewCharge,
-) -> sqlx::Result<Charge> {
-    crate::charge_query!(
-        "INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata,
-                              status, receipt_email, statement_descriptor,
-                              statement_descriptor_suffix, shipping, transfer_group, capture_later)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10, $11, $12, $13)
-         RETURNING",
-        [],
-        id,
-        merchant_id,
-        charge.amount.minor_units(),
-        charge.currency.as_str(),
-        charge.source.as_str(),
-        charge.description.as_deref(),
-        sqlx::types::Json(&charge.metadata) as _,
-        charge.receipt_email.as_deref(),
-        charge.statement_descriptor.as_deref(),
-        charge.statement_descriptor_suffix.as_deref(),
-        charge.shipping.as_ref().map(sqlx::types::Json) as _,
-        charge.transfer_group.as_deref(),
-        !charge.capture,
-    )
-    .fetch_one(tx)
-    .await
 }
 
 /// What a charge's settle writes: what the charge becomes, the answer its

@@ -3,7 +3,8 @@
 //!
 //! - [`key`]: the `Idempotency-Key` header's value, parsed once.
 //! - [`fingerprint`]: what makes two requests "the same".
-//! - [`store`]: the SQL that claims, completes, reads, leases and expires keys.
+//! - [`store`]: the SQL that completes, reads, leases and expires keys (the
+//!   claim is written where it is made, `crate::operation::claim`).
 
 pub mod fingerprint;
 pub mod key;
@@ -11,4 +12,4 @@ pub mod store;
 
 pub use fingerprint::Fingerprint;
 pub use key::IdempotencyKey;
-pub use store::{Claim, ClaimOutcome, KeyStatus, Resource, SavedResponse, StoredKey};
+pub use store::{FirstRequest, KeyStatus, Resource, SavedAnswer, SavedResponse, StoredKey};

@@ -19,9 +19,11 @@ use crate::charges::{Charge, store as charges};
 use crate::error::Error;
 use crate::faults::Fault;
 use crate::idempotency::{Resource, SavedResponse};
-use crate::operation::{Engine, Operation};
+use crate::operation::claim::{self, Found, Pending};
+use crate::operation::engine::{Engine, Request};
+use crate::operation::workflow::Operation;
 use crate::problem::{Problem, ProblemCode};
-use crate::processor::{self, Processor, ProcessorError, WireFault};
+use crate::processor::{Processor, ProcessorError, WireFault};
 use crate::refunds::store as refunds;
 use crate::retry_after;
 
@@ -57,6 +59,34 @@ impl CaptureCharge {
     }
 }
 
+impl Pending for CaptureCharge {
+    /// In one transaction: the claim, then one conditional update that
+    /// reserves the capture on the charge, so a charge is captured once at
+    /// most. Nothing reserved: both rolled back, and the answer says why.
+    async fn claim_with_record(
+        &mut self,
+        engine: &Engine,
+        request: &Request,
+    ) -> Result<Found, Error> {
+        let mut tx = claim::transaction(engine, request).await?;
+        let found = claim::claim(&mut tx, engine, request, Some(&self.resource()), None).await?;
+        if !matches!(found, Found::Won { .. }) {
+            tx.rollback().await?;
+            return Ok(found);
+        }
+        let (merchant_id, id, window) = (self.merchant_id, &self.charge_id, self.window);
+        let amount = self.amount.map(|a| a.minor_units());
+        let Some(charge) = capture::reserve(&mut tx, merchant_id, id, amount, window).await? else {
+            let refused = capture::refused(&mut tx, merchant_id, id, window).await;
+            tx.rollback().await?;
+            return Err(refused);
+        };
+        tx.commit().await?;
+        self.reserved = Some(charge);
+        Ok(found)
+    }
+}
+
 impl Operation for CaptureCharge {
     type Outcome = ();
     const ROUTE: &'static str = "/v1/charges/{charge}/capture";
@@ -76,32 +106,13 @@ impl Operation for CaptureCharge {
         serde_json::to_vec(&canonical).expect("serialising a JSON value cannot fail")
     }
 
-    async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<(), Error> {
-        let amount = self.amount.map(|a| a.minor_units());
-        let reserved = capture::reserve(
-            &mut *tx,
-            self.merchant_id,
-            &self.charge_id,
-            amount,
-            self.window,
-        )
-        .await?;
-        match reserved {
-            Some(charge) => {
-                self.reserved = Some(charge);
-                Ok(())
-            }
-            None => Err(capture::refused(tx, self.merchant_id, &self.charge_id, self.window).await),
-        }
-    }
-
     async fn call_processor(
         &self,
         processor: &dyn Processor,
         fault: Option<WireFault>,
     ) -> Result<(), ProcessorError> {
         let charge = self.reserved.as_ref().expect("the capture is reserved");
-        capture_at_processor(processor, charge, fault).await
+        capture::at_processor(processor, charge, fault).await
     }
 
     async fn settle(
@@ -139,24 +150,4 @@ impl Operation for CaptureCharge {
             .with_retry_after(retry_after::until_recovered(&engine.timeouts)),
         ))
     }
-}
-
-/// The processor call of a reserved capture, idempotent on
-/// [`processor::capture_key`], asking the gateway for `fault` if any.
-pub async fn capture_at_processor(
-    processor: &dyn Processor,
-    charge: &Charge,
-    fault: Option<WireFault>,
-) -> Result<(), ProcessorError> {
-    let processor_key = processor::capture_key(&charge.id);
-    let payment_key = processor::authorization_key(&charge.id);
-    processor
-        .capture(processor::Capture {
-            processor_key: &processor_key,
-            payment_key: &payment_key,
-            amount: charge.capture_amount.unwrap_or(charge.amount),
-            currency: &charge.currency,
-            fault,
-        })
-        .await
 }

@@ -3,20 +3,18 @@
 //! its answer. When the processor is unavailable nothing was recorded, so
 //! the charge and its key are given back and a retry runs anew.
 
-use std::sync::OnceLock;
-
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::charges::domain::new_charge_id;
 use crate::charges::settle::{self, Settled};
-use crate::charges::{Charge, ChargeStatus, NewCharge, store};
+use crate::charges::{Charge, NewCharge, store};
 use crate::error::Error;
 use crate::faults::Fault;
-use crate::idempotency::store::PendingCharge;
-use crate::idempotency::{Claim, ClaimOutcome, Resource, SavedResponse, store as keys};
-use crate::operation::Engine;
-use crate::operation::{Operation, claim};
+use crate::idempotency::{Resource, SavedResponse};
+use crate::operation::claim::{self, Found, Pending};
+use crate::operation::engine::{Engine, Request};
+use crate::operation::workflow::Operation;
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{self, Authorization, Outcome, Processor, ProcessorError, WireFault};
 use crate::retry_after;
@@ -24,25 +22,30 @@ use crate::retry_after;
 /// A charge to make for a merchant.
 #[derive(Debug)]
 pub struct CreateCharge {
-    /// Made when first asked for: a request answered from the replay cache
-    /// never needs one.
-    id: OnceLock<String>,
-    merchant_id: Uuid,
     charge: NewCharge,
-    /// The charge as written pending (step 2), which the settle renders
+    /// The charge as step 2 writes it, pending, which the settle renders
     /// its answer and its event from.
-    pending: Option<Charge>,
+    pending: Charge,
 }
 
 impl CreateCharge {
-    /// The charge; its id is fresh, made when first needed.
+    /// The charge; its id is fresh.
     pub fn new(merchant_id: Uuid, charge: NewCharge) -> Self {
-        CreateCharge {
-            id: OnceLock::new(),
-            merchant_id,
-            charge,
-            pending: None,
-        }
+        let pending = charge.pending(new_charge_id(), merchant_id);
+        CreateCharge { charge, pending }
+    }
+}
+
+impl Pending for CreateCharge {
+    /// The claim's own statement writes the pending charge.
+    async fn claim_with_record(
+        &mut self,
+        engine: &Engine,
+        request: &Request,
+    ) -> Result<Found, Error> {
+        let mut db = claim::connection(engine, request).await?;
+        let resource = self.resource();
+        claim::claim(&mut db, engine, request, Some(&resource), Some(&mut self.pending)).await
     }
 }
 
@@ -53,73 +56,15 @@ impl Operation for CreateCharge {
     const OUTCOME_UNKNOWN: &'static str = "The card processor did not confirm the outcome. Retry with the same Idempotency-Key to get it.";
 
     fn id(&self) -> &str {
-        self.id.get_or_init(new_charge_id)
+        &self.pending.id
     }
 
     fn resource(&self) -> Resource {
-        Resource::Charge(self.id().to_owned())
+        Resource::Charge(self.pending.id.clone())
     }
 
     fn canonical(&self) -> Vec<u8> {
         self.charge.canonical()
-    }
-
-    async fn claim_with_record(
-        &mut self,
-        engine: &Engine,
-        request: &claim::Request,
-        claim: &Claim<'_>,
-    ) -> Result<Option<ClaimOutcome>, Error> {
-        let metadata = serde_json::to_string(&self.charge.metadata).expect("metadata serialises");
-        let details = self.charge.details();
-        let pending = PendingCharge {
-            id: self.id(),
-            amount: self.charge.amount.minor_units(),
-            currency: self.charge.currency.as_str(),
-            source: self.charge.source.as_str(),
-            description: self.charge.description.as_deref(),
-            metadata: &metadata,
-            capture_later: !self.charge.capture,
-            details: details.as_deref(),
-        };
-        let mut db = request.connection(engine).await?;
-        let first = keys::claim_with_charge(&mut *db, claim, &pending).await?;
-        if let ClaimOutcome::Claimed {
-            created_at: Some(created_at),
-            ..
-        } = &first
-        {
-            self.pending = Some(Charge {
-                id: self.id().to_owned(),
-                merchant_id: self.merchant_id,
-                amount: self.charge.amount.minor_units(),
-                currency: self.charge.currency.as_str().to_owned(),
-                source: self.charge.source.as_str().to_owned(),
-                description: self.charge.description.clone(),
-                metadata: sqlx::types::Json(self.charge.metadata.clone()),
-                status: ChargeStatus::Pending,
-                failure_code: None,
-                failure_message: None,
-                amount_refunded: 0,
-                created_at: *created_at,
-                capture_later: !self.charge.capture,
-                capture_amount: None,
-                captured_at: None,
-                receipt_email: self.charge.receipt_email.clone(),
-                statement_descriptor: self.charge.statement_descriptor.clone(),
-                statement_descriptor_suffix: self.charge.statement_descriptor_suffix.clone(),
-                shipping: self.charge.shipping.clone().map(sqlx::types::Json),
-                transfer_group: self.charge.transfer_group.clone(),
-                fraud_details: Default::default(),
-            });
-        }
-        Ok(Some(first))
-    }
-
-    async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<(), Error> {
-        self.pending =
-            Some(store::insert_pending(tx, self.id(), self.merchant_id, &self.charge).await?);
-        Ok(())
     }
 
     async fn call_processor(
@@ -148,14 +93,8 @@ impl Operation for CreateCharge {
         request_id: Option<&str>,
         fault: Option<Fault>,
     ) -> sqlx::Result<Settled> {
-        // Step 2 wrote the pending charge (or its statement did) before
-        // any settle can run.
-        let pending = self
-            .pending
-            .as_ref()
-            .expect("the charge is written pending");
         let ttl = engine.timeouts.key_ttl;
-        settle::settle_or_crash(db, pending, outcome, ttl, request_id, fault).await
+        settle::settle_or_crash(db, &self.pending, outcome, ttl, request_id, fault).await
     }
 
     async fn render(

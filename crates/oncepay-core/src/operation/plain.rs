@@ -1,4 +1,4 @@
-//! The guarantee with no fast path at all ([`crate::speed::Plain`]): many
+//! The guarantee with the plain seams only ([`crate::speed::Plain`]): many
 //! requests race on one key against a real database and a processor that
 //! counts its authorizations, and one charge is made, once.
 
@@ -13,9 +13,10 @@ use uuid::Uuid;
 
 use super::charge::CreateCharge;
 use super::timing::Untimed;
-use super::{Answer, Engine, Guard, run};
+use super::engine::{Answer, Engine, METHOD, Request};
+use super::workflow::{Operation, run};
 use crate::charges::{Amount, Currency, NewCharge};
-use crate::idempotency::IdempotencyKey;
+use crate::idempotency::{Fingerprint, IdempotencyKey};
 use crate::processor::{
     Authorization, Capture, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
     TestToken,
@@ -71,7 +72,8 @@ fn engine(pool: PgPool, processor: Arc<CountingProcessor>) -> Engine {
             sweep_interval: Duration::from_secs(5),
         },
         tasks: TaskTracker::new(),
-        fast: Arc::new(Plain),
+        admission: Arc::new(Plain),
+        waits: Arc::new(Plain),
     }
 }
 
@@ -108,16 +110,23 @@ async fn sixteen_requests_racing_on_one_key_make_one_charge_with_plain_paths(poo
         let engine = engine.clone();
         let key = key.clone();
         tokio::spawn(async move {
-            let guard = Guard {
+            let charge = CreateCharge::new(merchant_id, charge());
+            let route = CreateCharge::ROUTE;
+            let arrived = Instant::now();
+            let request = Request {
+                route,
                 merchant_id,
                 request_id: None,
                 key: Some(key),
+                fingerprint: Fingerprint::of(METHOD, route, &charge.canonical()),
                 wait: Duration::from_secs(5),
                 fault: None,
-                arrived: Instant::now(),
+                arrived,
+                deadline: arrived + Duration::from_secs(10),
+                client_gone: Default::default(),
                 clock: Arc::new(Untimed),
             };
-            run(&engine, guard, CreateCharge::new(merchant_id, charge())).await
+            run(&engine, request, charge).await
         })
     });
     let mut fresh = 0;
@@ -128,7 +137,7 @@ async fn sixteen_requests_racing_on_one_key_make_one_charge_with_plain_paths(poo
                 fresh += 1;
                 bodies.push(saved.body);
             }
-            Answer::Replayed { saved, .. } => bodies.push(saved.body),
+            Answer::Replayed { saved, .. } => bodies.push(saved.response.body.clone()),
         }
     }
 

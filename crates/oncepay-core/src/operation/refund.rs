@@ -13,8 +13,9 @@ use crate::charges::{ChargeStatus, store as charges};
 use crate::error::Error;
 use crate::faults::Fault;
 use crate::idempotency::{Resource, SavedResponse};
-use crate::operation::Engine;
-use crate::operation::Operation;
+use crate::operation::claim::{self, Found};
+use crate::operation::engine::{Engine, Request};
+use crate::operation::workflow::Operation;
 use crate::params::shorten;
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{Processor, ProcessorError, RefundOutcome, WireFault};
@@ -60,6 +61,36 @@ impl CreateRefund {
     }
 }
 
+impl claim::Pending for CreateRefund {
+    /// In one transaction: the claim, then one conditional update that
+    /// reserves the amount on the charge (and decides any race between
+    /// refunds), then the refund, pending. Nothing reserved: all rolled
+    /// back, and the answer says why.
+    async fn claim_with_record(
+        &mut self,
+        engine: &Engine,
+        request: &Request,
+    ) -> Result<Found, Error> {
+        let mut tx = claim::transaction(engine, request).await?;
+        let found = claim::claim(&mut tx, engine, request, Some(&self.resource()), None).await?;
+        if !matches!(found, Found::Won { .. }) {
+            tx.rollback().await?;
+            return Ok(found);
+        }
+        let amount = self.refund.amount.map(|a| a.minor_units());
+        let reserved = store::reserve(&mut tx, self.merchant_id, &self.refund.charge, amount).await?;
+        let Some(reserved) = reserved else {
+            let refused = refused(&mut tx, self.merchant_id, &self.refund).await;
+            tx.rollback().await?;
+            return Err(refused);
+        };
+        store::insert_pending(&mut tx, &self.id, self.merchant_id, &self.refund, &reserved).await?;
+        tx.commit().await?;
+        self.reserved = Some(reserved);
+        Ok(found)
+    }
+}
+
 impl Operation for CreateRefund {
     type Outcome = RefundOutcome;
     const ROUTE: &'static str = "/v1/refunds";
@@ -76,18 +107,6 @@ impl Operation for CreateRefund {
 
     fn canonical(&self) -> Vec<u8> {
         self.refund.canonical()
-    }
-
-    async fn write_pending(&mut self, tx: &mut PgConnection) -> Result<(), Error> {
-        let amount = self.refund.amount.map(|a| a.minor_units());
-        let Some(reserved) =
-            store::reserve(&mut *tx, self.merchant_id, &self.refund.charge, amount).await?
-        else {
-            return Err(refused(tx, self.merchant_id, &self.refund).await);
-        };
-        store::insert_pending(tx, &self.id, self.merchant_id, &self.refund, &reserved).await?;
-        self.reserved = Some(reserved);
-        Ok(())
     }
 
     async fn call_processor(

@@ -7,17 +7,17 @@
 use std::future::Future;
 use std::time::Instant;
 
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::PgConnection;
 
-use super::claim::{self, Begun};
+use super::claim::{self, Found, Pending};
+use super::engine::{Answer, Engine, Request};
 use super::timing::Phase;
-use super::{Answer, Guard};
+use super::workflow::in_task;
 use crate::error::Error;
 use crate::idempotency::{SavedResponse, store as keys};
-use crate::operation::Engine;
 
 /// The work of one kind of record, plugged into [`run`].
-pub trait Write: Send + Sync {
+pub trait Write: Send + Sync + 'static {
     /// The route whose keys guard this operation.
     const ROUTE: &'static str;
     /// The parameters in a canonical form, for the key's fingerprint.
@@ -31,70 +31,72 @@ pub trait Write: Send + Sync {
     ) -> impl Future<Output = Result<SavedResponse, Error>> + Send;
 }
 
-/// Runs `write` for a request guarded by `guard`: claims the key or answers
-/// from it; writes, saves the answer on the key, and commits, all at once.
+/// Runs `write` for `request`: claims the key or answers from it; writes,
+/// saves the answer on the key, and commits, all at once.
 ///
 /// The work runs in a task of [`Engine::tasks`], as a guarded operation's
 /// does: a request dropped by `REQUEST_TIMEOUT` or a client hanging up must
 /// not cancel a transaction half-way (sqlx cannot cancel a `BEGIN` in flight
 /// safely); a wait for the key in flight still stops when the client goes.
-pub async fn run<W: Write + 'static>(
-    engine: &Engine,
-    guard: Guard,
-    write: W,
-) -> Result<Answer, Error> {
-    let (request, _hang_up) = claim::Request::of(W::ROUTE, guard, || write.canonical());
-    let work = |request| claim_and_write(engine.clone(), request, write);
-    super::in_task(engine, request, "write", work).await
-}
-
-async fn claim_and_write<W: Write>(
-    engine: Engine,
-    request: claim::Request,
-    write: W,
-) -> Result<Answer, Error> {
-    let engine = &engine;
-    let claiming = Instant::now();
-    let begun = claim::begin(engine, &request, None).await;
-    request.clock.lap(Phase::Claim, claiming);
-    let tx = match begun? {
-        Begun::Claimed(tx) => tx,
-        Begun::Answered(answer) => return Ok(answer),
-        Begun::Written => {
-            return Err(Error::internal("a write's claim has no record of its own"));
-        }
+pub async fn run<W: Write>(engine: &Engine, request: Request, write: W) -> Result<Answer, Error> {
+    let _hang_up = request.client_gone.clone().drop_guard();
+    let engine_in_task = engine.clone();
+    let work = async move {
+        let mut writing = Writing { write, saved: None };
+        let claiming = Instant::now();
+        let claimed = claim::claim_or_answer(&engine_in_task, &request, &mut writing).await;
+        request.clock.lap(Phase::Claim, claiming);
+        let answer = match (claimed, writing.saved) {
+            (Ok(Some(answer)), _) => Ok(answer),
+            (Ok(None), Some(saved)) => Ok(Answer::Fresh(saved)),
+            (Ok(None), None) => Err(Error::internal("a write claimed without its answer")),
+            (Err(e), _) => Err(e),
+        };
+        (answer, request)
     };
-    let writing = Instant::now();
-    let written = write_and_commit(engine, &request, &write, tx).await;
-    request.clock.lap(Phase::Write, writing);
-    let saved = written?;
-    claim::finished(engine, &request);
-    Ok(Answer::Fresh(saved))
+    in_task(engine, "write", work).await
 }
 
-/// Writes the record, saves its answer on the request's key and commits,
-/// in the claim's transaction `tx`.
-async fn write_and_commit<W: Write>(
-    engine: &Engine,
-    request: &claim::Request,
-    write: &W,
-    mut tx: Transaction<'static, Postgres>,
-) -> Result<SavedResponse, Error> {
-    let saved = match write.write(&mut tx).await {
-        Ok(saved) => saved,
-        Err(e) => {
+/// A write on its way: its answer once written with the claim.
+struct Writing<W> {
+    write: W,
+    saved: Option<SavedResponse>,
+}
+
+impl<W: Write> Pending for Writing<W> {
+    /// In one transaction: the claim, the record, its answer saved on the
+    /// key (`idempotency_key_complete`), committed at once.
+    async fn claim_with_record(
+        &mut self,
+        engine: &Engine,
+        request: &Request,
+    ) -> Result<Found, Error> {
+        let mut tx = claim::transaction(engine, request).await?;
+        let found = claim::claim(&mut tx, engine, request, None, None).await?;
+        if !matches!(found, Found::Won { .. }) {
             tx.rollback().await?;
-            return Err(e);
+            return Ok(found);
         }
-    };
-    if let Some(key) = &request.key {
-        let ttl = engine.timeouts.key_ttl;
-        if !keys::complete(&mut tx, request.merchant_id, key, &saved, ttl).await? {
-            return Err(Error::internal(
-                "the key claimed in this transaction is no longer its to complete",
-            ));
+        let writing = Instant::now();
+        let saved = match self.write.write(&mut tx).await {
+            Ok(saved) => saved,
+            Err(refused) => {
+                tx.rollback().await?;
+                return Err(refused);
+            }
+        };
+        if let Some(key) = &request.key {
+            let ttl = engine.timeouts.key_ttl;
+            if !keys::complete(&mut tx, request.merchant_id, key, &saved, ttl).await? {
+                return Err(Error::internal("the key claimed here is no longer its to complete"));
+            }
         }
+        tx.commit().await?;
+        request.clock.lap(Phase::Write, writing);
+        if let Some(key) = &request.key {
+            engine.waits.wake(request.merchant_id, key);
+        }
+        self.saved = Some(saved);
+        Ok(found)
     }
-    tx.commit().await?;
-    Ok(saved)
 }
