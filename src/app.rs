@@ -9,8 +9,10 @@ use std::sync::Arc;
 use sqlx::PgPool;
 
 use crate::config::Config;
-use crate::operation::Engine;
+use oncepay_core::operation::engine::Engine;
+
 use crate::processor::Processor;
+use crate::speed::front::Front;
 
 /// What every operation (and every handler) can reach; its fields are
 /// [`Services`]'s, reached through `Deref`.
@@ -41,8 +43,11 @@ pub struct Services {
     /// timeouts again, the tasks the work runs in (shutdown waits for them,
     /// within `SHUTDOWN_GRACE`) and the fast paths ([`crate::fast_paths`]).
     pub engine: Engine,
-    /// Completed answers and merchants, see [`crate::cache`].
-    pub caches: Arc<crate::cache::Caches>,
+    /// What answers a completed key before the engine is entered
+    /// ([`crate::speed::front`]).
+    pub front: Front,
+    /// Completed answers and merchants, see [`crate::speed::cache`].
+    pub caches: Arc<crate::speed::cache::Caches>,
     /// Each merchant's reads and writes on this instance, see
     /// [`crate::rate_limit`].
     pub rate_limits: Arc<crate::rate_limit::RateLimits>,

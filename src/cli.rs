@@ -24,9 +24,9 @@ use crate::broker;
 use crate::config::{Config, ConfigError, Settings};
 use crate::reconcile::Window;
 use crate::startup::{Application, http_processor, reconciler, shutdown_signal};
-use crate::sweeper::Sweeper;
 use crate::{db, merchants};
 use card_gateway::{self as gateway, Gateway};
+use oncepay_core::sweeper::Sweeper;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -19,7 +19,7 @@ use std::time::Duration;
 /// How far apart the wall clocks of oncepay's instances and of Postgres may
 /// be. A claim carries its request's deadline by this instance's clock and
 /// Postgres refuses it once its own clock is past it (see
-/// [`crate::idempotency::store::claim`]), so a clock ahead by this much
+/// [`oncepay_core::idempotency::store::claim`]), so a clock ahead by this much
 /// lets a claim in this much late. NTP keeps clocks within milliseconds;
 /// `IDEMPOTENCY_KEY_TTL` must exceed `REQUEST_TIMEOUT` plus this.
 pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(1);
@@ -111,7 +111,7 @@ pub struct RateLimits {
 }
 
 /// oncepay's Postgres and its pool (see [`pg_follow::follow`] and
-/// [`crate::admission`]).
+/// [`crate::speed::admission`]).
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Database")]
 pub struct Database {
@@ -149,7 +149,7 @@ pub struct Database {
 
 /// Idempotency keys: how long they live, when a `processing` one counts as
 /// stale, how the sweeper settles them, and the replay cache of their
-/// answers (see [`crate::cache`]).
+/// answers (see [`crate::speed::cache`]).
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Idempotency")]
 pub struct Keys {
@@ -462,12 +462,12 @@ impl Config {
     }
 
     /// The sweeper's settings in a `serve` or `sweep` process.
-    pub fn sweep_settings(&self) -> crate::sweeper::SweepSettings {
-        crate::sweeper::SweepSettings {
+    pub fn sweep_settings(&self) -> oncepay_core::sweeper::SweepSettings {
+        oncepay_core::sweeper::SweepSettings {
             processing_timeout: self.keys.processing_timeout,
             key_ttl: self.keys.ttl,
             batch_size: self.keys.sweep_batch_size,
-            delete_budget: crate::sweeper::DELETE_BUDGET,
+            delete_budget: oncepay_core::sweeper::DELETE_BUDGET,
             capture_window: self.processor.capture_window,
         }
     }

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 pub use oncepay_core::events::{EventType, NewEvent, domain, store};
 
-use crate::objects::{EventObject, EventRequest};
+use oncepay_core::objects::{EventObject, EventRequest};
 
 /// An event as stored.
 #[derive(Clone, Debug)]

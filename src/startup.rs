@@ -13,18 +13,20 @@ use tokio_util::sync::CancellationToken;
 use crate::app::AppState;
 use crate::config::Config;
 use crate::db::Database;
-use crate::fast_paths::ServerPaths;
 use crate::http;
-use crate::idempotency::reads::Reads;
-use crate::idempotency::wait::Waits;
 use crate::merchants::{self, ApiKey};
-use crate::operation::Engine;
 use crate::processor::{HttpProcessor, LedgerClient, Processor};
 use crate::reconcile::Reconciler;
 use crate::reconcile::job::{self, ReconcileJob};
-use crate::sweeper::Sweeper;
+use crate::speed::admission::Admission;
+use crate::speed::cache::Caches;
+use crate::speed::front::Front;
+use crate::speed::reads::Reads;
+use crate::speed::wait::Waits;
 use crate::telemetry::metrics;
 use crate::webhooks::deliver::{DeliverySettings, Worker};
+use oncepay_core::operation::engine::Engine;
+use oncepay_core::sweeper::Sweeper;
 
 /// A bound, ready server.
 pub struct Application {
@@ -70,7 +72,7 @@ impl Application {
                 format!("binding {}:{}", config.server.bind_addr, config.server.port)
             })?;
         let waits = Waits::new(pool.clone(), config.keys.processing_timeout);
-        let caches = Arc::new(crate::cache::Caches::new(config.keys.replay_cache_bytes));
+        let caches = Arc::new(Caches::new(config.keys.replay_cache_bytes));
         let rate_limits = Arc::new(crate::rate_limit::RateLimits::new(
             config.rate_limits.reads(),
             config.rate_limits.writes(),
@@ -83,23 +85,24 @@ impl Application {
             .map(redis::Client::open)
             .transpose()
             .context("REDIS_URL")?;
-        let admission = Arc::new(crate::admission::Admission::new(
+        let admission = Arc::new(Admission::new(
             config.database.queue_timeout,
             config.database.queue_overload_timeout,
         ));
-        let reads = Reads::start(pool.clone(), admission.clone());
+        let processing_timeout = config.keys.processing_timeout;
+        let reads = Reads::start(pool.clone(), admission.clone(), processing_timeout);
         let processor = crate::telemetry::metrics::MeteredProcessor::wrap(processor);
         let engine = Engine {
             pool: pool.clone(),
             processor: processor.clone(),
             timeouts: config.timeouts(),
             tasks: tokio_util::task::TaskTracker::new(),
-            fast: Arc::new(ServerPaths {
-                caches: caches.clone(),
-                reads,
-                waits,
-                admission,
-            }),
+            admission,
+            waits: Arc::new(waits),
+        };
+        let front = Front {
+            caches: caches.clone(),
+            reads,
         };
         let state = AppState::new(crate::app::Services {
             pool,
@@ -107,6 +110,7 @@ impl Application {
             processor,
             metrics: crate::telemetry::metrics::handle(),
             engine,
+            front,
             caches,
             rate_limits,
             primary,

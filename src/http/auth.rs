@@ -16,8 +16,8 @@ use base64::Engine;
 use super::problem::ApiError;
 use crate::app::AppState;
 use crate::merchants::{self, ApiKey, Merchant};
-use crate::problem::{Problem, ProblemCode};
 use crate::rate_limit::{self, Kind};
+use oncepay_core::problem::{Problem, ProblemCode};
 
 /// The merchant a request authenticated as.
 #[derive(Clone, Debug)]
@@ -82,7 +82,7 @@ fn refuse_connected_account(parts: &Parts) -> Result<(), ApiError> {
         ProblemCode::AccountInvalid,
         format!(
             "The provided key does not have access to account '{}' (or that account does not exist): oncepay has no connected accounts.",
-            crate::params::shorten(&account)
+            oncepay_core::params::shorten(&account)
         ),
     )
     .with_param("Stripe-Account")

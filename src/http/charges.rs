@@ -2,7 +2,7 @@
 //! `POST /v1/charges/{id}/capture`.
 //!
 //! Creating a charge and capturing one are guarded operations
-//! ([`crate::operation`]); the handlers only extract, call and map.
+//! ([`oncepay_core::operation`]); the handlers only extract, call and map.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -19,14 +19,14 @@ use super::input::{CaptureParams, FromParams};
 use super::list::{Created, List, Page, Position, created_page, finish};
 use super::problem::{ApiError, found};
 use crate::app::AppState;
-use crate::charges::{NewCharge, store};
-use crate::objects::ChargeObject;
-use crate::operation::capture::CaptureCharge;
-use crate::operation::charge::CreateCharge;
-use crate::operation::write::{self, Write};
-use crate::operation::{self, Operation};
-use crate::refunds::store as refunds;
 use crate::updates::charge::{ChargeUpdate, UpdateCharge};
+use oncepay_core::charges::{NewCharge, store};
+use oncepay_core::objects::ChargeObject;
+use oncepay_core::operation::capture::CaptureCharge;
+use oncepay_core::operation::charge::CreateCharge;
+use oncepay_core::operation::workflow::Operation;
+use oncepay_core::operation::write::Write;
+use oncepay_core::refunds::store as refunds;
 
 const ROUTE: &str = CreateCharge::ROUTE;
 
@@ -58,18 +58,23 @@ pub fn router() -> OpenApiRouter<AppState> {
 async fn update(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
-    post: IdempotentPost,
+    mut post: IdempotentPost,
 ) -> Result<Response, ApiError> {
     let asker = post.asker();
-    let (guard, params, clock) = post.split(merchant.id, UpdateCharge::ROUTE);
-    let update = ChargeUpdate::from_params(params)?;
+    let update = ChargeUpdate::from_params(post.params())?;
     let charge = UpdateCharge {
         merchant_id: merchant.id,
         id,
         update,
         asker,
     };
-    let answer = write::run(&state.engine, guard, charge).await;
+    let (request, clock) = post.request(
+        &state,
+        merchant.id,
+        UpdateCharge::ROUTE,
+        &charge.canonical(),
+    );
+    let answer = state.front.write(&state.engine, request, charge).await;
     Ok(idempotent::respond(&clock, answer))
 }
 
@@ -93,11 +98,11 @@ async fn update(
 async fn create(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
-    post: IdempotentPost,
+    mut post: IdempotentPost,
 ) -> Result<Response, ApiError> {
-    let (guard, params, clock) = post.split(merchant.id, ROUTE);
-    let charge = NewCharge::from_params(params)?;
-    let answer = operation::run(&state.engine, guard, CreateCharge::new(merchant.id, charge)).await;
+    let charge = CreateCharge::new(merchant.id, NewCharge::from_params(post.params())?);
+    let (request, clock) = post.request(&state, merchant.id, ROUTE, &charge.canonical());
+    let answer = state.front.run(&state.engine, request, charge).await;
     Ok(idempotent::respond(&clock, answer))
 }
 
@@ -122,13 +127,14 @@ async fn capture(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
     Path(id): Path<String>,
-    post: IdempotentPost,
+    mut post: IdempotentPost,
 ) -> Result<Response, ApiError> {
-    let (guard, params, clock) = post.split(merchant.id, CaptureCharge::ROUTE);
-    let CaptureParams { amount } = CaptureParams::from_params(params)?;
+    let CaptureParams { amount } = CaptureParams::from_params(post.params())?;
     let window = state.config.processor.capture_window;
     let capture = CaptureCharge::new(merchant.id, id, amount, window);
-    let answer = operation::run(&state.engine, guard, capture).await;
+    let route = CaptureCharge::ROUTE;
+    let (request, clock) = post.request(&state, merchant.id, route, &capture.canonical());
+    let answer = state.front.run(&state.engine, request, capture).await;
     Ok(idempotent::respond(&clock, answer))
 }
 

@@ -28,22 +28,22 @@ use super::idempotent::{self, REPLAYED};
 use super::input::FromParams;
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::charges::NewCharge;
-use crate::error::Error;
-use crate::faults::{self, CRASH_AFTER_COMMIT, Fault};
-use crate::idempotency::SavedResponse;
-use crate::objects::ChargeObject;
-use crate::objects::RefundObject;
-use crate::params::{ParamError, Params};
-use crate::params::{required, string};
-use crate::problem::{Problem, ProblemCode};
-use crate::refunds::NewRefund;
-use crate::retry_after;
 use crate::workshop;
 use crate::workshop::broker_demo::{self, Handler};
 use crate::workshop::processor_keys::{self, KeyPer};
 use crate::workshop::trace::{self, Lane, RequestTrace, Trace, TraceEvent, Traces, timed};
 use crate::workshop::{naive_refund, redis_keys};
+use oncepay_core::charges::NewCharge;
+use oncepay_core::error::Error;
+use oncepay_core::faults::{self, CRASH_AFTER_COMMIT, Fault};
+use oncepay_core::idempotency::SavedResponse;
+use oncepay_core::objects::ChargeObject;
+use oncepay_core::objects::RefundObject;
+use oncepay_core::params::{ParamError, Params};
+use oncepay_core::params::{required, string};
+use oncepay_core::problem::{Problem, ProblemCode};
+use oncepay_core::refunds::NewRefund;
+use oncepay_core::retry_after;
 
 /// The lab page: one self-contained file, no build step, nothing from the internet.
 const LAB_PAGE: &str = include_str!("../../static/lab.html");
@@ -142,7 +142,7 @@ async fn effects(
 /// The `run` of a workshop read (`?run=TAG`), its only parameter.
 fn run_query(query: Option<String>) -> Result<String, ApiError> {
     let mut run = None;
-    for pair in crate::params::form_pairs(query.as_deref().unwrap_or("").as_bytes()) {
+    for pair in oncepay_core::params::form_pairs(query.as_deref().unwrap_or("").as_bytes()) {
         let (name, value) = pair?;
         match name.as_ref() {
             "run" if !value.contains('\0') => run = Some(value.into_owned()),
@@ -300,7 +300,7 @@ async fn naive_charge(
     let (charge_id, saved) =
         workshop::naive_charge(&state, merchant.id, &charge, request_id, trace)
             .await
-            .map_err(|e| crate::error::Error::from_recovery(e, &state.engine.timeouts))?;
+            .map_err(|e| oncepay_core::error::Error::from_recovery(e, &state.engine.timeouts))?;
     // 3. Write the key, after the work. (Bug: too late to stop a duplicate.)
     let remember = workshop::naive_remember(&state.pool, merchant.id, &key, &charge_id, &saved);
     timed(

@@ -7,11 +7,11 @@
 use serde_json::{Map, Value};
 
 use super::input::{FromParams, description};
-use crate::objects::details::{Shipping, ShippingAddress, UserReport};
-use crate::params::{ParamError, Params, at_most, shorten, string};
-use crate::problem::ProblemCode;
 use crate::updates::charge::ChargeUpdate;
 use crate::updates::refund::RefundUpdate;
+use oncepay_core::objects::details::{Shipping, ShippingAddress, UserReport};
+use oncepay_core::params::{ParamError, Params, at_most, shorten, string};
+use oncepay_core::problem::ProblemCode;
 
 /// The longest statement descriptor (and suffix) a card network shows.
 const MAX_DESCRIPTOR_CHARS: usize = 22;

@@ -16,9 +16,9 @@ use super::list::{Created, List, finish};
 use super::problem::{ApiError, found};
 use crate::app::AppState;
 use crate::events::{Event, EventType};
-use crate::objects::EventObject;
 use crate::webhooks::domain::DeliveryObject;
 use crate::webhooks::store as webhooks;
+use oncepay_core::objects::EventObject;
 
 const ROUTE: &str = "/v1/events";
 

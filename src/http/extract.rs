@@ -16,15 +16,16 @@ use super::auth::Authenticated;
 use super::problem::ApiError;
 use super::{faults, idempotent, observe};
 use crate::app::AppState;
-use crate::faults::Fault;
-use crate::idempotency::IdempotencyKey;
 use crate::merchants::Merchant;
-use crate::operation::Guard;
-use crate::operation::timing::Clock;
-use crate::params::Params;
-use crate::problem::{Problem, ProblemCode};
-use crate::telemetry::timing::Stopwatch;
+use crate::speed::timing::Stopwatch;
 use crate::workshop::trace::{RequestTrace, Traced};
+use oncepay_core::faults::Fault;
+use oncepay_core::idempotency::Fingerprint;
+use oncepay_core::idempotency::IdempotencyKey;
+use oncepay_core::operation::engine::{self, METHOD};
+use oncepay_core::operation::timing::{Clock, Phase};
+use oncepay_core::params::Params;
+use oncepay_core::problem::{Problem, ProblemCode};
 
 /// The raw body, read within the configured limit.
 pub struct RawBody(pub Bytes);
@@ -94,27 +95,46 @@ impl IdempotentPost {
         }
     }
 
-    /// The guard of the operation on `route` this request asks for, its
-    /// parameters, and the clock its phases are timed on.
-    pub fn split(self, merchant_id: Uuid, route: &'static str) -> (Guard, Params, Arc<Stopwatch>) {
-        let clock = Stopwatch::start(route, self.arrived);
-        let timed: Arc<dyn Clock> = match self.trace {
+    /// Takes the decoded parameters out, for the operation to be made from.
+    pub fn params(&mut self) -> Params {
+        std::mem::take(&mut self.params)
+    }
+
+    /// The core's request for the operation on `route` whose parameters have
+    /// the `canonical` form (fingerprinted here), and the clock its phases
+    /// are timed on.
+    pub fn request(
+        self,
+        state: &AppState,
+        merchant_id: Uuid,
+        route: &'static str,
+        canonical: &[u8],
+    ) -> (engine::Request, Arc<Stopwatch>) {
+        let stopwatch = Stopwatch::start(route, self.arrived);
+        let clock: Arc<dyn Clock> = match self.trace {
             Some(trace) => Arc::new(Traced {
-                inner: clock.clone(),
+                inner: stopwatch.clone(),
                 trace,
             }),
-            None => clock.clone(),
+            None => stopwatch.clone(),
         };
-        let guard = Guard {
+        let fingerprinting = clock.lap(Phase::Extract, self.arrived);
+        let fingerprint = Fingerprint::of(METHOD, route, canonical);
+        clock.lap(Phase::Fingerprint, fingerprinting);
+        let request = engine::Request {
+            route,
             merchant_id,
             request_id: self.request_id,
             key: self.key,
+            fingerprint,
             wait: self.wait,
             fault: self.fault,
             arrived: self.arrived,
-            clock: timed,
+            deadline: self.arrived + state.config.request_timeout,
+            client_gone: Default::default(),
+            clock,
         };
-        (guard, self.params, clock)
+        (request, stopwatch)
     }
 }
 

@@ -1,5 +1,5 @@
 //! Fault injection at the HTTP edge: reading `Oncepay-Fault` (see
-//! [`crate::faults`]) and the `drop-response` middleware. A request asking
+//! [`oncepay_core::faults`]) and the `drop-response` middleware. A request asking
 //! for a fault while it is off is refused with `400 fault_injection_disabled`.
 
 use std::sync::Arc;
@@ -11,9 +11,9 @@ use axum::response::Response;
 
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::faults::Fault;
-use crate::problem::{Problem, ProblemCode};
 use crate::workshop::trace::RequestTrace;
+use oncepay_core::faults::Fault;
+use oncepay_core::problem::{Problem, ProblemCode};
 
 pub const HEADER: &str = "oncepay-fault";
 

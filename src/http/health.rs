@@ -15,8 +15,8 @@ use utoipa_axum::routes;
 use super::extract::NoQuery;
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::problem::{Problem, ProblemCode};
-use crate::retry_after;
+use oncepay_core::problem::{Problem, ProblemCode};
+use oncepay_core::retry_after;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

@@ -12,8 +12,8 @@ use utoipa_axum::routes;
 use super::extract::ById;
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::idempotency::{IdempotencyKey, Resource, store};
-use crate::problem::{Problem, ProblemCode};
+use oncepay_core::idempotency::{IdempotencyKey, Resource, store};
+use oncepay_core::problem::{Problem, ProblemCode};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(retrieve))
@@ -37,7 +37,14 @@ async fn retrieve(
     let key = IdempotencyKey::parse(raw.as_bytes()).map_err(|e| {
         Problem::new(ProblemCode::InvalidIdempotencyKey, e.to_string()).with_param("key")
     })?;
-    let Some(stored) = store::find(&state.pool, merchant.id, &key).await? else {
+    let Some(stored) = store::find(
+        &state.pool,
+        merchant.id,
+        &key,
+        state.config.keys.processing_timeout,
+    )
+    .await?
+    else {
         return Err(Problem::with_status(
             StatusCode::NOT_FOUND,
             ProblemCode::ResourceMissing,
@@ -70,8 +77,8 @@ async fn retrieve(
             _ => None,
         },
         request: KeyRequest {
-            method: stored.request_method,
-            path: stored.request_path,
+            method: stored.first.method,
+            path: stored.first.route,
         },
         key: stored.key,
     }))

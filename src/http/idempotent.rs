@@ -1,7 +1,7 @@
 //! The HTTP side of every idempotent `POST`: the `Idempotency-Key` and
 //! `Prefer` headers in, saved answers out (replayed ones marked
 //! `Idempotent-Replayed: true` and naming the `Original-Request`). The claim itself is
-//! [`crate::operation::claim`]'s.
+//! `oncepay_core::operation::claim`'s.
 
 use std::time::Duration;
 
@@ -11,11 +11,11 @@ use axum::response::{IntoResponse, Response};
 
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::error::Error;
-use crate::idempotency::{IdempotencyKey, SavedResponse};
-use crate::operation::Answer;
-use crate::problem::{Problem, ProblemCode};
-use crate::telemetry::timing::Stopwatch;
+use crate::speed::timing::Stopwatch;
+use oncepay_core::error::Error;
+use oncepay_core::idempotency::{IdempotencyKey, SavedResponse};
+use oncepay_core::operation::engine::Answer;
+use oncepay_core::problem::{Problem, ProblemCode};
 
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// On a replay, as Stripe sends it: the `X-Request-Id` of the request that
@@ -29,11 +29,10 @@ const MAX_WAIT_SECS: u64 = 10;
 pub fn respond(clock: &Stopwatch, answer: Result<Answer, Error>) -> Response {
     clock.render(answer, |answer| match answer {
         Ok(Answer::Fresh(saved)) => send(saved),
-        Ok(Answer::Replayed {
-            saved,
-            original_request,
-            waited,
-        }) => replay(saved, original_request.as_deref(), waited),
+        Ok(Answer::Replayed { saved, waited }) => {
+            let response = saved.response.clone();
+            replay(response, saved.original_request.as_deref(), waited)
+        }
         Err(e) => ApiError(e).into_response(),
     })
 }

@@ -6,13 +6,15 @@
 use serde_json::Value;
 
 use super::details::NewDetails;
-use crate::charges::{Currency, NewCharge};
 use crate::events::EventType;
-use crate::params::{Encoding, ParamError, Params, at_most, boolean, required, shorten, string};
-use crate::problem::ProblemCode;
 use crate::processor::TestToken;
-use crate::refunds::{NewRefund, RefundReason};
 use oncepay_core::amount::{Amount, too_large};
+use oncepay_core::charges::{Currency, NewCharge};
+use oncepay_core::params::{
+    Encoding, ParamError, Params, at_most, boolean, required, shorten, string,
+};
+use oncepay_core::problem::ProblemCode;
+use oncepay_core::refunds::{NewRefund, RefundReason};
 
 /// The longest `description` a charge takes, in characters.
 const MAX_DESCRIPTION_CHARS: usize = 1000;

@@ -19,8 +19,8 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::extract::PageParams;
 use super::problem::{ApiError, no_such};
-use crate::params::{ParamError, Params, shorten};
-use crate::problem::ProblemCode;
+use oncepay_core::params::{ParamError, Params, shorten};
+use oncepay_core::problem::ProblemCode;
 
 /// A page of objects, in Stripe's list shape.
 #[derive(Serialize, ToSchema)]

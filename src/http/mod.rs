@@ -41,7 +41,7 @@ use utoipa_axum::routes;
 
 use crate::app::AppState;
 use crate::config::Config;
-use crate::problem::{Problem, ProblemCode};
+use oncepay_core::problem::{Problem, ProblemCode};
 
 /// Every route, each described as it is registered (`routes!`), so the
 /// OpenAPI document cannot miss one.
@@ -82,8 +82,8 @@ fn unrecognized_url(code: ProblemCode, method: &Method, uri: &Uri) -> Problem {
         code,
         format!(
             "Unrecognized request URL ({}: {}). Please see https://stripe.com/docs or we can help at https://support.stripe.com/.",
-            crate::params::shorten(method.as_str()),
-            crate::params::shorten(uri.path()),
+            oncepay_core::params::shorten(method.as_str()),
+            oncepay_core::params::shorten(uri.path()),
         ),
     )
 }

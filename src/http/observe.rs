@@ -16,7 +16,7 @@ use metrics::{Label, SharedString};
 use tracing::Span;
 
 use crate::app::AppState;
-use crate::problem::{CONTENT_TYPE, Problem, ProblemCode};
+use oncepay_core::problem::{CONTENT_TYPE, Problem, ProblemCode};
 
 pub const REQUEST_ID: &str = "x-request-id";
 
@@ -210,7 +210,7 @@ fn finish_problem(response: Response, id: Option<&HeaderValue>, stripe_client: b
         };
         let mut problem = Problem::with_status(status, code, detail).with_extra("request_id", id);
         if code == ProblemCode::RequestTimeout {
-            problem = problem.with_retry_after(crate::retry_after::SOON);
+            problem = problem.with_retry_after(oncepay_core::retry_after::SOON);
         }
         let mut fresh = super::problem::respond(problem);
         for (name, value) in response.headers() {

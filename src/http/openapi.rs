@@ -24,12 +24,12 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 
 use crate::app::AppState;
-use crate::charges::ChargeStatus;
 use crate::events::EventType;
-use crate::operation::claim;
-use crate::problem::{self, Body as Problem, ProblemCode, StripeError};
-use crate::refunds::RefundStatus;
-use crate::retry_after;
+use oncepay_core::charges::ChargeStatus;
+use oncepay_core::operation::claim;
+use oncepay_core::problem::{self, Body as Problem, ProblemCode, StripeError};
+use oncepay_core::refunds::RefundStatus;
+use oncepay_core::retry_after;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -170,7 +170,7 @@ fn problem_response(
         .build();
     let mut response = ResponseBuilder::new()
         .description(description)
-        .content(crate::problem::CONTENT_TYPE, body);
+        .content(oncepay_core::problem::CONTENT_TYPE, body);
     for (name, explained) in headers {
         let header = HeaderBuilder::new()
             .schema(ObjectBuilder::new().schema_type(Type::String))
@@ -207,7 +207,7 @@ problem_responses! {
     InternalError: "A bug; details in the log",
         example(ProblemCode::InternalError, "Something went wrong on our side.");
     Unavailable: "Database unreachable, processor outcome unknown or unavailable, the request shed under overload, or the request timed out (`Retry-After`)",
-        crate::error::service_unavailable(retry_after::SOON),
+        oncepay_core::error::service_unavailable(retry_after::SOON),
         "Retry-After" = "Seconds until a retry with the same key can get the answer: \
 `PROCESSING_TIMEOUT` plus `SWEEP_INTERVAL`, rounded up (35 by default), when the record is left pending for recovery \
 (`processing_outcome_unknown`, a refund's `processor_unavailable`, `service_unavailable` after the processor was called); \

@@ -1,12 +1,12 @@
 //! Problems and errors as HTTP responses: `application/problem+json`
-//! (RFC 9457), each with a stable `code` (see [`crate::problem`]).
+//! (RFC 9457), each with a stable `code` (see [`oncepay_core::problem`]).
 
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::error::{Error, service_unavailable};
-use crate::problem::{CONTENT_TYPE, Problem, ProblemCode};
-use crate::retry_after;
+use oncepay_core::error::{Error, service_unavailable};
+use oncepay_core::problem::{CONTENT_TYPE, Problem, ProblemCode};
+use oncepay_core::retry_after;
 
 /// A problem as its response: `application/problem+json`, with the
 /// problem's status and headers. (The core's [`Problem`] knows no HTTP
@@ -39,7 +39,7 @@ pub fn no_such(noun: &str, id: &str, param: &str) -> ApiError {
     Problem::with_status(
         status,
         ProblemCode::ResourceMissing,
-        format!("No such {noun}: '{}'", crate::params::shorten(id)),
+        format!("No such {noun}: '{}'", oncepay_core::params::shorten(id)),
     )
     .with_param(param)
     .into()

@@ -18,15 +18,15 @@ use super::auth::Authenticated;
 use super::extract::{QueryParams, RawBody, decode};
 use super::problem::ApiError;
 use crate::app::AppState;
-use crate::objects::EventObject;
-use crate::params::{ParamError, Params};
-use crate::params::{required, string};
-use crate::problem::{Problem, ProblemCode};
 use crate::webhooks::signature;
 use crate::workshop::receiver::{
     self, CRASH_AFTER_DELIVERY, Misbehaviour, Mode, NewReceiver, Receipt, ReceiverCounts,
 };
 use crate::workshop::trace;
+use oncepay_core::objects::EventObject;
+use oncepay_core::params::{ParamError, Params};
+use oncepay_core::params::{required, string};
+use oncepay_core::problem::{Problem, ProblemCode};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -174,7 +174,7 @@ macro_rules! receiver_route {
                 (status = 400, response = super::openapi::BadRequest),
                 (status = 413, response = super::openapi::TooLarge),
                 (status = 500, description = "Failed on purpose after its work committed (`receiver_failed_on_purpose`, `fail_first`), or a bug",
-                 body = crate::problem::Body, content_type = "application/problem+json"),
+                 body = oncepay_core::problem::Body, content_type = "application/problem+json"),
                 (status = 503, response = super::openapi::Unavailable)
             )
         )]
@@ -265,7 +265,7 @@ async fn receive(
                 Some(Misbehaviour::CrashAfterDelivery) => {
                     let mut response = Json(body).into_response();
                     response.headers_mut().insert(
-                        HeaderName::from_static(crate::faults::HEADER),
+                        HeaderName::from_static(oncepay_core::faults::HEADER),
                         HeaderValue::from_static(CRASH_AFTER_DELIVERY),
                     );
                     Ok(response)

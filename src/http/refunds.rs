@@ -2,8 +2,8 @@
 //! charge's refunds: `GET /v1/charges/{id}/refunds` and
 //! `GET /v1/charges/{id}/refunds/{refund}`.
 //!
-//! Creating a refund is a guarded operation ([`crate::operation`]); the
-//! handler only extracts, calls and maps. See [`crate::operation::refund`]
+//! Creating a refund is a guarded operation ([`oncepay_core::operation`]); the
+//! handler only extracts, calls and maps. See [`oncepay_core::operation::refund`]
 //! for the reservation on the charge.
 
 use axum::Json;
@@ -21,14 +21,14 @@ use super::input::FromParams;
 use super::list::{Created, List, Page, Position, created_page, finish};
 use super::problem::{ApiError, found, no_such};
 use crate::app::AppState;
-use crate::charges::store as charges;
-use crate::objects::RefundObject;
-use crate::operation::refund::CreateRefund;
-use crate::operation::write::{self, Write};
-use crate::operation::{self, Operation};
-use crate::params::string;
-use crate::refunds::{NewRefund, Refund, store};
 use crate::updates::refund::{RefundUpdate, UpdateRefund};
+use oncepay_core::charges::store as charges;
+use oncepay_core::objects::RefundObject;
+use oncepay_core::operation::refund::CreateRefund;
+use oncepay_core::operation::workflow::Operation;
+use oncepay_core::operation::write::Write;
+use oncepay_core::params::string;
+use oncepay_core::refunds::{NewRefund, Refund, store};
 
 const ROUTE: &str = CreateRefund::ROUTE;
 
@@ -60,18 +60,23 @@ pub fn router() -> OpenApiRouter<AppState> {
 async fn update(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
-    post: IdempotentPost,
+    mut post: IdempotentPost,
 ) -> Result<Response, ApiError> {
     let asker = post.asker();
-    let (guard, params, clock) = post.split(merchant.id, UpdateRefund::ROUTE);
-    let update = RefundUpdate::from_params(params)?;
+    let update = RefundUpdate::from_params(post.params())?;
     let refund = UpdateRefund {
         merchant_id: merchant.id,
         id,
         update,
         asker,
     };
-    let answer = write::run(&state.engine, guard, refund).await;
+    let (request, clock) = post.request(
+        &state,
+        merchant.id,
+        UpdateRefund::ROUTE,
+        &refund.canonical(),
+    );
+    let answer = state.front.write(&state.engine, request, refund).await;
     Ok(idempotent::respond(&clock, answer))
 }
 
@@ -95,11 +100,12 @@ async fn update(
 async fn create(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
-    post: IdempotentPost,
+    mut post: IdempotentPost,
 ) -> Result<Response, ApiError> {
-    let (guard, params, clock) = post.split(merchant.id, CreateRefund::ROUTE);
-    let refund = NewRefund::from_params(params)?;
-    let answer = operation::run(&state.engine, guard, CreateRefund::new(merchant.id, refund)).await;
+    let refund = CreateRefund::new(merchant.id, NewRefund::from_params(post.params())?);
+    let route = CreateRefund::ROUTE;
+    let (request, clock) = post.request(&state, merchant.id, route, &refund.canonical());
+    let answer = state.front.run(&state.engine, request, refund).await;
     Ok(idempotent::respond(&clock, answer))
 }
 

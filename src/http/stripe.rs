@@ -1,5 +1,5 @@
 //! What the official Stripe SDKs read besides the body's `error` member
-//! (see [`crate::problem::Problem::body`]): `Request-Id` on every response,
+//! (see [`oncepay_core::problem::Problem::body`]): `Request-Id` on every response,
 //! `Idempotency-Key` echoed to a request that sent one, `Stripe-Should-Retry`
 //! on errors where their retry decision matters, and, when the client says it
 //! speaks Stripe's API, Stripe's statuses: `200` for a create, `400` for a
@@ -8,9 +8,9 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 
-use crate::idempotency::IdempotencyKey;
-use crate::idempotency::key::HEADER as IDEMPOTENCY_KEY;
-use crate::problem::{Problem, ProblemCode};
+use oncepay_core::idempotency::IdempotencyKey;
+use oncepay_core::idempotency::key::HEADER as IDEMPOTENCY_KEY;
+use oncepay_core::problem::{Problem, ProblemCode};
 
 /// The request id as the SDKs read it into `error.request_id`.
 pub const STRIPE_REQUEST_ID: HeaderName = HeaderName::from_static("request-id");

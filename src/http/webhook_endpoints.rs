@@ -1,7 +1,7 @@
 //! `POST /v1/webhook_endpoints`, `GET /v1/webhook_endpoints/{id}`,
 //! `GET /v1/webhook_endpoints`, `DELETE /v1/webhook_endpoints/{id}`.
 //!
-//! Creating an endpoint is a guarded write ([`crate::operation::write`]);
+//! Creating an endpoint is a guarded write ([`oncepay_core::operation::write`]);
 //! the handlers only extract, call and map.
 
 use axum::Json;
@@ -18,7 +18,6 @@ use super::idempotent;
 use super::list::List;
 use super::problem::{ApiError, found};
 use crate::app::AppState;
-use crate::operation::write::{self, Write};
 use crate::webhooks::create_endpoint::CreateEndpoint;
 use crate::webhooks::domain::{
     DeliveryEnd, EndpointObject, EndpointUpdate, NewEndpoint, check_address,
@@ -26,6 +25,7 @@ use crate::webhooks::domain::{
 use crate::webhooks::guard::AddressGuard;
 use crate::webhooks::store;
 use crate::webhooks::update_endpoint::UpdateEndpoint;
+use oncepay_core::operation::write::Write;
 
 const ROUTE: &str = CreateEndpoint::ROUTE;
 
@@ -55,10 +55,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 async fn update(
     State(state): State<AppState>,
     ById { merchant, id }: ById,
-    post: IdempotentPost,
+    mut post: IdempotentPost,
 ) -> Result<Response, ApiError> {
-    let (guard, params, clock) = post.split(merchant.id, UpdateEndpoint::ROUTE);
-    let update = EndpointUpdate::from_params(params)?;
+    let update = EndpointUpdate::from_params(post.params())?;
     if let Some(url) = &update.url {
         let guard = AddressGuard::new(state.config.webhooks.allow_private);
         check_address(url, guard).await?;
@@ -68,7 +67,9 @@ async fn update(
         id,
         update,
     };
-    let answer = write::run(&state.engine, guard, endpoint).await;
+    let route = UpdateEndpoint::ROUTE;
+    let (request, clock) = post.request(&state, merchant.id, route, &endpoint.canonical());
+    let answer = state.front.write(&state.engine, request, endpoint).await;
     Ok(idempotent::respond(&clock, answer))
 }
 
@@ -92,19 +93,15 @@ async fn update(
 async fn create(
     State(state): State<AppState>,
     Authenticated(merchant): Authenticated,
-    post: IdempotentPost,
+    mut post: IdempotentPost,
 ) -> Result<Response, ApiError> {
-    let (guard, params, clock) = post.split(merchant.id, ROUTE);
-    let endpoint = NewEndpoint::from_params(params)?;
+    let endpoint = NewEndpoint::from_params(post.params())?;
     endpoint
         .check_address(AddressGuard::new(state.config.webhooks.allow_private))
         .await?;
-    let answer = write::run(
-        &state.engine,
-        guard,
-        CreateEndpoint::new(merchant.id, endpoint),
-    )
-    .await;
+    let endpoint = CreateEndpoint::new(merchant.id, endpoint);
+    let (request, clock) = post.request(&state, merchant.id, ROUTE, &endpoint.canonical());
+    let answer = state.front.write(&state.engine, request, endpoint).await;
     Ok(idempotent::respond(&clock, answer))
 }
 

@@ -32,12 +32,12 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::charges::ChargeStatus;
 use crate::processor::{
     LedgerClient, LedgerOperation, Processor, RECONCILE_REFUND_PREFIX, Refund, RefundOutcome,
     authorization_key, reconcile_refund_key, refund_key,
 };
-use crate::refunds::RefundStatus;
+use oncepay_core::charges::ChargeStatus;
+use oncepay_core::refunds::RefundStatus;
 use store::{ChargeRow, Pick, RefundRow};
 
 /// What kind of difference.

@@ -8,8 +8,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor, PgPool};
 
-use crate::charges::ChargeStatus;
-use crate::refunds::RefundStatus;
+use oncepay_core::charges::ChargeStatus;
+use oncepay_core::refunds::RefundStatus;
 
 /// A charge as reconciliation compares it.
 #[derive(Clone, Debug)]

@@ -6,11 +6,11 @@
 //! | `http_connections_open`, `http_connections_shed_total` (`reason`: `evicted`, `refused`) | see `crate::http::server` |
 //! | `rate_limited_total` (requests answered `429 rate_limit`), `rate_limit_merchants_tracked` (merchants whose allowance is held) | `kind`: `read`, `write`; see `crate::rate_limit` |
 //! | `idempotency_outcomes_total` | `outcome`: `executed`, `replayed`, `in_use`, `reused`, `expired_taken_over`, `stale_recovered` |
-//! | `requests_shed_total` (guarded operations answered `503 overloaded` before any work, see `crate::admission`) | `route` (a guarded operation's route template) |
+//! | `requests_shed_total` (guarded operations answered `503 overloaded` before any work, see `crate::speed::admission`) | `route` (a guarded operation's route template) |
 //! | `operation_duration_seconds` (a guarded request from its arrival to its rendered answer, in the handler) | `route` (a guarded operation's route template), `outcome`: `executed`, `replayed`, `in_use`, `reused`, `shed`, `error` |
-//! | `operation_phase_duration_seconds` (each phase of it, see `crate::operation::timing`; none for a replay from the cache) | `route`, `phase`: `extract`, `fingerprint`, `task_handoff`, `pool_wait`, `key_wait`, `claim`, `processor`, `settle_pool_wait`, `settle`, `write`, `render`; `outcome` |
+//! | `operation_phase_duration_seconds` (each phase of it, see `oncepay_core::operation::timing`; none for a replay from the cache) | `route`, `phase`: `extract`, `fingerprint`, `task_handoff`, `pool_wait`, `key_wait`, `claim`, `processor`, `settle_pool_wait`, `settle`, `write`, `render`; `outcome` |
 //! | `idempotency_waiters` (requests waiting on a key in flight), `idempotency_wait_polls_total` (reads their shared waits ran) | |
-//! | `idempotency_key_reads_per_batch`, `idempotency_key_read_batch_duration_seconds` (the coalesced reads of keys that missed the replay cache, see `crate::idempotency::reads`) | |
+//! | `idempotency_key_reads_per_batch`, `idempotency_key_read_batch_duration_seconds` (the coalesced reads of keys that missed the replay cache, see `crate::speed::reads`) | |
 //! | `processor_calls_total`, `processor_call_duration_seconds` | `call` (`authorize`, `void`, `refund`, `lookup`), `outcome` |
 //! | `sweeper_runs_total`, `sweeper_settled_total` (`outcome`), `sweeper_keys_deleted_total`, `sweeper_leased_total` | |
 //! | `reconcile_runs_total` (`result`), `reconcile_differences` (`kind`), `reconcile_last_run_timestamp_seconds` | see `crate::reconcile::job` |

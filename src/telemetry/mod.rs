@@ -1,5 +1,5 @@
-//! Telemetry: structured logs (here), Prometheus metrics ([`metrics`]) and
-//! the timing of guarded operations ([`timing`]).
+//! Telemetry: structured logs (here) and Prometheus metrics ([`metrics`]);
+//! the timing of guarded operations is `crate::speed::timing`.
 //! The HTTP middleware that feeds both is `crate::http::observe`.
 //!
 //! Structured logs with `tracing`, to stderr so stdout stays for output
@@ -10,7 +10,6 @@
 //! logged, so `Authorization` and API keys cannot appear.
 
 pub mod metrics;
-pub mod timing;
 
 use std::io::IsTerminal;
 

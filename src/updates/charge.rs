@@ -6,14 +6,14 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{Asker, answer, no_such};
-use crate::charges::{Charge, store};
-use crate::error::Error;
 use crate::events::{EventType, NewEvent, store as events};
-use crate::idempotency::SavedResponse;
-use crate::objects::details::{FraudDetails, Shipping, UserReport};
-use crate::operation::write::Write;
-use crate::params::MetadataUpdate;
-use crate::refunds::store as refunds;
+use oncepay_core::charges::{Charge, store};
+use oncepay_core::error::Error;
+use oncepay_core::idempotency::SavedResponse;
+use oncepay_core::objects::details::{FraudDetails, Shipping, UserReport};
+use oncepay_core::operation::write::Write;
+use oncepay_core::params::MetadataUpdate;
+use oncepay_core::refunds::store as refunds;
 
 /// The validated parameters of `POST /v1/charges/{id}`: what to change, each
 /// `None` when not given. `Some(None)` removes a value (it was given `""`).

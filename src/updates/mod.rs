@@ -1,17 +1,17 @@
 //! Updates of what the API already made: a charge's details, a refund's
 //! metadata (a webhook endpoint's update is with the webhooks,
 //! [`crate::webhooks::update_endpoint`]). Each is a guarded [`Write`]
-//! (`crate::operation::write`): the key's claim, the locked row's change,
+//! (`oncepay_core::operation::write`): the key's claim, the locked row's change,
 //! its event and the saved answer commit together, so a retry with the same
 //! key replays the answer and never applies the change twice.
 //!
-//! [`Write`]: crate::operation::write::Write
+//! [`Write`]: oncepay_core::operation::write::Write
 
 pub mod charge;
 pub mod refund;
 
-use crate::idempotency::SavedResponse;
-use crate::problem::{Problem, ProblemCode};
+use oncepay_core::idempotency::SavedResponse;
+use oncepay_core::problem::{Problem, ProblemCode};
 
 /// Who asked for an update, as its event names them: the request's
 /// `X-Request-Id` and its `Idempotency-Key`.
@@ -27,7 +27,7 @@ fn no_such(noun: &str, id: &str) -> Problem {
     Problem::with_status(
         http::StatusCode::NOT_FOUND,
         ProblemCode::ResourceMissing,
-        format!("No such {noun}: '{}'", crate::params::shorten(id)),
+        format!("No such {noun}: '{}'", oncepay_core::params::shorten(id)),
     )
     .with_param("id")
 }

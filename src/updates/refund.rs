@@ -5,12 +5,12 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{Asker, answer, no_such};
-use crate::error::Error;
 use crate::events::{EventType, NewEvent, store as events};
-use crate::idempotency::SavedResponse;
-use crate::operation::write::Write;
-use crate::params::MetadataUpdate;
-use crate::refunds::{Refund, store};
+use oncepay_core::error::Error;
+use oncepay_core::idempotency::SavedResponse;
+use oncepay_core::operation::write::Write;
+use oncepay_core::params::MetadataUpdate;
+use oncepay_core::refunds::{Refund, store};
 
 /// The validated parameters of `POST /v1/refunds/{id}`. The API's document
 /// describes them under the name `UpdateRefund`.

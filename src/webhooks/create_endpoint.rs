@@ -5,12 +5,12 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::error::Error;
-use crate::idempotency::SavedResponse;
-use crate::operation::write::Write;
-use crate::problem::{Problem, ProblemCode};
 use crate::webhooks::domain::{MAX_ENDPOINTS, NewEndpoint, new_endpoint_id, new_secret};
 use crate::webhooks::store;
+use oncepay_core::error::Error;
+use oncepay_core::idempotency::SavedResponse;
+use oncepay_core::operation::write::Write;
+use oncepay_core::problem::{Problem, ProblemCode};
 
 /// An endpoint to create for a merchant.
 #[derive(Debug)]

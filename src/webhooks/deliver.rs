@@ -35,7 +35,7 @@ use super::guard::{AddressGuard, GuardedResolver, Refused};
 use super::signature;
 use super::store::{self, Claimed, Finished, InFlightBounds, Next};
 use crate::config::Config;
-use crate::faults::{Fault, crash_if};
+use oncepay_core::faults::{Fault, crash_if};
 
 /// The most bytes of a receiver's answer read: its status is what counts.
 pub const MAX_RESPONSE_BYTES: usize = 4096;
@@ -467,7 +467,7 @@ async fn send(client: &reqwest::Client, settings: &DeliverySettings, claimed: &C
     let status = response.status().as_u16();
     let fault = response
         .headers()
-        .get(crate::faults::HEADER)
+        .get(oncepay_core::faults::HEADER)
         .is_some_and(|v| v == HeaderValue::from_static("crash-after-delivery"))
         .then_some(Fault::CrashAfterDelivery);
     let read = async {

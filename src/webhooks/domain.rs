@@ -9,10 +9,10 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::events::EventType;
-use crate::params::{Encoding, MetadataUpdate, ParamError, Params, shorten};
-use crate::params::{at_most, new_id, required, string};
-use crate::problem::ProblemCode;
 use crate::webhooks::guard::AddressGuard;
+use oncepay_core::params::{Encoding, MetadataUpdate, ParamError, Params, shorten};
+use oncepay_core::params::{at_most, new_id, required, string};
+use oncepay_core::problem::ProblemCode;
 
 /// The most endpoints a merchant may have, as Stripe allows.
 pub const MAX_ENDPOINTS: i64 = 16;

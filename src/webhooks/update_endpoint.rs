@@ -5,12 +5,12 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::error::Error;
-use crate::idempotency::SavedResponse;
-use crate::operation::write::Write;
-use crate::problem::{Problem, ProblemCode};
 use crate::webhooks::domain::{DeliveryEnd, Endpoint, EndpointStatus, EndpointUpdate};
 use crate::webhooks::store;
+use oncepay_core::error::Error;
+use oncepay_core::idempotency::SavedResponse;
+use oncepay_core::operation::write::Write;
+use oncepay_core::problem::{Problem, ProblemCode};
 
 /// Why an endpoint is disabled when its merchant disabled it (the failing
 /// endpoints the worker disables say why in their own words).
@@ -100,7 +100,10 @@ fn no_such_endpoint(id: &str) -> Error {
     Problem::with_status(
         http::StatusCode::NOT_FOUND,
         ProblemCode::ResourceMissing,
-        format!("No such webhook endpoint: '{}'", crate::params::shorten(id)),
+        format!(
+            "No such webhook endpoint: '{}'",
+            oncepay_core::params::shorten(id)
+        ),
     )
     .with_param("id")
     .into()

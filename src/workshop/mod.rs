@@ -14,17 +14,17 @@ pub mod receiver;
 pub mod redis_keys;
 pub mod trace;
 
-use sqlx::{PgExecutor, PgPool};
+use sqlx::{PgConnection, PgExecutor, PgPool};
 use uuid::Uuid;
 
 use crate::app::AppState;
-use crate::charges::domain::new_charge_id;
-use crate::charges::settle::Settled;
-use crate::charges::settle::{response_for, settle};
-use crate::charges::{NewCharge, store};
-use crate::idempotency::SavedResponse;
 use crate::processor::{self, Authorization, Outcome, Processor};
 use crate::workshop::trace::{Lane, RequestTrace, timed};
+use oncepay_core::charges::domain::new_charge_id;
+use oncepay_core::charges::settle::Settled;
+use oncepay_core::charges::settle::{response_for, settle};
+use oncepay_core::charges::{Charge, NewCharge, store};
+use oncepay_core::idempotency::SavedResponse;
 
 /// What the two systems hold for a set of charges: oncepay's charges by
 /// status, and the processor's payments and refunds behind them.

@@ -14,15 +14,15 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::app::AppState;
-use crate::charges::ChargeStatus;
-use crate::error::Error;
-use crate::idempotency::SavedResponse;
-use crate::params::shorten;
-use crate::problem::{Problem, ProblemCode};
 use crate::processor::{self, RefundOutcome};
-use crate::refunds::domain::new_refund_id;
-use crate::refunds::{NewRefund, Refund, RefundStatus};
 use crate::workshop::trace::{Lane, RequestTrace, timed};
+use oncepay_core::charges::ChargeStatus;
+use oncepay_core::error::Error;
+use oncepay_core::idempotency::SavedResponse;
+use oncepay_core::params::shorten;
+use oncepay_core::problem::{Problem, ProblemCode};
+use oncepay_core::refunds::domain::new_refund_id;
+use oncepay_core::refunds::{NewRefund, Refund, RefundStatus};
 
 /// What claiming a key of the naive refund found.
 #[derive(Debug)]

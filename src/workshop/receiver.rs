@@ -18,11 +18,11 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgExecutor, PgPool};
 use uuid::Uuid;
 
-use crate::error::Error;
-use crate::params::{Encoding, ParamError, Params, shorten};
-use crate::params::{required, string};
-use crate::problem::{Problem, ProblemCode};
 use crate::webhooks::signature;
+use oncepay_core::error::Error;
+use oncepay_core::params::{Encoding, ParamError, Params, shorten};
+use oncepay_core::params::{required, string};
+use oncepay_core::problem::{Problem, ProblemCode};
 
 /// The longest run tag a receiver takes.
 pub const MAX_RUN_CHARS: usize = 200;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use uuid::Uuid;
 
-use crate::idempotency::SavedResponse;
+use oncepay_core::idempotency::SavedResponse;
 
 /// What a claimed, unfinished key holds.
 const PROCESSING: &str = "processing";

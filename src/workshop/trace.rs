@@ -25,8 +25,8 @@ use sqlx::PgPool;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::operation::timing::{Clock, Phase};
 use crate::processor::{self, Outcome, Processor};
+use oncepay_core::operation::timing::{Clock, Phase};
 
 /// The header that asks for a request to be recorded: `<run>/<request>`.
 pub const HEADER: &str = "oncepay-trace";
@@ -342,6 +342,7 @@ impl Clock for Traced {
 /// Where and as what a phase is drawn; `None` for the server's own steps.
 fn drawn(phase: Phase, took: Duration) -> Option<(Lane, &'static str)> {
     Some(match phase {
+        Phase::KeyRead => (Lane::Database, "read the key (SELECT)"),
         Phase::Claim => (Lane::Database, "claim (INSERT ... ON CONFLICT)"),
         Phase::KeyWait => (Lane::Oncepay, "wait for the request in flight"),
         Phase::Processor => (Lane::Gateway, "the card gateway's call"),

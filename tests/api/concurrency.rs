@@ -198,9 +198,14 @@ async fn a_batch_of_key_reads_answers_each_by_its_place_in_the_batch() {
         app.merchant_id,
     ];
     let keys = ["b", "missing", "a", "a", "b"];
-    let found = oncepay::idempotency::store::find_many(&app.pool, &merchants, &keys)
-        .await
-        .unwrap();
+    let found = oncepay_core::idempotency::store::find_many(
+        &app.pool,
+        &merchants,
+        &keys,
+        std::time::Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
     let mut places: Vec<(usize, String)> = found.into_iter().map(|(at, k)| (at, k.key)).collect();
     places.sort();
     assert_eq!(

@@ -4,32 +4,51 @@
 //! an expired answer. The statements are driven directly here; the process
 //! test `late_claims` holds a real server's traffic in a proxy.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncepay::idempotency::store::{self as keys, PendingCharge};
-use oncepay::idempotency::{Claim, ClaimOutcome, Fingerprint, IdempotencyKey, Resource};
+use oncepay_core::charges::{Charge, NewCharge};
+use oncepay_core::idempotency::{Fingerprint, IdempotencyKey, Resource};
+use oncepay_core::operation::claim::{self, Found};
+use oncepay_core::operation::engine::{Engine, METHOD, Request};
+use oncepay_core::operation::timing::Untimed;
+use oncepay_core::settings::Timeouts;
+use oncepay_core::speed::Plain;
 
 use crate::helpers::{TestApp, spawn_app};
 
-/// A claim of `key` for `resource`, by a request whose deadline is
-/// `deadline`.
-fn claim<'a>(
-    app: &TestApp,
-    key: &'a IdempotencyKey,
-    resource: &'a Resource,
-    deadline: Instant,
-) -> Claim<'a> {
-    Claim {
+/// An engine on the app's database, with keys that live a minute.
+fn engine(app: &TestApp) -> Engine {
+    Engine {
+        pool: app.pool.clone(),
+        processor: app.processor.clone(),
+        timeouts: Timeouts {
+            key_ttl: Duration::from_secs(60),
+            processing: Duration::from_secs(30),
+            request: Duration::from_secs(1),
+            sweep_interval: Duration::from_secs(5),
+        },
+        tasks: Default::default(),
+        admission: Arc::new(Plain),
+        waits: Arc::new(Plain),
+    }
+}
+
+/// A request for a charge under `key`, whose deadline is `deadline`.
+fn request(app: &TestApp, key: &IdempotencyKey, deadline: Instant) -> Request {
+    let route = "/v1/charges";
+    Request {
+        route,
         merchant_id: app.merchant_id,
-        key,
-        method: "POST",
-        path: "/v1/charges",
-        fingerprint: Fingerprint::of("POST", "/v1/charges", b"amount=100"),
         request_id: None,
-        resource: Some(resource),
-        ttl: Duration::from_secs(60),
+        key: Some(key.clone()),
+        fingerprint: Fingerprint::of(METHOD, route, b"amount=100"),
+        wait: Duration::ZERO,
+        fault: None,
         arrived: deadline - Duration::from_secs(1),
         deadline,
+        client_gone: Default::default(),
+        clock: Arc::new(Untimed),
     }
 }
 
@@ -74,17 +93,14 @@ async fn charges(app: &TestApp, id: &str) -> i64 {
         .unwrap()
 }
 
-fn pending<'a>(id: &'a str) -> PendingCharge<'a> {
-    PendingCharge {
-        capture_later: false,
-        id,
-        amount: 100,
-        currency: "usd",
-        source: "tok_visa",
-        description: None,
-        metadata: "{}",
-        details: None,
-    }
+/// A pending charge `id` of 100 USD.
+fn pending(app: &TestApp, id: &str) -> Charge {
+    let params = oncepay_core::params::Params::from_json(
+        br#"{"amount": 100, "currency": "usd", "source": "tok_visa"}"#,
+    )
+    .unwrap();
+    let charge: NewCharge = oncepay::http::input::FromParams::from_params(params).unwrap();
+    charge.pending(id.to_owned(), app.merchant_id)
 }
 
 #[tokio::test]
@@ -93,11 +109,17 @@ async fn a_claim_that_reaches_postgres_after_its_deadline_claims_no_new_key() {
     let key = IdempotencyKey::parse(b"late-new").unwrap();
     let resource = Resource::Charge("ch_late_new".into());
     let mut tx = app.pool.begin().await.unwrap();
-    let outcome = keys::claim(&mut tx, claim(&app, &key, &resource, passed()))
-        .await
-        .unwrap();
+    let outcome = claim::claim(
+        &mut tx,
+        &engine(&app),
+        &request(&app, &key, passed()),
+        Some(&resource),
+        None,
+    )
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
-    assert!(matches!(outcome, ClaimOutcome::TooLate), "{outcome:?}");
+    assert!(matches!(outcome, Found::TooLate), "{outcome:?}");
     assert_eq!(key_rows(&app, "late-new").await, [], "no key written");
 }
 
@@ -108,11 +130,17 @@ async fn a_claim_that_reaches_postgres_after_its_deadline_never_takes_over_an_ex
     let key = IdempotencyKey::parse(b"late-expired").unwrap();
     let resource = Resource::Charge("ch_late_expired".into());
     let mut tx = app.pool.begin().await.unwrap();
-    let outcome = keys::claim(&mut tx, claim(&app, &key, &resource, passed()))
-        .await
-        .unwrap();
+    let outcome = claim::claim(
+        &mut tx,
+        &engine(&app),
+        &request(&app, &key, passed()),
+        Some(&resource),
+        None,
+    )
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
-    assert!(matches!(outcome, ClaimOutcome::TooLate), "{outcome:?}");
+    assert!(matches!(outcome, Found::TooLate), "{outcome:?}");
     assert_eq!(
         key_rows(&app, "late-expired").await,
         [("completed".to_owned(), None)],
@@ -123,18 +151,18 @@ async fn a_claim_that_reaches_postgres_after_its_deadline_never_takes_over_an_ex
     // the deadline's. (Rolled back: the charge it guards is not written.)
     let mut tx = app.pool.begin().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
-    let outcome = keys::claim(&mut tx, claim(&app, &key, &resource, deadline))
-        .await
-        .unwrap();
+    let outcome = claim::claim(
+        &mut tx,
+        &engine(&app),
+        &request(&app, &key, deadline),
+        Some(&resource),
+        None,
+    )
+    .await
+    .unwrap();
     tx.rollback().await.unwrap();
     assert!(
-        matches!(
-            outcome,
-            ClaimOutcome::Claimed {
-                took_over: true,
-                ..
-            }
-        ),
+        matches!(outcome, Found::Won { took_over: true }),
         "{outcome:?}"
     );
 }
@@ -144,14 +172,16 @@ async fn a_charge_claimed_with_its_record_after_its_deadline_writes_neither_key_
     let app = spawn_app().await;
     let key = IdempotencyKey::parse(b"late-one-statement").unwrap();
     let resource = Resource::Charge("ch_late_one".into());
-    let first = keys::claim_with_charge(
-        &app.pool,
-        &claim(&app, &key, &resource, passed()),
-        &pending("ch_late_one"),
+    let first = claim::claim(
+        &mut app.pool.acquire().await.unwrap(),
+        &engine(&app),
+        &request(&app, &key, passed()),
+        Some(&resource),
+        Some(&mut pending(&app, "ch_late_one")),
     )
     .await
     .unwrap();
-    assert!(matches!(first, ClaimOutcome::TooLate), "{first:?}");
+    assert!(matches!(first, Found::TooLate), "{first:?}");
     assert_eq!(key_rows(&app, "late-one-statement").await, []);
     assert_eq!(charges(&app, "ch_late_one").await, 0, "no charge written");
 }
@@ -162,14 +192,16 @@ async fn a_charge_claimed_with_its_record_after_its_deadline_never_takes_over_an
     expired_answer(&app, "late-one-expired").await;
     let key = IdempotencyKey::parse(b"late-one-expired").unwrap();
     let resource = Resource::Charge("ch_late_one_expired".into());
-    let first = keys::claim_with_charge(
-        &app.pool,
-        &claim(&app, &key, &resource, passed()),
-        &pending("ch_late_one_expired"),
+    let first = claim::claim(
+        &mut app.pool.acquire().await.unwrap(),
+        &engine(&app),
+        &request(&app, &key, passed()),
+        Some(&resource),
+        Some(&mut pending(&app, "ch_late_one_expired")),
     )
     .await
     .unwrap();
-    assert!(matches!(first, ClaimOutcome::TooLate), "{first:?}");
+    assert!(matches!(first, Found::TooLate), "{first:?}");
     assert_eq!(
         key_rows(&app, "late-one-expired").await,
         [("completed".to_owned(), None)]
@@ -177,21 +209,17 @@ async fn a_charge_claimed_with_its_record_after_its_deadline_never_takes_over_an
     assert_eq!(charges(&app, "ch_late_one_expired").await, 0);
 
     let deadline = Instant::now() + Duration::from_secs(5);
-    let first = keys::claim_with_charge(
-        &app.pool,
-        &claim(&app, &key, &resource, deadline),
-        &pending("ch_late_one_expired"),
+    let first = claim::claim(
+        &mut app.pool.acquire().await.unwrap(),
+        &engine(&app),
+        &request(&app, &key, deadline),
+        Some(&resource),
+        Some(&mut pending(&app, "ch_late_one_expired")),
     )
     .await
     .unwrap();
     assert!(
-        matches!(
-            first,
-            ClaimOutcome::Claimed {
-                took_over: true,
-                ..
-            }
-        ),
+        matches!(first, Found::Won { took_over: true }),
         "in time, the same statement takes it over: {first:?}"
     );
     assert_eq!(charges(&app, "ch_late_one_expired").await, 1);

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use oncepay::problem::ProblemCode;
+use oncepay_core::problem::ProblemCode;
 
 /// Codes documented at another status than [`ProblemCode::status`] gives
 /// them, because it depends on where they arise: `resource_missing` is `404`

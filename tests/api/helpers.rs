@@ -12,7 +12,7 @@ use oncepay::config::Config;
 use oncepay::merchants;
 use oncepay::processor::{HttpProcessor, HttpSettings, Processor};
 use oncepay::startup::Application;
-use oncepay::sweeper::{SweepReport, SweepSettings, Sweeper};
+use oncepay_core::sweeper::{SweepReport, SweepSettings, Sweeper};
 use reqwest::Response;
 use serde_json::Value;
 use sqlx::PgPool;

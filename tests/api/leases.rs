@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use oncepay::processor::{
     Authorization, Capture, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
 };
-use oncepay::sweeper::Sweeper;
+use oncepay_core::sweeper::Sweeper;
 
 use crate::helpers::{Answer, Settings, TestApp, spawn_app_with, visa};
 

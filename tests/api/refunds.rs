@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::join_all;
-use oncepay::charges::settle::Settled;
-use oncepay::idempotency::Fingerprint;
-use oncepay::params::Params;
 use oncepay::processor::{
     self, Authorization, Capture, Outcome, Payment, Processor, ProcessorError, RefundOutcome,
 };
-use oncepay::refunds::{NewRefund, settle};
+use oncepay_core::charges::settle::Settled;
+use oncepay_core::idempotency::Fingerprint;
+use oncepay_core::params::Params;
+use oncepay_core::refunds::{NewRefund, settle};
 use serde_json::{Value, json};
 
 use crate::helpers::{
@@ -798,11 +798,11 @@ async fn an_unavailable_processor_keeps_the_refund_reserved_and_the_sweeper_roll
         .await
         .unwrap();
     let working: Arc<dyn oncepay::processor::Processor> = app.working_processor.clone();
-    let settings = oncepay::sweeper::SweepSettings {
+    let settings = oncepay_core::sweeper::SweepSettings {
         processing_timeout: Duration::from_secs(60),
         ..app.config.sweep_settings()
     };
-    let report = oncepay::sweeper::Sweeper::new(app.pool.clone(), working, settings)
+    let report = oncepay_core::sweeper::Sweeper::new(app.pool.clone(), working, settings)
         .sweep_once()
         .await
         .unwrap();
@@ -893,11 +893,11 @@ async fn a_refund_refused_while_its_request_was_lost_is_failed_by_recovery() {
         .await
         .unwrap();
     let working: Arc<dyn oncepay::processor::Processor> = app.working_processor.clone();
-    let settings = oncepay::sweeper::SweepSettings {
+    let settings = oncepay_core::sweeper::SweepSettings {
         processing_timeout: Duration::from_secs(60),
         ..app.config.sweep_settings()
     };
-    let report = oncepay::sweeper::Sweeper::new(app.pool.clone(), working, settings)
+    let report = oncepay_core::sweeper::Sweeper::new(app.pool.clone(), working, settings)
         .sweep_once()
         .await
         .unwrap();

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use oncepay::cache::MERCHANT_TTL;
 use oncepay::merchants::{self, ApiKey};
+use oncepay::speed::cache::MERCHANT_TTL;
 use oncepay::startup::Application;
 
 use crate::helpers::{Answer, TestApp, TestDb, spawn_app, until, visa};

@@ -191,8 +191,8 @@ async fn requests_past_what_the_pool_serves_are_shed_quickly_having_done_nothing
 #[tokio::test]
 async fn a_read_of_a_key_asked_of_a_full_queue_of_reads_is_shed_at_once() {
     use futures::FutureExt;
-    use oncepay::idempotency::IdempotencyKey;
-    use oncepay::idempotency::reads::{MOST_QUEUED, Reads};
+    use oncepay::speed::reads::{MOST_QUEUED, Reads};
+    use oncepay_core::idempotency::IdempotencyKey;
 
     let db = crate::database::TestDb::create().await;
     // One connection, held here: the reads' first batch waits for it, and
@@ -203,11 +203,11 @@ async fn a_read_of_a_key_asked_of_a_full_queue_of_reads_is_shed_at_once() {
         .await
         .unwrap();
     let held = pool.acquire().await.unwrap();
-    let admission = Arc::new(oncepay::admission::Admission::new(
+    let admission = Arc::new(oncepay::speed::admission::Admission::new(
         Duration::from_secs(3600),
         Duration::from_secs(3600),
     ));
-    let reads = Reads::start(pool.clone(), admission);
+    let reads = Reads::start(pool.clone(), admission, Duration::from_secs(30));
     let key = IdempotencyKey::parse(b"queued").unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let merchant = uuid::Uuid::new_v4();

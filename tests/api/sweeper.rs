@@ -11,15 +11,15 @@ use async_trait::async_trait;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use oncepay::charges::NewCharge;
-use oncepay::charges::settle::{self, Settled};
-use oncepay::idempotency::{Fingerprint, store};
-use oncepay::params::Params;
 use oncepay::processor::{
     Authorization, Capture, Outcome, Payment, Processor, ProcessorError, Refund, RefundOutcome,
     TestToken, authorization_key,
 };
-use oncepay::sweeper::{SweepReport, SweepSettings, Sweeper};
+use oncepay_core::charges::NewCharge;
+use oncepay_core::charges::settle::{self, Settled};
+use oncepay_core::idempotency::{Fingerprint, store};
+use oncepay_core::params::Params;
+use oncepay_core::sweeper::{SweepReport, SweepSettings, Sweeper};
 
 use crate::helpers::{Answer, Settings, TestApp, spawn_app, spawn_app_with, until, visa};
 

@@ -26,8 +26,9 @@ use crate::problem::ProblemCode;
 pub use crate::problem::{MAX_ECHOED_CHARS, MAX_PARAM_CHARS, shorten, shorten_to};
 
 /// How the body was encoded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Encoding {
+    #[default]
     Json,
     Form,
 }
@@ -77,8 +78,8 @@ pub enum DecodeError {
     Param(#[from] ParamError),
 }
 
-/// Decoded parameters with their encoding.
-#[derive(Debug)]
+/// Decoded parameters with their encoding; by default none, as JSON.
+#[derive(Debug, Default)]
 pub struct Params {
     pub encoding: Encoding,
     fields: Map<String, Value>,

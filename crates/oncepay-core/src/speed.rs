@@ -19,8 +19,8 @@ use sqlx::{PgPool, Postgres};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::idempotency::store::{self, KeyStatus};
 use crate::idempotency::IdempotencyKey;
+use crate::idempotency::store::{self, KeyStatus};
 
 /// Why a request got no connection.
 #[derive(Debug)]

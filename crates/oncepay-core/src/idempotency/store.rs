@@ -357,10 +357,12 @@ pub async fn find(
 ) -> sqlx::Result<Option<StoredKey>> {
     let sent = Instant::now();
     let row = key_query!(
-        [r#", idempotency_key_stale(k.status, k.locked_at, $3) AS "stale!"
+        [
+            r#", idempotency_key_stale(k.status, k.locked_at, $3) AS "stale!"
               FROM idempotency_key_reads k
              WHERE k.merchant_id = $1 AND k.key = $2
-               AND NOT idempotency_key_expired(k.status, k.expires_at)"#],
+               AND NOT idempotency_key_expired(k.status, k.expires_at)"#
+        ],
         merchant_id,
         key.as_str(),
         millis(processing_timeout),
@@ -382,10 +384,12 @@ pub async fn find_many(
 ) -> sqlx::Result<Vec<(usize, StoredKey)>> {
     let sent = Instant::now();
     let rows = key_query!(
-        [r#", idempotency_key_stale(k.status, k.locked_at, $3) AS "stale!"
+        [
+            r#", idempotency_key_stale(k.status, k.locked_at, $3) AS "stale!"
               FROM idempotency_key_reads k
              WHERE (k.merchant_id, k.key) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))
-               AND NOT idempotency_key_expired(k.status, k.expires_at)"#],
+               AND NOT idempotency_key_expired(k.status, k.expires_at)"#
+        ],
         merchants,
         keys as &[&str],
         millis(processing_timeout),

@@ -45,7 +45,14 @@ impl Pending for CreateCharge {
     ) -> Result<Found, Error> {
         let mut db = claim::connection(engine, request).await?;
         let resource = self.resource();
-        claim::claim(&mut db, engine, request, Some(&resource), Some(&mut self.pending)).await
+        claim::claim(
+            &mut db,
+            engine,
+            request,
+            Some(&resource),
+            Some(&mut self.pending),
+        )
+        .await
     }
 }
 

@@ -40,8 +40,8 @@ use super::engine::{Answer, Engine, METHOD, Request};
 use super::timing::{Phase, count_outcome, count_shed};
 use crate::charges::Charge;
 use crate::error::{Error, overloaded};
-use crate::idempotency::store::{self as keys, FirstRequest, KeyStatus, SavedAnswer, millis};
 use crate::idempotency::Resource;
+use crate::idempotency::store::{self as keys, FirstRequest, KeyStatus, SavedAnswer, millis};
 use crate::problem::{Problem, ProblemCode};
 use crate::recovery;
 use crate::retry_after;
@@ -101,7 +101,11 @@ pub async fn claim_or_answer<P: Pending>(
         let claimed_at = tokio::time::Instant::now();
         match operation.claim_with_record(engine, request).await? {
             Found::Won { took_over } => {
-                count_outcome(if took_over { "expired_taken_over" } else { "executed" });
+                count_outcome(if took_over {
+                    "expired_taken_over"
+                } else {
+                    "executed"
+                });
                 return Ok(None);
             }
             Found::Done(saved) => return replay(saved, request, waited).map(Some),
@@ -142,7 +146,7 @@ pub async fn claim(
     engine: &Engine,
     request: &Request,
     resource: Option<&Resource>,
-    mut charge: Option<&mut Charge>,
+    charge: Option<&mut Charge>,
 ) -> Result<Found, Error> {
     let (charge_id, refund_id, capture_of) = Resource::columns(resource);
     let pending = charge.as_deref().map(serde_json::to_value).transpose();
@@ -199,11 +203,15 @@ pub async fn claim(
     )
     .fetch_one(&mut *db)
     .await?;
-    if let (Some(charge), Some(created_at)) = (charge.as_deref_mut(), row.charge_created_at) {
+    if let (Some(charge), Some(created_at)) = (charge, row.charge_created_at) {
         charge.created_at = created_at;
     }
     let Some(key) = &request.key else {
-        return Ok(if row.in_time { Found::Won { took_over: false } } else { Found::TooLate });
+        return Ok(if row.in_time {
+            Found::Won { took_over: false }
+        } else {
+            Found::TooLate
+        });
     };
     match (row.in_time, row.took_over) {
         (false, _) => return Ok(Found::TooLate),
@@ -276,7 +284,10 @@ async fn wait(
     since: tokio::time::Instant,
     until: Instant,
 ) -> Result<(), Error> {
-    let key = request.key.as_ref().ok_or_else(|| Error::internal("a keyless wait"))?;
+    let key = request
+        .key
+        .as_ref()
+        .ok_or_else(|| Error::internal("a keyless wait"))?;
     let processing = engine.timeouts.processing;
     let changed = engine
         .waits
@@ -346,7 +357,10 @@ pub async fn transaction(
 /// before its claim could take effect, so nothing was claimed.
 fn too_late(request: &Request) -> Error {
     let waited_ms = request.arrived.elapsed().as_millis() as u64;
-    tracing::info!(waited_ms, "answered before its work could begin; nothing claimed");
+    tracing::info!(
+        waited_ms,
+        "answered before its work could begin; nothing claimed"
+    );
     count_outcome("answered_before_claim");
     Problem::new(
         ProblemCode::RequestTimeout,

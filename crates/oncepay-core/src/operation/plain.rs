@@ -12,8 +12,8 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::charge::CreateCharge;
-use super::timing::Untimed;
 use super::engine::{Answer, Engine, METHOD, Request};
+use super::timing::Untimed;
 use super::workflow::{Operation, run};
 use crate::charges::{Amount, Currency, NewCharge};
 use crate::idempotency::{Fingerprint, IdempotencyKey};

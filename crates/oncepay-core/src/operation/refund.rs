@@ -78,7 +78,8 @@ impl claim::Pending for CreateRefund {
             return Ok(found);
         }
         let amount = self.refund.amount.map(|a| a.minor_units());
-        let reserved = store::reserve(&mut tx, self.merchant_id, &self.refund.charge, amount).await?;
+        let reserved =
+            store::reserve(&mut tx, self.merchant_id, &self.refund.charge, amount).await?;
         let Some(reserved) = reserved else {
             let refused = refused(&mut tx, self.merchant_id, &self.refund).await;
             tx.rollback().await?;

@@ -14,6 +14,9 @@ pub enum Phase {
     Extract,
     /// The parameters' canonical form and its SHA-256, the key's fingerprint.
     Fingerprint,
+    /// Reading the key before the core is entered (the server's
+    /// `src/speed/front.rs`), coalesced with other requests' reads.
+    KeyRead,
     /// Waiting for the scheduler: between spawning the operation's task and
     /// its start, and between its end and the handler's waking.
     TaskHandoff,
@@ -22,9 +25,9 @@ pub enum Phase {
     PoolWait,
     /// Waiting for the same request in flight (`Prefer: wait=N`).
     KeyWait,
-    /// Claiming the key with the pending record, or reading what it holds
-    /// (settling it, when stale): marked whole, counted less the two waits
-    /// above, which happen only within it.
+    /// Step 2: claiming the key with the pending record, or reading what it
+    /// holds (settling it, when stale): marked whole, counted less the two
+    /// waits above and a write's own work, which happen only within it.
     Claim,
     /// The processor's call.
     Processor,
@@ -35,7 +38,8 @@ pub enum Phase {
     /// when the processor was unavailable or another settle came first.
     Settle,
     /// For an operation without a processor ([`super::write::Write`]): its
-    /// record, its saved answer and the commit, in the claim's transaction.
+    /// record, its saved answer and the commit, in the claim's transaction
+    /// (within step 2).
     Write,
     /// Rendering the answer (or the problem) as an HTTP response.
     Render,
@@ -43,11 +47,12 @@ pub enum Phase {
 
 impl Phase {
     /// How many phases there are.
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 12;
     /// Every phase, in the order a request meets them.
     pub const ALL: [Phase; Phase::COUNT] = [
         Phase::Extract,
         Phase::Fingerprint,
+        Phase::KeyRead,
         Phase::TaskHandoff,
         Phase::PoolWait,
         Phase::KeyWait,
@@ -64,6 +69,7 @@ impl Phase {
         match self {
             Phase::Extract => "extract",
             Phase::Fingerprint => "fingerprint",
+            Phase::KeyRead => "key_read",
             Phase::TaskHandoff => "task_handoff",
             Phase::PoolWait => "pool_wait",
             Phase::KeyWait => "key_wait",

@@ -88,7 +88,9 @@ impl<W: Write> Pending for Writing<W> {
         if let Some(key) = &request.key {
             let ttl = engine.timeouts.key_ttl;
             if !keys::complete(&mut tx, request.merchant_id, key, &saved, ttl).await? {
-                return Err(Error::internal("the key claimed here is no longer its to complete"));
+                return Err(Error::internal(
+                    "the key claimed here is no longer its to complete",
+                ));
             }
         }
         tx.commit().await?;

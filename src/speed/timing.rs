@@ -1,5 +1,5 @@
 //! A guarded operation's clock: the core marks how long each phase took
-//! ([`crate::operation::timing::Clock`]); this clock adds them up, and
+//! ([`oncepay_core::operation::timing::Clock`]); this clock adds them up, and
 //! records the whole, by route and outcome, then each phase, once the
 //! response is rendered. Nothing is allocated per phase.
 
@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::error::Error;
-use crate::operation::Answer;
-use crate::operation::timing::{Clock, Phase};
-use crate::problem::ProblemCode;
+use oncepay_core::error::Error;
+use oncepay_core::operation::engine::Answer;
+use oncepay_core::operation::timing::{Clock, Phase};
+use oncepay_core::problem::ProblemCode;
 
 /// One request's clock: the time of each phase so far.
 pub struct Stopwatch {
@@ -45,20 +45,20 @@ impl Stopwatch {
     }
 
     /// The phases gone through, with their durations: step 2's
-    /// ([`Phase::Claim`]) less the waits marked within it.
+    /// ([`Phase::Claim`]) less the waits and the write marked within it.
     fn phases(&self) -> impl Iterator<Item = (Phase, Duration)> + '_ {
         let took = |phase: Phase| match self.phases[phase as usize].load(Ordering::Relaxed) {
             0 => None,
             n => Some(Duration::from_nanos(n)),
         };
-        let waited = [Phase::PoolWait, Phase::KeyWait]
+        let within = [Phase::PoolWait, Phase::KeyWait, Phase::Write]
             .into_iter()
             .filter_map(took)
             .sum::<Duration>();
         Phase::ALL.into_iter().filter_map(move |phase| {
             let took = took(phase)?;
             Some(match phase {
-                Phase::Claim => (phase, took.saturating_sub(waited)),
+                Phase::Claim => (phase, took.saturating_sub(within)),
                 _ => (phase, took),
             })
         })

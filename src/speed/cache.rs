@@ -27,7 +27,7 @@ use quick_cache::{OptionsBuilder, Weighter};
 use uuid::Uuid;
 
 use crate::merchants::{KeyHolder, Merchant};
-pub use crate::speed::CachedAnswer;
+pub use oncepay_core::idempotency::SavedAnswer;
 
 /// How long a merchant read from the database is trusted: a key rolled at
 /// once stops working on every instance within it. One lookup per key and
@@ -61,17 +61,17 @@ type AnswerKey = (Uuid, String);
 #[derive(Clone, Copy, Debug)]
 struct AnswerWeighter;
 
-impl Weighter<AnswerKey, Arc<CachedAnswer>> for AnswerWeighter {
-    fn weight(&self, key: &AnswerKey, answer: &Arc<CachedAnswer>) -> u64 {
+impl Weighter<AnswerKey, Arc<SavedAnswer>> for AnswerWeighter {
+    fn weight(&self, key: &AnswerKey, answer: &Arc<SavedAnswer>) -> u64 {
         answer_weight(&key.1, answer)
     }
 }
 
-fn answer_weight(key: &str, answer: &CachedAnswer) -> u64 {
+fn answer_weight(key: &str, answer: &SavedAnswer) -> u64 {
     let response = &answer.response;
     let bytes = key.len()
-        + answer.method.len()
-        + answer.route.len()
+        + answer.first.method.len()
+        + answer.first.route.len()
         + answer.original_request.as_ref().map_or(0, String::len)
         + response.content_type.len()
         + response.location.as_ref().map_or(0, String::len)
@@ -80,7 +80,7 @@ fn answer_weight(key: &str, answer: &CachedAnswer) -> u64 {
 }
 
 struct Answers {
-    cache: Cache<AnswerKey, Arc<CachedAnswer>, AnswerWeighter>,
+    cache: Cache<AnswerKey, Arc<SavedAnswer>, AnswerWeighter>,
     max_entry: u64,
 }
 
@@ -139,7 +139,7 @@ impl Caches {
     }
 
     /// The cached answer of a merchant's completed key, if before its deadline.
-    pub fn answer(&self, merchant_id: Uuid, key: &str) -> Option<Arc<CachedAnswer>> {
+    pub fn answer(&self, merchant_id: Uuid, key: &str) -> Option<Arc<SavedAnswer>> {
         let answers = self.answers.as_ref()?;
         let id = (merchant_id, key.to_owned());
         let answer = answers.cache.get(&id)?;
@@ -152,7 +152,7 @@ impl Caches {
 
     /// Remembers a completed key's answer (call only with a `completed`
     /// row), unless it is past its deadline or larger than the per-entry cap.
-    pub fn remember_answer(&self, merchant_id: Uuid, key: &str, answer: Arc<CachedAnswer>) {
+    pub fn remember_answer(&self, merchant_id: Uuid, key: &str, answer: Arc<SavedAnswer>) {
         let Some(answers) = &self.answers else {
             return;
         };
@@ -209,13 +209,15 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::idempotency::{Fingerprint, SavedResponse};
+    use oncepay_core::idempotency::{Fingerprint, FirstRequest, SavedResponse};
 
-    fn answer(body_bytes: usize, lives: Duration) -> Arc<CachedAnswer> {
-        Arc::new(CachedAnswer {
-            method: "POST".into(),
-            route: "/v1/charges".into(),
-            fingerprint: Fingerprint([0; 32]),
+    fn answer(body_bytes: usize, lives: Duration) -> Arc<SavedAnswer> {
+        Arc::new(SavedAnswer {
+            first: FirstRequest {
+                method: "POST".into(),
+                route: "/v1/charges".into(),
+                fingerprint: Fingerprint([0; 32]),
+            },
             response: SavedResponse {
                 status: 201,
                 content_type: "application/json".into(),
@@ -329,8 +331,8 @@ mod tests {
     #[test]
     fn the_fixed_overhead_covers_the_entry_structs() {
         let structs = std::mem::size_of::<AnswerKey>()
-            + std::mem::size_of::<Arc<CachedAnswer>>()
-            + std::mem::size_of::<CachedAnswer>()
+            + std::mem::size_of::<Arc<SavedAnswer>>()
+            + std::mem::size_of::<SavedAnswer>()
             + 2 * std::mem::size_of::<usize>();
         // Leaves room for the cache's slot links, its table entry and the
         // allocator's headers.

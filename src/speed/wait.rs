@@ -6,7 +6,9 @@
 //! a `watch` channel. The task stops as soon as the last waiter leaves. The
 //! request holding the key wakes the poll when its work ends here, so a
 //! waiter on this instance hears at once; a key held by another instance is
-//! seen within one interval.
+//! seen within one interval. It plugs into the core's one seam for waits
+//! (`oncepay_core::speed::Waits`): it only says when the key may have
+//! changed, and the waiter's next claim says what it holds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -18,10 +20,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::IdempotencyKey;
-use super::store;
-use crate::speed::KeyWatch;
-pub use crate::speed::News;
+use oncepay_core::idempotency::IdempotencyKey;
+use oncepay_core::idempotency::store::{self, KeyStatus};
 
 /// The first interval between polls; it doubles up to [`LONGEST_INTERVAL`].
 const FIRST_INTERVAL: Duration = Duration::from_millis(20);
@@ -31,7 +31,8 @@ const LONGEST_INTERVAL: Duration = Duration::from_millis(250);
 #[derive(Clone, Debug)]
 struct Observation {
     polled_at: Instant,
-    news: News,
+    /// Still `processing` and not stale: nothing for a waiter to act on.
+    in_flight: bool,
 }
 
 /// One key's shared wait: the channel its waiters listen on, and the bell
@@ -80,7 +81,7 @@ impl Waits {
             None => {
                 let (news, receiver) = watch::channel(Observation {
                     polled_at: Instant::now(),
-                    news: News::InFlight,
+                    in_flight: true,
                 });
                 let shared = Arc::new(Shared {
                     news,
@@ -128,15 +129,16 @@ impl Waits {
             interval = (interval * 2).min(LONGEST_INTERVAL);
             let polled_at = Instant::now();
             metrics::counter!("idempotency_wait_polls_total").increment(1);
-            let seen = store::watch(
+            let seen = store::find(
                 &self.inner.pool,
                 *merchant_id,
                 key,
                 self.inner.processing_timeout,
             )
             .await;
-            let news = match seen {
-                Ok(seen) => News::of(seen),
+            let in_flight = match seen {
+                Ok(Some(stored)) => stored.status == KeyStatus::Processing && !stored.stale,
+                Ok(None) => false,
                 Err(e) => {
                     // The waiters keep waiting; their deadline bounds it.
                     tracing::warn!(error = %e, "a shared wait could not read its key");
@@ -146,9 +148,11 @@ impl Waits {
             // A key steadily in flight wakes nobody; anything else wakes
             // every waiter, which acts on it once (see `Waiter::news_since`).
             shared.news.send_if_modified(|current| {
-                let wake = !matches!(news, News::InFlight);
-                *current = Observation { polled_at, news };
-                wake
+                *current = Observation {
+                    polled_at,
+                    in_flight,
+                };
+                !in_flight
             });
         }
     }
@@ -175,18 +179,34 @@ pub struct Waiter {
     news: watch::Receiver<Observation>,
 }
 
+impl Waiter {
+    /// Waits for a poll, begun after `since` (the moment this request last
+    /// claimed the key), that saw the key anything but still in flight:
+    /// older news is already known, so each waiter acts on each poll at most
+    /// once. Returns at once if the poller died: the caller claims again.
+    async fn changed_since(&mut self, since: Instant) {
+        let fresh = self
+            .news
+            .wait_for(|seen| seen.polled_at > since && !seen.in_flight);
+        let _ = fresh.await;
+    }
+}
+
 #[async_trait::async_trait]
-impl KeyWatch for Waiter {
-    /// Waits for news of the key, other than "still in flight", from a poll
-    /// that began after `since` (the moment this request last read the key
-    /// itself): older news is already known, so each waiter acts on each
-    /// poll at most once. `None` if the poller died: the caller then reads
-    /// the key itself and joins anew.
-    async fn news_since(&mut self, since: Instant) -> Option<News> {
-        let fresh = self.news.wait_for(|observation| {
-            observation.polled_at > since && !matches!(observation.news, News::InFlight)
-        });
-        fresh.await.ok().map(|observation| observation.news.clone())
+impl oncepay_core::speed::Waits for Waits {
+    async fn changed(
+        &self,
+        _pool: &PgPool,
+        _processing_timeout: Duration,
+        merchant_id: Uuid,
+        key: &IdempotencyKey,
+        since: Instant,
+    ) {
+        self.join(merchant_id, key).changed_since(since).await;
+    }
+
+    fn wake(&self, merchant_id: Uuid, key: &IdempotencyKey) {
+        Waits::wake(self, merchant_id, key);
     }
 }
 

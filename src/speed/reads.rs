@@ -1,6 +1,7 @@
 //! Reads of keys that missed the replay cache, coalesced.
 //!
-//! Before a keyed request claims its key, it reads it: a retry of a
+//! While retries are common, a keyed request that missed the replay cache
+//! reads its key before the core is entered ([`super::front`]): a retry of a
 //! finished operation is answered from that read, without the claim's
 //! statement, which writes when it wins and costs the database several
 //! times a primary-key read when it does not. The reads of concurrent
@@ -25,17 +26,22 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::IdempotencyKey;
-use super::store::{self, StoredKey};
-use crate::admission::Admission;
-pub use crate::speed::Shed;
+use oncepay_core::idempotency::IdempotencyKey;
+use oncepay_core::idempotency::store::{self, StoredKey};
+
+use super::admission::Admission;
+
+/// A read of a key refused at once because too many are queued: the
+/// request is shed before any work.
+#[derive(Debug)]
+pub struct Shed;
 
 /// The most reads one statement carries.
 const MOST_PER_BATCH: usize = 128;
@@ -58,6 +64,14 @@ struct Ask {
 pub struct Reads {
     asks: mpsc::Sender<Ask>,
     lately: Arc<Lately>,
+}
+
+/// What a batch of reads needs: the pool, the queue its connection waits
+/// in, and `PROCESSING_TIMEOUT` (a key in flight is read as stale after it).
+struct Batcher {
+    pool: PgPool,
+    admission: Arc<Admission>,
+    processing_timeout: Duration,
 }
 
 /// Of the keys that missed the replay cache lately, how many were taken
@@ -100,11 +114,15 @@ impl Reads {
     /// Starts the task that batches reads on `pool`, taking its connection
     /// through `admission` as the requests it reads for would; it ends when
     /// the last clone of the returned handle is dropped.
-    pub fn start(pool: PgPool, admission: Arc<Admission>) -> Self {
+    pub fn start(pool: PgPool, admission: Arc<Admission>, processing_timeout: Duration) -> Self {
         let (asks, queued) = mpsc::channel(MOST_QUEUED);
+        let batcher = Batcher {
+            pool,
+            admission,
+            processing_timeout,
+        };
         tokio::spawn(
-            batch_reads(pool, admission, queued)
-                .instrument(tracing::info_span!("coalesced_key_reads")),
+            batch_reads(batcher, queued).instrument(tracing::info_span!("coalesced_key_reads")),
         );
         Reads {
             asks,
@@ -163,7 +181,7 @@ impl Reads {
     }
 }
 
-async fn batch_reads(pool: PgPool, admission: Arc<Admission>, mut queued: mpsc::Receiver<Ask>) {
+async fn batch_reads(batcher: Batcher, mut queued: mpsc::Receiver<Ask>) {
     let mut batch = Vec::new();
     while let Some(first) = queued.recv().await {
         // Its connection waits in the admission queue, as the requests' own
@@ -171,7 +189,7 @@ async fn batch_reads(pool: PgPool, admission: Arc<Admission>, mut queued: mpsc::
         // requests go to their claims, which are shed in turn.
         let deadline = first.deadline;
         batch.push(first);
-        let mut db = match admission.connection(&pool, deadline).await {
+        let mut db = match batcher.admission.acquire(&batcher.pool, deadline).await {
             Ok(db) => db,
             Err(refused) => {
                 // Every read asked meanwhile would wait in vain as well.
@@ -194,7 +212,8 @@ async fn batch_reads(pool: PgPool, admission: Arc<Admission>, mut queued: mpsc::
                     Err(_) => break,
                 }
             }
-            if batch.is_empty() || !read_batch(&mut db, std::mem::take(&mut batch)).await {
+            let timeout = batcher.processing_timeout;
+            if batch.is_empty() || !read_batch(&mut db, std::mem::take(&mut batch), timeout).await {
                 break;
             }
         }
@@ -203,7 +222,7 @@ async fn batch_reads(pool: PgPool, admission: Arc<Admission>, mut queued: mpsc::
 
 /// Reads `batch` in one statement on `db` and answers each ask; `false`
 /// if the statement failed.
-async fn read_batch(db: &mut PgConnection, batch: Vec<Ask>) -> bool {
+async fn read_batch(db: &mut PgConnection, batch: Vec<Ask>, timeout: Duration) -> bool {
     // An ask whose request has gone needs no read.
     let batch: Vec<Ask> = batch
         .into_iter()
@@ -215,7 +234,7 @@ async fn read_batch(db: &mut PgConnection, batch: Vec<Ask>) -> bool {
     let started = Instant::now();
     let merchants: Vec<Uuid> = batch.iter().map(|a| a.merchant_id).collect();
     let keys: Vec<&str> = batch.iter().map(|a| a.key.as_str()).collect();
-    let read = store::find_many(db, &merchants, &keys).await;
+    let read = store::find_many(db, &merchants, &keys, timeout).await;
     metrics::histogram!("idempotency_key_reads_per_batch").record(batch.len() as f64);
     metrics::histogram!("idempotency_key_read_batch_duration_seconds")
         .record(started.elapsed().as_secs_f64());

@@ -2,7 +2,8 @@
 //! connection before its work begins, and when it is turned away instead.
 //!
 //! Every guarded operation begins by taking a connection from the pool (to
-//! read its key, or to claim it). When more requests arrive than the pool
+//! claim its key), through the core's one seam for it
+//! (`oncepay_core::speed::Admission`). When more requests arrive than the pool
 //! can serve, they queue for one; without a bound the queue grows as long
 //! as the load lasts, and every request waits in it, the ones that are
 //! admitted included. So the wait is bounded, CoDel-style, as Facebook's
@@ -27,7 +28,7 @@
 //! if it were the first. Work already done is never turned away: the
 //! connections that settle a record are taken from the pool directly, and so
 //! is the next one of a request that settled its stale key (it has written;
-//! see `crate::operation::claim`), which waits until its deadline instead.
+//! see `oncepay_core::operation::claim`), which waits until its deadline instead.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -36,7 +37,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
 use tokio::time::Instant;
 
-pub use crate::speed::Refused;
+pub use oncepay_core::speed::Refused;
 
 /// The bounded queue in front of a pool.
 pub struct Admission {
@@ -89,7 +90,7 @@ impl Admission {
     /// A connection from `pool`, waited for at most the queue's bound and
     /// never past `deadline`. A wait cut short is safe: sqlx closes a
     /// connection it had half handed over.
-    pub async fn connection(
+    pub async fn acquire(
         &self,
         pool: &PgPool,
         deadline: Instant,
@@ -116,13 +117,25 @@ impl Admission {
     }
 }
 
+/// The core's seam for taking a connection: this bounded queue.
+#[async_trait::async_trait]
+impl oncepay_core::speed::Admission for Admission {
+    async fn acquire(
+        &self,
+        pool: &PgPool,
+        deadline: Instant,
+    ) -> Result<PoolConnection<Postgres>, Refused> {
+        Admission::acquire(self, pool, deadline).await
+    }
+}
+
 /// Whether a request still waiting for `pool` waits in its queue: every
 /// connection is open and none is idle.
 fn queued(pool: &PgPool) -> bool {
     pool.size() >= pool.options().get_max_connections() && pool.num_idle() == 0
 }
 
-/// Counts a request waiting in [`Admission::connection`], and notes when
+/// Counts a request waiting in [`Admission::acquire`], and notes when
 /// the queue was last empty: as the first one enters, and as the last one
 /// leaves.
 struct Waiting<'a>(&'a Admission);
