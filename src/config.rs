@@ -16,13 +16,8 @@ use std::ops::RangeInclusive;
 use std::str::FromStr;
 use std::time::Duration;
 
-/// How far apart the wall clocks of oncepay's instances and of Postgres may
-/// be. A claim carries its request's deadline by this instance's clock and
-/// Postgres refuses it once its own clock is past it (see
-/// [`oncepay_core::idempotency::store::claim`]), so a clock ahead by this much
-/// lets a claim in this much late. NTP keeps clocks within milliseconds;
-/// `IDEMPOTENCY_KEY_TTL` must exceed `REQUEST_TIMEOUT` plus this.
-pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(1);
+/// The clock skew allowed between an instance and Postgres (the core's).
+pub use oncepay_core::settings::MAX_CLOCK_SKEW;
 
 /// A configuration error; its message always names the variable at fault.
 #[derive(Debug, thiserror::Error)]
@@ -451,14 +446,16 @@ impl Config {
         })
     }
 
-    /// The durations guarded operations run by.
+    /// The durations guarded operations run by, checked by the core when
+    /// the configuration was read ([`Config::from_settings`]).
     pub fn timeouts(&self) -> oncepay_core::settings::Timeouts {
-        oncepay_core::settings::Timeouts {
-            key_ttl: self.keys.ttl,
-            processing: self.keys.processing_timeout,
-            request: self.request_timeout,
-            sweep_interval: self.keys.sweep_interval,
-        }
+        oncepay_core::settings::Timeouts::new(
+            self.keys.ttl,
+            self.keys.processing_timeout,
+            self.request_timeout,
+            self.keys.sweep_interval,
+        )
+        .expect("checked when the configuration was read")
     }
 
     /// The sweeper's settings in a `serve` or `sweep` process.
@@ -549,18 +546,11 @@ impl Config {
         // key counts as stale: past PROCESSING_TIMEOUT, a retry or the sweeper
         // settles the record, fencing off the processor, so a slower request
         // would be voided while still at work.
-        for (name, value, written) in [
-            (
-                "PROCESSOR_LATENCY_MS",
-                config.processor.latency,
-                config.processor.latency.as_millis().to_string(),
-            ),
-            (
-                "REQUEST_TIMEOUT",
-                config.request_timeout,
-                humantime::format_duration(config.request_timeout).to_string(),
-            ),
-        ] {
+        for (name, value, written) in [(
+            "PROCESSOR_LATENCY_MS",
+            config.processor.latency,
+            config.processor.latency.as_millis().to_string(),
+        )] {
             if value >= config.keys.processing_timeout {
                 return Err(ConfigError {
                     name: name.into(),
@@ -610,32 +600,21 @@ impl Config {
                 ),
             });
         }
-        // A key must outlive any request holding it, or a retry could take
-        // over a key whose first request is still at work.
-        if config.keys.ttl < config.keys.processing_timeout * 2 {
+        // The rules between the guarantee's own timeouts are the core's.
+        if let Err(unsafe_) = oncepay_core::settings::Timeouts::new(
+            config.keys.ttl,
+            config.keys.processing_timeout,
+            config.request_timeout,
+            config.keys.sweep_interval,
+        ) {
+            let value = match unsafe_.setting {
+                "REQUEST_TIMEOUT" => config.request_timeout,
+                _ => config.keys.ttl,
+            };
             return Err(ConfigError {
-                name: "IDEMPOTENCY_KEY_TTL".into(),
-                value: humantime::format_duration(config.keys.ttl).to_string(),
-                reason: format!(
-                    "must be at least twice PROCESSING_TIMEOUT ({})",
-                    humantime::format_duration(config.keys.processing_timeout)
-                ),
-            });
-        }
-        // A claim counts only if it reaches the database before its
-        // request's deadline, by clocks that agree within MAX_CLOCK_SKEW; a
-        // retry's answer must outlive that, or a claim made in time could
-        // find it expired and take the key over.
-        if config.keys.ttl <= config.request_timeout + MAX_CLOCK_SKEW {
-            return Err(ConfigError {
-                name: "IDEMPOTENCY_KEY_TTL".into(),
-                value: humantime::format_duration(config.keys.ttl).to_string(),
-                reason: format!(
-                    "must be longer than REQUEST_TIMEOUT ({}) plus the clock skew allowed \
-                     between oncepay and Postgres ({})",
-                    humantime::format_duration(config.request_timeout),
-                    humantime::format_duration(MAX_CLOCK_SKEW)
-                ),
+                name: unsafe_.setting.into(),
+                value: humantime::format_duration(value).to_string(),
+                reason: unsafe_.reason,
             });
         }
         // Each run must overlap the one before by more than the in-flight

@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use super::input::{FromParams, description};
+use super::from_params::{FromParams, description};
 use crate::updates::charge::ChargeUpdate;
 use crate::updates::refund::RefundUpdate;
 use oncepay_core::objects::details::{Shipping, ShippingAddress, UserReport};

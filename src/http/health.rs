@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -108,4 +110,27 @@ async fn readyz(State(state): State<AppState>, _: NoQuery) -> Result<Json<Health
     )
     .with_retry_after(retry_after::SOON)
     .into())
+}
+
+/// The metrics, in Prometheus text format.
+///
+/// `GET /metrics`, for Prometheus to scrape.
+#[utoipa::path(get, path = "/metrics", tag = "operations", security(()),
+    responses(
+        (status = 200, description = "Prometheus text format", content_type = "text/plain"),
+        (status = 400, response = super::openapi::BadRequest)
+    ))]
+pub async fn metrics_endpoint(
+    State(state): State<AppState>,
+    _: super::extract::NoQuery,
+) -> Response {
+    let body = crate::telemetry::metrics::render(&state.metrics, &state.pool);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
 }

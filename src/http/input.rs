@@ -6,27 +6,17 @@
 use serde_json::Value;
 
 use super::details::NewDetails;
+pub use super::from_params::{FromParams, description};
 use crate::events::EventType;
 use crate::processor::TestToken;
 use oncepay_core::amount::{Amount, too_large};
 use oncepay_core::charges::{Currency, NewCharge};
-use oncepay_core::params::{
-    Encoding, ParamError, Params, at_most, boolean, required, shorten, string,
-};
+use oncepay_core::params::{Encoding, ParamError, Params, boolean, required, shorten, string};
 use oncepay_core::problem::ProblemCode;
 use oncepay_core::refunds::{NewRefund, RefundReason};
 
-/// The longest `description` a charge takes, in characters.
-const MAX_DESCRIPTION_CHARS: usize = 1000;
-
 /// The most types one `types` filter may name, as Stripe allows.
 const MAX_FILTER_TYPES: usize = 20;
-
-/// A request's parameters, validated into `Self`.
-pub trait FromParams: Sized {
-    /// Validates every parameter, and refuses unknown ones.
-    fn from_params(params: Params) -> Result<Self, ParamError>;
-}
 
 impl FromParams for NewCharge {
     fn from_params(mut params: Params) -> Result<Self, ParamError> {
@@ -142,11 +132,6 @@ impl FromParams for NewRefund {
             metadata,
         })
     }
-}
-
-/// A charge's `description`, unless longer than 1000 characters.
-pub fn description(description: String) -> Result<String, ParamError> {
-    at_most(description, "description", MAX_DESCRIPTION_CHARS)
 }
 
 /// Reads `amount`: a JSON integer, or a string of digits in a form.

@@ -9,6 +9,7 @@ pub mod details;
 pub mod events;
 pub mod extract;
 pub mod faults;
+pub mod from_params;
 pub mod health;
 pub mod idempotency_keys;
 pub mod idempotent;
@@ -23,10 +24,11 @@ pub mod server;
 pub mod stripe;
 pub mod webhook_endpoints;
 
-use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::extract::State;
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::IntoResponse;
+use axum::{Json, Router};
 use tower::ServiceBuilder;
 use tower::util::MapRequestLayer;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -55,8 +57,8 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
         .merge(idempotency_keys::router())
         .merge(health::router())
         .merge(demo::router(config.workshop.demo_unsafe_endpoints))
-        .routes(routes!(observe::metrics_endpoint))
-        .routes(routes!(openapi::openapi_json))
+        .routes(routes!(health::metrics_endpoint))
+        .routes(routes!(openapi_json))
 }
 
 /// `404 route_not_found` for a request whose path no route has.
@@ -157,4 +159,24 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(max_body))
         .service(routes);
     Router::new().fallback_service(layered)
+}
+
+/// This document.
+///
+/// `GET /openapi.json`: the OpenAPI 3.1 description of every route.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    security(()),
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json"),
+        (status = 400, response = openapi::BadRequest)
+    )
+)]
+async fn openapi_json(
+    State(state): State<AppState>,
+    _: extract::NoQuery,
+) -> Json<utoipa::openapi::OpenApi> {
+    Json(api(&state.config).split_for_parts().1)
 }

@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use metrics::{Label, SharedString};
 use tracing::Span;
 
@@ -235,27 +235,4 @@ fn finish_problem(response: Response, id: Option<&HeaderValue>, stripe_client: b
         .headers
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
     Response::from_parts(parts, Body::from(body))
-}
-
-/// The metrics, in Prometheus text format.
-///
-/// `GET /metrics`, for Prometheus to scrape.
-#[utoipa::path(get, path = "/metrics", tag = "operations", security(()),
-    responses(
-        (status = 200, description = "Prometheus text format", content_type = "text/plain"),
-        (status = 400, response = super::openapi::BadRequest)
-    ))]
-pub async fn metrics_endpoint(
-    State(state): State<AppState>,
-    _: super::extract::NoQuery,
-) -> Response {
-    let body = crate::telemetry::metrics::render(&state.metrics, &state.pool);
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
 }

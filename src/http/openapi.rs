@@ -14,8 +14,6 @@
 
 use std::collections::BTreeMap;
 
-use axum::Json;
-use axum::extract::State;
 use axum::http::StatusCode;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
@@ -23,7 +21,6 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{IntoResponses, Modify, OpenApi, ToResponse, ToSchema};
 
-use crate::app::AppState;
 use crate::events::EventType;
 use oncepay_core::charges::ChargeStatus;
 use oncepay_core::operation::claim;
@@ -102,26 +99,6 @@ impl Modify for Security {
             ),
         );
     }
-}
-
-/// This document.
-///
-/// `GET /openapi.json`: the OpenAPI 3.1 description of every route.
-#[utoipa::path(
-    get,
-    path = "/openapi.json",
-    tag = "operations",
-    security(()),
-    responses(
-        (status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json"),
-        (status = 400, response = BadRequest)
-    )
-)]
-pub async fn openapi_json(
-    State(state): State<AppState>,
-    _: super::extract::NoQuery,
-) -> Json<utoipa::openapi::OpenApi> {
-    Json(super::api(&state.config).split_for_parts().1)
 }
 
 /// Swagger UI at `/docs/` (`/docs` redirects there), reading `/openapi.json`,

@@ -219,7 +219,7 @@ impl Charge {
     pub fn decline(&self) -> Option<Decline> {
         let decline = self.token()?.decline()?;
         let failure = self.failure_code.as_deref()?;
-        (failure != crate::charges::settle::ABANDONED).then_some(decline)
+        (failure != ABANDONED).then_some(decline)
     }
 
     /// The API object, with `refunds`, the charge's refunds, newest first.
@@ -274,6 +274,9 @@ impl Charge {
         answered.then(|| token.verdict())
     }
 }
+
+/// The failure code of a charge whose processor attempt was voided.
+pub const ABANDONED: &str = crate::problem::ProblemCode::ProcessingAbandoned.as_str();
 
 /// A new charge id: `ch_` and 24 random letters and digits.
 pub fn new_charge_id() -> String {

@@ -18,8 +18,7 @@ use crate::processor::Outcome;
 pub use crate::settled::Settled;
 use crate::settled::created;
 
-/// The failure code of a charge whose processor attempt was voided.
-pub const ABANDONED: &str = ProblemCode::ProcessingAbandoned.as_str();
+pub use super::domain::ABANDONED;
 
 /// Settles `charge_id` with `outcome` if it is still pending, reading the
 /// charge first: how recovery and the tests settle.
