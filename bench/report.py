@@ -109,8 +109,8 @@ FOREIGN_KEY_CHECK = re.compile(r"^SELECT (1|\$\d+) FROM ONLY \S+ x WHERE .* FOR 
 
 
 # The phases of a guarded operation, in the order a request meets them
-# (src/operation/timing.rs); any other phase a scrape has comes after them.
-PHASES = ["extract", "fingerprint", "task_handoff", "pool_wait", "key_wait", "claim",
+# (crates/oncepay-core/src/operation/timing.rs); any other phase a scrape has comes after them.
+PHASES = ["extract", "fingerprint", "key_read", "task_handoff", "pool_wait", "key_wait", "claim",
           "processor", "settle_pool_wait", "settle", "write", "render"]
 # The share of the request's mean the phases should account for.
 PHASES_GOAL = 0.90
