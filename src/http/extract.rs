@@ -132,6 +132,7 @@ impl IdempotentPost {
             arrived: self.arrived,
             deadline: self.arrived + state.config.request_timeout,
             client_gone: Default::default(),
+            has_written: Default::default(),
             clock,
         };
         (request, stopwatch)

@@ -48,6 +48,7 @@ fn request(app: &TestApp, key: &IdempotencyKey, deadline: Instant) -> Request {
         arrived: deadline - Duration::from_secs(1),
         deadline,
         client_gone: Default::default(),
+        has_written: Default::default(),
         clock: Arc::new(Untimed),
     }
 }

@@ -345,15 +345,40 @@ pub async fn complete(
 }
 
 /// A merchant's key, unless it is unknown or expired
-/// (`idempotency_key_expired`), judged stale after `processing_timeout`.
-/// The one read of one key: the claim's, a wait's, a replay's. A `completed`
-/// row never changes until it expires, so reading it needs no transaction
-/// and no lock: a replay costs this one statement.
+/// (`idempotency_key_expired`), judged stale after `processing_timeout`:
+/// the read of a wait, of a replay before the core, of `GET
+/// /v1/idempotency_keys/{key}`. A `completed` row never changes until it
+/// expires, so reading it needs no transaction and no lock: a replay costs
+/// this one statement.
 pub async fn find(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
     key: &IdempotencyKey,
     processing_timeout: Duration,
+) -> sqlx::Result<Option<StoredKey>> {
+    read(db, merchant_id, key, processing_timeout, false).await
+}
+
+/// A merchant's key as a claim that found it taken reads it: expired or
+/// not, since an answer saved after the claiming request arrived is
+/// replayed, never taken over, even once it has expired
+/// (`idempotency_key_takeover`).
+pub async fn find_taken(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    key: &IdempotencyKey,
+    processing_timeout: Duration,
+) -> sqlx::Result<Option<StoredKey>> {
+    read(db, merchant_id, key, processing_timeout, true).await
+}
+
+/// The one read of one key, for [`find`] and [`find_taken`].
+async fn read(
+    db: impl PgExecutor<'_>,
+    merchant_id: Uuid,
+    key: &IdempotencyKey,
+    processing_timeout: Duration,
+    expired_too: bool,
 ) -> sqlx::Result<Option<StoredKey>> {
     let sent = Instant::now();
     let row = key_query!(
@@ -361,11 +386,12 @@ pub async fn find(
             r#", idempotency_key_stale(k.status, k.locked_at, $3) AS "stale!"
               FROM idempotency_key_reads k
              WHERE k.merchant_id = $1 AND k.key = $2
-               AND NOT idempotency_key_expired(k.status, k.expires_at)"#
+               AND ($4 OR NOT idempotency_key_expired(k.status, k.expires_at))"#
         ],
         merchant_id,
         key.as_str(),
         millis(processing_timeout),
+        expired_too,
     )
     .fetch_optional(db)
     .await?;

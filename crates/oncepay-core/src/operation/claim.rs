@@ -30,6 +30,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -45,7 +46,7 @@ use crate::idempotency::store::{self as keys, FirstRequest, KeyStatus, SavedAnsw
 use crate::problem::{Problem, ProblemCode};
 use crate::recovery;
 use crate::retry_after;
-use crate::speed::Refused;
+use crate::speed::{Admission, Plain, Refused};
 
 /// What a claim found.
 #[derive(Debug)]
@@ -138,7 +139,7 @@ pub async fn claim_or_answer<P: Pending>(
 /// the record the key guards, for recovery; a record written and answered
 /// in the claim's own transaction (a webhook endpoint) needs none.
 ///
-/// A key it finds taken is then read ([`keys::find`]) and returned as
+/// A key it finds taken is then read ([`keys::find_taken`]) and returned as
 /// [`Found::Done`] or [`Found::Busy`]; in a transaction, the conflict has
 /// locked its row, so the read sees it as the transaction will.
 pub async fn claim(
@@ -220,7 +221,7 @@ pub async fn claim(
     }
     // Taken: what does the key hold?
     let processing = engine.timeouts.processing;
-    let Some(stored) = keys::find(db, request.merchant_id, key, processing).await? else {
+    let Some(stored) = keys::find_taken(db, request.merchant_id, key, processing).await? else {
         return Ok(Found::Gone);
     };
     if stored.status == KeyStatus::Processing {
@@ -272,6 +273,7 @@ async fn recover_stale(engine: &Engine, request: &Request) -> Result<bool, Error
         .await
         .map_err(|e| Error::from_recovery(e, &engine.timeouts))?;
     count_outcome("stale_recovered");
+    request.has_written.store(true, Ordering::Relaxed);
     Ok(true)
 }
 
@@ -308,18 +310,21 @@ async fn wait(
     Err(key_in_use(true).into())
 }
 
-/// A pooled connection to claim on, through the engine's admission and
-/// never past the request's deadline: `503 overloaded` when the admission
-/// sheds the request, `503 request_timeout` once it was answered.
+/// A pooled connection to claim on, through the engine's admission (or
+/// straight from the pool once the request has written) and never past the
+/// request's deadline: `503 overloaded` when the admission sheds the
+/// request, `503 request_timeout` once it was answered.
 pub async fn connection(
     engine: &Engine,
     request: &Request,
 ) -> Result<PoolConnection<Postgres>, Error> {
     let asked = Instant::now();
-    let acquired = engine
-        .admission
-        .acquire(&engine.pool, request.deadline.into())
-        .await;
+    let (pool, deadline) = (&engine.pool, request.deadline.into());
+    let acquired = if request.has_written.load(Ordering::Relaxed) {
+        Plain.acquire(pool, deadline).await
+    } else {
+        engine.admission.acquire(pool, deadline).await
+    };
     request.clock.add(Phase::PoolWait, asked.elapsed());
     if let Err(Refused::Shed { waited }) = &acquired {
         // Logged at debug level only: a line per request would flood the

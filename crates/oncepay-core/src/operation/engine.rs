@@ -2,6 +2,7 @@
 //! ([`Request`]) and what it answers ([`Answer`]).
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
@@ -61,6 +62,10 @@ pub struct Request {
     /// Cancelled when the client hangs up (see [`super::workflow::run`]):
     /// a wait for a key in flight stops then, while claimed work goes on.
     pub client_gone: CancellationToken,
+    /// Set once the request has written (it settled its stale key): from
+    /// then on it takes its connections from the pool directly, never shed
+    /// by the admission, since turning it away would no longer cost nothing.
+    pub has_written: AtomicBool,
     /// What its phases are timed on.
     pub clock: Arc<dyn Clock>,
 }

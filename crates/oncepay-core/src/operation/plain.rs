@@ -124,6 +124,7 @@ async fn sixteen_requests_racing_on_one_key_make_one_charge_with_plain_paths(poo
                 arrived,
                 deadline: arrived + Duration::from_secs(10),
                 client_gone: Default::default(),
+                has_written: Default::default(),
                 clock: Arc::new(Untimed),
             };
             run(&engine, request, charge).await
