@@ -4,7 +4,6 @@
 pub mod auth;
 pub mod balance;
 pub mod charges;
-pub mod demo;
 pub mod details;
 pub mod events;
 pub mod extract;
@@ -18,7 +17,6 @@ pub mod list;
 pub mod observe;
 pub mod openapi;
 pub mod problem;
-pub mod receiver;
 pub mod refunds;
 pub mod server;
 pub mod stripe;
@@ -56,7 +54,9 @@ pub fn api(config: &Config) -> OpenApiRouter<AppState> {
         .merge(balance::router())
         .merge(idempotency_keys::router())
         .merge(health::router())
-        .merge(demo::router(config.workshop.demo_unsafe_endpoints))
+        .merge(crate::workshop::http::demo::router(
+            config.workshop.demo_unsafe_endpoints,
+        ))
         .routes(routes!(health::metrics_endpoint))
         .routes(routes!(openapi_json))
 }
@@ -122,10 +122,12 @@ pub fn router(state: AppState) -> Router {
         .fault_injection
         .then(|| axum::middleware::from_fn_with_state(state.clone(), faults::drop_response));
     // Outside the faults, so that a dropped answer is recorded as lost.
-    let trace =
-        state.config.workshop.demo_unsafe_endpoints.then(|| {
-            axum::middleware::from_fn_with_state(state.traces.clone(), demo::record_trace)
-        });
+    let trace = state.config.workshop.demo_unsafe_endpoints.then(|| {
+        axum::middleware::from_fn_with_state(
+            state.traces.clone(),
+            crate::workshop::http::demo::record_trace,
+        )
+    });
     let layered = ServiceBuilder::new()
         .option_layer(trace)
         .map_response(IntoResponse::into_response)

@@ -4,10 +4,11 @@
 //! that checks and writes in two statements; in [`redis_keys`], keys kept
 //! in Redis, outside the business transaction; in [`processor_keys`], a
 //! payment asked of the gateway with a new key per attempt or the same
-//! one; in [`trace`], the lab's timelines. Nothing here is used by the
-//! real charge or refund path.
+//! one; in [`trace`], the lab's timelines; in [`http`], the workshop's
+//! routes. Nothing here is used by the real charge or refund path.
 
 pub mod broker_demo;
+pub mod http;
 pub mod naive_refund;
 pub mod processor_keys;
 pub mod receiver;

@@ -22,12 +22,12 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::auth::Authenticated;
-use super::extract::{NoQuery, QueryParams, RawBody, decode};
-use super::idempotent::{self, REPLAYED};
-use super::input::FromParams;
-use super::problem::ApiError;
 use crate::app::AppState;
+use crate::http::auth::Authenticated;
+use crate::http::extract::{NoQuery, QueryParams, RawBody, decode};
+use crate::http::idempotent::{self, REPLAYED};
+use crate::http::input::FromParams;
+use crate::http::problem::ApiError;
 use crate::workshop;
 use crate::workshop::broker_demo::{self, Handler};
 use crate::workshop::processor_keys::{self, KeyPer};
@@ -46,7 +46,7 @@ use oncepay_core::refunds::NewRefund;
 use oncepay_core::retry_after;
 
 /// The lab page: one self-contained file, no build step, nothing from the internet.
-const LAB_PAGE: &str = include_str!("../../static/lab.html");
+const LAB_PAGE: &str = include_str!("../../../static/lab.html");
 
 /// When this process began serving, for `GET /demo/settings`: a workshop
 /// that crashes the server on purpose tells the restarted process by it.
@@ -113,7 +113,7 @@ async fn lab() -> Html<&'static str> {
     params(("run" = String, Query, description = "The run tag, `metadata[demo_run]`")),
     responses(
         (status = 200, description = "The counts", body = Effects),
-        super::openapi::Errors
+        crate::http::openapi::Errors
     )
 )]
 async fn effects(
@@ -187,7 +187,7 @@ fn payments_uncounted(e: anyhow::Error) -> Error {
     params(("run" = String, Query, description = "The run tag, `metadata[demo_run]`")),
     responses(
         (status = 200, description = "The run's events", body = RunTrace),
-        super::openapi::Errors
+        crate::http::openapi::Errors
     )
 )]
 async fn trace(
@@ -268,8 +268,8 @@ struct Effects {
     )),
     responses(
         (status = 201, description = "Charged, or looked up", body = ChargeObject),
-        (status = 402, response = super::openapi::PaymentFailed),
-        super::openapi::BodyErrors
+        (status = 402, response = crate::http::openapi::PaymentFailed),
+        crate::http::openapi::BodyErrors
     )
 )]
 async fn naive_charge(
@@ -280,7 +280,7 @@ async fn naive_charge(
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     let key = required_key(&state, &headers)?;
-    super::faults::from_headers(&state, &headers)?;
+    crate::http::faults::from_headers(&state, &headers)?;
     let charge = NewCharge::from_params(decode(&headers, &body)?)?;
     let trace = trace.as_deref();
     // 1. Look the key up. (Bug: nothing stops a second request from looking too.)
@@ -295,7 +295,7 @@ async fn naive_charge(
     }
     // 2. Do the work: the same charge and processor code as the real path.
     let request_id = headers
-        .get(super::observe::REQUEST_ID)
+        .get(crate::http::observe::REQUEST_ID)
         .and_then(|v| v.to_str().ok());
     let (charge_id, saved) =
         workshop::naive_charge(&state, merchant.id, &charge, request_id, trace)
@@ -325,7 +325,7 @@ async fn naive_charge(
     tag = "workshop",
     responses(
         (status = 200, description = "The settings", body = Settings),
-        super::openapi::Errors
+        crate::http::openapi::Errors
     )
 )]
 async fn settings(
@@ -414,8 +414,8 @@ fn required_key(state: &AppState, headers: &HeaderMap) -> Result<String, ApiErro
     )),
     responses(
         (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = RefundObject),
-        (status = 409, response = super::openapi::InFlight),
-        super::openapi::BodyErrors
+        (status = 409, response = crate::http::openapi::InFlight),
+        crate::http::openapi::BodyErrors
     )
 )]
 async fn naive_refund(
@@ -426,7 +426,7 @@ async fn naive_refund(
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     let key = required_key(&state, &headers)?;
-    super::faults::from_headers(&state, &headers)?;
+    crate::http::faults::from_headers(&state, &headers)?;
     let refund = NewRefund::from_params(decode(&headers, &body)?)?;
     // The key, claimed before the work: this part is right.
     let claim = naive_refund::claim(&state.pool, merchant.id, &key);
@@ -486,7 +486,7 @@ fn redis_failed(error: redis::RedisError) -> ApiError {
 /// The fault this endpoint honours: `crash-after-commit` (and the
 /// middleware's `drop-response`).
 fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, ApiError> {
-    match super::faults::requested(state, headers)? {
+    match crate::http::faults::requested(state, headers)? {
         None | Some("drop-response") => Ok(None),
         Some(CRASH_AFTER_COMMIT) => Ok(Some(Fault::CrashAfterCommit)),
         Some(_) => Err(Problem::new(
@@ -520,9 +520,9 @@ fn redis_fault(state: &AppState, headers: &HeaderMap) -> Result<Option<Fault>, A
     )),
     responses(
         (status = 201, description = "Charged (or the answer saved in Redis, with `Idempotent-Replayed: true`)", body = ChargeObject),
-        (status = 402, response = super::openapi::PaymentFailed),
-        (status = 409, response = super::openapi::InFlight),
-        super::openapi::BodyErrors
+        (status = 402, response = crate::http::openapi::PaymentFailed),
+        (status = 409, response = crate::http::openapi::InFlight),
+        crate::http::openapi::BodyErrors
     )
 )]
 async fn redis_charge(
@@ -566,7 +566,7 @@ async fn redis_charge(
     }
     // 2. The charge, committed in Postgres.
     let request_id = headers
-        .get(super::observe::REQUEST_ID)
+        .get(crate::http::observe::REQUEST_ID)
         .and_then(|v| v.to_str().ok());
     let saved = match workshop::naive_charge(&state, merchant.id, &charge, request_id, trace).await
     {
@@ -616,8 +616,8 @@ fn processor_run(params: &mut Params) -> Result<String, ApiError> {
     tag = "workshop",
     responses(
         (status = 200, description = "The attempts and what each got", body = ProcessorPayment),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        super::openapi::Errors
+        (status = 415, response = crate::http::openapi::UnsupportedMediaType),
+        crate::http::openapi::Errors
     )
 )]
 async fn processor_payment(
@@ -717,7 +717,7 @@ struct ProcessorAttempt {
     params(("run" = String, Query, description = "The run tag of the payments")),
     responses(
         (status = 200, description = "The counts", body = ProcessorPayments),
-        super::openapi::Errors
+        crate::http::openapi::Errors
     )
 )]
 async fn processor_payments(
@@ -767,8 +767,8 @@ struct ProcessorPayments {
     tag = "workshop",
     responses(
         (status = 200, description = "What each delivery did, and the effects", body = BrokerDeliveries),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        super::openapi::Errors
+        (status = 415, response = crate::http::openapi::UnsupportedMediaType),
+        crate::http::openapi::Errors
     )
 )]
 async fn broker_deliveries(
@@ -809,8 +809,8 @@ async fn broker_deliveries(
     tag = "workshop",
     responses(
         (status = 200, description = "The copies the stream kept", body = BrokerWindow),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        super::openapi::Errors
+        (status = 415, response = crate::http::openapi::UnsupportedMediaType),
+        crate::http::openapi::Errors
     )
 )]
 async fn broker_window(

@@ -14,10 +14,10 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::auth::Authenticated;
-use super::extract::{QueryParams, RawBody, decode};
-use super::problem::ApiError;
 use crate::app::AppState;
+use crate::http::auth::Authenticated;
+use crate::http::extract::{QueryParams, RawBody, decode};
+use crate::http::problem::ApiError;
 use crate::webhooks::signature;
 use crate::workshop::receiver::{
     self, CRASH_AFTER_DELIVERY, Misbehaviour, Mode, NewReceiver, Receipt, ReceiverCounts,
@@ -61,7 +61,7 @@ fn fault(misbehaviour: Misbehaviour) -> Option<&'static str> {
     )),
     responses(
         (status = 200, description = "Set up", body = DemoReceiver),
-        super::openapi::BodyErrors
+        crate::http::openapi::BodyErrors
     )
 )]
 async fn register(
@@ -108,7 +108,7 @@ fn run_param(mut params: Params) -> Result<String, ParamError> {
     params(("run" = String, Query, description = "The run tag the receivers were set up for")),
     responses(
         (status = 200, description = "The counts", body = DemoReceivers),
-        super::openapi::Errors
+        crate::http::openapi::Errors
     )
 )]
 async fn counts(
@@ -171,11 +171,11 @@ macro_rules! receiver_route {
             responses(
                 (status = 200, description = $answered, body = DemoReceipt,
                  headers(("Oncepay-Fault" = String, description = "`crash-after-delivery`, on the deliveries the receiver's `fault` asks a worker to crash after"))),
-                (status = 400, response = super::openapi::BadRequest),
-                (status = 413, response = super::openapi::TooLarge),
+                (status = 400, response = crate::http::openapi::BadRequest),
+                (status = 413, response = crate::http::openapi::TooLarge),
                 (status = 500, description = "Failed on purpose after its work committed (`receiver_failed_on_purpose`, `fail_first`), or a bug",
                  body = oncepay_core::problem::Body, content_type = "application/problem+json"),
-                (status = 503, response = super::openapi::Unavailable)
+                (status = 503, response = crate::http::openapi::Unavailable)
             )
         )]
         async fn $name(
