@@ -101,19 +101,26 @@ pub async fn claim_or_answer<P: Pending>(
     loop {
         let claimed_at = tokio::time::Instant::now();
         match operation.claim_with_record(engine, request).await? {
+            // Ours, the record written pending: on to the processor.
             Found::Won { took_over } => {
-                count_outcome(if took_over {
+                let outcome = if took_over {
                     "expired_taken_over"
                 } else {
                     "executed"
-                });
+                };
+                if request.key.is_some() {
+                    count_outcome(outcome);
+                }
                 return Ok(None);
             }
+            // Finished: its answer, if it was for this very request.
             Found::Done(saved) => return replay(saved, request, waited).map(Some),
             Found::Busy { first, .. } if !first.is(&request.fingerprint) => {
                 return Err(reused(request, &first));
             }
+            // Its request went quiet: settle it as the sweeper would, claim again.
             Found::Busy { stale: true, .. } if recover_stale(engine, request).await? => {}
+            // In flight: wait for it to change, then claim again.
             Found::Busy { .. } if Instant::now() < wait_until => {
                 waited = true;
                 wait(engine, request, claimed_at, wait_until).await?;
