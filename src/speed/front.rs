@@ -14,7 +14,7 @@ use std::time::Instant;
 use oncepay_core::error::{Error, overloaded};
 use oncepay_core::operation::claim;
 use oncepay_core::operation::engine::{Answer, Engine, Request};
-use oncepay_core::operation::timing::{Phase, count_shed};
+use oncepay_core::operation::timing::{Phase, count_outcome, count_shed};
 use oncepay_core::operation::workflow::{self, Operation};
 use oncepay_core::operation::write::{self, Write};
 use oncepay_core::problem::ProblemCode;
@@ -61,7 +61,9 @@ impl Front {
         F: FnOnce(Request) -> W,
         W: Future<Output = Result<Answer, Error>>,
     {
+        let mut in_front = InFront { armed: true };
         let (read, known) = self.known(&request).await;
+        in_front.armed = false;
         if let Some(answer) = known {
             return answer;
         }
@@ -113,6 +115,23 @@ impl Front {
         self.caches
             .remember_answer(request.merchant_id, key.as_str(), saved.clone());
         (true, Some(claim::replay(saved, request, false)))
+    }
+}
+
+/// A request still in front of the core. Dropped armed (its client was
+/// answered by `REQUEST_TIMEOUT`, or hung up, while its key was being read),
+/// it says that nothing was claimed, as the core's own task says it of a
+/// request answered before its claim.
+struct InFront {
+    armed: bool,
+}
+
+impl Drop for InFront {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::info!("answered while its key was read, before any work; nothing claimed");
+            count_outcome("answered_before_claim");
+        }
     }
 }
 
