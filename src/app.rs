@@ -41,7 +41,8 @@ pub struct Services {
     pub metrics: crate::telemetry::metrics::Metrics,
     /// What runs guarded operations: the pool, the processor and the
     /// timeouts again, the tasks the work runs in (shutdown waits for them,
-    /// within `SHUTDOWN_GRACE`) and the fast paths ([`crate::fast_paths`]).
+    /// within `SHUTDOWN_GRACE`) and the two seams the server plugs speed
+    /// into (`crate::speed::admission`, `crate::speed::wait`).
     pub engine: Engine,
     /// What answers a completed key before the engine is entered
     /// ([`crate::speed::front`]).

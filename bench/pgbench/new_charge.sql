@@ -1,59 +1,55 @@
 -- A new charge with a fresh Idempotency-Key: the statements oncepay runs on
--- its own database for POST /v1/charges (crates/oncepay-core/src/idempotency/store.rs::claim_with_charge,
+-- its own database for POST /v1/charges (crates/oncepay-core/src/operation/claim.rs::claim,
 -- crates/oncepay-core/src/charges/store.rs::settle_and_complete), each its own implicit
 -- transaction. Between the two, the gateway records the payment on its own
--- database (gateway.sql), reached over HTTP. It is minimum.sql with the one
--- thing the service adds: the claim's statement also reads the key (the
--- `existing` CTE), which is how a replay that misses the cache is answered
--- with no second statement while retries are rare (while they are common,
--- the service reads keys first, in batches: src/idempotency/reads.rs). Authentication comes from the in-process cache
--- (src/cache.rs): no statement. Variables come from scripts/bench (-D).
+-- database (gateway.sql), reached over HTTP. It is minimum.sql with what the
+-- service adds: the takeover rule, the deadline, and the pending charge
+-- passed as one jsonb value. A key found taken is read by a second
+-- statement, which a new key never needs (while retries are common, the
+-- service reads keys before the core instead, in batches: src/speed/reads.rs).
+-- Authentication comes from the in-process cache (src/speed/cache.rs): no
+-- statement. Variables come from scripts/bench (-D).
 \set r random(1, 999999999999999)
--- (a) Read the key; claim it if free (or completed and expired) and write
--- the pending charge only when the claim returned a row.
-WITH existing AS (
-     SELECT key, status, request_method, request_path, fingerprint, charge_id, refund_id,
-            response_status, response_content_type, response_location, response_body,
-            created_at, expires_at,
-            (extract(epoch from expires_at - clock_timestamp()) * 1000)::float8 AS remaining_ms
-       FROM idempotency_keys
-      WHERE merchant_id = :merchant AND key = 'pgb-' || :client_id::int || '-' || :r::bigint),
-claimed AS (
-     INSERT INTO idempotency_keys
-         (merchant_id, key, status, request_method, request_path, fingerprint, charge_id,
-          created_at, locked_at, expires_at)
-     SELECT :merchant, 'pgb-' || :client_id::int || '-' || :r::bigint, 'processing', 'POST', '/v1/charges', :fp,
-            'ch_pgb' || :client_id::int || 'x' || :r::bigint,
-            now(), now(), now() + :ttl::float8 * interval '1 millisecond'
-      WHERE NOT EXISTS (SELECT 1 FROM existing WHERE status = 'processing' OR expires_at > now())
-     ON CONFLICT (merchant_id, key) DO UPDATE SET
-         status = 'processing',
-         request_method = EXCLUDED.request_method,
-         request_path = EXCLUDED.request_path,
-         fingerprint = EXCLUDED.fingerprint,
-         charge_id = EXCLUDED.charge_id,
-         refund_id = NULL,
-         response_status = NULL,
-         response_content_type = NULL,
-         response_location = NULL,
-         response_body = NULL,
-         created_at = EXCLUDED.created_at,
-         locked_at = EXCLUDED.locked_at,
-         expires_at = EXCLUDED.expires_at,
-         completed_at = NULL
-     WHERE idempotency_keys.expires_at <= now()
-       AND idempotency_keys.status = 'completed'
-     RETURNING xmax <> 0 AS took_over),
-charge AS (
-     INSERT INTO charges (id, merchant_id, amount, currency, source, description, metadata, status)
-     SELECT 'ch_pgb' || :client_id::int || 'x' || :r::bigint, :merchant, 2000, 'usd', 'tok_visa', NULL,
-            '{}'::text::jsonb, 'pending'
-       FROM claimed
+-- (a) The claim: the key, and the pending charge exactly when the key is claimed.
+WITH claimed AS (
+     INSERT INTO idempotency_keys AS k
+            (merchant_id, key, status, request_method, request_path, fingerprint,
+             charge_id, refund_id, capture_of, request_id,
+             created_at, locked_at, expires_at)
+     SELECT :merchant, 'pgb-' || :client_id::int || '-' || :r::bigint, 'processing', 'POST',
+            '/v1/charges', :fp, 'ch_pgb' || :client_id::int || 'x' || :r::bigint, NULL, NULL,
+            NULL, now(), now(), now() + :ttl::float8 * interval '1 millisecond'
+      WHERE statement_timestamp() < now() + interval '15 seconds'
+     ON CONFLICT (merchant_id, key) DO UPDATE
+        SET (status, request_method, request_path, fingerprint,
+             charge_id, refund_id, capture_of, request_id,
+             created_at, locked_at, expires_at, completed_at, response_status,
+             response_content_type, response_location, response_body)
+          = (EXCLUDED.status, EXCLUDED.request_method, EXCLUDED.request_path,
+             EXCLUDED.fingerprint, EXCLUDED.charge_id, EXCLUDED.refund_id,
+             EXCLUDED.capture_of, EXCLUDED.request_id, EXCLUDED.created_at,
+             EXCLUDED.locked_at, EXCLUDED.expires_at, NULL, NULL, NULL, NULL, NULL)
+      WHERE idempotency_key_takeover(k.status, k.expires_at, k.completed_at, 1.0)
+     RETURNING k.xmax <> 0 AS took_over),
+pending_charge AS (
+     INSERT INTO charges (id, merchant_id, amount, currency, source, description,
+                          metadata, status, receipt_email, statement_descriptor,
+                          statement_descriptor_suffix, shipping, transfer_group,
+                          capture_later)
+     SELECT c.id, c.merchant_id, c.amount, c.currency, c.source, c.description,
+            c.metadata, 'pending', c.receipt_email, c.statement_descriptor,
+            c.statement_descriptor_suffix, c.shipping, c.transfer_group,
+            c.capture_later
+       FROM jsonb_populate_record(NULL::charges, jsonb_build_object(
+                'id', 'ch_pgb' || :client_id::int || 'x' || :r::bigint,
+                'merchant_id', :merchant::uuid, 'amount', 2000, 'currency', 'usd',
+                'source', 'tok_visa', 'description', NULL, 'metadata', '{}'::jsonb,
+                'shipping', NULL, 'capture_later', false)) AS c
+      WHERE EXISTS (SELECT FROM claimed)
      RETURNING created_at)
-SELECT (SELECT took_over FROM claimed) AS took_over,
-       (SELECT created_at FROM charge) AS charge_created_at,
-       e.*
-  FROM (SELECT 1) AS one LEFT JOIN existing e ON true;
+SELECT statement_timestamp() < now() + interval '15 seconds' AS in_time,
+       (SELECT took_over FROM claimed) AS took_over,
+       (SELECT created_at FROM pending_charge) AS charge_created_at;
 -- (c) Only the statement that moves the charge out of pending completes
 -- the key and writes the event, with a delivery to every endpoint that
 -- wants it (the benchmark's merchant has none).

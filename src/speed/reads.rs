@@ -3,8 +3,8 @@
 //! While retries are common, a keyed request that missed the replay cache
 //! reads its key before the core is entered ([`super::front`]): a retry of a
 //! finished operation is answered from that read, without the claim's
-//! statement, which writes when it wins and costs the database several
-//! times a primary-key read when it does not. The reads of concurrent
+//! statement, which writes when it wins, locks the key's row when it does
+//! not, and costs the database several times a primary-key read either way. The reads of concurrent
 //! requests, whatever their keys and merchants, go out together: one task
 //! takes every read asked for since its last batch and runs them as one
 //! statement on one connection ([`store::find_many`]), one batch at a time.

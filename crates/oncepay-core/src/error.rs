@@ -132,7 +132,7 @@ pub fn service_unavailable(retry_after: u64) -> Problem {
 }
 
 /// `503 overloaded`: this request waited for a database connection past its
-/// bound (the server's `src/admission.rs`) and began no work.
+/// bound (the server's `src/speed/admission.rs`) and began no work.
 pub fn overloaded() -> Problem {
     Problem::new(
         ProblemCode::Overloaded,

@@ -282,3 +282,54 @@ pub const ABANDONED: &str = crate::problem::ProblemCode::ProcessingAbandoned.as_
 pub fn new_charge_id() -> String {
     new_id("ch")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The columns the claim's statement inserts from the serialised charge
+    /// (`crate::operation::claim::claim`), by name.
+    const INSERTED: [&str; 13] = [
+        "id",
+        "merchant_id",
+        "amount",
+        "currency",
+        "source",
+        "description",
+        "metadata",
+        "receipt_email",
+        "statement_descriptor",
+        "statement_descriptor_suffix",
+        "shipping",
+        "transfer_group",
+        "capture_later",
+    ];
+
+    #[test]
+    fn a_pending_charge_serialises_to_every_column_the_claim_inserts_by_its_name() {
+        let charge = NewCharge {
+            amount: Amount::new(2000).unwrap(),
+            currency: Currency::parse("usd").unwrap(),
+            source: TestToken::parse("tok_visa").unwrap(),
+            description: Some("Order 6735".into()),
+            metadata: BTreeMap::from([("order".into(), "6735".into())]),
+            receipt_email: Some("jenny@example.com".into()),
+            statement_descriptor: None,
+            statement_descriptor_suffix: None,
+            shipping: None,
+            transfer_group: Some("order-6735".into()),
+            capture: false,
+        };
+        let pending = charge.pending("ch_1".into(), Uuid::nil());
+        let value = serde_json::to_value(&pending).unwrap();
+        let members = value.as_object().unwrap();
+        for column in INSERTED {
+            assert!(members.contains_key(column), "{column} is missing");
+        }
+        assert_eq!(members["amount"], 2000);
+        assert_eq!(members["metadata"]["order"], "6735");
+        assert_eq!(members["capture_later"], true);
+        assert_eq!(members["status"], "pending");
+        assert!(members["shipping"].is_null());
+    }
+}

@@ -14,7 +14,7 @@
 //! | `Won` | holds the key, its record written pending: on to the processor |
 //! | `Done` | replays the saved answer, or `422` if it was for other parameters |
 //! | `Busy`, other parameters | `422` |
-//! | `Busy`, stale | leases the key and settles its record as the sweeper does, then claims again |
+//! | `Busy`, stale | leases the key and settles its record as the sweeper does, then claims again (if someone else leased it first: as `Busy`) |
 //! | `Busy` | waits (`Prefer: wait=N`) and claims again, or `409` with `Retry-After` |
 //! | `Gone` | claims again |
 //! | `TooLate` | `503 request_timeout`: nothing was claimed |
@@ -99,7 +99,7 @@ pub async fn claim_or_answer<P: Pending>(
     let wait_until = (Instant::now() + request.wait).min(request.deadline - margin);
     let mut waited = false;
     loop {
-        let claimed_at = tokio::time::Instant::now();
+        let asked_at = tokio::time::Instant::now();
         match operation.claim_with_record(engine, request).await? {
             // Ours, the record written pending: on to the processor.
             Found::Won { took_over } => {
@@ -115,19 +115,21 @@ pub async fn claim_or_answer<P: Pending>(
             }
             // Finished: its answer, if it was for this very request.
             Found::Done(saved) => return replay(saved, request, waited).map(Some),
-            Found::Busy { first, .. } if !first.is(&request.fingerprint) => {
-                return Err(reused(request, &first));
-            }
-            // Its request went quiet: settle it as the sweeper would, claim again.
-            Found::Busy { stale: true, .. } if recover_stale(engine, request).await? => {}
-            // In flight: wait for it to change, then claim again.
-            Found::Busy { .. } if Instant::now() < wait_until => {
+            Found::Busy { first, stale } => {
+                if !first.is(&request.fingerprint) {
+                    return Err(reused(request, &first));
+                }
+                // Its request went quiet: settle it as the sweeper would, claim again.
+                if stale && recover_stale(engine, request).await? {
+                    continue;
+                }
+                // In flight: wait for it to change and claim again, or `409`.
+                if Instant::now() >= wait_until {
+                    count_outcome("in_use");
+                    return Err(key_in_use(waited).into());
+                }
                 waited = true;
-                wait(engine, request, claimed_at, wait_until).await?;
-            }
-            Found::Busy { .. } => {
-                count_outcome("in_use");
-                return Err(key_in_use(waited).into());
+                wait(engine, request, asked_at, wait_until).await?;
             }
             Found::Gone => {}
             Found::TooLate => return Err(too_late(request)),
@@ -242,8 +244,8 @@ pub async fn claim(
 
 /// `deadline` on this instance's wall clock, read just before a statement
 /// is sent that compares it with `statement_timestamp()`. Clocks agree
-/// within the server's `MAX_CLOCK_SKEW`, and keys outlive the deadline plus
-/// that ([`crate::settings::Timeouts::new`]).
+/// within [`crate::settings::MAX_CLOCK_SKEW`], and keys outlive the deadline
+/// plus that ([`crate::settings::Timeouts::new`]).
 fn wall_clock(deadline: Instant) -> DateTime<Utc> {
     let left = deadline.saturating_duration_since(Instant::now());
     Utc::now() + chrono::TimeDelta::from_std(left).unwrap_or(chrono::TimeDelta::MAX)
@@ -265,9 +267,13 @@ pub fn replay(saved: Arc<SavedAnswer>, request: &Request, waited: bool) -> Resul
 /// ([`recovery::recover`]); `false` when someone else leased it first, or
 /// settled it.
 async fn recover_stale(engine: &Engine, request: &Request) -> Result<bool, Error> {
-    let (Some(key), true) = (&request.key, request.still_awaited()) else {
+    let key = request
+        .key
+        .as_ref()
+        .ok_or_else(|| Error::internal("a keyless lease"))?;
+    if !request.still_awaited() {
         return Err(too_late(request));
-    };
+    }
     let processing = engine.timeouts.processing;
     let leased = keys::lease_one(&engine.pool, request.merchant_id, key, processing).await?;
     let Some(resource) = leased else {

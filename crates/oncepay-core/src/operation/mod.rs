@@ -2,8 +2,10 @@
 //! charges, refunds and captures share, and that knows nothing of HTTP.
 //!
 //! 1. the server's edge has validated the request: nothing is written yet;
-//! 2. the claim ([`claim`]): one statement claims the key and writes the
-//!    record as pending with it, or the key says what it already holds;
+//! 2. the claim ([`claim`]): the key is claimed and the record written as
+//!    pending with it (in the claim's one statement for a charge, in one
+//!    transaction for a refund or a capture), or the key says what it
+//!    already holds;
 //! 3. the processor call, outside any transaction;
 //! 4. one transaction settles the record if still pending and saves the
 //!    answer on the key.

@@ -1,7 +1,7 @@
 //! The seam for timing a guarded operation phase by phase: the core marks
 //! how long each phase took on the request's [`Clock`], and the clock the
 //! server plugs in adds them up and records them once the response is ready
-//! (`src/telemetry/timing.rs`). The plain clock, [`Untimed`], keeps nothing.
+//! (`src/speed/timing.rs`). The plain clock, [`Untimed`], keeps nothing.
 
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ pub enum Phase {
     /// its start, and between its end and the handler's waking.
     TaskHandoff,
     /// Waiting for a pooled connection to claim on, in the admission queue
-    /// (the server's `src/admission.rs`).
+    /// (the server's `src/speed/admission.rs`).
     PoolWait,
     /// Waiting for the same request in flight (`Prefer: wait=N`).
     KeyWait,

@@ -84,9 +84,20 @@ pub async fn run<O: Operation>(
     request: Request,
     operation: O,
 ) -> Result<Answer, Error> {
+    debug_assert_eq!(request.route, O::ROUTE, "a request for another operation");
+    let request = bounded(engine, request);
     let _hang_up = request.client_gone.clone().drop_guard();
     let work = claim_and_work(engine.clone(), request, operation);
     in_task(engine, O::NOUN, work).await
+}
+
+/// `request`, its deadline no later than `REQUEST_TIMEOUT` after its arrival,
+/// whatever its caller said: the rules of [`crate::settings::Timeouts::new`]
+/// hold for that deadline.
+pub(crate) fn bounded(engine: &Engine, mut request: Request) -> Request {
+    let latest = request.arrived + engine.timeouts.request;
+    request.deadline = request.deadline.min(latest);
+    request
 }
 
 /// Runs `work` in a task of [`Engine::tasks`] and returns its answer, timing

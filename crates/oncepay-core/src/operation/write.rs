@@ -39,6 +39,8 @@ pub trait Write: Send + Sync + 'static {
 /// not cancel a transaction half-way (sqlx cannot cancel a `BEGIN` in flight
 /// safely); a wait for the key in flight still stops when the client goes.
 pub async fn run<W: Write>(engine: &Engine, request: Request, write: W) -> Result<Answer, Error> {
+    debug_assert_eq!(request.route, W::ROUTE, "a request for another write");
+    let request = super::workflow::bounded(engine, request);
     let _hang_up = request.client_gone.clone().drop_guard();
     let engine_in_task = engine.clone();
     let work = async move {
