@@ -164,7 +164,9 @@ def phase_breakdown(before_text, after_text, route="/v1/charges", outcome="execu
                                 {"route": route, "outcome": outcome, "phase": phase})
         if delta[1] <= 0:
             continue
-        ms = mean_ms(delta)
+        # Per operation, not per occurrence: a phase some operations skip
+        # (a key read before the core) adds to the whole only as often as it ran.
+        ms = mean_ms((delta[0], operation[1])) if operation[1] > 0 else mean_ms(delta)
         phases.append({"phase": phase, "count": int(delta[1]), "mean_ms": ms,
                        "share": round(ms / request_ms, 4) if request_ms else None})
     phases_ms = round(sum(p["mean_ms"] for p in phases), 4)
