@@ -138,8 +138,9 @@ impl NewCharge {
 
     /// The details (`receipt_email`, `statement_descriptor`,
     /// `statement_descriptor_suffix`, `shipping`, `transfer_group`) as a
-    /// JSON object's text, as the claim writes them; `None` when none is given.
-    pub fn details(&self) -> Option<String> {
+    /// JSON object's text, as the fingerprint appends it; `None` when none
+    /// is given.
+    fn details(&self) -> Option<String> {
         let details = serde_json::json!({
             "receipt_email": self.receipt_email,
             "statement_descriptor": self.statement_descriptor,
