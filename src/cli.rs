@@ -77,7 +77,16 @@ enum Command {
     },
     /// Publish the events to the NATS JetStream stream (NATS_URL), in commit
     /// order, until stopped; one relay publishes at a time.
-    Relay,
+    Relay {
+        /// Compare the stream with the events the relay has published
+        /// instead, print what it lost, and exit 3 while an event is missing.
+        #[arg(long, conflicts_with = "rewind_to")]
+        check: bool,
+        /// Move the relay's position back to just before this event, so
+        /// it and every event after it are published again, and exit.
+        #[arg(long, value_name = "EVENT_ID")]
+        rewind_to: Option<String>,
+    },
     /// Consume the stream as the reference merchant ledger, booking each
     /// charge.succeeded and refund.succeeded once, until stopped.
     Consume {
@@ -273,7 +282,20 @@ impl Cli {
                     Ok(ExitCode::SUCCESS)
                 }
             }
-            Command::Relay => {
+            Command::Relay { check: true, .. } => relay_check(&pool, &config.broker).await,
+            Command::Relay {
+                rewind_to: Some(event),
+                ..
+            } => {
+                let mut conn = pool.acquire().await?;
+                let at = broker::watch::rewind(&mut conn, &config.broker.stream, &event).await?;
+                println!(
+                    "rewound stream={} txid={} seq={}",
+                    config.broker.stream, at.txid, at.seq
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Relay { .. } => {
                 let stop = CancellationToken::new();
                 let relay = tokio::spawn(broker::relay::run(pool, config.broker, stop.clone()));
                 until_stopped(stop, relay).await?;
@@ -494,4 +516,25 @@ async fn until_stopped<T>(
     }
     stop.cancel();
     task.await
+}
+
+/// `oncepay relay --check`: the events the stream lost, and how to publish
+/// them again.
+async fn relay_check(
+    pool: &sqlx::PgPool,
+    config: &crate::config::Broker,
+) -> anyhow::Result<ExitCode> {
+    let js = broker::connect(config).await?;
+    let mut conn = pool.acquire().await?;
+    let missing = broker::watch::missing(&mut conn, &js, config).await?;
+    println!(
+        "stream={} messages={} missing={}",
+        config.stream, missing.stream_messages, missing.count
+    );
+    let Some(first) = missing.first else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    println!("first_missing={first}");
+    println!("to publish them again: oncepay relay --rewind-to {first}");
+    Ok(ExitCode::from(3))
 }

@@ -239,9 +239,12 @@ pub struct Broker {
     /// How often an idle relay looks for new events.
     #[arg(id = "RELAY_POLL_INTERVAL", long = "relay-poll-interval", env = "RELAY_POLL_INTERVAL", default_value = "200ms", value_parser = positive_duration, global = true)]
     pub poll_interval: Duration,
-    /// Events the relay publishes before it records how far it got (1 to 10000).
+    /// Events the relay publishes before it records how far it got (1 to 10000; acks are awaited a thousand at a time).
     #[arg(id = "RELAY_BATCH", long = "relay-batch", env = "RELAY_BATCH", default_value = "100", value_parser = batch_size, global = true)]
     pub batch: i64,
+    /// How long events may be held back by an older transaction before the relay warns, naming its session.
+    #[arg(id = "RELAY_STALL_WARNING", long = "relay-stall-warning", env = "RELAY_STALL_WARNING", default_value = "10s", value_parser = positive_duration, global = true)]
+    pub stall_warning: Duration,
     /// How long the broker waits for the consumer's ack before it delivers a message again.
     #[arg(id = "CONSUMER_ACK_WAIT", long = "consumer-ack-wait", env = "CONSUMER_ACK_WAIT", default_value = "30s", value_parser = positive_duration, global = true)]
     pub ack_wait: Duration,
@@ -290,6 +293,7 @@ impl std::fmt::Debug for Broker {
             .field("replicas", &self.replicas)
             .field("poll_interval", &self.poll_interval)
             .field("batch", &self.batch)
+            .field("stall_warning", &self.stall_warning)
             .field("ack_wait", &self.ack_wait)
             .field("fault", &self.fault)
             .finish()

@@ -27,8 +27,15 @@ use sqlx::{Connection as _, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::watch;
 use crate::config::{Broker, BrokerFault};
 use crate::events::{Event, EventType};
+
+/// The most publishes the relay leaves unacknowledged at once, which is
+/// also the client's own limit ([`super::connect`] sets it): past its limit
+/// async-nats waits for a free slot, with no timeout, so a batch sent whole
+/// before any ack is awaited would wait forever, holding the relay's lock.
+pub const ACKS_IN_FLIGHT: usize = 1_000;
 
 /// A position in the outbox: the last event published, in (txid, seq).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -68,18 +75,24 @@ async fn lead(pool: &PgPool, config: &Broker) -> anyhow::Result<()> {
     let js = super::connect(config).await?;
     super::stream(&js, config).await?;
     tracing::info!(stream = %config.stream, "the relay holds its lock: publishing events");
+    let (mut watch, mut looked) = (watch::Watch::default(), tokio::time::Instant::now());
     loop {
-        let published = publish_next(&mut conn, &js, config).await?;
-        match published {
-            Some(last) => {
-                if config.fault == Some(BrokerFault::CrashAfterPublish) {
-                    tracing::error!(?last, "fault injection: the relay aborts before its record");
-                    std::process::abort();
-                }
-                record(&mut conn, &config.stream, last).await?;
-            }
-            None => tokio::time::sleep(config.poll_interval).await,
+        if looked.elapsed() >= watch::LOOK_EVERY {
+            watch.look(&mut conn, config).await?;
+            looked = tokio::time::Instant::now();
         }
+        let Some(published) = publish_next(&mut conn, &js, config).await? else {
+            tokio::time::sleep(config.poll_interval).await;
+            continue;
+        };
+        if config.fault == Some(BrokerFault::CrashAfterPublish) {
+            tracing::error!(
+                ?published,
+                "fault injection: the relay aborts before its record"
+            );
+            std::process::abort();
+        }
+        record(&mut conn, &config.stream, published).await?;
     }
 }
 
@@ -120,14 +133,21 @@ struct Outgoing {
     pending_webhooks: i32,
 }
 
+/// A batch published and acknowledged: the position it started after and
+/// the position of its last event, which the caller records.
+#[derive(Clone, Copy, Debug)]
+pub struct Published {
+    pub from: Position,
+    pub last: Position,
+}
+
 /// Publishes the next batch of events after the recorded position and
-/// waits until the broker has acknowledged each; returns the position of
-/// the last, which the caller records, or `None` when there was none.
+/// waits until the broker has acknowledged each; `None` when there was none.
 pub async fn publish_next(
     conn: &mut PgConnection,
     js: &jetstream::Context,
     config: &Broker,
-) -> anyhow::Result<Option<Position>> {
+) -> anyhow::Result<Option<Published>> {
     let from = position(conn, &config.stream).await?;
     let batch = sqlx::query_as!(
         Outgoing,
@@ -138,6 +158,7 @@ pub async fn publish_next(
              FROM events e
             WHERE (e.txid, e.seq) > ($1, $2)
               AND e.txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+                           + (SELECT event_txid_offset())
             ORDER BY e.txid, e.seq
             LIMIT $3"#,
         from.txid,
@@ -146,6 +167,7 @@ pub async fn publish_next(
     )
     .fetch_all(conn)
     .await?;
+    let count = batch.len() as u64;
     let Some(last) = batch.last().map(|e| Position {
         txid: e.txid,
         seq: e.seq,
@@ -153,33 +175,51 @@ pub async fn publish_next(
         return Ok(None);
     };
     // Sent one after another on one connection, so the stream stores them
-    // in this order; acknowledged together.
-    let mut acks = Vec::with_capacity(batch.len());
-    for outgoing in batch {
-        let subject = super::subject(config, outgoing.merchant_id, outgoing.kind.as_str());
-        let event = outgoing.event();
-        let payload = serde_json::to_vec(&event.to_object()).context("an event as JSON")?;
-        let message = PublishMessage::build()
-            .payload(payload.into())
-            .message_id(&event.id);
-        acks.push(js.send_publish(subject, message).await?);
+    // in this order; acknowledged a window at a time.
+    let mut events = batch.into_iter().peekable();
+    while events.peek().is_some() {
+        let mut acks = Vec::with_capacity(ACKS_IN_FLIGHT);
+        for outgoing in events.by_ref().take(ACKS_IN_FLIGHT) {
+            acks.push(send(js, config, outgoing).await?);
+        }
+        for ack in acks {
+            ack.await.context("the broker's acknowledgement")?;
+        }
     }
-    for ack in acks {
-        ack.await.context("the broker's acknowledgement")?;
-    }
-    Ok(Some(last))
+    metrics::counter!("broker_relay_published_total").increment(count);
+    Ok(Some(Published { from, last }))
 }
 
-/// Records `last` as how far the relay of `stream` got. It only moves
-/// forward: a record behind the stored one changes nothing and is an error
-/// (another relay got further, so this one had lost its lock).
-pub async fn record(conn: &mut PgConnection, stream: &str, last: Position) -> anyhow::Result<()> {
+/// Publishes one event, `Nats-Msg-Id` = its id; the ack to await.
+async fn send(
+    js: &jetstream::Context,
+    config: &Broker,
+    outgoing: Outgoing,
+) -> anyhow::Result<jetstream::context::PublishAckFuture> {
+    let subject = super::subject(config, outgoing.merchant_id, outgoing.kind.as_str());
+    let event = outgoing.event();
+    let payload = serde_json::to_vec(&event.to_object()).context("an event as JSON")?;
+    let message = PublishMessage::build()
+        .payload(payload.into())
+        .message_id(&event.id);
+    Ok(js.send_publish(subject, message).await?)
+}
+
+/// Records how far the relay of `stream` got: from the position the batch
+/// started after to its last event. "0 rows" (the position is no longer
+/// where the batch started) is an error that ends the relay's turn: another
+/// relay published (this one had lost its lock), or the position was
+/// rewound ([`super::watch::rewind`]) and the next turn starts from there.
+pub async fn record(conn: &mut PgConnection, stream: &str, batch: Published) -> anyhow::Result<()> {
+    let Published { from, last } = batch;
     let moved = sqlx::query!(
-        "INSERT INTO relay_positions AS p (stream, txid, seq) VALUES ($1, $2, $3)
+        "INSERT INTO relay_positions AS p (stream, txid, seq) VALUES ($1, $4, $5)
          ON CONFLICT (stream) DO UPDATE SET txid = excluded.txid, seq = excluded.seq,
                                             updated_at = now()
-          WHERE (p.txid, p.seq) < (excluded.txid, excluded.seq)",
+          WHERE (p.txid, p.seq) = ($2, $3)",
         stream,
+        from.txid,
+        from.seq,
         last.txid,
         last.seq,
     )
@@ -188,7 +228,8 @@ pub async fn record(conn: &mut PgConnection, stream: &str, last: Position) -> an
     .rows_affected();
     anyhow::ensure!(
         moved == 1,
-        "the relay's position of {stream} is already past {last:?}: another relay published"
+        "the relay's position of {stream} moved from {from:?} while it published up to \
+         {last:?}: another relay published, or the position was rewound"
     );
     Ok(())
 }

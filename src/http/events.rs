@@ -54,6 +54,7 @@ macro_rules! visible_events {
         select_events!(
             [
                 "txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+                        + (SELECT event_txid_offset())
                  AND ($2::text[] IS NULL OR type = ANY($2))
                  AND created_at >= $6 AND created_at < $7 AND "
                     + $page

@@ -30,6 +30,7 @@ mod reads;
 mod receivers;
 mod reconcile;
 mod refunds;
+mod relay;
 mod rotation;
 mod shapes;
 mod shedding;

@@ -1,0 +1,199 @@
+//! The relay at its edges: a backlog past the client's ack limit, a stream
+//! made beforehand with other settings, a transaction that holds
+//! publishing back, and a stream that lost events the position passed.
+//! Needs a NATS server with JetStream, as `broker` does.
+
+use std::time::Duration;
+
+use async_nats::jetstream::stream;
+use oncepay::broker::{self, relay, watch};
+
+use crate::broker::{js, publish_visible, relay_all, relay_session, settings, stream_messages};
+use crate::helpers::{TestApp, spawn_app, until};
+
+/// `count` events of the app's merchant written straight into the outbox
+/// (a backlog, as after a relay was down), each `charge.updated`.
+async fn backlog(app: &TestApp, count: i32) {
+    sqlx::query(
+        "INSERT INTO events (id, merchant_id, type, object_id, data)
+         SELECT 'evt_' || lpad(n::text, 24, '0'), $1, 'charge.updated', 'ch_backlog' || n,
+                json_build_object('object', json_build_object('id', 'ch_backlog' || n))
+           FROM generate_series(1, $2) n",
+    )
+    .bind(app.merchant_id)
+    .bind(count)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_larger_than_the_clients_ack_limit_is_published_whole() {
+    let app = spawn_app().await;
+    // async-nats leaves 5,000 publishes unacknowledged at most by default.
+    backlog(&app, 6_000).await;
+    let mut config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
+    config.batch = 10_000;
+    let js = js(&config).await;
+    let mut conn = relay_session(&app, &config).await;
+
+    let published =
+        tokio::time::timeout(Duration::from_secs(90), relay_all(&mut conn, &js, &config)).await;
+    assert!(published.is_ok(), "the relay hung on its own acks");
+    assert_eq!(stream_messages(&js, &config).await, 6_000);
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stream_made_beforehand_takes_the_configured_window_and_keeps_every_event() {
+    let app = spawn_app().await;
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
+    let js = oncepay::broker::connect(&config).await.unwrap();
+    js.create_stream(stream::Config {
+        name: config.stream.clone(),
+        subjects: vec![format!("{}.>", config.subject_prefix)],
+        duplicate_window: Duration::from_secs(1),
+        max_age: Duration::from_secs(15),
+        max_messages: 1_000,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    let mut made = broker::stream(&js, &config).await.unwrap();
+    let has = made.info().await.unwrap().config.clone();
+    assert_eq!(has.duplicate_window, Duration::from_secs(120));
+    assert_eq!(has.max_age, Duration::ZERO, "no event expires");
+    assert!(
+        has.max_messages <= 0,
+        "no count limit: {}",
+        has.max_messages
+    );
+    // A second start finds nothing to change.
+    broker::stream(&js, &config).await.unwrap();
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stream_whose_storage_cannot_change_is_refused_naming_the_setting() {
+    let app = spawn_app().await;
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
+    let js = oncepay::broker::connect(&config).await.unwrap();
+    js.create_stream(stream::Config {
+        name: config.stream.clone(),
+        subjects: vec![format!("{}.>", config.subject_prefix)],
+        storage: stream::StorageType::Memory,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    let refused = broker::stream(&js, &config).await.err().expect("refused");
+    let message = format!("{refused:#}");
+    assert!(message.contains("storage is Memory"), "{message}");
+    let mut kept = js.get_stream(&config.stream).await.unwrap();
+    let storage = kept.info().await.unwrap().config.storage;
+    assert_eq!(storage, stream::StorageType::Memory, "nothing changed");
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn events_held_back_by_an_old_transaction_are_seen_and_its_session_named() {
+    let app = spawn_app().await;
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
+    // A transaction that holds an id, begun before the charge.
+    let mut holder = app.pool.begin().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    app.paid_charge(1000).await;
+
+    let mut conn = relay_session(&app, &config).await;
+    let backlog = watch::backlog(&mut conn, &config.stream).await.unwrap();
+    assert!(backlog.held_back.is_some(), "{backlog:?}");
+    // Other tests' transactions come and go on this server; the holder
+    // soon is the oldest.
+    until(Duration::from_secs(20), "the holder named", || async {
+        let mut conn = app.pool.acquire().await.unwrap();
+        watch::blocker(&mut conn)
+            .await
+            .unwrap()
+            .is_some_and(|b| b.pid == pid)
+    })
+    .await;
+
+    holder.rollback().await.unwrap();
+    until(Duration::from_secs(20), "nothing held back", || async {
+        let mut conn = app.pool.acquire().await.unwrap();
+        let backlog = watch::backlog(&mut conn, &config.stream).await.unwrap();
+        backlog.held_back.is_none()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn events_a_purged_stream_lost_are_found_by_the_check_and_published_again_by_a_rewind() {
+    let app = spawn_app().await;
+    for _ in 0..3 {
+        app.paid_charge(1000).await;
+    }
+    let config = settings(&app, Duration::from_secs(1), Duration::from_secs(30));
+    let js = js(&config).await;
+    let mut conn = relay_session(&app, &config).await;
+    relay_all(&mut conn, &js, &config).await;
+    let events = app.events().await as usize;
+    let clean = watch::missing(&mut conn, &js, &config).await.unwrap();
+    assert_eq!((clean.count, clean.stream_messages), (0, events as u64));
+
+    js.get_stream(&config.stream)
+        .await
+        .unwrap()
+        .purge()
+        .await
+        .unwrap();
+    let lost = watch::missing(&mut conn, &js, &config).await.unwrap();
+    assert_eq!(lost.count, events, "every event the position passed");
+    let first = lost.first.expect("the first lost event");
+
+    // Past the duplicate window, the republished ids are new to the stream.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    watch::rewind(&mut conn, &config.stream, &first)
+        .await
+        .unwrap();
+    relay_all(&mut conn, &js, &config).await;
+    let found = watch::missing(&mut conn, &js, &config).await.unwrap();
+    assert_eq!(found.count, 0, "{found:?}");
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_published_across_a_rewind_is_not_recorded_over_it() {
+    let app = spawn_app().await;
+    app.paid_charge(1000).await;
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
+    let js = js(&config).await;
+    let mut conn = relay_session(&app, &config).await;
+    relay_all(&mut conn, &js, &config).await;
+    app.paid_charge(1000).await;
+    let published = publish_visible(&mut conn, &js, &config).await;
+
+    let first: String = sqlx::query_scalar("SELECT id FROM events ORDER BY txid, seq LIMIT 1")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let rewound = watch::rewind(&mut conn, &config.stream, &first)
+        .await
+        .unwrap();
+    let recorded = relay::record(&mut conn, &config.stream, published).await;
+    assert!(recorded.is_err(), "the batch began before the rewind");
+    assert_eq!(
+        relay::position(&mut conn, &config.stream).await.unwrap(),
+        rewound
+    );
+    js.delete_stream(&config.stream).await.unwrap();
+}
