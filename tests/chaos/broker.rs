@@ -695,3 +695,82 @@ async fn a_three_node_cluster_losing_a_node_under_load_loses_no_event_and_applie
         "every event in the replicated stream, once"
     );
 }
+
+/// Moves the server's transaction counter on by `count` ids, as a busy
+/// server's is: a new cluster's counter starts far below it.
+async fn burn_transaction_ids(pool: &PgPool, count: i32) {
+    sqlx::query(&format!(
+        "DO $$ BEGIN FOR i IN 1..{count} LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP; END $$"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// `pg_dump` of `from`, restored by `pg_restore` into `to`, as an operator
+/// moves a database onto a new server.
+fn dump_and_restore(from: &str, to: &str) {
+    let dump = scratch_dir("restore").join("oncepay.dump");
+    let out = Command::new(crate::harness::pg_binary("pg_dump"))
+        .args(["--format=custom", "--file"])
+        .arg(&dump)
+        .arg(from)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pg_dump: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(crate::harness::pg_binary("pg_restore"))
+        .args(["--no-owner", "--exit-on-error", "--dbname", to])
+        .arg(&dump)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pg_restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn a_database_restored_onto_a_new_server_publishes_every_new_event_and_applies_each_once() {
+    let db = Database::create().await;
+    // The old server has handed out many more transaction ids than the new
+    // one will have when the restored database takes its first write.
+    burn_transaction_ids(&db.pool().await, 5_000).await;
+    let broker = Broker::on(&nats_url());
+    {
+        let server = api(&db).await;
+        let _relay = Worker::start(&["relay"], &db.url, &broker.env());
+        let _ledger = Worker::start(&["consume"], &db.url, &broker.env());
+        charges(&server, 2 * scale()).await;
+        Row::settle("before the restore", &db.pool().await, &broker, SLACK * 10)
+            .await
+            .assert_exactly_once();
+    }
+    let cluster = crate::harness::PrivateCluster::start();
+    let restored = Database::create_empty_on(&cluster.admin_url()).await;
+    dump_and_restore(&db.url, &restored.url);
+
+    let server = api(&restored).await;
+    let _relay = Worker::start(&["relay"], &restored.url, &broker.env());
+    let _ledger = Worker::start(&["consume"], &restored.url, &broker.env());
+    charges(&server, 2 * scale()).await;
+    let row = Row::settle(
+        "restored onto a new Postgres server",
+        &restored.pool().await,
+        &broker,
+        SLACK * 10,
+    )
+    .await;
+    row.publish();
+    row.assert_exactly_once();
+    broker
+        .js()
+        .await
+        .delete_stream(&broker.stream)
+        .await
+        .unwrap();
+}
