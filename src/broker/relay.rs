@@ -78,7 +78,7 @@ async fn lead(pool: &PgPool, config: &Broker) -> anyhow::Result<()> {
     let (mut watch, mut looked) = (watch::Watch::default(), tokio::time::Instant::now());
     loop {
         if looked.elapsed() >= watch::LOOK_EVERY {
-            watch.look(&mut conn, config).await?;
+            watch.look(&mut conn, &js, config).await?;
             looked = tokio::time::Instant::now();
         }
         let Some(published) = publish_next(&mut conn, &js, config).await? else {
@@ -186,7 +186,8 @@ pub async fn publish_next(
             ack.await.context("the broker's acknowledgement")?;
         }
     }
-    metrics::counter!("broker_relay_published_total").increment(count);
+    metrics::counter!("broker_relay_published_total", "stream" => config.stream.clone())
+        .increment(count);
     Ok(Some(Published { from, last }))
 }
 

@@ -92,17 +92,25 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Sets the relay's gauges from its backlog, and warns when events
+    /// Sets the broker's gauges: the relay's from its backlog, the
+    /// consumers' from the stream ([`consumers`]); and warns when events
     /// have been held back by an old transaction for longer than
     /// `RELAY_STALL_WARNING`, naming its session.
-    pub async fn look(&mut self, conn: &mut PgConnection, config: &Broker) -> anyhow::Result<()> {
+    pub async fn look(
+        &mut self,
+        conn: &mut PgConnection,
+        js: &jetstream::Context,
+        config: &Broker,
+    ) -> anyhow::Result<()> {
+        consumers(js, config).await?;
         let backlog = backlog(conn, &config.stream).await?;
         let age = |at: Option<DateTime<Utc>>| {
             at.map_or(0.0, |at| (Utc::now() - at).as_seconds_f64().max(0.0))
         };
         let (lag, held) = (age(backlog.oldest), age(backlog.held_back));
-        metrics::gauge!("broker_relay_lag_seconds").set(lag);
-        metrics::gauge!("broker_relay_held_back_seconds").set(held);
+        let stream = config.stream.clone();
+        metrics::gauge!("broker_relay_lag_seconds", "stream" => stream.clone()).set(lag);
+        metrics::gauge!("broker_relay_held_back_seconds", "stream" => stream).set(held);
         let warning = config.stall_warning;
         let due = self.warned.is_none_or(|at| at.elapsed() >= warning);
         if held < warning.as_secs_f64() || !due {
@@ -130,7 +138,25 @@ impl Watch {
     }
 }
 
-/// How often the relay looks at its backlog.
+/// Sets each durable consumer's gauges from what the stream knows of it:
+/// its messages not yet delivered, and delivered but not yet acknowledged.
+pub async fn consumers(js: &jetstream::Context, config: &Broker) -> anyhow::Result<()> {
+    let stream = js.get_stream(&config.stream).await?;
+    let mut consumers = stream.consumers();
+    while let Some(info) = consumers.next().await {
+        let info = info?;
+        let Some(name) = info.config.durable_name else {
+            continue;
+        };
+        let labels = [("stream", config.stream.clone()), ("consumer", name)];
+        metrics::gauge!("broker_consumer_pending_messages", &labels).set(info.num_pending as f64);
+        metrics::gauge!("broker_consumer_ack_pending_messages", &labels)
+            .set(info.num_ack_pending as f64);
+    }
+    Ok(())
+}
+
+/// How often the relay looks at its backlog and the consumers.
 pub const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// Events the relay's position has passed that the stream does not hold.

@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::stream;
+use async_nats::jetstream::{consumer, stream};
 use oncepay::broker::{self, relay, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::broker::{js, publish_visible, relay_all, relay_session, settings, stream_messages};
 use crate::helpers::{TestApp, spawn_app, until};
@@ -195,5 +196,39 @@ async fn a_batch_published_across_a_rewind_is_not_recorded_over_it() {
         relay::position(&mut conn, &config.stream).await.unwrap(),
         rewound
     );
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_relays_lag_and_each_consumers_pending_messages_are_in_the_metrics() {
+    let app = spawn_app().await;
+    for _ in 0..2 {
+        app.paid_charge(1000).await;
+    }
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
+    let js = js(&config).await;
+    let durable = consumer::pull::Config {
+        durable_name: Some("probe".into()),
+        ..Default::default()
+    };
+    let stream = js.get_stream(&config.stream).await.unwrap();
+    stream.create_consumer(durable).await.unwrap();
+    let stop = CancellationToken::new();
+    let relay = tokio::spawn(relay::run(app.pool.clone(), config.clone(), stop.clone()));
+
+    let events = app.events().await;
+    let pending = format!(
+        "broker_consumer_pending_messages{{stream=\"{}\",consumer=\"probe\"}} {events}",
+        config.stream
+    );
+    let lag = format!("broker_relay_lag_seconds{{stream=\"{}\"}} 0", config.stream);
+    until(Duration::from_secs(20), "the gauges scraped", || async {
+        let scrape = app.client.get(app.url("/metrics")).send().await.unwrap();
+        let scrape = scrape.text().await.unwrap();
+        scrape.lines().any(|l| l == pending) && scrape.lines().any(|l| l == lag)
+    })
+    .await;
+    stop.cancel();
+    relay.await.unwrap();
     js.delete_stream(&config.stream).await.unwrap();
 }
