@@ -774,3 +774,93 @@ async fn a_database_restored_onto_a_new_server_publishes_every_new_event_and_app
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_backlog_past_the_clients_ack_limit_in_one_batch_is_published_and_applied_once() {
+    let db = Database::create().await;
+    let server = api(&db).await;
+    charges(&server, scale()).await;
+    // A backlog as a relay down for a while leaves, larger than the 5,000
+    // publishes async-nats leaves unacknowledged by default.
+    let merchant: Uuid = sqlx::query_scalar("SELECT merchant_id FROM events LIMIT 1")
+        .fetch_one(&db.pool().await)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO events (id, merchant_id, type, object_id, data)
+         SELECT 'evt_' || lpad(n::text, 24, '0'), $1, 'charge.updated', 'ch_backlog' || n,
+                json_build_object('object', json_build_object('id', 'ch_backlog' || n))
+           FROM generate_series(1, 6000) n",
+    )
+    .bind(merchant)
+    .execute(&db.pool().await)
+    .await
+    .unwrap();
+    charges(&server, scale()).await;
+    let broker = Broker::on(&nats_url());
+    let env = with(broker.env(), &[("RELAY_BATCH", "10000")]);
+    let _relay = Worker::start(&["relay"], &db.url, &env);
+    let _ledger = Worker::start(&["consume"], &db.url, &env);
+    let row = Row::settle(
+        "a backlog of 6,000 events in one batch of 10,000",
+        &db.pool().await,
+        &broker,
+        SLACK * 30,
+    )
+    .await;
+    row.publish();
+    row.assert_exactly_once();
+    assert_eq!(row.in_stream, row.events as u64, "{row:?}");
+    broker
+        .js()
+        .await
+        .delete_stream(&broker.stream)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_stream_made_beforehand_with_a_short_age_is_brought_to_the_configuration_and_loses_nothing()
+ {
+    let db = Database::create().await;
+    let server = api(&db).await;
+    let broker = Broker::on(&nats_url());
+    // Made by hand before oncepay ran: a 1 s duplicate window, and events
+    // dropped after 3 s.
+    broker
+        .js()
+        .await
+        .create_stream(jetstream::stream::Config {
+            name: broker.stream.clone(),
+            subjects: vec![format!("{}.>", broker.prefix)],
+            duplicate_window: Duration::from_secs(1),
+            max_age: Duration::from_secs(3),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let _relay = Worker::start(&["relay"], &db.url, &broker.env());
+    charges(&server, 4 * scale()).await;
+    // The consumer starts well past the age the stream was made with.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let _ledger = Worker::start(&["consume"], &db.url, &broker.env());
+    let row = Row::settle(
+        "a stream made beforehand with a 1 s window and a 3 s age",
+        &db.pool().await,
+        &broker,
+        SLACK * 10,
+    )
+    .await;
+    row.publish();
+    row.assert_exactly_once();
+    let mut stream = broker.js().await.get_stream(&broker.stream).await.unwrap();
+    let config = stream.info().await.unwrap().config.clone();
+    assert_eq!(config.duplicate_window, Duration::from_secs(120));
+    assert_eq!(config.max_age, Duration::ZERO);
+    broker
+        .js()
+        .await
+        .delete_stream(&broker.stream)
+        .await
+        .unwrap();
+}
