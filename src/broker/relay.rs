@@ -5,7 +5,13 @@
 //! Commit order is the events list's order, (txid, seq), with its rule: an
 //! event is read only once its transaction id is below the xmin of the
 //! snapshot, so no event can still commit before a position already passed
-//! (see `docs/decisions.md#events`).
+//! (see `docs/decisions.md#events`). Transaction ids are a server's own
+//! counter, so `txid` and that xmin both carry the server's offset
+//! (`event_txid_offset()`), which keeps the order across a move to another
+//! server (`docs/broker.md#a-new-postgres-server`).
+//!
+//! A batch is sent whole and acknowledged [`ACKS_IN_FLIGHT`] at a time; the
+//! relay's lag, and a transaction holding it back, are [`super::watch`]'s.
 //!
 //! One relay publishes at a time over every process on the database: the
 //! one that holds a session-level advisory lock on its own connection, and
@@ -73,7 +79,8 @@ async fn lead(pool: &PgPool, config: &Broker) -> anyhow::Result<()> {
         return Ok(());
     }
     let js = super::connect(config).await?;
-    super::stream(&js, config).await?;
+    let mut stream = super::stream(&js, config).await?;
+    watch::emptied(&mut conn, &mut stream, config).await?;
     tracing::info!(stream = %config.stream, "the relay holds its lock: publishing events");
     let (mut watch, mut looked) = (watch::Watch::default(), tokio::time::Instant::now());
     loop {

@@ -159,6 +159,28 @@ pub async fn consumers(js: &jetstream::Context, config: &Broker) -> anyhow::Resu
 /// How often the relay looks at its backlog and the consumers.
 pub const LOOK_EVERY: Duration = Duration::from_secs(1);
 
+/// Warns when the stream holds no message though the relay's position says
+/// it published some: the stream was deleted (and made anew) or purged, and
+/// what it held is lost to consumers until the relay is rewound.
+pub async fn emptied(
+    conn: &mut PgConnection,
+    stream: &mut async_nats::jetstream::stream::Stream,
+    config: &Broker,
+) -> anyhow::Result<()> {
+    let position = relay::position(conn, &config.stream).await?;
+    let messages = stream.info().await?.state.messages;
+    if messages == 0 && position != Position::default() {
+        tracing::error!(
+            stream = %config.stream,
+            ?position,
+            "the stream holds no message though the relay published up to its position: it was \
+             deleted or purged; `oncepay relay --check` names the first event lost and \
+             `oncepay relay --rewind-to` publishes from there again"
+        );
+    }
+    Ok(())
+}
+
 /// Events the relay's position has passed that the stream does not hold.
 #[derive(Debug)]
 pub struct Missing {

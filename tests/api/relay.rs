@@ -89,7 +89,7 @@ async fn a_stream_whose_storage_cannot_change_is_refused_naming_the_setting() {
     .await
     .unwrap();
 
-    let refused = broker::stream(&js, &config).await.err().expect("refused");
+    let refused = broker::stream(&js, &config).await.expect_err("refused");
     let message = format!("{refused:#}");
     assert!(message.contains("storage is Memory"), "{message}");
     let mut kept = js.get_stream(&config.stream).await.unwrap();
