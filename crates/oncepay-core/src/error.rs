@@ -83,12 +83,19 @@ impl Error {
         Error::Internal(anyhow::anyhow!("{message}"))
     }
 
-    /// An error from work that leaves its record pending for recovery
-    /// (recovering a stale key, the naive demo path): a processor failure is
-    /// a `503` to retry once recovery can have settled it, not a bug.
+    /// An error from work that leaves its record pending for recovery (the
+    /// naive demo path): a processor failure is a `503` to retry once
+    /// recovery can have settled it ([`retry_after::until_recovered`]), and
+    /// so is a database outage ([`Error::awaiting_recovery`]); not a bug.
     pub fn from_recovery(e: anyhow::Error, timeouts: &Timeouts) -> Self {
+        Error::from_processor(e, retry_after::until_recovered(timeouts)).awaiting_recovery(timeouts)
+    }
+
+    /// A processor failure as its `503`, to retry after `retry_after`
+    /// seconds; any other error as [`Error::from`] makes it.
+    pub fn from_processor(e: anyhow::Error, retry_after: u64) -> Self {
         let Some(processor) = e.downcast_ref::<ProcessorError>() else {
-            return Error::from(e).awaiting_recovery(timeouts);
+            return Error::from(e);
         };
         tracing::warn!(error = format!("{e:#}"), "processor call failed");
         let (code, detail) = match processor {
@@ -102,7 +109,7 @@ impl Error {
             ),
         };
         Problem::new(code, detail)
-            .with_retry_after(retry_after::until_recovered(timeouts))
+            .with_retry_after(retry_after)
             .into()
     }
 

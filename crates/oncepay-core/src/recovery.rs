@@ -2,6 +2,8 @@
 //! quiet (crashed, lost the processor's answer, or is just slow). Shared by
 //! the sweeper (`request_id` is `None`) and by a retry that finds its own key
 //! stale (`crate::operation::claim`; its request id, which the events name).
+//! Both lease the key first; a recovery that fails gives its lease back
+//! ([`recover_leased`]).
 
 use std::time::Duration;
 
@@ -10,6 +12,7 @@ use sqlx::PgPool;
 use crate::charges::settle as charge_settle;
 use crate::charges::{capture, store as charges};
 use crate::idempotency::Resource;
+use crate::idempotency::store::{self as keys, Lease};
 use crate::processor::{self, Outcome, Processor, RefundOutcome};
 use crate::refunds::settle::{self as refund_settle, Pending};
 use crate::refunds::{RefundStatus, store as refunds};
@@ -86,4 +89,40 @@ pub async fn recover(
         }
     };
     Ok(Some(recovered))
+}
+
+/// Recovers the record of a stale key this process leased ([`recover`]).
+/// If that fails (the processor unreachable, most often), the lease is given
+/// back ([`give_back`]), so the next retry or sweep pass tries again as soon
+/// as the processor answers, not a whole `PROCESSING_TIMEOUT` (`timeout`)
+/// later. The error is the recovery's, or the give-back's if that failed
+/// too (the lease then lapses).
+pub async fn recover_leased(
+    pool: &PgPool,
+    processor: &dyn Processor,
+    lease: &Lease,
+    timeout: Duration,
+    key_ttl: Duration,
+    request_id: Option<&str>,
+) -> anyhow::Result<Option<Recovered>> {
+    let recovered = recover(pool, processor, &lease.resource, key_ttl, request_id).await;
+    if recovered.is_err() {
+        give_back(pool, lease, timeout).await?;
+    }
+    recovered
+}
+
+/// Gives back a lease whose record will not be recovered now
+/// ([`keys::give_back`]): its key is stale again at once.
+pub async fn give_back(pool: &PgPool, lease: &Lease, timeout: Duration) -> anyhow::Result<()> {
+    let resource = &lease.resource;
+    if keys::give_back(pool, lease, timeout).await? {
+        tracing::debug!(?resource, "gave a lease back; its key is stale again");
+    } else {
+        tracing::info!(
+            ?resource,
+            "a lease was no longer ours (it lapsed and the key was leased again, or it was settled); left alone"
+        );
+    }
+    Ok(())
 }

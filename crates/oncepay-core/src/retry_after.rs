@@ -11,12 +11,14 @@
 //! | `503 processor_unavailable` for a refund | the refund stays reserved and pending; recovery rolls it forward | [`until_recovered`] |
 //! | `503 processing_outcome_unknown` | the key stays claimed; recovery settles the record from the processor's own record | [`until_recovered`] |
 //! | `503 service_unavailable` after the processor was called | the record could not be settled and stays pending for recovery | [`until_recovered`] |
-//! | `503` from a retry whose recovery of a stale key failed at the processor | the key is leased again for another `PROCESSING_TIMEOUT` | [`until_recovered`] |
+//! | `503` from a retry whose recovery of a stale key failed at the processor | the recovery gave its lease back: the key is stale at once, and a retry recovers it as soon as the processor answers | [`SOON`] |
 //!
 //! A record left pending is settled by recovery: by a retry once its key has
 //! been `processing` for `PROCESSING_TIMEOUT`, and by the sweeper at its first
 //! pass after that, at most one `SWEEP_INTERVAL` later. Retrying sooner only
-//! gets `409`.
+//! gets `409`. A recovery that fails gives its lease back
+//! ([`crate::recovery::recover_leased`]), so the key stays stale: the next
+//! retry or sweep pass tries again.
 
 use std::time::Duration;
 

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use sqlx::{PgExecutor, PgPool};
 
 use crate::charges::{capture, expiry};
-use crate::idempotency::{Resource, store as keys};
+use crate::idempotency::Resource;
+use crate::idempotency::store::{self as keys, Lease};
 use crate::processor::{Outcome, Processor, RefundOutcome};
-use crate::recovery::{Recovered, recover};
+use crate::recovery::{Recovered, give_back, recover, recover_leased};
 
 /// How long one pass may go on deleting expired keys, batch after batch
 /// (each its own short statement): a backlog is cleared as fast as the
@@ -42,8 +43,8 @@ pub struct SweepSettings {
 pub struct SweepReport {
     /// Stale keys this pass leased (at most one batch).
     pub leased: u64,
-    /// Leases lost to another sweeper or not reached within the pass's
-    /// budget: they lapse, and whoever sweeps next takes them on.
+    /// Leases lost to another sweeper, or not reached within the pass's
+    /// budget and given back: whoever sweeps next takes them on.
     pub leases_given_up: u64,
     /// Stale pending records without a key (several sweepers may find one).
     pub unguarded: u64,
@@ -104,12 +105,19 @@ impl Sweeper {
         let in_budget = || recovering.elapsed() < timeout / 2;
         for mut lease in leases {
             if !in_budget() {
+                // Not reached: given back, for whoever sweeps next.
                 report.leases_given_up += 1;
+                if let Err(e) = give_back(&self.pool, &lease, timeout).await {
+                    tracing::warn!(resource = ?lease.resource, error = format!("{e:#}"), "could not give a lease back");
+                }
                 continue;
             }
             // Renewed just before its work, so no one leases it meanwhile.
             match keys::renew(&self.pool, &mut lease).await {
-                Ok(true) => self.recover_one(&lease.resource, &mut report).await,
+                Ok(true) => {
+                    self.recover_one(&lease.resource, Some(&lease), &mut report)
+                        .await
+                }
                 Ok(false) => report.leases_given_up += 1,
                 Err(e) => {
                     report.leases_given_up += 1;
@@ -121,7 +129,7 @@ impl Sweeper {
             if !in_budget() {
                 break;
             }
-            self.recover_one(&resource, &mut report).await;
+            self.recover_one(&resource, None, &mut report).await;
         }
         for (merchant, charge) in expiry::expired(&self.pool, capture_window, batch_size).await? {
             if !in_budget() {
@@ -130,7 +138,7 @@ impl Sweeper {
             match expiry::release(&self.pool, merchant, &charge).await {
                 Ok(Some(refund)) => {
                     report.authorizations_expired += 1;
-                    self.recover_one(&Resource::Refund(refund), &mut report)
+                    self.recover_one(&Resource::Refund(refund), None, &mut report)
                         .await;
                 }
                 Ok(None) => {}
@@ -167,11 +175,22 @@ impl Sweeper {
         Ok(report)
     }
 
-    /// Recovers one stale record and counts what it came to.
-    async fn recover_one(&self, resource: &Resource, report: &mut SweepReport) {
-        let key_ttl = self.settings.key_ttl;
+    /// Recovers one stale record, through the `lease` on its key if it has
+    /// one, and counts what it came to.
+    async fn recover_one(
+        &self,
+        resource: &Resource,
+        lease: Option<&Lease>,
+        report: &mut SweepReport,
+    ) {
+        let (pool, processor) = (&self.pool, self.processor.as_ref());
+        let (timeout, key_ttl) = (self.settings.processing_timeout, self.settings.key_ttl);
         // No request settles what the sweeper settles: its events name none.
-        match recover(&self.pool, self.processor.as_ref(), resource, key_ttl, None).await {
+        let recovered = match lease {
+            Some(lease) => recover_leased(pool, processor, lease, timeout, key_ttl, None).await,
+            None => recover(pool, processor, resource, key_ttl, None).await,
+        };
+        match recovered {
             Ok(Some(Recovered::Charge(Outcome::Succeeded))) => report.settled_succeeded += 1,
             Ok(Some(Recovered::Charge(_))) => report.settled_failed += 1,
             Ok(Some(Recovered::Refund(RefundOutcome::Refunded))) => report.refunds_settled += 1,

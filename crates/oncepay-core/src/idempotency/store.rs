@@ -127,8 +127,9 @@ pub struct StoredKey {
     pub resource: Option<Resource>,
     pub response: Option<SavedResponse>,
     pub created_at: DateTime<Utc>,
-    /// When the key's holder took it, or a sweeper last leased it, while it
-    /// is `processing`.
+    /// When the key's holder took it, or a recovery last leased it (a whole
+    /// `PROCESSING_TIMEOUT` before now once that lease was given back), while
+    /// it is `processing`.
     pub locked_at: Option<DateTime<Utc>>,
     pub expires_at: DateTime<Utc>,
     /// When its answer was saved, once it is `completed`.
@@ -433,8 +434,10 @@ pub async fn find_many(
     Ok(found)
 }
 
-/// A stale key taken on by one sweeper: the record it guards, and the
-/// `locked_at` the lease wrote, which is the lease's token.
+/// A stale key taken on by one recovery (a sweeper's, or a retry's): the
+/// record it guards, and the `locked_at` the lease wrote, which is the
+/// lease's token. A lease lasts until `locked_at` plus `PROCESSING_TIMEOUT`,
+/// or until it is given back ([`give_back`]).
 #[derive(Clone, Debug)]
 pub struct Lease {
     pub resource: Resource,
@@ -444,9 +447,9 @@ pub struct Lease {
 /// Leases up to `limit` keys stuck in `processing` for longer than `timeout`.
 /// Taking the lease moves `locked_at` to now, so another sweeper skips these
 /// rows (`SKIP LOCKED` while the statement runs, the fresh `locked_at`
-/// afterwards) for another `timeout`. A sweeper works through its batch one
-/// record at a time, so it renews each lease ([`renew`]) just before it
-/// recovers that record.
+/// afterwards) for another `timeout`, or until the lease is given back
+/// ([`give_back`]). A sweeper works through its batch one record at a time,
+/// so it renews each lease ([`renew`]) just before it recovers that record.
 pub async fn lease_stale(
     db: impl PgExecutor<'_>,
     timeout: Duration,
@@ -505,27 +508,64 @@ pub async fn renew(db: impl PgExecutor<'_>, lease: &mut Lease) -> sqlx::Result<b
     }
 }
 
-/// Leases one key if it has been `processing` for longer than `timeout`,
-/// returning the id of the record it guards; `None` when it is fresh, done,
-/// or someone else just leased it. Used by a retry that finds its key stuck.
+/// Leases one key if it has been `processing` for longer than `timeout`;
+/// `None` when it is fresh, done, or someone else just leased it. Used by a
+/// retry that finds its key stuck.
 pub async fn lease_one(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
     key: &IdempotencyKey,
     timeout: Duration,
-) -> sqlx::Result<Option<Resource>> {
+) -> sqlx::Result<Option<Lease>> {
     let leased = sqlx::query!(
-        "UPDATE idempotency_keys SET locked_at = now()
-          WHERE merchant_id = $1 AND key = $2
-            AND idempotency_key_stale(status, locked_at, $3)
-          RETURNING charge_id, refund_id, capture_of",
+        r#"UPDATE idempotency_keys SET locked_at = now()
+            WHERE merchant_id = $1 AND key = $2
+              AND idempotency_key_stale(status, locked_at, $3)
+            RETURNING charge_id, refund_id, capture_of, locked_at AS "locked_at!""#,
         merchant_id,
         key.as_str(),
         millis(timeout),
     )
     .fetch_optional(db)
     .await?;
-    Ok(leased.and_then(|row| Resource::from_columns(row.charge_id, row.refund_id, row.capture_of)))
+    Ok(leased.and_then(|row| {
+        Some(Lease {
+            resource: Resource::from_columns(row.charge_id, row.refund_id, row.capture_of)?,
+            leased_at: row.locked_at,
+        })
+    }))
+}
+
+/// Gives a lease back before it lapses, when its recovery failed or was
+/// never begun, so that the key is stale again at once: the next retry or
+/// sweep pass takes it on, not one a whole `timeout` later. A lease lasts
+/// until `locked_at` plus `timeout`, so ending it now means `locked_at =
+/// now() - timeout`, which is also later than every lease taken on the key
+/// before this one: no earlier holder's token matches it again.
+///
+/// Only while the key is still this lease's (`locked_at` is its token):
+/// `false` when it is not, because the lease lapsed and someone else leased
+/// the key since, or settled it; the key is theirs then, and left alone.
+pub async fn give_back(
+    db: impl PgExecutor<'_>,
+    lease: &Lease,
+    timeout: Duration,
+) -> sqlx::Result<bool> {
+    let (charge_id, refund_id, capture_of) = Resource::columns(Some(&lease.resource));
+    let given_back = sqlx::query!(
+        "UPDATE idempotency_keys
+            SET locked_at = now() - $5::float8 * interval '1 millisecond'
+          WHERE (charge_id = $1 OR refund_id = $2 OR capture_of = $4)
+            AND status = 'processing' AND locked_at = $3",
+        charge_id,
+        refund_id,
+        lease.leased_at,
+        capture_of,
+        millis(timeout),
+    )
+    .execute(db)
+    .await?;
+    Ok(given_back.rows_affected() == 1)
 }
 
 /// The response saved on the completed key that guards `resource`, if any.

@@ -264,8 +264,8 @@ pub fn replay(saved: Arc<SavedAnswer>, request: &Request, waited: bool) -> Resul
 
 /// Leases the request's stale key (one conditional update, as the sweeper
 /// does) and settles its record by the sweeper's own procedure
-/// ([`recovery::recover`]); `false` when someone else leased it first, or
-/// settled it.
+/// ([`recovery::recover_leased`], which gives the lease back if it fails);
+/// `false` when someone else leased it first, or settled it.
 async fn recover_stale(engine: &Engine, request: &Request) -> Result<bool, Error> {
     let key = request
         .key
@@ -276,15 +276,19 @@ async fn recover_stale(engine: &Engine, request: &Request) -> Result<bool, Error
     }
     let processing = engine.timeouts.processing;
     let leased = keys::lease_one(&engine.pool, request.merchant_id, key, processing).await?;
-    let Some(resource) = leased else {
+    let Some(lease) = leased else {
         return Ok(false);
     };
-    tracing::info!(?resource, "a retry found its key stale; settling it");
+    tracing::info!(resource = ?lease.resource, "a retry found its key stale; settling it");
     let processor = engine.processor.as_ref();
     let (ttl, request_id) = (engine.timeouts.key_ttl, request.request_id.as_deref());
-    recovery::recover(&engine.pool, processor, &resource, ttl, request_id)
+    recovery::recover_leased(&engine.pool, processor, &lease, processing, ttl, request_id)
         .await
-        .map_err(|e| Error::from_recovery(e, &engine.timeouts))?;
+        // At the processor, the lease was given back: a retry may recover
+        // the key at once. A database outage may have kept it leased.
+        .map_err(|e| {
+            Error::from_processor(e, retry_after::SOON).awaiting_recovery(&engine.timeouts)
+        })?;
     count_outcome("stale_recovered");
     request.has_written.store(true, Ordering::Relaxed);
     Ok(true)
