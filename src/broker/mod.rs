@@ -17,7 +17,7 @@ pub mod watch;
 use anyhow::Context as _;
 use std::time::Duration;
 
-use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::context::{GetStreamError, GetStreamErrorKind};
 use async_nats::jetstream::{self, ErrorCode, stream};
 
 use crate::config::Broker;
@@ -61,8 +61,7 @@ pub async fn stream(js: &jetstream::Context, config: &Broker) -> anyhow::Result<
     let context = || format!("the stream {}", config.stream);
     let mut existing = match js.get_stream(&config.stream).await {
         Ok(existing) => existing,
-        Err(e) if matches!(e.kind(), GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
-        {
+        Err(e) if missing(&e) => {
             tracing::info!(stream = %config.stream, "making the stream");
             return js.create_stream(wanted).await.with_context(context);
         }
@@ -79,6 +78,15 @@ pub async fn stream(js: &jetstream::Context, config: &Broker) -> anyhow::Result<
         .await
         .with_context(|| format!("updating the stream {} ({changes})", config.stream))?;
     js.get_stream(&config.stream).await.with_context(context)
+}
+
+/// Whether the broker said there is no such stream.
+fn missing(e: &GetStreamError) -> bool {
+    let code = match e.kind() {
+        GetStreamErrorKind::JetStream(e) => e.error_code(),
+        _ => return false,
+    };
+    code == ErrorCode::STREAM_NOT_FOUND
 }
 
 /// The settings of an existing stream that differ from the configuration.
