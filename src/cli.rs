@@ -87,14 +87,14 @@ enum Command {
         #[arg(long, value_name = "EVENT_ID")]
         rewind_to: Option<String>,
     },
-    /// Consume the stream as the reference merchant ledger, booking each
-    /// charge.succeeded and refund.succeeded once, until stopped.
+    /// Consume the stream as the reference merchant ledger, booking the
+    /// money each event moved once and parking what it will not apply, until stopped.
     Consume {
         /// The durable consumer's name (processes with one name share its messages).
         #[arg(long, default_value = crate::broker::ledger::DEFAULT_NAME)]
         name: String,
-        /// Compare the ledger with the charges and refunds instead, print
-        /// each difference, and exit 3 while one remains.
+        /// Compare the ledger with the money GET /v1/balance counts instead,
+        /// print each difference, and exit 3 while one remains.
         #[arg(long)]
         check: bool,
     },
@@ -305,8 +305,9 @@ impl Cli {
                 let differences = broker::ledger::check(&pool, &name).await?;
                 for d in &differences {
                     println!(
-                        "{} expected={} entries={} booked={}",
+                        "{} merchant={} expected={} entries={} booked={}",
                         d.object_id,
+                        d.merchant_id,
                         d.expected.map_or("none".into(), |a| a.to_string()),
                         d.entries,
                         d.booked.map_or("none".into(), |a| a.to_string()),

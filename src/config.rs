@@ -248,6 +248,9 @@ pub struct Broker {
     /// How long the broker waits for the consumer's ack before it delivers a message again.
     #[arg(id = "CONSUMER_ACK_WAIT", long = "consumer-ack-wait", env = "CONSUMER_ACK_WAIT", default_value = "30s", value_parser = positive_duration, global = true)]
     pub ack_wait: Duration,
+    /// Deliveries of a message the consumer fails to apply before it parks it in consumer_dead_letters (1 to 100).
+    #[arg(id = "CONSUMER_MAX_DELIVER", long = "consumer-max-deliver", env = "CONSUMER_MAX_DELIVER", default_value = "5", value_parser = max_deliver, global = true)]
+    pub max_deliver: i64,
     /// A failure the relay or the consumer causes on purpose (chaos tests; needs FAULT_INJECTION=true).
     #[arg(
         id = "BROKER_FAULT",
@@ -295,6 +298,7 @@ impl std::fmt::Debug for Broker {
             .field("batch", &self.batch)
             .field("stall_warning", &self.stall_warning)
             .field("ack_wait", &self.ack_wait)
+            .field("max_deliver", &self.max_deliver)
             .field("fault", &self.fault)
             .finish()
     }
@@ -960,6 +964,10 @@ fn replicas(value: &str) -> Result<usize, String> {
 
 fn batch_size(value: &str) -> Result<i64, String> {
     whole_number(value, 1..=10_000)
+}
+
+fn max_deliver(value: &str) -> Result<i64, String> {
+    whole_number(value, 1..=100)
 }
 
 fn milliseconds(value: &str) -> Result<Duration, String> {

@@ -135,31 +135,24 @@ impl BalanceObject {
     }
 }
 
-/// (currency, succeeded charges, succeeded refunds) per currency, in one
-/// statement so both sums come from one snapshot. Pending refunds, whose
-/// amount is only reserved on the charge, do not count yet. A charge made
-/// with `capture=false` counts what was captured, once captured, and the
-/// release of one never captured counts on neither side: no money moved.
+/// (currency, succeeded charges, succeeded refunds) per currency, summed
+/// from `balance_movements` (the money that moved, the rule written once in
+/// its migration: a charge made with `capture=false` counts what was
+/// captured, once captured; the release of one never captured counts on
+/// neither side; a pending refund not yet), in one statement, so both sums
+/// come from one snapshot. The ledger consumer's `--check` compares with
+/// the same view.
 async fn totals(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,
 ) -> sqlx::Result<Vec<(String, i64, i64)>> {
     let rows = sqlx::query!(
-        r#"SELECT currency AS "currency!", sum(charged)::bigint AS "charged!",
-                  sum(refunded)::bigint AS "refunded!"
-           FROM (SELECT currency,
-                        CASE WHEN NOT capture_later THEN amount
-                             WHEN captured_at IS NOT NULL THEN capture_amount
-                             ELSE 0 END AS charged,
-                        0::bigint AS refunded
-                   FROM charges WHERE merchant_id = $1 AND status = 'succeeded'
-                 UNION ALL
-                 SELECT r.currency, 0::bigint, r.amount
-                   FROM refunds r JOIN charges c ON c.id = r.charge_id
-                  WHERE r.merchant_id = $1 AND r.status = 'succeeded'
-                    AND (NOT c.capture_later OR c.captured_at IS NOT NULL)) movements
-          GROUP BY currency
-          ORDER BY currency"#,
+        r#"SELECT currency AS "currency!",
+                  coalesce(sum(amount) FILTER (WHERE kind = 'charge'), 0)::bigint AS "charged!",
+                  coalesce(-sum(amount) FILTER (WHERE kind = 'refund'), 0)::bigint AS "refunded!"
+             FROM balance_movements WHERE merchant_id = $1
+            GROUP BY currency
+            ORDER BY currency"#,
         merchant_id,
     )
     .fetch_all(db)

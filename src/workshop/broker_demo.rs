@@ -1,7 +1,7 @@
 //! Workshop block 12, "The message handler forgot its inbox", on a real
 //! NATS JetStream: one event delivered twice (its first ack lost) to a
 //! naive handler, which books every delivery, and to the ledger's inbox
-//! handler ([`ledger::apply`]), which books a message id once; and the
+//! handler ([`ledger::apply`]), which books an event id once; and the
 //! stream's duplicate window shown as a TTL. Everything goes to a stream of
 //! the workshop's own, beside the events' stream, and every count is read
 //! back from the broker or the database.
@@ -30,7 +30,7 @@ const ACK_WAIT: Duration = Duration::from_secs(1);
 pub enum Handler {
     /// Books every delivery: no inbox.
     Naive,
-    /// Books a message id once: the ledger's inbox.
+    /// Books an event id once: the ledger's inbox.
     Inbox,
 }
 
@@ -115,7 +115,10 @@ pub async fn deliver_twice(
     let event_id = format!("evt_{}", Uuid::new_v4().simple());
     let event = json!({
         "id": event_id, "object": "event", "type": "charge.succeeded",
-        "data": {"object": {"id": format!("ch_{run}"), "object": "charge", "amount": 1000, "currency": "usd"}},
+        "data": {"object": {
+            "id": format!("ch_{run}"), "object": "charge", "amount": 1000,
+            "amount_captured": 1000, "captured": true, "currency": "usd",
+        }},
     });
     let message = PublishMessage::build()
         .payload(serde_json::to_vec(&event)?.into())
@@ -130,17 +133,7 @@ pub async fn deliver_twice(
             .context("no delivery from the broker")?
             .context("the consumer's messages ended")?
             .map_err(|e| anyhow::anyhow!("a delivery: {e}"))?;
-        handled.push(
-            handle(
-                pool,
-                &name,
-                handler,
-                merchant_id,
-                &event_id,
-                &message.payload,
-            )
-            .await?,
-        );
+        handled.push(handle(pool, &name, handler, merchant_id, &message.payload).await?);
         if ack {
             message
                 .ack()
@@ -168,30 +161,33 @@ async fn effects(pool: &PgPool, name: &str) -> anyhow::Result<i64> {
     Ok(n)
 }
 
-/// One delivery to `handler`, in one transaction; what it did.
+/// One delivery to `handler`, in one transaction; what it did. The event
+/// is the workshop's own, not one of oncepay's, so it is read for its shape
+/// alone (`oncepay consume` checks every event against oncepay's record).
 async fn handle(
     pool: &PgPool,
     name: &str,
     handler: Handler,
     merchant_id: Uuid,
-    message_id: &str,
     payload: &[u8],
 ) -> anyhow::Result<&'static str> {
-    Ok(match handler {
+    let event = ledger::Event::unchecked(payload, merchant_id)
+        .map_err(|parked| anyhow::anyhow!("the workshop's event: {}", parked.detail))?;
+    let mut tx = pool.begin().await?;
+    let handled = match handler {
         Handler::Naive => {
-            let mut tx = pool.begin().await?;
-            ledger::book(&mut tx, name, Some(merchant_id), payload).await?;
-            tx.commit().await?;
+            ledger::book(&mut tx, name, &event).await?;
             "booked"
         }
-        Handler::Inbox => {
-            match ledger::apply(pool, name, message_id, Some(merchant_id), payload).await? {
-                ledger::Applied::Booked => "booked",
-                ledger::Applied::Ignored => "ignored",
-                ledger::Applied::Duplicate => "in the inbox already: skipped",
-            }
-        }
-    })
+        Handler::Inbox => match ledger::apply(&mut tx, name, &event).await? {
+            ledger::Outcome::Booked => "booked",
+            ledger::Outcome::Ignored => "ignored",
+            ledger::Outcome::Duplicate => "in the inbox already: skipped",
+            ledger::Outcome::Parked(_) => "parked",
+        },
+    };
+    tx.commit().await?;
+    Ok(handled)
 }
 
 /// What the duplicate window did to three publishes of one message id.

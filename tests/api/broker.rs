@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::PullConsumer};
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
+use async_nats::jetstream::{self, message::PublishMessage};
 use futures::StreamExt as _;
 use oncepay::broker::{self, ledger, relay};
 use oncepay::config::{Broker, NatsUrls};
@@ -15,6 +16,7 @@ use serde_json::json;
 use sqlx::Connection as _;
 use tokio_util::sync::CancellationToken;
 
+use crate::capture::{authorized_charge, post_capture};
 use crate::helpers::{Answer, Settings, TestApp, spawn_app, spawn_app_with, until};
 
 /// One test's broker settings: NATS from `NATS_URL`, a stream and subject
@@ -276,18 +278,14 @@ async fn a_consumer_killed_after_its_commit_leaves_its_messages_to_another_and_t
     let mut messages = first.messages().await.unwrap();
     for _ in 0..events {
         let message = messages.next().await.unwrap().unwrap();
-        let id = message
-            .headers
-            .as_ref()
-            .unwrap()
-            .get(async_nats::header::NATS_MESSAGE_ID)
-            .unwrap()
-            .to_string();
-        let merchant = ledger::merchant_of(&config, &message.subject);
-        let applied = ledger::apply(&app.pool, "ledger", &id, merchant, &message.payload)
+        let delivery = ledger::Delivery::of(&message).unwrap();
+        let outcome = ledger::receive(&app.pool, &config, "ledger", &delivery)
             .await
             .unwrap();
-        assert_ne!(applied, ledger::Applied::Duplicate);
+        assert!(
+            matches!(outcome, ledger::Outcome::Booked | ledger::Outcome::Ignored),
+            "{outcome:?}"
+        );
     }
     drop(messages);
 
@@ -475,4 +473,377 @@ async fn without_a_broker_the_workshop_scenario_is_503_broker_unavailable() {
     )
     .await;
     answer.assert_problem(400, "parameter_invalid_string");
+}
+
+/// The ledger's name in one test: its own, as the process's metrics are
+/// shared by every test of the binary.
+fn ledger_name(config: &Broker) -> String {
+    format!("ledger-{}", config.stream.to_lowercase())
+}
+
+/// Runs the ledger consumer `name` until the broker has nothing left for it
+/// (every message delivered and acknowledged or terminated), then stops it.
+/// A message that comes again for ever fails the test.
+async fn consume_all(app: &TestApp, js: &jetstream::Context, config: &Broker, name: &str) {
+    let stop = CancellationToken::new();
+    let consumer = tokio::spawn(ledger::run(
+        app.pool.clone(),
+        config.clone(),
+        name.to_owned(),
+        stop.clone(),
+    ));
+    until(
+        Duration::from_secs(30),
+        "every message acknowledged, none left to come again",
+        || async { idle(js, config, name).await },
+    )
+    .await;
+    stop.cancel();
+    consumer.await.unwrap().unwrap();
+}
+
+/// Whether the durable consumer `name` exists and has nothing pending.
+async fn idle(js: &jetstream::Context, config: &Broker, name: &str) -> bool {
+    let Ok(stream) = js.get_stream(&config.stream).await else {
+        return false;
+    };
+    let Ok(mut consumer) = stream.get_consumer::<pull::Config>(name).await else {
+        return false;
+    };
+    consumer
+        .info()
+        .await
+        .is_ok_and(|i| i.num_pending == 0 && i.num_ack_pending == 0)
+}
+
+/// The messages `name` parked, in stream order: (reason, deliveries).
+async fn parked(app: &TestApp, name: &str) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "SELECT reason, deliveries FROM consumer_dead_letters
+          WHERE consumer = $1 ORDER BY stream_sequence",
+    )
+    .bind(name)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap()
+}
+
+/// The ledger of `name`: its entries and their sum.
+async fn ledger_of(app: &TestApp, name: &str) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*), coalesce(sum(amount), 0)::bigint FROM ledger_entries WHERE consumer = $1",
+    )
+    .bind(name)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap()
+}
+
+/// `broker_consumer_messages_total` of `name` and `outcome` in this process.
+fn counted(name: &str, outcome: &str) -> u64 {
+    let scrape = oncepay::telemetry::metrics::handle().render();
+    let (consumer, outcome) = (
+        format!("consumer=\"{name}\""),
+        format!("outcome=\"{outcome}\""),
+    );
+    scrape
+        .lines()
+        .filter(|l| l.starts_with("broker_consumer_messages_total{"))
+        .filter(|l| l.contains(&consumer) && l.contains(&outcome))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
+        .sum()
+}
+
+/// A refund of `amount` (all that is left when `None`) of `charge`.
+async fn refund(app: &TestApp, charge: &str, amount: Option<i64>) {
+    let mut body = json!({"charge": charge});
+    if let Some(amount) = amount {
+        body["amount"] = json!(amount);
+    }
+    let refund = Answer::of(app.post_refund(None, &body).await).await;
+    assert_eq!(refund.status, 201, "{:?}", refund.body);
+}
+
+/// A capture of `amount` (all of it when `None`) of the authorization `charge`.
+async fn capture(app: &TestApp, charge: &str, amount: Option<i64>) {
+    let body = amount.map_or(json!({}), |a| json!({"amount": a}));
+    let captured = Answer::of(post_capture(app, charge, None, &body).await).await;
+    assert_eq!(captured.status, 200, "{:?}", captured.body);
+}
+
+/// What `GET /v1/balance` says is available, in usd.
+async fn balance(app: &TestApp) -> i64 {
+    let balance = Answer::of(app.get("/v1/balance").await).await.json();
+    assert_eq!(balance["available"][0]["currency"], "usd", "{balance}");
+    balance["available"][0]["amount"].as_i64().unwrap()
+}
+
+#[tokio::test]
+async fn the_ledger_books_money_not_authorizations_and_agrees_with_the_balance() {
+    let app = spawn_app().await;
+    // Paid at once: 1500, and 2500 of which 500 refunded.
+    app.paid_charge(1500).await;
+    let paid = app.paid_charge(2500).await;
+    refund(&app, &paid, Some(500)).await;
+    // Authorized, then captured whole: 2000; in part: 1200 of 3000, then 200 refunded.
+    let whole = authorized_charge(&app, 2000).await;
+    capture(&app, &whole, None).await;
+    let part = authorized_charge(&app, 3000).await;
+    capture(&app, &part, Some(1200)).await;
+    refund(&app, &part, Some(200)).await;
+    // No money: an authorization released by a refund, one expired, one
+    // still held, and a declined charge.
+    let released = authorized_charge(&app, 4000).await;
+    refund(&app, &released, None).await;
+    let expired = authorized_charge(&app, 5000).await;
+    sqlx::query("UPDATE charges SET created_at = now() - interval '7 days 1 minute' WHERE id = $1")
+        .bind(&expired)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(app.sweep_once().await.authorizations_expired, 1);
+    authorized_charge(&app, 700).await;
+    let declined = json!({"amount": 900, "currency": "usd", "source": "tok_chargeDeclined"});
+    assert_eq!(app.post_charge(None, &declined).await.status(), 402);
+
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
+    let js = js(&config).await;
+    let mut conn = relay_session(&app, &config).await;
+    relay_all(&mut conn, &js, &config).await;
+    let name = ledger_name(&config);
+    consume_all(&app, &js, &config, &name).await;
+
+    let money = 1500 + 2500 - 500 + 2000 + 1200 - 200;
+    assert_eq!(balance(&app).await, money);
+    assert_eq!(
+        ledger_of(&app, &name).await,
+        (6, money),
+        "the ledger books what the balance counts"
+    );
+    assert_eq!(ledger::check(&app.pool, &name).await.unwrap(), vec![]);
+    let events = app.events().await as u64;
+    assert_eq!(counted(&name, "booked"), 6);
+    assert_eq!(counted(&name, "ignored"), events - 6);
+    assert_eq!(counted(&name, "parked"), 0);
+
+    // An authorization booked as money in is a difference to `--check`.
+    sqlx::query(
+        "INSERT INTO ledger_entries (consumer, event_id, merchant_id, object_id, type, amount, currency)
+         SELECT $1, id, merchant_id, object_id, type, 4000, 'usd' FROM events
+          WHERE object_id = $2 AND type = 'charge.succeeded'",
+    )
+    .bind(&name)
+    .bind(&released)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let differences = ledger::check(&app.pool, &name).await.unwrap();
+    assert_eq!(differences.len(), 1, "{differences:?}");
+    assert_eq!(
+        (
+            &differences[0].object_id,
+            differences[0].expected,
+            differences[0].booked
+        ),
+        (&released, None, Some(4000))
+    );
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+/// The stream's message holding the first event of type `kind`: its
+/// subject and payload.
+async fn stored_event(
+    js: &jetstream::Context,
+    config: &Broker,
+    kind: &str,
+) -> (String, serde_json::Value) {
+    let stream = js.get_stream(&config.stream).await.unwrap();
+    for seq in 1.. {
+        let message = stream.get_raw_message(seq).await.unwrap();
+        let event: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
+        if event["type"] == kind {
+            return (message.subject.to_string(), event);
+        }
+    }
+    unreachable!()
+}
+
+/// Publishes `payload` to `subject`, with `Nats-Msg-Id` = `id` when given,
+/// as something other than the relay would.
+async fn publish(js: &jetstream::Context, subject: &str, id: Option<&str>, payload: Vec<u8>) {
+    let mut message = PublishMessage::build().payload(payload.into());
+    if let Some(id) = id {
+        message = message.message_id(id);
+    }
+    let ack = js.send_publish(subject.to_owned(), message).await.unwrap();
+    assert!(!ack.await.unwrap().duplicate, "stored, not dropped");
+}
+
+#[tokio::test]
+async fn an_event_in_a_forged_envelope_is_parked_and_each_real_event_is_booked_once() {
+    let app = spawn_app().await;
+    some_money_moved(&app).await;
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(1));
+    let js = js(&config).await;
+    let mut conn = relay_session(&app, &config).await;
+    relay_all(&mut conn, &js, &config).await;
+    let (subject, event) = stored_event(&js, &config, "charge.succeeded").await;
+    let body = serde_json::to_vec(&event).unwrap();
+    let (other, _) = oncepay::merchants::create(&app.pool, "another merchant")
+        .await
+        .unwrap();
+
+    // The real event republished under a new message id: it disagrees with itself.
+    publish(
+        &js,
+        &subject,
+        Some("evt_republished000000000000"),
+        body.clone(),
+    )
+    .await;
+    // The same without a header: the event itself, a duplicate.
+    publish(&js, &subject, None, body.clone()).await;
+    // On another merchant's subject.
+    let elsewhere = subject.replace(&app.merchant_id.to_string(), &other.id.to_string());
+    publish(&js, &elsewhere, None, body.clone()).await;
+    // A charge oncepay never made, in an event id it never wrote.
+    let mut forged = event.clone();
+    forged["id"] = json!("evt_forgedforgedforgedforged");
+    forged["data"]["object"]["amount_captured"] = json!(99_999);
+    let forged = serde_json::to_vec(&forged).unwrap();
+    publish(&js, &subject, Some("evt_forgedforgedforgedforged"), forged).await;
+    // The real event, its amount changed.
+    let mut changed = event.clone();
+    changed["data"]["object"]["amount_captured"] = json!(99_999);
+    publish(&js, &subject, None, serde_json::to_vec(&changed).unwrap()).await;
+
+    let name = ledger_name(&config);
+    consume_all(&app, &js, &config, &name).await;
+    assert_eq!(
+        ledger_of(&app, &name).await,
+        (4, 1500 + 2500 + 700 - 500),
+        "each real event booked once, nothing else"
+    );
+    assert_eq!(ledger::check(&app.pool, &name).await.unwrap(), vec![]);
+    let reasons: Vec<String> = parked(&app, &name).await.into_iter().map(|p| p.0).collect();
+    assert_eq!(
+        reasons,
+        [
+            "id_mismatch",
+            "subject_mismatch",
+            "unknown_event",
+            "body_mismatch"
+        ]
+    );
+    assert_eq!(counted(&name, "parked"), 4);
+    assert_eq!(counted(&name, "duplicate"), 1);
+    assert_eq!(counted(&name, "booked"), 4);
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn poison_messages_are_parked_with_their_reason_and_stop_coming() {
+    let app = spawn_app_with(Settings::new().set("CONSUMER_MAX_DELIVER", "3")).await;
+    some_money_moved(&app).await;
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(1));
+    let js = js(&config).await;
+    let mut conn = relay_session(&app, &config).await;
+    relay_all(&mut conn, &js, &config).await;
+    let (subject, event) = stored_event(&js, &config, "charge.succeeded").await;
+
+    // A NUL byte in the id: every transaction that reads it fails.
+    let mut nul = event.clone();
+    nul["id"] = json!("evt_nul\u{0}byte");
+    publish(&js, &subject, None, serde_json::to_vec(&nul).unwrap()).await;
+    // Not JSON.
+    publish(&js, &subject, None, b"{\"id\": \"evt_".to_vec()).await;
+    // A type oncepay does not write.
+    let mut unknown = event.clone();
+    unknown["type"] = json!("charge.disputed");
+    let disputed = subject.replace("charge.succeeded", "charge.disputed");
+    publish(&js, &disputed, None, serde_json::to_vec(&unknown).unwrap()).await;
+    // 900 KB.
+    let mut large = event.clone();
+    large["data"]["object"]["description"] = json!("x".repeat(900 * 1024));
+    publish(&js, &subject, None, serde_json::to_vec(&large).unwrap()).await;
+
+    let name = ledger_name(&config);
+    consume_all(&app, &js, &config, &name).await;
+    assert_eq!(ledger_of(&app, &name).await, (4, 1500 + 2500 + 700 - 500));
+    assert_eq!(ledger::check(&app.pool, &name).await.unwrap(), vec![]);
+    let parked = parked(&app, &name).await;
+    let parked: Vec<(&str, i64)> = parked.iter().map(|(r, d)| (r.as_str(), *d)).collect();
+    assert_eq!(
+        parked,
+        [
+            ("apply_failed", 3),
+            ("malformed", 1),
+            ("unknown_type", 1),
+            ("oversize", 1)
+        ],
+        "each parked once, the failing one on its third delivery"
+    );
+    assert_eq!(counted(&name, "parked"), 4);
+    let (bytes, prefix): (i32, Vec<u8>) = sqlx::query_as(
+        "SELECT payload_bytes, payload_prefix FROM consumer_dead_letters
+          WHERE consumer = $1 AND reason = 'oversize'",
+    )
+    .bind(&name)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert!(
+        bytes > 900 * 1024 && prefix.len() == 1024,
+        "{bytes} {}",
+        prefix.len()
+    );
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_durable_consumer_made_with_other_settings_is_updated_or_refused_naming_each() {
+    let app = spawn_app().await;
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(2));
+    let js = js(&config).await;
+    let stream = js.get_stream(&config.stream).await.unwrap();
+    // Made earlier with a longer ack wait, and a bound after which JetStream
+    // stops delivering a message without a word.
+    let earlier = pull::Config {
+        durable_name: Some("ledger".into()),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(30),
+        max_deliver: 5,
+        ..Default::default()
+    };
+    stream.create_consumer(earlier).await.unwrap();
+    ledger::consumer(&config, "ledger").await.unwrap();
+    let held = stream.consumer_info("ledger").await.unwrap().config;
+    assert_eq!(
+        (held.ack_wait, held.max_deliver),
+        (Duration::from_secs(2), -1),
+        "the configuration wins"
+    );
+
+    // An ack policy JetStream cannot change: the consumer does not start.
+    let acks_all = pull::Config {
+        durable_name: Some("acks-all".into()),
+        ack_policy: AckPolicy::All,
+        ..Default::default()
+    };
+    stream.create_consumer(acks_all).await.unwrap();
+    let refused = ledger::consumer(&config, "acks-all").await.unwrap_err();
+    let said = format!("{refused:#}");
+    assert!(said.contains("ack_policy is All"), "{said}");
+    assert!(said.contains("nats consumer rm"), "{said}");
+    let run = ledger::run(
+        app.pool.clone(),
+        config.clone(),
+        "acks-all".into(),
+        CancellationToken::new(),
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the consumer gives up rather than trying again");
+    assert!(ended.is_err());
+    js.delete_stream(&config.stream).await.unwrap();
 }
