@@ -709,11 +709,13 @@ async fn an_event_in_a_forged_envelope_is_parked_and_each_real_event_is_booked_o
     // A charge oncepay never made, in an event id it never wrote.
     let mut forged = event.clone();
     forged["id"] = json!("evt_forgedforgedforgedforged");
+    forged["data"]["object"]["amount"] = json!(99_999);
     forged["data"]["object"]["amount_captured"] = json!(99_999);
     let forged = serde_json::to_vec(&forged).unwrap();
     publish(&js, &subject, Some("evt_forgedforgedforgedforged"), forged).await;
     // The real event, its amount changed.
     let mut changed = event.clone();
+    changed["data"]["object"]["amount"] = json!(99_999);
     changed["data"]["object"]["amount_captured"] = json!(99_999);
     publish(&js, &subject, None, serde_json::to_vec(&changed).unwrap()).await;
 
