@@ -214,7 +214,8 @@ async fn charges(server: &Server, count: usize) {
     }
 }
 
-/// A scenario's row: events, duplicates delivered, effects applied, lost.
+/// A scenario's row: events, duplicates delivered, effects applied, lost,
+/// and messages parked (not oncepay's events, or not as oncepay wrote them).
 #[derive(Debug)]
 struct Row {
     scenario: &'static str,
@@ -223,6 +224,7 @@ struct Row {
     duplicates_delivered: i64,
     applied: i64,
     lost: i64,
+    parked: i64,
     ledger_differences: usize,
 }
 
@@ -277,11 +279,12 @@ impl Row {
             .unwrap();
         let deliveries = consumer.info().await.unwrap().delivered.consumer_sequence as i64;
         let applied: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM consumer_inbox i JOIN events e ON e.id = i.message_id WHERE i.consumer = 'ledger'",
+            "SELECT count(*) FROM consumer_inbox i JOIN events e ON e.id = i.event_id WHERE i.consumer = 'ledger'",
         )
         .fetch_one(pool)
         .await
         .unwrap();
+        let parked = parked_reasons(pool).await.values().sum::<i64>();
         let differences = oncepay::broker::ledger::check(pool, "ledger")
             .await
             .unwrap();
@@ -289,9 +292,11 @@ impl Row {
             scenario,
             events,
             in_stream,
-            duplicates_delivered: deliveries - events,
+            // A parked message's first delivery is no duplicate either.
+            duplicates_delivered: deliveries - events - parked,
             applied,
             lost: events - applied,
+            parked,
             ledger_differences: differences.len(),
         }
     }
@@ -306,25 +311,45 @@ impl Row {
                 .unwrap();
             writeln!(
                 file,
-                "{}\t{}\t{}\t{}\t{}\t{}",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}",
                 self.scenario,
                 self.events,
                 self.in_stream,
                 self.duplicates_delivered,
                 self.applied,
-                self.lost
+                self.lost,
+                self.parked
             )
             .unwrap();
         }
     }
 
-    /// Every event applied once: none lost, the ledger as the records say.
+    /// Every event applied once: none lost, the ledger as the records say,
+    /// and nothing parked (every message was one of oncepay's events).
     #[track_caller]
     fn assert_exactly_once(&self) {
+        self.assert_exactly_once_and_parked(0);
+    }
+
+    /// Every event applied once, and `parked` other messages parked.
+    #[track_caller]
+    fn assert_exactly_once_and_parked(&self, parked: i64) {
         assert_eq!(self.applied, self.events, "{self:?}");
         assert_eq!(self.lost, 0, "{self:?}");
         assert_eq!(self.ledger_differences, 0, "{self:?}");
+        assert_eq!(self.parked, parked, "{self:?}");
     }
+}
+
+/// The messages the consumer named `ledger` parked, by reason.
+async fn parked_reasons(pool: &PgPool) -> std::collections::BTreeMap<String, i64> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT reason, count(*) FROM consumer_dead_letters WHERE consumer = 'ledger' GROUP BY reason",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    rows.into_iter().collect()
 }
 
 /// An API server whose relay is off (the scenario runs its own).
@@ -863,4 +888,180 @@ async fn a_stream_made_beforehand_with_a_short_age_is_brought_to_the_configurati
         .delete_stream(&broker.stream)
         .await
         .unwrap();
+}
+
+/// Waits until the stream holds every event written so far.
+async fn relayed(broker: &Broker, pool: &PgPool, within: Duration) {
+    let js = broker.js().await;
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(mut stream) = js.get_stream(&broker.stream).await {
+            if stream
+                .info()
+                .await
+                .is_ok_and(|i| i.state.messages >= events as u64)
+            {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "the relay published too little");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every message of the stream so far: its subject and its body.
+async fn stream_events(broker: &Broker) -> Vec<(String, serde_json::Value)> {
+    let js = broker.js().await;
+    let mut stream = js.get_stream(&broker.stream).await.unwrap();
+    let last = stream.info().await.unwrap().state.last_sequence;
+    let mut found = Vec::new();
+    for seq in 1..=last {
+        let message = stream.get_raw_message(seq).await.unwrap();
+        let event = serde_json::from_slice(&message.payload).unwrap();
+        found.push((message.subject.to_string(), event));
+    }
+    found
+}
+
+/// Publishes `payload` to `subject` as something other than the relay
+/// would, with `Nats-Msg-Id` = `id` when given.
+async fn publish(js: &jetstream::Context, subject: &str, id: Option<&str>, payload: Vec<u8>) {
+    let mut message = jetstream::message::PublishMessage::build().payload(payload.into());
+    if let Some(id) = id {
+        message = message.message_id(id);
+    }
+    let ack = js.send_publish(subject.to_owned(), message).await.unwrap();
+    assert!(!ack.await.unwrap().duplicate, "stored, not dropped");
+}
+
+/// For each of `events`: the event republished under a new message id, on
+/// `other`'s subject, with its object changed, and as a charge of an id
+/// oncepay never wrote (four to park); and once more without a header (the
+/// event itself: a duplicate).
+async fn forge(js: &jetstream::Context, events: &[(String, serde_json::Value)], other: Uuid) {
+    for (n, (subject, event)) in events.iter().enumerate() {
+        let body = serde_json::to_vec(event).unwrap();
+        let new_id = format!("evt_republished{n:013}");
+        publish(js, subject, Some(&new_id), body.clone()).await;
+        publish(js, subject, None, body.clone()).await;
+        let mut segments: Vec<String> = subject.split('.').map(str::to_owned).collect();
+        segments[2] = other.to_string();
+        publish(js, &segments.join("."), None, body).await;
+        let mut changed = event.clone();
+        changed["data"]["object"]["amount"] = json!(1);
+        publish(js, subject, None, serde_json::to_vec(&changed).unwrap()).await;
+        let mut unknown = changed;
+        let forged_id = format!("evt_forged{n:018}");
+        unknown["id"] = json!(forged_id);
+        let unknown = serde_json::to_vec(&unknown).unwrap();
+        publish(js, subject, Some(&forged_id), unknown).await;
+    }
+}
+
+#[tokio::test]
+async fn messages_in_forged_envelopes_are_parked_and_each_real_event_is_booked_once() {
+    let db = Database::create().await;
+    let server = api(&db).await;
+    let pool = db.pool().await;
+    let broker = Broker::on(&nats_url());
+    let _relay = Worker::start(&["relay"], &db.url, &broker.env());
+    let _ledger = Worker::start(&["consume"], &db.url, &broker.env());
+    charges(&server, 2 * scale()).await;
+    relayed(&broker, &pool, SLACK * 10).await;
+    let (other, _) = oncepay::merchants::create(&pool, "another merchant")
+        .await
+        .unwrap();
+    let real = stream_events(&broker).await;
+    // More charges while forgeries of every event so far come in.
+    let js = broker.js().await;
+    tokio::join!(charges(&server, 2 * scale()), forge(&js, &real, other.id));
+    let row = Row::settle(
+        "forged envelopes: a new id, no header, another merchant, a changed body, an unknown id",
+        &pool,
+        &broker,
+        SLACK * 10,
+    )
+    .await;
+    row.publish();
+    let forged = real.len() as i64;
+    row.assert_exactly_once_and_parked(4 * forged);
+    let reasons = parked_reasons(&pool).await;
+    let expected = [
+        "body_mismatch",
+        "id_mismatch",
+        "subject_mismatch",
+        "unknown_event",
+    ];
+    let expected = expected.map(|r| (r.to_owned(), forged)).into();
+    assert_eq!(reasons, expected, "{row:?}");
+    js.delete_stream(&broker.stream).await.unwrap();
+}
+
+/// `count` of each: an event whose id holds a NUL byte (every transaction
+/// reading it fails), a message that is not JSON, one of a type oncepay does
+/// not write, and 900 KB; `charge` (a `charge.succeeded` message) is the
+/// model.
+async fn poison(js: &jetstream::Context, charge: &(String, serde_json::Value), count: usize) {
+    let (subject, event) = charge;
+    for n in 0..count {
+        let mut nul = event.clone();
+        nul["id"] = json!(format!("evt_nul\u{0}{n}"));
+        publish(js, subject, None, serde_json::to_vec(&nul).unwrap()).await;
+        let malformed = format!("{{\"id\": \"evt_{n}");
+        publish(js, subject, None, malformed.into_bytes()).await;
+        let mut unknown = event.clone();
+        unknown["type"] = json!("charge.disputed");
+        let disputed = subject.replace("charge.succeeded", "charge.disputed");
+        publish(js, &disputed, None, serde_json::to_vec(&unknown).unwrap()).await;
+        let mut large = event.clone();
+        large["data"]["object"]["description"] = json!("x".repeat(900 * 1024));
+        publish(js, subject, None, serde_json::to_vec(&large).unwrap()).await;
+    }
+}
+
+#[tokio::test]
+async fn poison_messages_are_parked_after_their_deliveries_and_each_real_event_is_booked_once() {
+    let db = Database::create().await;
+    let server = api(&db).await;
+    let pool = db.pool().await;
+    let broker = Broker::on(&nats_url());
+    let env = with(broker.env(), &[("CONSUMER_MAX_DELIVER", "3")]);
+    let _relay = Worker::start(&["relay"], &db.url, &env);
+    let _ledger = Worker::start(&["consume"], &db.url, &env);
+    charges(&server, 2 * scale()).await;
+    relayed(&broker, &pool, SLACK * 10).await;
+    let real = stream_events(&broker).await;
+    let charge = real
+        .iter()
+        .find(|(_, event)| event["type"] == "charge.succeeded")
+        .unwrap();
+    // More charges while the poison comes in.
+    let js = broker.js().await;
+    tokio::join!(charges(&server, 2 * scale()), poison(&js, charge, scale()));
+    let row = Row::settle(
+        "poison: a NUL byte in an id, not JSON, an unknown type, 900 KB",
+        &pool,
+        &broker,
+        SLACK * 20,
+    )
+    .await;
+    row.publish();
+    let each = scale() as i64;
+    row.assert_exactly_once_and_parked(4 * each);
+    let reasons = parked_reasons(&pool).await;
+    let expected = ["apply_failed", "malformed", "oversize", "unknown_type"];
+    assert_eq!(reasons, expected.map(|r| (r.to_owned(), each)).into());
+    // The one whose transaction failed came three times, then stopped.
+    let deliveries: Vec<i64> = sqlx::query_scalar(
+        "SELECT deliveries FROM consumer_dead_letters WHERE reason = 'apply_failed'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(deliveries.iter().all(|&d| d == 3), "{deliveries:?}");
+    js.delete_stream(&broker.stream).await.unwrap();
 }
