@@ -264,7 +264,7 @@ BLOCKS = [
     (11, "An acknowledged charge lost in a failover",
      "acknowledge only what the standby you fail over to already has"),
     (12, "The message handler forgot its inbox",
-     "deduplicate at every at-least-once boundary: the consumer keeps an inbox of message ids, written with its effect"),
+     "deduplicate at every at-least-once boundary: the consumer keeps an inbox of event ids, written with its effect"),
 ]
 TITLES = {number: title for number, title, _ in BLOCKS}
 RULES = {number: rule for number, _, rule in BLOCKS}

@@ -856,7 +856,7 @@ struct BrokerDeliveries {
     object: &'static str,
     #[schema(example = "demo-12")]
     run: String,
-    /// `naive` (books every delivery) or `inbox` (books a message id once).
+    /// `naive` (books every delivery) or `inbox` (books an event id once).
     #[schema(example = "inbox")]
     handler: &'static str,
     /// What each delivery did, in order.
