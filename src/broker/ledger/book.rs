@@ -69,7 +69,7 @@ impl Booking {
             EventType::ChargeSucceeded | EventType::ChargeCaptured => {
                 let charge = ChargeView::deserialize(object)
                     .map_err(|_| malformed("a charge (id, captured, amount_captured, currency)"))?;
-                Ok(charge.captured.then(|| Booking {
+                Ok(charge.captured.then_some(Booking {
                     kind,
                     object_id: charge.id,
                     amount: charge.amount_captured,
