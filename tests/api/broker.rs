@@ -683,7 +683,7 @@ async fn publish(js: &jetstream::Context, subject: &str, id: Option<&str>, paylo
 async fn an_event_in_a_forged_envelope_is_parked_and_each_real_event_is_booked_once() {
     let app = spawn_app().await;
     some_money_moved(&app).await;
-    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(1));
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
     let js = js(&config).await;
     let mut conn = relay_session(&app, &config).await;
     relay_all(&mut conn, &js, &config).await;
@@ -747,7 +747,7 @@ async fn an_event_in_a_forged_envelope_is_parked_and_each_real_event_is_booked_o
 async fn poison_messages_are_parked_with_their_reason_and_stop_coming() {
     let app = spawn_app_with(Settings::new().set("CONSUMER_MAX_DELIVER", "3")).await;
     some_money_moved(&app).await;
-    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(1));
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
     let js = js(&config).await;
     let mut conn = relay_session(&app, &config).await;
     relay_all(&mut conn, &js, &config).await;

@@ -12,7 +12,7 @@ use super::message::Delivery;
 /// How much of a parked payload its row keeps.
 pub const PAYLOAD_PREFIX_BYTES: usize = 1024;
 
-/// Why a message was parked: the stable code its row and the metrics carry.
+/// Why a message was parked: the stable code its row carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
     /// Larger than [`super::message::MAX_PAYLOAD_BYTES`].
