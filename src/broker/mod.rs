@@ -12,6 +12,7 @@
 
 pub mod ledger;
 pub mod relay;
+pub mod settings;
 pub mod watch;
 
 use anyhow::Context as _;
@@ -21,6 +22,7 @@ use async_nats::jetstream::context::{GetStreamError, GetStreamErrorKind};
 use async_nats::jetstream::{self, ErrorCode, stream};
 
 use crate::config::Broker;
+use settings::Changes;
 
 /// A JetStream context on the servers of `NATS_URL`.
 pub async fn connect(config: &Broker) -> anyhow::Result<jetstream::Context> {
@@ -68,13 +70,17 @@ pub async fn stream(js: &jetstream::Context, config: &Broker) -> anyhow::Result<
         Err(e) => return Err(e).with_context(context),
     };
     let has = existing.info().await.with_context(context)?.config.clone();
-    let changes = Changes::of(&has, &wanted);
+    let changes = stream_changes(&has, &wanted);
     if changes.is_empty() {
         return Ok(existing);
     }
-    changes.refuse_fixed(&format!("the stream {}", config.stream))?;
-    tracing::warn!(stream = %config.stream, changes = %changes, "the stream's settings differ from the configuration: updating them");
-    js.update_stream(changes.apply(has, &wanted))
+    changes.refuse_fixed(
+        format!("the stream {}", config.stream),
+        "set NATS_STREAM to another stream, or delete this one and rewind the relay \
+         (docs/broker.md#events-the-stream-lost)",
+    )?;
+    tracing::warn!(stream = %config.stream, %changes, "the stream's settings differ from the configuration: updating them");
+    js.update_stream(updated(has, &wanted))
         .await
         .with_context(|| format!("updating the stream {} ({changes})", config.stream))?;
     js.get_stream(&config.stream).await.with_context(context)
@@ -89,136 +95,68 @@ fn missing(e: &GetStreamError) -> bool {
     code == ErrorCode::STREAM_NOT_FOUND
 }
 
-/// The settings of an existing stream that differ from the configuration.
-struct Changes(Vec<Change>);
-
-/// One setting that differs: what the stream has, what the configuration
-/// wants, and whether JetStream can change it on an existing stream.
-struct Change {
-    setting: &'static str,
-    has: String,
-    wants: String,
-    fixed: bool,
-}
-
-impl Changes {
-    /// Each setting the relay relies on, compared.
-    fn of(has: &stream::Config, wants: &stream::Config) -> Self {
-        let mut changes = Vec::new();
-        let mut differ = |setting, has: String, wants: String, fixed| {
-            if has != wants {
-                changes.push(Change {
-                    setting,
-                    has,
-                    wants,
-                    fixed,
-                });
-            }
-        };
-        differ(
-            "storage",
-            format!("{:?}", has.storage),
-            format!("{:?}", wants.storage),
-            true,
-        );
-        differ(
-            "retention",
-            format!("{:?}", has.retention),
-            format!("{:?}", wants.retention),
-            true,
-        );
-        let covered = has.subjects.iter().any(|s| wants.subjects.contains(s));
-        let subjects = if covered {
-            &wants.subjects
+/// Each setting of the stream the relay relies on, against the wanted.
+fn stream_changes(has: &stream::Config, wants: &stream::Config) -> Changes {
+    let mut changes = Changes::default();
+    let debug = |value: &dyn std::fmt::Debug| format!("{value:?}");
+    changes.compare("storage", debug(&has.storage), debug(&wants.storage), true);
+    changes.compare(
+        "retention",
+        debug(&has.retention),
+        debug(&wants.retention),
+        true,
+    );
+    let covered = has.subjects.iter().any(|s| wants.subjects.contains(s));
+    let subjects = if covered {
+        &wants.subjects
+    } else {
+        &has.subjects
+    };
+    changes.compare(
+        "subjects",
+        subjects.join(","),
+        wants.subjects.join(","),
+        false,
+    );
+    let window = (debug(&has.duplicate_window), debug(&wants.duplicate_window));
+    changes.compare("duplicate_window", window.0, window.1, false);
+    let replicas = (has.num_replicas.to_string(), wants.num_replicas.to_string());
+    changes.compare("num_replicas", replicas.0, replicas.1, false);
+    // No limit: every event is kept until it is deleted by hand.
+    for (setting, limit) in [
+        ("max_age (ns)", has.max_age.as_nanos() as i64),
+        ("max_msgs", has.max_messages),
+        ("max_bytes", has.max_bytes),
+        ("max_msgs_per_subject", has.max_messages_per_subject),
+    ] {
+        let has = if limit > 0 {
+            limit.to_string()
         } else {
-            &has.subjects
+            "none".into()
         };
-        differ(
-            "subjects",
-            subjects.join(","),
-            wants.subjects.join(","),
-            false,
-        );
-        differ(
-            "duplicate_window",
-            format!("{:?}", has.duplicate_window),
-            format!("{:?}", wants.duplicate_window),
-            false,
-        );
-        differ(
-            "num_replicas",
-            has.num_replicas.to_string(),
-            wants.num_replicas.to_string(),
-            false,
-        );
-        // No limit: every event is kept until it is deleted by hand.
-        let age = has.max_age.as_nanos() as i64;
-        for (setting, limit) in [
-            ("max_age (ns)", age),
-            ("max_msgs", has.max_messages),
-            ("max_bytes", has.max_bytes),
-            ("max_msgs_per_subject", has.max_messages_per_subject),
-        ] {
-            let has = if limit > 0 {
-                limit.to_string()
-            } else {
-                "none".into()
-            };
-            differ(setting, has, "none".into(), false);
-        }
-        Changes(changes)
+        changes.compare(setting, has, "none".into(), false);
     }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// An error naming each setting JetStream cannot change, if any.
-    fn refuse_fixed(&self, what: &str) -> anyhow::Result<()> {
-        let fixed: Vec<String> = (self.0.iter().filter(|c| c.fixed))
-            .map(|c| {
-                format!(
-                    "{} is {} but the configuration wants {}",
-                    c.setting, c.has, c.wants
-                )
-            })
-            .collect();
-        anyhow::ensure!(
-            fixed.is_empty(),
-            "{what} was made with settings JetStream cannot change: {}; set NATS_STREAM to \
-             another stream, or delete this one, then rewind the relay (docs/broker.md)",
-            fixed.join("; ")
-        );
-        Ok(())
-    }
-
-    /// The existing settings with the configuration's put in: the subjects
-    /// added, the rest replaced.
-    fn apply(&self, mut has: stream::Config, wants: &stream::Config) -> stream::Config {
-        for subject in &wants.subjects {
-            if !has.subjects.contains(subject) {
-                has.subjects.push(subject.clone());
-            }
-        }
-        has.duplicate_window = wants.duplicate_window;
-        has.num_replicas = wants.num_replicas;
-        has.max_age = Duration::ZERO;
-        (
-            has.max_messages,
-            has.max_bytes,
-            has.max_messages_per_subject,
-        ) = (-1, -1, -1);
-        has
-    }
+    changes
 }
 
-impl std::fmt::Display for Changes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let each: Vec<String> = (self.0.iter())
-            .map(|c| format!("{}: {} -> {}", c.setting, c.has, c.wants))
-            .collect();
-        f.write_str(&each.join(", "))
+/// The existing settings with the wanted ones put in: the subjects added,
+/// the window and replicas replaced, the limits lifted; the rest (what an
+/// operator tuned that the configuration does not decide) kept.
+fn updated(mut has: stream::Config, wants: &stream::Config) -> stream::Config {
+    for subject in &wants.subjects {
+        if !has.subjects.contains(subject) {
+            has.subjects.push(subject.clone());
+        }
     }
+    has.duplicate_window = wants.duplicate_window;
+    has.num_replicas = wants.num_replicas;
+    has.max_age = Duration::ZERO;
+    (
+        has.max_messages,
+        has.max_bytes,
+        has.max_messages_per_subject,
+    ) = (-1, -1, -1);
+    has
 }
 
 /// The subject of one event: `<prefix>.<merchant id>.<event type>`, so a

@@ -11,6 +11,7 @@ use std::fmt;
 
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, FromConsumer, pull};
 
+use crate::broker::settings::Changes;
 use crate::config::Broker;
 
 /// The settings the durable consumer `name` must have: every message of the
@@ -30,62 +31,36 @@ pub fn wanted(config: &Broker, name: &str) -> pull::Config {
     }
 }
 
-/// A setting of the durable consumer that is not the configuration's.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Difference {
-    pub setting: &'static str,
-    pub held: String,
-    pub wanted: String,
-    /// Whether JetStream lets an update change it.
-    pub updatable: bool,
-}
-
 /// Each setting of `held` that differs from `wanted`.
-pub fn differences(held: &consumer::Config, wanted: &pull::Config) -> Vec<Difference> {
+pub fn changes(held: &consumer::Config, wanted: &pull::Config) -> Changes {
     let debug = |value: &dyn fmt::Debug| format!("{value:?}");
-    let fixed = [
-        (
-            "ack_policy",
-            debug(&held.ack_policy),
-            debug(&wanted.ack_policy),
-        ),
-        (
-            "deliver_policy",
-            debug(&held.deliver_policy),
-            debug(&wanted.deliver_policy),
-        ),
-        (
-            "replay_policy",
-            debug(&held.replay_policy),
-            debug(&wanted.replay_policy),
-        ),
-    ];
-    let updatable = [
-        ("ack_wait", debug(&held.ack_wait), debug(&wanted.ack_wait)),
-        (
-            "max_deliver",
-            debug(&held.max_deliver),
-            debug(&wanted.max_deliver),
-        ),
-        (
-            "filter_subject",
-            debug(&held.filter_subject),
-            debug(&wanted.filter_subject),
-        ),
-        ("backoff", debug(&held.backoff), debug(&wanted.backoff)),
-    ];
-    let fixed = fixed.into_iter().map(|setting| (setting, false));
-    let updatable = updatable.into_iter().map(|setting| (setting, true));
-    fixed
-        .chain(updatable)
-        .filter(|((_, held, wanted), _)| held != wanted)
-        .map(|((setting, held, wanted), updatable)| Difference {
-            setting,
-            held,
-            wanted,
-            updatable,
-        })
-        .collect()
+    let mut changes = Changes::default();
+    let mut compare = |setting, held: &dyn fmt::Debug, wanted: &dyn fmt::Debug, fixed| {
+        changes.compare(setting, debug(held), debug(wanted), fixed);
+    };
+    compare("ack_policy", &held.ack_policy, &wanted.ack_policy, true);
+    compare(
+        "deliver_policy",
+        &held.deliver_policy,
+        &wanted.deliver_policy,
+        true,
+    );
+    compare(
+        "replay_policy",
+        &held.replay_policy,
+        &wanted.replay_policy,
+        true,
+    );
+    compare("ack_wait", &held.ack_wait, &wanted.ack_wait, false);
+    compare("max_deliver", &held.max_deliver, &wanted.max_deliver, false);
+    compare(
+        "filter_subject",
+        &held.filter_subject,
+        &wanted.filter_subject,
+        false,
+    );
+    compare("backoff", &held.backoff, &wanted.backoff, false);
+    changes
 }
 
 /// `held` with its updatable settings set to `wanted`'s; the rest (what an
@@ -98,45 +73,4 @@ pub fn updated(held: &consumer::Config, wanted: &pull::Config) -> anyhow::Result
     config.backoff = wanted.backoff.clone();
     pull::Config::try_from_consumer_config(config)
         .map_err(|e| anyhow::anyhow!("the durable consumer's settings: {e}"))
-}
-
-/// The durable consumer holds settings JetStream cannot change, and the
-/// configuration asks for others: the ledger does not start.
-#[derive(Debug, thiserror::Error)]
-pub struct Refused {
-    pub consumer: String,
-    pub stream: String,
-    pub differences: Vec<Difference>,
-}
-
-impl fmt::Display for Refused {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "the durable consumer {} of the stream {} has settings JetStream cannot change:",
-            self.consumer, self.stream
-        )?;
-        for d in &self.differences {
-            write!(
-                f,
-                " {} is {}, the configuration asks {};",
-                d.setting, d.held, d.wanted
-            )?;
-        }
-        write!(
-            f,
-            " delete it (nats consumer rm {} {}) and it is made again: a new one reads the stream \
-             from its start, and the inbox skips every event already applied",
-            self.stream, self.consumer
-        )
-    }
-}
-
-/// Says in a line what a difference is, for the log of an update.
-pub fn describe(differences: &[Difference]) -> String {
-    differences
-        .iter()
-        .map(|d| format!("{} {} -> {}", d.setting, d.held, d.wanted))
-        .collect::<Vec<_>>()
-        .join(", ")
 }

@@ -41,6 +41,7 @@ pub use book::{Booking, Difference, apply, book, check};
 pub use message::{Delivery, Event};
 pub use parked::{Parked, Reason};
 
+use super::settings::Refused;
 use crate::config::{Broker, BrokerFault};
 
 /// The consumer's name when none is given: the durable consumer's, and its
@@ -79,7 +80,7 @@ impl Outcome {
 
 /// The durable consumer `name` on the stream: made when missing, and
 /// updated where its settings differ from the configuration's and JetStream
-/// lets them change; a [`durable::Refused`] error names each setting that
+/// lets them change; a [`Refused`] error names each setting that
 /// differs and cannot.
 pub async fn consumer(config: &Broker, name: &str) -> anyhow::Result<PullConsumer> {
     let js = super::connect(config).await?;
@@ -89,25 +90,19 @@ pub async fn consumer(config: &Broker, name: &str) -> anyhow::Result<PullConsume
         .get_or_create_consumer(name, wanted.clone())
         .await
         .with_context(|| format!("the durable consumer {name} (it must be a pull consumer)"))?;
-    let differences = durable::differences(&found.cached_info().config, &wanted);
-    if differences.is_empty() {
+    let changes = durable::changes(&found.cached_info().config, &wanted);
+    if changes.is_empty() {
         return Ok(found);
     }
-    let fixed: Vec<_> = differences
-        .iter()
-        .filter(|d| !d.updatable)
-        .cloned()
-        .collect();
-    if !fixed.is_empty() {
-        let refused = durable::Refused {
-            consumer: name.to_owned(),
-            stream: config.stream.clone(),
-            differences: fixed,
-        };
-        return Err(refused.into());
-    }
+    changes.refuse_fixed(
+        format!(
+            "the durable consumer {name} of the stream {}",
+            config.stream
+        ),
+        "delete it (nats consumer rm <stream> <consumer>) and it is made again: a new one reads \
+         the stream from its start, and the inbox skips every event already applied",
+    )?;
     let update = durable::updated(&found.cached_info().config, &wanted)?;
-    let changes = durable::describe(&differences);
     let updated = stream.create_consumer(update).await.with_context(|| {
         format!("JetStream refused to update the durable consumer {name}: {changes}")
     })?;
@@ -132,7 +127,7 @@ pub async fn run(
             consumed = consume(&pool, &config, &name) => consumed,
         };
         let Err(error) = consumed;
-        if error.is::<durable::Refused>() {
+        if error.is::<Refused>() {
             return Err(error);
         }
         tracing::warn!(consumer = %name, error = format!("{error:#}"), "the consumer stopped; it starts over");
