@@ -103,6 +103,7 @@ impl Watch {
         config: &Broker,
     ) -> anyhow::Result<()> {
         consumers(js, config).await?;
+        parked(conn, config).await?;
         let backlog = backlog(conn, &config.stream).await?;
         let age = |at: Option<DateTime<Utc>>| {
             at.map_or(0.0, |at| (Utc::now() - at).as_seconds_f64().max(0.0))
@@ -152,6 +153,28 @@ pub async fn consumers(js: &jetstream::Context, config: &Broker) -> anyhow::Resu
         metrics::gauge!("broker_consumer_pending_messages", &labels).set(info.num_pending as f64);
         metrics::gauge!("broker_consumer_ack_pending_messages", &labels)
             .set(info.num_ack_pending as f64);
+    }
+    Ok(())
+}
+
+/// Sets `broker_parked_messages` from the dead-letter table: the messages
+/// each consumer of the stream parked, by reason.
+async fn parked(conn: &mut PgConnection, config: &Broker) -> anyhow::Result<()> {
+    let counts = sqlx::query!(
+        r#"SELECT consumer, reason, count(*) AS "count!"
+             FROM consumer_dead_letters WHERE stream = $1
+            GROUP BY consumer, reason"#,
+        config.stream
+    )
+    .fetch_all(conn)
+    .await?;
+    for row in counts {
+        let labels = [
+            ("stream", config.stream.clone()),
+            ("consumer", row.consumer),
+            ("reason", row.reason),
+        ];
+        metrics::gauge!("broker_parked_messages", &labels).set(row.count as f64);
     }
     Ok(())
 }

@@ -18,7 +18,7 @@
 //! | `db_primary_known` (1 while a writable host is known), `db_primary_retargets_total`, with several database hosts only | `pool`: `oncepay`, `oncepay-processor`; see `pg_follow::follow` |
 //! | `broker_consumer_messages_total` (each message the ledger consumer handled, in the process that ran it) | `consumer`, `outcome`: `booked`, `ignored`, `duplicate`, `parked`; see `crate::broker::ledger` |
 //! | `webhook_attempts_total` (`result`), `webhook_attempt_duration_seconds`, `webhook_deliveries_total` (`outcome`, `reason`), `webhook_oldest_pending_event_age_seconds`, `webhook_endpoints_disabled_total`, `webhook_leases_lost_total` | see `docs/webhooks.md` |
-//! | `broker_relay_lag_seconds`, `broker_relay_held_back_seconds`, `broker_relay_published_total`; `broker_consumer_pending_messages`, `broker_consumer_ack_pending_messages` (`consumer`) | `stream`; set by the relay holding the lock, see `crate::broker::watch` |
+//! | `broker_relay_lag_seconds`, `broker_relay_held_back_seconds`, `broker_relay_published_total`; `broker_consumer_pending_messages`, `broker_consumer_ack_pending_messages` (`consumer`), `broker_parked_messages` (`consumer`, `reason`) | `stream`; set by the relay holding the lock, see `crate::broker::watch` |
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;

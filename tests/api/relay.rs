@@ -200,7 +200,7 @@ async fn a_batch_published_across_a_rewind_is_not_recorded_over_it() {
 }
 
 #[tokio::test]
-async fn the_relays_lag_and_each_consumers_pending_messages_are_in_the_metrics() {
+async fn the_relays_lag_and_each_consumers_pending_and_parked_messages_are_in_the_metrics() {
     let app = spawn_app().await;
     for _ in 0..2 {
         app.paid_charge(1000).await;
@@ -213,10 +213,24 @@ async fn the_relays_lag_and_each_consumers_pending_messages_are_in_the_metrics()
     };
     let stream = js.get_stream(&config.stream).await.unwrap();
     stream.create_consumer(durable).await.unwrap();
+    // A message the consumer parked (as the ledger writes one).
+    sqlx::query(
+        "INSERT INTO consumer_dead_letters (consumer, reason, detail, stream, stream_sequence,
+                                            subject, deliveries, payload_bytes, payload_prefix)
+         VALUES ('probe', 'malformed', 'not JSON', $1, 1, 'x', 1, 3, 'abc')",
+    )
+    .bind(&config.stream)
+    .execute(&app.pool)
+    .await
+    .unwrap();
     let stop = CancellationToken::new();
     let relay = tokio::spawn(relay::run(app.pool.clone(), config.clone(), stop.clone()));
 
     let events = app.events().await;
+    let parked = format!(
+        "broker_parked_messages{{stream=\"{}\",consumer=\"probe\",reason=\"malformed\"}} 1",
+        config.stream
+    );
     let pending = format!(
         "broker_consumer_pending_messages{{stream=\"{}\",consumer=\"probe\"}} {events}",
         config.stream
@@ -225,7 +239,9 @@ async fn the_relays_lag_and_each_consumers_pending_messages_are_in_the_metrics()
     until(Duration::from_secs(20), "the gauges scraped", || async {
         let scrape = app.client.get(app.url("/metrics")).send().await.unwrap();
         let scrape = scrape.text().await.unwrap();
-        scrape.lines().any(|l| l == pending) && scrape.lines().any(|l| l == lag)
+        [&pending, &lag, &parked]
+            .iter()
+            .all(|wanted| scrape.lines().any(|l| l == wanted.as_str()))
     })
     .await;
     stop.cancel();
