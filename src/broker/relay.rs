@@ -33,6 +33,7 @@ use sqlx::{Connection as _, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::settings::Refused;
 use super::watch;
 use crate::config::{Broker, BrokerFault};
 use crate::events::{Event, EventType};
@@ -43,6 +44,9 @@ use crate::events::{Event, EventType};
 /// before any ack is awaited would wait forever, holding the relay's lock.
 pub const ACKS_IN_FLIGHT: usize = 1_000;
 
+/// How long a relay refused its stream waits before it looks again.
+pub const REFUSED_RETRY: Duration = Duration::from_secs(30);
+
 /// A position in the outbox: the last event published, in (txid, seq).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Position {
@@ -51,22 +55,35 @@ pub struct Position {
 }
 
 /// Runs the relay until `stop`: takes the lock when free, publishes while
-/// it holds it, and starts over after an error (NATS or Postgres away).
+/// it holds it, and starts over after an error (NATS or Postgres away) a
+/// second later. A stream JetStream cannot bring to the configuration
+/// ([`Refused`]) is an error logged as one, tried again every
+/// [`REFUSED_RETRY`], so that fixing the stream is enough; the API it runs
+/// beside serves on.
 pub async fn run(pool: PgPool, config: Broker, stop: CancellationToken) {
     loop {
         let led = tokio::select! {
             () = stop.cancelled() => return,
             led = lead(&pool, &config) => led,
         };
-        if let Err(e) = led {
-            tracing::warn!(
+        let mut pause = config.poll_interval.max(Duration::from_secs(1));
+        match led {
+            Err(e) if e.is::<Refused>() => {
+                tracing::error!(
+                    error = format!("{e:#}"),
+                    "the relay cannot publish to this stream"
+                );
+                pause = REFUSED_RETRY;
+            }
+            Err(e) => tracing::warn!(
                 error = format!("{e:#}"),
                 "the relay stopped publishing; it tries again"
-            );
+            ),
+            Ok(()) => {}
         }
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(config.poll_interval.max(Duration::from_secs(1))) => {}
+            () = tokio::time::sleep(pause) => {}
         }
     }
 }
