@@ -1066,3 +1066,45 @@ async fn poison_messages_are_parked_after_their_deliveries_and_each_real_event_i
     assert!(deliveries.iter().all(|&d| d >= 3), "{deliveries:?}");
     js.delete_stream(&broker.stream).await.unwrap();
 }
+
+#[tokio::test]
+async fn an_old_transaction_holding_events_back_is_named_in_the_relays_log() {
+    let db = Database::create().await;
+    let server = api(&db).await;
+    let broker = Broker::on(&nats_url());
+    let env = with(broker.env(), &[("RELAY_STALL_WARNING", "1s")]);
+    let relay = Worker::start(&["relay"], &db.url, &env);
+    // A transaction that took an id and stays open, as a forgotten session
+    // does; every event committed after it is held back.
+    let pool = db.pool().await;
+    let mut holder = pool.begin().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    charges(&server, 1).await;
+    let named = format!("pid={pid}");
+    let deadline = Instant::now() + SLACK * 10;
+    loop {
+        let log = std::fs::read_to_string(&relay.log).unwrap_or_default();
+        if log
+            .lines()
+            .any(|l| l.contains("events are held back") && l.contains(&named))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no warning naming {named}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    holder.rollback().await.unwrap();
+    broker
+        .js()
+        .await
+        .delete_stream(&broker.stream)
+        .await
+        .unwrap();
+}
