@@ -16,6 +16,7 @@ pub mod settings;
 pub mod watch;
 
 use anyhow::Context as _;
+use std::fmt::Debug;
 use std::time::Duration;
 
 use async_nats::jetstream::context::{GetStreamError, GetStreamErrorKind};
@@ -97,49 +98,46 @@ fn missing(e: &GetStreamError) -> bool {
 
 /// Each setting of the stream the relay relies on, against the wanted.
 fn stream_changes(has: &stream::Config, wants: &stream::Config) -> Changes {
+    let (h, w) = (has, wants);
     let mut changes = Changes::default();
-    let debug = |value: &dyn std::fmt::Debug| format!("{value:?}");
-    changes.compare("storage", debug(&has.storage), debug(&wants.storage), true);
-    changes.compare(
-        "retention",
-        debug(&has.retention),
-        debug(&wants.retention),
-        true,
-    );
-    let covered = has.subjects.iter().any(|s| wants.subjects.contains(s));
-    let subjects = if covered {
-        &wants.subjects
-    } else {
-        &has.subjects
+    let mut compare = |setting, has: &dyn Debug, wants: &dyn Debug, fixed| {
+        changes.compare(setting, format!("{has:?}"), format!("{wants:?}"), fixed);
     };
-    changes.compare(
-        "subjects",
-        subjects.join(","),
-        wants.subjects.join(","),
+    // What the relay cannot publish through: a stream on other storage or
+    // retention, one that takes no publish acks, sealed, or a copy of others.
+    compare("storage", &h.storage, &w.storage, true);
+    compare("retention", &h.retention, &w.retention, true);
+    compare("no_ack", &h.no_ack, &false, true);
+    compare("sealed", &h.sealed, &false, true);
+    compare("mirror", &h.mirror.is_some(), &false, true);
+    let sourced = h.sources.as_ref().is_some_and(|s| !s.is_empty());
+    compare("sources", &sourced, &false, true);
+    let covered = h.subjects.iter().any(|s| w.subjects.contains(s));
+    let subjects = if covered { &w.subjects } else { &h.subjects };
+    compare("subjects", subjects, &w.subjects, false);
+    compare(
+        "duplicate_window",
+        &h.duplicate_window,
+        &w.duplicate_window,
         false,
     );
-    let window = (debug(&has.duplicate_window), debug(&wants.duplicate_window));
-    changes.compare("duplicate_window", window.0, window.1, false);
-    let replicas = (has.num_replicas.to_string(), wants.num_replicas.to_string());
-    changes.compare("num_replicas", replicas.0, replicas.1, false);
+    compare("num_replicas", &h.num_replicas, &w.num_replicas, false);
     // No limit: every event is kept until it is deleted by hand.
     for (setting, limit) in [
-        ("max_age (ns)", has.max_age.as_nanos() as i64),
-        ("max_msgs", has.max_messages),
-        ("max_bytes", has.max_bytes),
-        ("max_msgs_per_subject", has.max_messages_per_subject),
+        ("max_age (ns)", h.max_age.as_nanos() as i64),
+        ("max_msgs", h.max_messages),
+        ("max_bytes", h.max_bytes),
+        ("max_msgs_per_subject", h.max_messages_per_subject),
+        ("max_msg_size", i64::from(h.max_message_size)),
     ] {
-        let has = if limit > 0 {
-            limit.to_string()
-        } else {
-            "none".into()
-        };
-        changes.compare(setting, has, "none".into(), false);
+        let limit = (limit > 0).then_some(limit);
+        compare(setting, &limit, &None::<i64>, false);
     }
     changes
 }
 
-/// The existing settings with the wanted ones put in: the subjects added,
+/// The existing settings with the wanted ones put in ([`stream_changes`]
+/// names them): the subjects added,
 /// the window and replicas replaced, the limits lifted; the rest (what an
 /// operator tuned that the configuration does not decide) kept.
 fn updated(mut has: stream::Config, wants: &stream::Config) -> stream::Config {

@@ -66,6 +66,7 @@ pub async fn run(pool: PgPool, config: Broker, stop: CancellationToken) {
             () = stop.cancelled() => return,
             led = lead(&pool, &config) => led,
         };
+        watch::forget(&config);
         let mut pause = config.poll_interval.max(Duration::from_secs(1));
         match led {
             Err(e) if e.is::<Refused>() => {

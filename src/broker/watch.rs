@@ -30,29 +30,49 @@ use crate::config::Broker;
 /// The relay's backlog at one moment.
 #[derive(Debug, Default)]
 pub struct Backlog {
-    /// When the oldest event not yet published was written.
+    /// When the first event not yet published was written.
     pub oldest: Option<DateTime<Utc>>,
-    /// When the oldest event that is committed but held back was written:
+    /// When the first event that is committed but held back was written:
     /// an older transaction still runs.
     pub held_back: Option<DateTime<Utc>>,
 }
 
-/// The backlog of the relay of `stream`.
+/// The backlog of the relay of `stream`: two reads of one row each in the
+/// outbox's order. An error when an event or the relay's position lies
+/// beyond the transaction ids this server hands out (copied in from
+/// another server after it chose its offset; `event_txid_offset()` says
+/// what to do), since new events would sort before them unseen.
 pub async fn backlog(conn: &mut PgConnection, stream: &str) -> anyhow::Result<Backlog> {
     let from = relay::position(conn, stream).await?;
-    let backlog = sqlx::query_as!(
-        Backlog,
-        r#"SELECT min(created_at) AS oldest,
-                  min(created_at) FILTER (
-                      WHERE txid >= pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-                                    + (SELECT event_txid_offset())) AS held_back
-             FROM events WHERE (txid, seq) > ($1, $2)"#,
+    let row = sqlx::query!(
+        r#"WITH bound AS (
+               SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint + o.n AS horizon,
+                      pg_snapshot_xmax(pg_current_snapshot())::text::bigint + o.n AS next_id
+                 FROM (SELECT event_txid_offset() AS n) o)
+           SELECT (SELECT created_at FROM events WHERE (txid, seq) > ($1, $2)
+                    ORDER BY txid, seq LIMIT 1) AS oldest,
+                  (SELECT created_at FROM events WHERE (txid, seq) > ($1, $2)
+                      AND txid >= (SELECT horizon FROM bound)
+                    ORDER BY txid, seq LIMIT 1) AS held_back,
+                  greatest((SELECT max(txid) FROM events), $1) AS "highest!",
+                  (SELECT next_id FROM bound) AS "next_id!""#,
         from.txid,
         from.seq,
     )
     .fetch_one(conn)
     .await?;
-    Ok(backlog)
+    anyhow::ensure!(
+        row.highest < row.next_id,
+        "the outbox or the relay's position holds transaction id {}, beyond the {} this server \
+         hands out next: it was copied in from another server after this one chose its offset \
+         (docs/broker.md#a-new-postgres-server)",
+        row.highest,
+        row.next_id
+    );
+    Ok(Backlog {
+        oldest: row.oldest,
+        held_back: row.held_back,
+    })
 }
 
 /// The session whose transaction holds publishing back: the one holding
@@ -89,6 +109,8 @@ pub async fn blocker(conn: &mut PgConnection) -> anyhow::Result<Option<Blocker>>
 #[derive(Debug, Default)]
 pub struct Watch {
     warned: Option<tokio::time::Instant>,
+    /// The (consumer, reason) pairs of parked messages seen so far.
+    parked: HashSet<(String, String)>,
 }
 
 impl Watch {
@@ -102,8 +124,15 @@ impl Watch {
         js: &jetstream::Context,
         config: &Broker,
     ) -> anyhow::Result<()> {
-        consumers(js, config).await?;
-        parked(conn, config).await?;
+        // The broker's gauges are told, not relied on: a JetStream API call
+        // that times out during an election does not stop publishing.
+        if let Err(e) = consumers(js, config).await {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "the consumers' gauges were not read"
+            );
+        }
+        parked(conn, config, &mut self.parked).await?;
         let backlog = backlog(conn, &config.stream).await?;
         let age = |at: Option<DateTime<Utc>>| {
             at.map_or(0.0, |at| (Utc::now() - at).as_seconds_f64().max(0.0))
@@ -139,6 +168,14 @@ impl Watch {
     }
 }
 
+/// Sets the relay's gauges to 0 in a process that no longer holds its
+/// lock: the relay that does reports the lag now.
+pub fn forget(config: &Broker) {
+    let stream = config.stream.clone();
+    metrics::gauge!("broker_relay_lag_seconds", "stream" => stream.clone()).set(0.0);
+    metrics::gauge!("broker_relay_held_back_seconds", "stream" => stream).set(0.0);
+}
+
 /// Sets each durable consumer's gauges from what the stream knows of it:
 /// its messages not yet delivered, and delivered but not yet acknowledged.
 pub async fn consumers(js: &jetstream::Context, config: &Broker) -> anyhow::Result<()> {
@@ -158,8 +195,13 @@ pub async fn consumers(js: &jetstream::Context, config: &Broker) -> anyhow::Resu
 }
 
 /// Sets `broker_parked_messages` from the dead-letter table: the messages
-/// each consumer of the stream parked, by reason.
-async fn parked(conn: &mut PgConnection, config: &Broker) -> anyhow::Result<()> {
+/// each consumer of the stream parked, by reason; 0 for a pair in `seen`
+/// whose rows were cleared since. `seen` becomes the pairs counted now.
+async fn parked(
+    conn: &mut PgConnection,
+    config: &Broker,
+    seen: &mut HashSet<(String, String)>,
+) -> anyhow::Result<()> {
     let counts = sqlx::query!(
         r#"SELECT consumer, reason, count(*) AS "count!"
              FROM consumer_dead_letters WHERE stream = $1
@@ -168,15 +210,26 @@ async fn parked(conn: &mut PgConnection, config: &Broker) -> anyhow::Result<()> 
     )
     .fetch_all(conn)
     .await?;
+    for (consumer, reason) in std::mem::take(seen) {
+        if !(counts.iter()).any(|c| c.consumer == consumer && c.reason == reason) {
+            parked_gauge(config, &consumer, &reason).set(0.0);
+        }
+    }
     for row in counts {
-        let labels = [
-            ("stream", config.stream.clone()),
-            ("consumer", row.consumer),
-            ("reason", row.reason),
-        ];
-        metrics::gauge!("broker_parked_messages", &labels).set(row.count as f64);
+        parked_gauge(config, &row.consumer, &row.reason).set(row.count as f64);
+        seen.insert((row.consumer, row.reason));
     }
     Ok(())
+}
+
+/// The gauge of the messages `consumer` parked for `reason`.
+fn parked_gauge(config: &Broker, consumer: &str, reason: &str) -> metrics::Gauge {
+    let labels = [
+        ("stream", config.stream.clone()),
+        ("consumer", consumer.to_owned()),
+        ("reason", reason.to_owned()),
+    ];
+    metrics::gauge!("broker_parked_messages", &labels)
 }
 
 /// How often the relay looks at its backlog and the consumers.
@@ -211,19 +264,21 @@ pub struct Missing {
     pub count: usize,
     /// The first of them in the outbox's order: where to rewind to.
     pub first: Option<String>,
-    /// How many messages the stream holds.
+    /// How many distinct message ids the stream holds.
     pub stream_messages: u64,
 }
 
 /// Compares the stream's message ids with the events up to the relay's
-/// position: each should be there once.
+/// position, each of which should be there. The position is read first: an
+/// event a running relay publishes meanwhile is then in the stream, never
+/// counted as lost.
 pub async fn missing(
     conn: &mut PgConnection,
     js: &jetstream::Context,
     config: &Broker,
 ) -> anyhow::Result<Missing> {
-    let held = stream_ids(js, config).await?;
     let up_to = relay::position(conn, &config.stream).await?;
+    let held = stream_ids(js, config).await?;
     let passed = sqlx::query!(
         "SELECT id FROM events WHERE (txid, seq) <= ($1, $2) ORDER BY txid, seq",
         up_to.txid,
@@ -275,7 +330,8 @@ async fn stream_ids(js: &jetstream::Context, config: &Broker) -> anyhow::Result<
 }
 
 /// Moves the relay's position of `stream` back to just before the event
-/// `event_id`, so the relay publishes it and every event after it again. A
+/// `event_id`, so the relay publishes it and every event after it again;
+/// an error, changing nothing, when the relay has not published it yet. A
 /// relay in the middle of a batch then fails to record it (its position
 /// moved under it) and starts over from here.
 pub async fn rewind(
@@ -295,15 +351,19 @@ pub async fn rewind(
         txid: event.txid,
         seq: event.seq - 1,
     };
-    sqlx::query!(
-        "INSERT INTO relay_positions (stream, txid, seq) VALUES ($1, $2, $3)
-         ON CONFLICT (stream) DO UPDATE SET txid = excluded.txid, seq = excluded.seq,
-                                            updated_at = now()",
+    let moved = sqlx::query!(
+        "UPDATE relay_positions SET txid = $2, seq = $3, updated_at = now()
+          WHERE stream = $1 AND (txid, seq) > ($2, $3)",
         stream,
         before.txid,
         before.seq,
     )
     .execute(conn)
-    .await?;
+    .await?
+    .rows_affected();
+    anyhow::ensure!(
+        moved == 1,
+        "the relay of {stream} has not published {event_id} yet: a rewind only moves back"
+    );
     Ok(before)
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{consumer, stream};
 use oncepay::broker::{self, relay, watch};
+use sqlx::Connection as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{js, publish_visible, relay_all, relay_session, settings, stream_messages};
@@ -46,7 +47,7 @@ async fn a_batch_larger_than_the_clients_ack_limit_is_published_whole() {
 }
 
 #[tokio::test]
-async fn a_stream_made_beforehand_takes_the_configured_window_and_keeps_every_event() {
+async fn a_stream_made_beforehand_takes_the_configured_window_and_no_limit() {
     let app = spawn_app().await;
     let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
     let js = oncepay::broker::connect(&config).await.unwrap();
@@ -247,4 +248,75 @@ async fn the_relays_lag_and_each_consumers_pending_and_parked_messages_are_in_th
     stop.cancel();
     relay.await.unwrap();
     js.delete_stream(&config.stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_rewind_past_what_was_published_is_refused_and_changes_nothing() {
+    let app = spawn_app().await;
+    app.paid_charge(1000).await;
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
+    let js = js(&config).await;
+    let mut conn = relay_session(&app, &config).await;
+    relay_all(&mut conn, &js, &config).await;
+    let published = relay::position(&mut conn, &config.stream).await.unwrap();
+    app.paid_charge(1000).await;
+    let newest: String = sqlx::query_scalar("SELECT id FROM events ORDER BY txid DESC, seq DESC")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+
+    let refused = watch::rewind(&mut conn, &config.stream, &newest).await;
+    assert!(refused.is_err(), "a rewind forward would skip events");
+    assert_eq!(
+        relay::position(&mut conn, &config.stream).await.unwrap(),
+        published
+    );
+    js.delete_stream(&config.stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn events_copied_in_after_the_offset_was_chosen_are_an_error_until_it_is_chosen_again() {
+    let app = spawn_app().await;
+    // An event copied in from a busy server after this one chose its
+    // offset (the migrations ran on an empty database first).
+    let copied: i64 = sqlx::query_scalar(
+        "INSERT INTO events (id, merchant_id, type, object_id, data, txid)
+         VALUES ('evt_' || lpad('1', 24, '0'), $1, 'charge.updated', 'ch_copied', '{}',
+                 pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 1000000)
+         RETURNING txid",
+    )
+    .bind(app.merchant_id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let fresh = || async {
+        sqlx::PgConnection::connect_with(&app.pool.connect_options())
+            .await
+            .unwrap()
+    };
+
+    let refused = sqlx::query_scalar::<_, i64>("SELECT event_txid_offset()")
+        .fetch_one(&mut fresh().await)
+        .await
+        .expect_err("a new event would sort before the copied one");
+    assert!(format!("{refused}").contains("copied in"), "{refused}");
+    let config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
+    let mut conn = relay_session(&app, &config).await;
+    assert!(watch::backlog(&mut conn, &config.stream).await.is_err());
+
+    let mut session = fresh().await;
+    sqlx::query("SELECT event_txid_readopt()")
+        .execute(&mut session)
+        .await
+        .unwrap();
+    let next: i64 = sqlx::query_scalar(
+        "INSERT INTO events (id, merchant_id, type, object_id, data)
+         VALUES ('evt_' || lpad('2', 24, '0'), $1, 'charge.updated', 'ch_new', '{}')
+         RETURNING txid",
+    )
+    .bind(app.merchant_id)
+    .fetch_one(&mut session)
+    .await
+    .unwrap();
+    assert!(next > copied, "a new event sorts after the copied one");
 }

@@ -33,33 +33,24 @@ pub fn wanted(config: &Broker, name: &str) -> pull::Config {
 
 /// Each setting of `held` that differs from `wanted`.
 pub fn changes(held: &consumer::Config, wanted: &pull::Config) -> Changes {
-    let debug = |value: &dyn fmt::Debug| format!("{value:?}");
+    let (h, w) = (held, wanted);
     let mut changes = Changes::default();
     let mut compare = |setting, held: &dyn fmt::Debug, wanted: &dyn fmt::Debug, fixed| {
-        changes.compare(setting, debug(held), debug(wanted), fixed);
+        changes.compare(setting, format!("{held:?}"), format!("{wanted:?}"), fixed);
     };
-    compare("ack_policy", &held.ack_policy, &wanted.ack_policy, true);
-    compare(
-        "deliver_policy",
-        &held.deliver_policy,
-        &wanted.deliver_policy,
-        true,
-    );
-    compare(
-        "replay_policy",
-        &held.replay_policy,
-        &wanted.replay_policy,
-        true,
-    );
-    compare("ack_wait", &held.ack_wait, &wanted.ack_wait, false);
-    compare("max_deliver", &held.max_deliver, &wanted.max_deliver, false);
+    compare("ack_policy", &h.ack_policy, &w.ack_policy, true);
+    compare("deliver_policy", &h.deliver_policy, &w.deliver_policy, true);
+    compare("replay_policy", &h.replay_policy, &w.replay_policy, true);
+    compare("headers_only", &h.headers_only, &w.headers_only, true);
+    compare("ack_wait", &h.ack_wait, &w.ack_wait, false);
+    compare("max_deliver", &h.max_deliver, &w.max_deliver, false);
     compare(
         "filter_subject",
-        &held.filter_subject,
-        &wanted.filter_subject,
+        &h.filter_subject,
+        &w.filter_subject,
         false,
     );
-    compare("backoff", &held.backoff, &wanted.backoff, false);
+    compare("backoff", &h.backoff, &w.backoff, false);
     changes
 }
 

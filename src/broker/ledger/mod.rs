@@ -161,7 +161,8 @@ async fn consume(
 /// Applies or parks one message and acknowledges it (terminates it, when
 /// parked). A message whose transaction failed is given back to come again
 /// after [`RETRY_DELAY`], or parked as `apply_failed` on its
-/// `CONSUMER_MAX_DELIVER`th delivery; an error when the database is away,
+/// `CONSUMER_MAX_DELIVER`th delivery unless the failure was the database's
+/// ([`transient`]); an error when the database is away,
 /// so the caller starts over once it answers.
 async fn handle(
     pool: &PgPool,
@@ -172,7 +173,7 @@ async fn handle(
     let delivery = Delivery::of(message)?;
     let outcome = match receive(pool, config, name, &delivery).await {
         Ok(outcome) => outcome,
-        Err(error) if delivery.deliveries >= config.max_deliver => {
+        Err(error) if delivery.deliveries >= config.max_deliver && !transient(&error) => {
             let parked = Parked::new(Reason::ApplyFailed, format!("{error:#}"));
             park(pool, name, &delivery, &parked).await?
         }
@@ -263,6 +264,28 @@ async fn acknowledge(message: &jetstream::Message, kind: AckKind) -> anyhow::Res
         .map_err(|e| anyhow::anyhow!("acknowledging a message: {e}"))
 }
 
+/// Whether `error` says the database was away or busy (a lost connection,
+/// a pool timeout, a serialization failure or deadlock, a shutdown), not
+/// that it refused this message: such a failure never parks a message,
+/// however often the broker has delivered it (restarts redeliver too).
+fn transient(error: &anyhow::Error) -> bool {
+    match error.downcast_ref::<sqlx::Error>() {
+        Some(sqlx::Error::Database(e)) => e.code().is_some_and(|code| {
+            ["08", "53", "57P", "40001", "40P01"]
+                .iter()
+                .any(|class| code.starts_with(class))
+        }),
+        Some(
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed,
+        ) => true,
+        _ => false,
+    }
+}
+
 /// An error unless the database answers a query.
 async fn database_answers(pool: &PgPool) -> anyhow::Result<()> {
     sqlx::query("SELECT 1")
@@ -270,4 +293,19 @@ async fn database_answers(pool: &PgPool) -> anyhow::Result<()> {
         .await
         .context("the database does not answer")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient;
+
+    #[test]
+    fn a_database_away_or_busy_never_counts_as_the_messages_own_failure() {
+        for away in [sqlx::Error::PoolTimedOut, sqlx::Error::PoolClosed] {
+            assert!(transient(&anyhow::Error::from(away).context("applying")));
+        }
+        let refused = sqlx::Error::Decode("a NUL byte in a text".into());
+        assert!(!transient(&refused.into()));
+        assert!(!transient(&anyhow::anyhow!("not a database error")));
+    }
 }
