@@ -35,6 +35,7 @@ impl Changes {
         }
     }
 
+    /// Whether the object is as the configuration wants it.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

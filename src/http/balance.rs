@@ -136,12 +136,9 @@ impl BalanceObject {
 }
 
 /// (currency, succeeded charges, succeeded refunds) per currency, summed
-/// from `balance_movements` (the money that moved, the rule written once in
-/// its migration: a charge made with `capture=false` counts what was
-/// captured, once captured; the release of one never captured counts on
-/// neither side; a pending refund not yet), in one statement, so both sums
-/// come from one snapshot. The ledger consumer's `--check` compares with
-/// the same view.
+/// from `balance_movements` (the money that moved: its migration writes the
+/// rule) in one statement, so both sums come from one snapshot. The ledger
+/// consumer's `--check` compares with the same view.
 async fn totals(
     db: impl PgExecutor<'_>,
     merchant_id: Uuid,

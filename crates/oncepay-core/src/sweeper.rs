@@ -103,28 +103,7 @@ impl Sweeper {
         // pass takes on no more once half of PROCESSING_TIMEOUT is spent.
         let recovering = Instant::now();
         let in_budget = || recovering.elapsed() < timeout / 2;
-        for mut lease in leases {
-            if !in_budget() {
-                // Not reached: given back, for whoever sweeps next.
-                report.leases_given_up += 1;
-                if let Err(e) = give_back(&self.pool, &lease, timeout).await {
-                    tracing::warn!(resource = ?lease.resource, error = format!("{e:#}"), "could not give a lease back");
-                }
-                continue;
-            }
-            // Renewed just before its work, so no one leases it meanwhile.
-            match keys::renew(&self.pool, &mut lease).await {
-                Ok(true) => {
-                    self.recover_one(&lease.resource, Some(&lease), &mut report)
-                        .await
-                }
-                Ok(false) => report.leases_given_up += 1,
-                Err(e) => {
-                    report.leases_given_up += 1;
-                    tracing::warn!(resource = ?lease.resource, error = format!("{e:#}"), "could not renew a lease");
-                }
-            }
-        }
+        self.work_through(leases, &in_budget, &mut report).await;
         for resource in keyless {
             if !in_budget() {
                 break;
@@ -155,24 +134,43 @@ impl Sweeper {
                 break;
             }
         }
-        metrics::counter!("sweeper_runs_total").increment(1);
-        for (outcome, n) in [
-            ("charge_succeeded", report.settled_succeeded),
-            ("charge_failed", report.settled_failed),
-            ("refund_succeeded", report.refunds_settled),
-            ("refund_failed", report.refunds_failed),
-            ("capture_succeeded", report.captures_settled),
-        ] {
-            metrics::counter!("sweeper_settled_total", "outcome" => outcome).increment(n);
-        }
-        metrics::counter!("sweeper_authorizations_expired_total")
-            .increment(report.authorizations_expired);
-        metrics::counter!("sweeper_keys_deleted_total").increment(report.keys_deleted);
-        metrics::counter!("sweeper_leased_total").increment(report.leased);
+        count(&report);
         if report != SweepReport::default() {
             tracing::info!(?report, "sweep pass");
         }
         Ok(report)
+    }
+
+    /// Works through the leased keys while `in_budget`: each lease renewed
+    /// just before its record is recovered, so no one leases it meanwhile;
+    /// one not reached is given back, for whoever sweeps next.
+    async fn work_through(
+        &self,
+        leases: Vec<keys::Lease>,
+        in_budget: &impl Fn() -> bool,
+        report: &mut SweepReport,
+    ) {
+        let timeout = self.settings.processing_timeout;
+        for mut lease in leases {
+            if !in_budget() {
+                report.leases_given_up += 1;
+                if let Err(e) = give_back(&self.pool, &lease, timeout).await {
+                    tracing::warn!(resource = ?lease.resource, error = format!("{e:#}"), "could not give a lease back");
+                }
+                continue;
+            }
+            match keys::renew(&self.pool, &mut lease).await {
+                Ok(true) => {
+                    self.recover_one(&lease.resource, Some(&lease), report)
+                        .await
+                }
+                Ok(false) => report.leases_given_up += 1,
+                Err(e) => {
+                    report.leases_given_up += 1;
+                    tracing::warn!(resource = ?lease.resource, error = format!("{e:#}"), "could not renew a lease");
+                }
+            }
+        }
     }
 
     /// Recovers one stale record, through the `lease` on its key if it has
@@ -265,4 +263,22 @@ async fn stale_unguarded(
             }
         })
         .collect())
+}
+
+/// Counts a pass in the sweeper's metrics.
+fn count(report: &SweepReport) {
+    metrics::counter!("sweeper_runs_total").increment(1);
+    for (outcome, n) in [
+        ("charge_succeeded", report.settled_succeeded),
+        ("charge_failed", report.settled_failed),
+        ("refund_succeeded", report.refunds_settled),
+        ("refund_failed", report.refunds_failed),
+        ("capture_succeeded", report.captures_settled),
+    ] {
+        metrics::counter!("sweeper_settled_total", "outcome" => outcome).increment(n);
+    }
+    metrics::counter!("sweeper_authorizations_expired_total")
+        .increment(report.authorizations_expired);
+    metrics::counter!("sweeper_keys_deleted_total").increment(report.keys_deleted);
+    metrics::counter!("sweeper_leased_total").increment(report.leased);
 }

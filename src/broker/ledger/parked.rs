@@ -60,6 +60,7 @@ pub struct Parked {
 }
 
 impl Parked {
+    /// A message parked for `reason`, `detail` saying what disagreed or failed.
     pub fn new(reason: Reason, detail: impl Into<String>) -> Self {
         Parked {
             reason,
