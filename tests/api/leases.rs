@@ -95,6 +95,33 @@ async fn stale_refunds(app: &TestApp, charge: &str, n: usize) {
     }
 }
 
+#[tokio::test]
+async fn leases_a_sweep_pass_did_not_reach_are_given_back_stale_at_once() {
+    let app = spawn_app_with(Settings::new().set("PROCESSING_TIMEOUT", "1s")).await;
+    let charge = app.paid_charge(3000).await;
+    stale_refunds(&app, &charge, 4).await;
+    // Each refund takes 0.7 s and a pass takes on none past half the
+    // timeout: it reaches one.
+    let processor = Arc::new(SlowRefunds {
+        inner: app.working_processor.clone(),
+        delay: Duration::from_millis(700),
+        calls: Mutex::default(),
+    });
+    let sweeper = Sweeper::new(app.pool.clone(), processor, app.config.sweep_settings());
+    let pass = sweeper.sweep_once().await.unwrap();
+    assert_eq!((pass.leased, pass.leases_given_up), (4, 3), "{pass:?}");
+
+    // The three it gave back are stale now, for the next pass or a retry,
+    // not a whole timeout after their lease.
+    let stale = app
+        .count(
+            "SELECT count(*) FROM idempotency_keys
+              WHERE status = 'processing' AND locked_at <= now() - interval '1 second'",
+        )
+        .await;
+    assert_eq!(stale, 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_whose_lease_lapsed_mid_batch_is_recovered_by_one_sweeper_only() {
     let app = spawn_app_with(Settings::new().set("PROCESSING_TIMEOUT", "1s")).await;
