@@ -171,7 +171,9 @@ impl FromRequest<AppState> for IdempotentPost {
     }
 }
 
-/// Decodes the body by its `Content-Type`.
+/// Decodes the body by its `Content-Type`. A request with neither body nor
+/// `Content-Type` has no parameters, as at Stripe, whose docs capture with
+/// `curl -X POST .../capture -u sk_...:`.
 pub fn decode(headers: &HeaderMap, body: &[u8]) -> Result<Params, ApiError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -186,6 +188,7 @@ pub fn decode(headers: &HeaderMap, body: &[u8]) -> Result<Params, ApiError> {
     match mime.as_str() {
         "application/json" => Ok(Params::from_json(body)?),
         "application/x-www-form-urlencoded" => Ok(Params::from_form(body)?),
+        "" if body.is_empty() => Ok(Params::from_form(body)?),
         _ => Err(Problem::new(
             ProblemCode::UnsupportedMediaType,
             "Send the parameters as application/json or application/x-www-form-urlencoded.",

@@ -377,3 +377,29 @@ async fn the_balance_counts_what_was_captured_and_not_what_was_only_authorized_o
         "{balance}"
     );
 }
+
+#[tokio::test]
+async fn a_capture_with_no_body_and_no_content_type_captures_the_whole_amount_as_at_stripe() {
+    let app = spawn_app().await;
+    let id = authorized_charge(&app, 7200).await;
+    // `curl -X POST .../v1/charges/{id}/capture -u sk_...:`, as Stripe's
+    // docs show it: basic auth, no body, no Content-Type.
+    let bare = app
+        .client
+        .post(app.url(&format!("/v1/charges/{id}/capture")))
+        .basic_auth(&app.api_key, Some(""))
+        .send()
+        .await
+        .unwrap();
+    let captured = Answer::of(bare).await;
+    assert_eq!(captured.status, 200, "{:?}", captured.body);
+    assert_eq!(captured.json()["captured"], true);
+    assert_eq!(captured.json()["amount_captured"], 7200);
+    let stored: bool =
+        sqlx::query_scalar("SELECT captured_at IS NOT NULL FROM charges WHERE id = $1")
+            .bind(&id)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert!(stored);
+}
