@@ -403,3 +403,27 @@ async fn a_capture_with_no_body_and_no_content_type_captures_the_whole_amount_as
             .unwrap();
     assert!(stored);
 }
+
+#[tokio::test]
+async fn a_capture_below_the_currencys_minimum_is_amount_too_small_and_leaves_the_charge_capturable()
+ {
+    let app = spawn_app().await;
+    let id = authorized_charge(&app, 7200).await;
+    let small =
+        Answer::of(post_capture(&app, &id, Some("small"), &json!({"amount": 12})).await).await;
+    small.assert_problem(400, "amount_too_small");
+    assert_eq!(small.json()["error"]["param"], "amount");
+    let reserved: Option<i64> =
+        sqlx::query_scalar("SELECT capture_amount FROM charges WHERE id = $1")
+            .bind(&id)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(reserved, None, "nothing reserved");
+
+    // The key was left free, as for any refused parameter.
+    let captured =
+        Answer::of(post_capture(&app, &id, Some("small"), &json!({"amount": 3200})).await).await;
+    assert_eq!(captured.status, 200, "{:?}", captured.body);
+    assert_eq!(captured.json()["amount_captured"], 3200);
+}

@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use crate::amount::Amount;
 use crate::charges::capture;
+use crate::charges::currency::Currency;
 use crate::charges::settle::Settled;
 use crate::charges::{Charge, store as charges};
 use crate::error::Error;
@@ -22,6 +23,7 @@ use crate::idempotency::{Resource, SavedResponse};
 use crate::operation::claim::{self, Found, Pending};
 use crate::operation::engine::{Engine, Request};
 use crate::operation::workflow::Operation;
+use crate::params::ParamError;
 use crate::problem::{Problem, ProblemCode};
 use crate::processor::{Processor, ProcessorError, WireFault};
 use crate::refunds::store as refunds;
@@ -81,9 +83,23 @@ impl Pending for CaptureCharge {
             tx.rollback().await?;
             return Err(refused);
         };
+        if let Err(small) = at_least_the_minimum(&charge, self.amount) {
+            tx.rollback().await?;
+            return Err(small.into());
+        }
         tx.commit().await?;
         self.reserved = Some(charge);
         Ok(found)
+    }
+}
+
+/// `amount_too_small` when a partial capture asks for less than a charge
+/// in the charge's currency may be, as Stripe refuses it; the charge's own
+/// amount passed that check when it was made.
+fn at_least_the_minimum(charge: &Charge, amount: Option<Amount>) -> Result<(), ParamError> {
+    match (amount, Currency::parse(&charge.currency)) {
+        (Some(amount), Some(currency)) => currency.check_charge(amount),
+        _ => Ok(()),
     }
 }
 
