@@ -427,3 +427,17 @@ async fn a_capture_below_the_currencys_minimum_is_amount_too_small_and_leaves_th
     assert_eq!(captured.status, 200, "{:?}", captured.body);
     assert_eq!(captured.json()["amount_captured"], 3200);
 }
+
+#[tokio::test]
+async fn a_second_capture_is_charge_already_captured_with_stripes_doc_url() {
+    let app = spawn_app().await;
+    let id = authorized_charge(&app, 2000).await;
+    let first = Answer::of(post_capture(&app, &id, Some("first"), &json!({})).await).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    let second = Answer::of(post_capture(&app, &id, Some("second"), &json!({})).await).await;
+    second.assert_problem(400, "charge_already_captured");
+    assert_eq!(
+        second.json()["error"]["doc_url"],
+        "https://stripe.com/docs/error-codes/charge-already-captured"
+    );
+}

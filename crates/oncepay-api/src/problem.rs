@@ -465,6 +465,8 @@ impl ProblemCode {
                 | ProblemCode::ResourceMissing
                 | ProblemCode::ChargeNotRefundable
                 | ProblemCode::ChargeAlreadyRefunded
+                | ProblemCode::ChargeAlreadyCaptured
+                | ProblemCode::ChargeExpiredForCapture
                 | ProblemCode::CardDeclined
                 | ProblemCode::ExpiredCard
                 | ProblemCode::IncorrectCvc
