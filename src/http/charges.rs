@@ -37,6 +37,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(capture))
 }
 
+/// Changes a charge.
+///
 /// Changes a charge's description, metadata, receipt email, shipping or
 /// fraud report, once per idempotency key; writes `charge.updated` when
 /// anything changed.
@@ -106,7 +108,9 @@ async fn create(
     Ok(idempotent::respond(&clock, answer))
 }
 
-/// One of the merchant's charges.
+/// Captures a charge made with capture=false, whole or in part.
+///
+/// `amount` captures a part; what is not captured goes back to the card.
 #[utoipa::path(
     post,
     path = "/v1/charges/{id}/capture",
@@ -138,6 +142,7 @@ async fn capture(
     Ok(idempotent::respond(&clock, answer))
 }
 
+/// One of the merchant's charges.
 #[utoipa::path(
     get,
     path = "/v1/charges/{id}",

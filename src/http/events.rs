@@ -97,6 +97,8 @@ async fn retrieve(
     Ok(Json(event.to_object()).into_response())
 }
 
+/// Where an event's webhooks stand.
+///
 /// Where an event's webhooks stand: one delivery per endpoint that enabled
 /// its type, each with every attempt recorded (status, duration, error).
 #[utoipa::path(

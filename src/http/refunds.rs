@@ -40,6 +40,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(retrieve_of_charge))
 }
 
+/// Changes a refund's metadata.
+///
 /// Changes a refund's metadata, once per idempotency key; writes
 /// `refund.updated` when it changed.
 #[utoipa::path(
@@ -80,6 +82,8 @@ async fn update(
     Ok(idempotent::respond(&clock, answer))
 }
 
+/// Refunds a succeeded charge, exactly once per key.
+///
 /// Refunds a succeeded charge, in part or in full, exactly once per key and
 /// never more than was charged.
 #[utoipa::path(
@@ -163,7 +167,9 @@ macro_rules! charge_refunds {
     };
 }
 
-/// The merchant's refunds, newest first; of one charge with `charge`.
+/// The merchant's refunds, newest first.
+///
+/// Of one charge with `charge`.
 #[utoipa::path(
     get,
     path = "/v1/refunds",
@@ -205,7 +211,9 @@ async fn list(
     read_list(&state, merchant.id, listed, page).await
 }
 
-/// A charge's refunds, newest first: the list its `refunds.url` names.
+/// A charge's refunds, newest first.
+///
+/// The list its `refunds.url` names.
 #[utoipa::path(
     get,
     path = "/v1/charges/{id}/refunds",
@@ -239,6 +247,8 @@ async fn list_of_charge(
     read_list(&state, merchant.id, listed, page).await
 }
 
+/// One refund of one of the merchant's charges.
+///
 /// One refund of one of the merchant's charges; a refund of another
 /// charge is not found.
 #[utoipa::path(

@@ -35,6 +35,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(retrieve, update, delete))
 }
 
+/// Changes a webhook endpoint.
+///
 /// Changes an endpoint's URL (checked as on create), event types,
 /// description, metadata, or whether it is disabled, once per idempotency key.
 #[utoipa::path(
@@ -73,6 +75,8 @@ async fn update(
     Ok(idempotent::respond(&clock, answer))
 }
 
+/// Registers a webhook endpoint.
+///
 /// Registers a URL to receive the merchant's events, signed with a new
 /// secret that this answer alone shows.
 #[utoipa::path(

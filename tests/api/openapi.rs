@@ -227,3 +227,32 @@ async fn swagger_ui_at_docs_reads_the_document_and_fetches_nothing_from_the_inte
         "{initializer}"
     );
 }
+
+#[tokio::test]
+async fn every_operation_has_a_plain_summary_of_its_own() {
+    let app = spawn_app_with(Settings::new().set("DEMO_UNSAFE_ENDPOINTS", "true")).await;
+    let doc = Answer::of(
+        app.client
+            .get(app.url("/openapi.json"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+    .json();
+    let mut summaries = std::collections::BTreeMap::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let summary = operation["summary"].as_str().unwrap_or("");
+            assert!(!summary.is_empty(), "{method} {path} has no summary");
+            assert!(!summary.contains('`'), "{method} {path}: {summary}");
+            assert!(
+                !summary.contains('\n'),
+                "{method} {path}: one line: {summary}"
+            );
+            summaries.insert((method.clone(), path.clone()), summary.to_owned());
+        }
+    }
+    let capture = &summaries[&("post".to_owned(), "/v1/charges/{id}/capture".to_owned())];
+    assert!(capture.starts_with("Captures"), "{capture}");
+}

@@ -708,6 +708,8 @@ struct ProcessorAttempt {
     answer: String,
 }
 
+/// The gateway's payments for a block-10 run.
+///
 /// The payments the card gateway's ledger holds for a block-10 run, looked
 /// up over its API under every key the run can have used.
 #[utoipa::path(
@@ -758,9 +760,11 @@ struct ProcessorPayments {
     keys: Vec<String>,
 }
 
-/// `POST /demo/broker/deliveries`: block 12: one event delivered twice
-/// (its first ack lost) to the naive handler or the inbox handler; what
-/// each delivery did and the effects booked.
+/// Block 12: one event delivered twice, its first ack lost.
+///
+/// `POST /demo/broker/deliveries`: the event goes to the naive handler or
+/// the inbox handler; the answer is what each delivery did and the effects
+/// booked.
 #[utoipa::path(
     post,
     path = "/demo/broker/deliveries",
@@ -801,8 +805,10 @@ async fn broker_deliveries(
     }))
 }
 
-/// `POST /demo/broker/window`: block 12: one message id published twice
-/// within the workshop stream's duplicate window, then once after it.
+/// Block 12: one message id published twice inside the duplicate window.
+///
+/// `POST /demo/broker/window`: published twice within the workshop
+/// stream's duplicate window, then once after it.
 #[utoipa::path(
     post,
     path = "/demo/broker/window",

@@ -98,6 +98,8 @@ fn run_param(mut params: Params) -> Result<String, ParamError> {
     Ok(run)
 }
 
+/// What a run's receivers took in.
+///
 /// What a run's receivers took in, read from the database: per receiver,
 /// the deliveries it received (signature verified), the distinct events
 /// among them and the orders it shipped.
@@ -190,6 +192,8 @@ macro_rules! receiver_route {
 }
 
 receiver_route!(
+    /// The naive receiver, wrong on purpose: ships every delivery.
+    ///
     /// WRONG ON PURPOSE, for teaching: verifies the signature, then ships an
     /// order for every delivery, so an event delivered three times ships three.
     naive,
@@ -199,6 +203,8 @@ receiver_route!(
 );
 
 receiver_route!(
+    /// The inbox receiver: ships each event once.
+    ///
     /// Verifies the signature, then records the event id in its inbox and ships
     /// in one transaction, only when the id is new: a redelivery ships nothing.
     inbox,
