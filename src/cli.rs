@@ -343,14 +343,18 @@ impl Cli {
                         Window::new(until - length, until)?
                     }
                 };
-                let (config, embedded) = with_processor(config).await?;
+                // An embedded gateway would make an account of its own, which
+                // holds no payment: every charge would be a difference.
+                anyhow::ensure!(
+                    config.processor.url.is_some(),
+                    "oncepay reconcile compares oncepay with a card gateway's ledger: set \
+                     PROCESSOR_URL and PROCESSOR_API_KEY to that gateway and oncepay's key there \
+                     (beside scripts/run: set -a; . .run/env; set +a)"
+                );
                 let processor = Arc::new(http_processor(&config)?);
                 let reconciliation = reconciler(&config, pool, processor)?
                     .run(window, fix)
                     .await?;
-                if let Some(embedded) = embedded {
-                    embedded.stop().await;
-                }
                 if json {
                     println!("{}", serde_json::to_string_pretty(&reconciliation)?);
                 } else {

@@ -1074,3 +1074,38 @@ async fn a_partial_capture_the_processor_made_and_oncepay_has_not_settled_is_in_
     assert_eq!(r.differences, vec![], "{}", r.table());
     assert_eq!(r.in_flight, 1, "{}", r.table());
 }
+
+#[tokio::test]
+async fn the_command_without_a_gateway_names_the_settings_and_makes_no_account() {
+    let app = spawn_app().await;
+    paid(&app, "ch_reconcilenogateway0000001", 2500).await;
+    let out = Command::new(env!("CARGO_BIN_EXE_oncepay"))
+        .args(["reconcile", "--window", "1h"])
+        .env_clear()
+        .current_dir(std::env::temp_dir())
+        .env("DATABASE_URL", &app.config.database_url)
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run oncepay reconcile");
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("PROCESSOR_URL") && said.contains(".run/env"),
+        "{said}"
+    );
+    // No embedded gateway, and so no ledger database made for one.
+    let name = app
+        .config
+        .database_url
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let ledgers: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_database WHERE datname = $1")
+        .bind(format!("{name}_processor"))
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(ledgers, 0);
+}
