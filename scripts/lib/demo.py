@@ -400,7 +400,7 @@ class Demo:
         b.runs.append(run)
         first = self.charge(run, key, fault="drop-response")
         b.row("first try: what the client saw", b.say(first))
-        b.row("effects by then", b.count("by_then", self.server.effects(run), 1))
+        b.row("times the effect was applied by then", b.count("by_then", self.server.effects(run), 1))
         retry = self.charge(run, key)
         b.row("the retry: what the client saw", b.say(retry))
         b.row("effects in total", b.count("in_total", self.server.effects(run), 1))
