@@ -403,7 +403,7 @@ class Demo:
         b.row("times the effect was applied by then", b.count("by_then", self.server.effects(run), 1))
         retry = self.charge(run, key)
         b.row("the retry: what the client saw", b.say(retry))
-        b.row("effects in total", b.count("in_total", self.server.effects(run), 1))
+        b.row("times the effect was applied in all", b.count("in_total", self.server.effects(run), 1))
         return b
 
     def two_at_once(self, naive_endpoint):
