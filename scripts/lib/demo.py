@@ -912,7 +912,7 @@ def wrap_value(label, value, width):
                 line = candidate
         lines.append(line)
     else:
-        lines = textwrap.wrap(value, room) or [value]
+        lines = textwrap.wrap(value, room, break_on_hyphens=False) or [value]
     pad = " " * len(label)
     return [label + lines[0]] + [pad + l for l in lines[1:]]
 
@@ -945,10 +945,25 @@ def render_json(server, blocks, mismatches):
     )
 
 
+# What a block needs beyond the first server, so that scripts/demo starts
+# only what the chosen blocks use.
+NEEDS = {8: ("pitfalls", "redis"), 9: ("pitfalls",), 11: ("failover",), 12: ("nats",)}
+
+
+def needs(chosen):
+    """The parts the chosen blocks need beyond the first server, sorted."""
+    return sorted({part for number in chosen for part in NEEDS.get(number, ())})
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="the server, e.g. http://127.0.0.1:8080 (needed unless --list)")
     parser.add_argument("--list", action="store_true", help="name the blocks, run nothing")
+    parser.add_argument(
+        "--needs",
+        action="store_true",
+        help="name what the blocks need beyond the server (pitfalls, redis, failover, nats), run nothing",
+    )
     parser.add_argument(
         "--block", metavar="N", help="run only these blocks: a number, a list or a range (4; 1,3; 2-5)"
     )
@@ -981,6 +996,9 @@ def main():
         chosen = chosen_blocks(args.block)
     except ValueError as e:
         parser.error(f"--block: {e}")
+    if args.needs:
+        print(" ".join(needs(chosen)))
+        return 0
     if args.list:
         for number in chosen:
             print(f"{number:2}. {TITLES[number]}")
@@ -1043,7 +1061,8 @@ def main():
         log(f"running {which} against {where} (run tags {demo.prefix}-*)")
         tty = sys.stdout.isatty()
         style = Style(tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb")
-        width = shutil.get_terminal_size().columns if tty else None
+        # A terminal's width; 100 columns elsewhere (a log, a projector's pager).
+        width = shutil.get_terminal_size().columns if tty else 100
         blocks, legend_due = [], True
         for number in chosen:
             if args.step:
