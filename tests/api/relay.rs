@@ -11,29 +11,14 @@ use sqlx::Connection as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{js, publish_visible, relay_all, relay_session, settings, stream_messages};
-use crate::helpers::{TestApp, spawn_app, until};
-
-/// `count` events of the app's merchant written straight into the outbox
-/// (a backlog, as after a relay was down), each `charge.updated`.
-async fn backlog(app: &TestApp, count: i32) {
-    sqlx::query(
-        "INSERT INTO events (id, merchant_id, type, object_id, data)
-         SELECT 'evt_' || lpad(n::text, 24, '0'), $1, 'charge.updated', 'ch_backlog' || n,
-                json_build_object('object', json_build_object('id', 'ch_backlog' || n))
-           FROM generate_series(1, $2) n",
-    )
-    .bind(app.merchant_id)
-    .bind(count)
-    .execute(&app.pool)
-    .await
-    .unwrap();
-}
+use crate::database::write_backlog;
+use crate::helpers::{spawn_app, until};
 
 #[tokio::test]
 async fn a_batch_larger_than_the_clients_ack_limit_is_published_whole() {
     let app = spawn_app().await;
     // async-nats leaves 5,000 publishes unacknowledged at most by default.
-    backlog(&app, 6_000).await;
+    write_backlog(&app.pool, app.merchant_id, 6_000).await;
     let mut config = settings(&app, Duration::from_secs(120), Duration::from_secs(30));
     config.batch = 10_000;
     let js = js(&config).await;

@@ -106,6 +106,11 @@ impl Broker {
         }
     }
 
+    /// Deletes the scenario's stream, at its end.
+    async fn delete_stream(&self) {
+        self.js().await.delete_stream(&self.stream).await.unwrap();
+    }
+
     async fn js(&self) -> jetstream::Context {
         let addrs: Vec<async_nats::ServerAddr> =
             self.url.split(',').map(|u| u.parse().unwrap()).collect();
@@ -396,12 +401,7 @@ async fn a_relay_killed_between_publish_and_record_publishes_again_and_each_even
         row.in_stream, row.events as u64,
         "inside the window the stream kept one copy"
     );
-    broker
-        .js()
-        .await
-        .delete_stream(&broker.stream)
-        .await
-        .unwrap();
+    broker.delete_stream().await;
 }
 
 #[tokio::test]
@@ -438,12 +438,7 @@ async fn a_relay_down_longer_than_the_window_leaves_two_copies_and_the_inbox_app
         "the first batch twice in the stream: {row:?}"
     );
     assert!(row.duplicates_delivered > 0, "{row:?}");
-    broker
-        .js()
-        .await
-        .delete_stream(&broker.stream)
-        .await
-        .unwrap();
+    broker.delete_stream().await;
 }
 
 #[tokio::test]
@@ -478,12 +473,7 @@ async fn a_consumer_killed_after_its_commit_before_its_ack_is_redelivered_and_ap
         row.duplicates_delivered >= 3,
         "each killed consumer's message came again: {row:?}"
     );
-    broker
-        .js()
-        .await
-        .delete_stream(&broker.stream)
-        .await
-        .unwrap();
+    broker.delete_stream().await;
 }
 
 #[tokio::test]
@@ -514,12 +504,7 @@ async fn two_consumers_with_a_short_ack_wait_share_redeliveries_and_apply_each_o
     row.publish();
     row.assert_exactly_once();
     assert!(row.duplicates_delivered > 0, "{row:?}");
-    broker
-        .js()
-        .await
-        .delete_stream(&broker.stream)
-        .await
-        .unwrap();
+    broker.delete_stream().await;
 }
 
 /// A NATS server of the scenario's own, restarted on the same port with
@@ -792,12 +777,7 @@ async fn a_database_restored_onto_a_new_server_publishes_every_new_event_and_app
     .await;
     row.publish();
     row.assert_exactly_once();
-    broker
-        .js()
-        .await
-        .delete_stream(&broker.stream)
-        .await
-        .unwrap();
+    broker.delete_stream().await;
 }
 
 #[tokio::test]
@@ -811,16 +791,7 @@ async fn a_backlog_past_the_clients_ack_limit_in_one_batch_is_published_and_appl
         .fetch_one(&db.pool().await)
         .await
         .unwrap();
-    sqlx::query(
-        "INSERT INTO events (id, merchant_id, type, object_id, data)
-         SELECT 'evt_' || lpad(n::text, 24, '0'), $1, 'charge.updated', 'ch_backlog' || n,
-                json_build_object('object', json_build_object('id', 'ch_backlog' || n))
-           FROM generate_series(1, 6000) n",
-    )
-    .bind(merchant)
-    .execute(&db.pool().await)
-    .await
-    .unwrap();
+    crate::database::write_backlog(&db.pool().await, merchant, 6_000).await;
     charges(&server, scale()).await;
     let broker = Broker::on(&nats_url());
     let env = with(broker.env(), &[("RELAY_BATCH", "10000")]);
@@ -836,12 +807,7 @@ async fn a_backlog_past_the_clients_ack_limit_in_one_batch_is_published_and_appl
     row.publish();
     row.assert_exactly_once();
     assert_eq!(row.in_stream, row.events as u64, "{row:?}");
-    broker
-        .js()
-        .await
-        .delete_stream(&broker.stream)
-        .await
-        .unwrap();
+    broker.delete_stream().await;
 }
 
 #[tokio::test]
@@ -882,12 +848,7 @@ async fn a_stream_made_beforehand_with_a_short_age_is_brought_to_the_configurati
     let config = stream.info().await.unwrap().config.clone();
     assert_eq!(config.duplicate_window, Duration::from_secs(120));
     assert_eq!(config.max_age, Duration::ZERO);
-    broker
-        .js()
-        .await
-        .delete_stream(&broker.stream)
-        .await
-        .unwrap();
+    broker.delete_stream().await;
 }
 
 /// Waits until the stream holds every event written so far.
@@ -1101,10 +1062,5 @@ async fn an_old_transaction_holding_events_back_is_named_in_the_relays_log() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     holder.rollback().await.unwrap();
-    broker
-        .js()
-        .await
-        .delete_stream(&broker.stream)
-        .await
-        .unwrap();
+    broker.delete_stream().await;
 }

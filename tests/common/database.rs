@@ -136,3 +136,19 @@ pub fn with_database(url: &str, name: &str) -> String {
         None => format!("{base}/{name}"),
     }
 }
+
+/// `count` events of `merchant_id` written straight into the outbox, each
+/// `charge.updated` (a backlog, as a relay down for a while leaves one).
+pub async fn write_backlog(pool: &PgPool, merchant_id: Uuid, count: i32) {
+    sqlx::query(
+        "INSERT INTO events (id, merchant_id, type, object_id, data)
+         SELECT 'evt_' || lpad(n::text, 24, '0'), $1, 'charge.updated', 'ch_backlog' || n,
+                json_build_object('object', json_build_object('id', 'ch_backlog' || n))
+           FROM generate_series(1, $2) n",
+    )
+    .bind(merchant_id)
+    .bind(count)
+    .execute(pool)
+    .await
+    .expect("write a backlog of events");
+}
