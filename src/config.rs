@@ -360,6 +360,9 @@ pub struct Workshop {
     /// Redis for the workshop's key-outside-the-transaction variant, POST /demo/redis/charges (unset: none).
     #[arg(long, env = "REDIS_URL", hide_env_values = true, value_parser = redis_url, global = true)]
     pub redis_url: Option<String>,
+    /// Where the lab's timelines are also written, so that a crash on purpose (card 8) does not take the crashed request's (unset: memory only).
+    #[arg(long, env = "DEMO_TRACE_FILE", global = true)]
+    pub trace_file: Option<std::path::PathBuf>,
 }
 
 /// The service's settings, checked across groups. See `.env.example` for
@@ -1132,6 +1135,10 @@ mod tests {
                 "REDIS_URL" => {
                     assert_eq!(*cell, "unset");
                     assert!(config(&[]).unwrap().workshop.redis_url.is_none());
+                }
+                "DEMO_TRACE_FILE" => {
+                    assert_eq!(*cell, "unset");
+                    assert!(config(&[]).unwrap().workshop.trace_file.is_none());
                 }
                 "BROKER_FAULT" => {
                     assert_eq!(*cell, "unset");

@@ -85,6 +85,10 @@ impl Application {
             .map(redis::Client::open)
             .transpose()
             .context("REDIS_URL")?;
+        let traces = match &config.workshop.trace_file {
+            Some(path) => crate::workshop::trace::Traces::open(path).context("DEMO_TRACE_FILE")?,
+            None => Default::default(),
+        };
         let admission = Arc::new(Admission::new(
             config.database.queue_timeout,
             config.database.queue_overload_timeout,
@@ -115,7 +119,7 @@ impl Application {
             rate_limits,
             primary,
             redis,
-            traces: Arc::default(),
+            traces: Arc::new(traces),
         });
         Ok(Application {
             listener,

@@ -22,13 +22,17 @@ pub mod server;
 pub mod stripe;
 pub mod webhook_endpoints;
 
-use axum::extract::DefaultBodyLimit;
+use std::convert::Infallible;
+use std::time::Duration;
+
 use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{Method, StatusCode, Uri};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
-use tower::ServiceBuilder;
+use futures::future::Either;
 use tower::util::MapRequestLayer;
+use tower::{Service, ServiceBuilder, ServiceExt as _};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
@@ -41,6 +45,7 @@ use utoipa_axum::routes;
 
 use crate::app::AppState;
 use crate::config::Config;
+use crate::workshop::broker_demo;
 use oncepay_core::problem::{Problem, ProblemCode};
 
 /// Every route, each described as it is registered (`routes!`), so the
@@ -90,8 +95,41 @@ fn unrecognized_url(code: ProblemCode, method: &Method, uri: &Uri) -> Problem {
     )
 }
 
-/// The whole API, and Swagger UI at `/docs`. Layers, from the outside in:
-/// the workshop's recording of a traced request (with
+/// The whole API, and Swagger UI at `/docs`, each request answered within
+/// `REQUEST_TIMEOUT`; with `DEMO_UNSAFE_ENDPOINTS=true`, the workshop's
+/// broker card within a budget of its own (see [`layered`]).
+pub fn router(state: AppState) -> Router {
+    let (routes, _) = api(&state.config).split_for_parts();
+    let routes = routes
+        .merge(openapi::swagger_ui())
+        .fallback(unrecognized)
+        .method_not_allowed_fallback(not_allowed)
+        // On every route and fallback, after the router has matched the
+        // path (a method the route lacks included).
+        .layer(MapRequestLayer::new(observe::note_route))
+        .with_state(state.clone());
+    let all = layered(&state, state.config.request_timeout, routes.clone());
+    if !state.config.workshop.demo_unsafe_endpoints {
+        return Router::new().fallback_service(all);
+    }
+    // The broker card waits on the broker's own timers (an ack wait, a
+    // duplicate window), which the workshop's short REQUEST_TIMEOUT cannot
+    // hold: those demonstrations are not requests under a key, and their
+    // budget is theirs.
+    let broker = layered(&state, broker_demo::BUDGET, routes);
+    // By path, before any router: a route would note its own matched path.
+    let by_path = tower::service_fn(move |request: Request| {
+        if request.uri().path().starts_with("/demo/broker/") {
+            Either::Left(broker.clone().oneshot(request))
+        } else {
+            Either::Right(all.clone().oneshot(request))
+        }
+    });
+    Router::new().fallback_service(by_path)
+}
+
+/// The routes wrapped in every layer, answered within `budget`. From the
+/// outside in: the workshop's recording of a traced request (with
 /// `DEMO_UNSAFE_ENDPOINTS=true` only, see `workshop::trace`), fault
 /// injection (with `FAULT_INJECTION=true` only, see `faults::drop_response`),
 /// request id, tracing span, the way out (metrics, Stripe's headers, problem
@@ -102,18 +140,16 @@ fn unrecognized_url(code: ProblemCode, method: &Method, uri: &Uri) -> Problem {
 /// boxed stacks is cloned for every request it serves. Only the note of
 /// the matched route (`observe::note_route`) sits on the routes, where the
 /// route is known.
-pub fn router(state: AppState) -> Router {
+fn layered(
+    state: &AppState,
+    budget: Duration,
+    routes: Router,
+) -> impl Service<Request, Response = Response, Error = Infallible, Future: Send>
++ Clone
++ Send
++ Sync
++ 'static {
     let max_body = state.config.server.max_body_bytes;
-    let timeout = state.config.request_timeout;
-    let (routes, _) = api(&state.config).split_for_parts();
-    let routes = routes
-        .merge(openapi::swagger_ui())
-        .fallback(unrecognized)
-        .method_not_allowed_fallback(not_allowed)
-        // On every route and fallback, after the router has matched the
-        // path (a method the route lacks included).
-        .layer(MapRequestLayer::new(observe::note_route))
-        .with_state(state.clone());
     // Outermost, outside the panic catcher, and only where faults are
     // injected at all: see `faults::drop_response`.
     let faults = state
@@ -128,7 +164,7 @@ pub fn router(state: AppState) -> Router {
             crate::workshop::http::demo::record_trace,
         )
     });
-    let layered = ServiceBuilder::new()
+    ServiceBuilder::new()
         .option_layer(trace)
         .map_response(IntoResponse::into_response)
         .option_layer(faults)
@@ -143,7 +179,10 @@ pub fn router(state: AppState) -> Router {
                 .make_span_with(|request: &axum::extract::Request| observe::span(request))
                 .on_response(DefaultOnResponse::new().level(Level::INFO)),
         )
-        .layer(axum::middleware::from_fn_with_state(state, observe::finish))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            observe::finish,
+        ))
         .layer(CatchPanicLayer::custom(|_| {
             tracing::error!("a handler panicked");
             problem::respond(Problem::new(
@@ -153,14 +192,13 @@ pub fn router(state: AppState) -> Router {
         }))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
-            timeout,
+            budget,
         ))
         // The timeout's own answer needs a body type with a default.
         .map_response(IntoResponse::into_response)
         .layer(RequestBodyLimitLayer::new(max_body))
         .layer(DefaultBodyLimit::max(max_body))
-        .service(routes);
-    Router::new().fallback_service(layered)
+        .service(routes)
 }
 
 /// This document.

@@ -24,6 +24,9 @@ use crate::config::Broker;
 pub const WINDOW: Duration = Duration::from_secs(1);
 /// How long the broker waits for an ack before delivering again.
 const ACK_WAIT: Duration = Duration::from_secs(1);
+/// How long one of the card's requests may take: a few of the broker's
+/// waits above, with room for a busy machine.
+pub const BUDGET: Duration = Duration::from_secs(15);
 
 /// How a handler applies a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,17 +10,22 @@
 //! database holds for the run: its charges, the money each moved, the keys
 //! no request settled (the sweeper's), its refunds. Nothing is invented:
 //! every event is a time this process or the database recorded. Events live
-//! in memory (the last [`MAX_RUNS`] runs), so a crash loses the crashed
-//! request's own events; what it wrote comes back from the database.
+//! in memory (the last [`MAX_RUNS`] runs) and, with `DEMO_TRACE_FILE`, in a
+//! journal that a crash leaves behind: the next process reads it back and
+//! draws the crashed request to where it died ([`Traces::open`]).
 
 use std::collections::VecDeque;
+use std::fs::File;
+use std::io::Write as _;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use anyhow::Context as _;
 use axum::extract::FromRequestParts;
 use axum::http::HeaderValue;
 use axum::http::request::Parts;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -36,7 +41,7 @@ const MAX_RUNS: usize = 256;
 const MAX_EVENTS: usize = 400;
 
 /// A lane of the timeline: a client's request, or one of the systems.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Lane {
     Request,
@@ -47,7 +52,7 @@ pub enum Lane {
 }
 
 /// What an event means for the run, when it means more than a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Mark {
     /// An answer sent to the client.
@@ -67,7 +72,7 @@ pub enum Mark {
 }
 
 /// One step of a run: a span (`until_us` set) or a moment.
-#[derive(Clone, Debug, Serialize, ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct TraceEvent {
     /// When it began, or happened: Unix microseconds.
     #[schema(example = 1_764_892_800_000_000_i64)]
@@ -111,15 +116,99 @@ fn micros(at: SystemTime) -> i64 {
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
-/// The recorded events of the last runs, in memory.
+/// The recorded events of the last runs, in memory and, with
+/// `DEMO_TRACE_FILE`, in a journal: card 8 crashes the server on purpose,
+/// and the crashed request's events must outlive the process.
 #[derive(Default)]
 pub struct Traces {
     runs: Mutex<VecDeque<(String, Vec<TraceEvent>)>>,
+    journal: Option<Mutex<File>>,
+}
+
+/// A line of the journal: an event, or a request that began (its end is
+/// its span on the request's lane, which a crash never writes).
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Line {
+    Event { run: String, event: TraceEvent },
+    Begun { run: String, event: TraceEvent },
 }
 
 impl Traces {
-    /// Adds `event` to `run`'s.
+    /// The traces of the journal at `path` (made when missing): its runs,
+    /// and each request a crash cut short, drawn to where it died. The
+    /// journal is written again with what is kept, then appended to.
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        let read = std::fs::read_to_string(path);
+        let text = match read {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            other => other.with_context(|| format!("reading {}", path.display()))?,
+        };
+        let traces = Traces::default();
+        let mut begun = Vec::new();
+        for line in text.lines().filter_map(|l| serde_json::from_str(l).ok()) {
+            match line {
+                Line::Event { run, event } => traces.push(&run, event),
+                Line::Begun { run, event } => begun.push((run, event)),
+            }
+        }
+        for (run, request) in begun {
+            let died = traces.cut_short(&run, &request);
+            died.into_iter().for_each(|event| traces.push(&run, event));
+        }
+        let mut file = File::create(path).with_context(|| format!("writing {}", path.display()))?;
+        for (run, events) in traces.runs.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            for event in events {
+                let line = Line::Event {
+                    run: run.clone(),
+                    event: event.clone(),
+                };
+                file.write_all(format!("{}\n", serde_json::to_string(&line)?).as_bytes())?;
+            }
+        }
+        Ok(Traces {
+            journal: Some(Mutex::new(file)),
+            ..traces
+        })
+    }
+
+    /// What a request that began (`request`: its span from arrival, not
+    /// yet ended) and never answered did: it died with the process after
+    /// its last recorded step. Nothing when it was answered.
+    fn cut_short(&self, run: &str, request: &TraceEvent) -> Vec<TraceEvent> {
+        let events = self.events(run);
+        let own = events.iter().filter(|e| e.request == request.request);
+        let own = own.filter(|e| e.at_us >= request.at_us);
+        let answered = |e: &&TraceEvent| e.lane == Lane::Request && e.mark.is_some();
+        if own.clone().any(|e| answered(&e)) {
+            return Vec::new();
+        }
+        let last = own.map(|e| e.until_us.unwrap_or(e.at_us)).max();
+        let died = last.unwrap_or(request.at_us);
+        let at = |lane, what: &str, mark| TraceEvent {
+            at_us: died,
+            until_us: None,
+            lane,
+            what: what.to_owned(),
+            mark: Some(mark),
+            ..request.clone()
+        };
+        vec![
+            TraceEvent {
+                until_us: Some(died),
+                ..request.clone()
+            },
+            at(Lane::Oncepay, "oncepay died here", Mark::Lost),
+            at(Lane::Request, "no answer: the server died", Mark::Lost),
+        ]
+    }
+
+    /// Adds `event` to `run`'s, and to the journal.
     pub fn push(&self, run: &str, event: TraceEvent) {
+        self.write(&Line::Event {
+            run: run.to_owned(),
+            event: event.clone(),
+        });
         let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, events)) = runs.iter_mut().rev().find(|(name, _)| name == run) {
             if events.len() < MAX_EVENTS {
@@ -131,6 +220,19 @@ impl Traces {
             runs.pop_front();
         }
         runs.push_back((run.to_owned(), vec![event]));
+    }
+
+    /// Appends `line` to the journal, if there is one: one write of a
+    /// whole line, which a crash of this process cannot cut.
+    fn write(&self, line: &Line) {
+        let Some(journal) = &self.journal else { return };
+        let Ok(text) = serde_json::to_string(line) else {
+            return;
+        };
+        let mut file = journal.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = file.write_all(format!("{text}\n").as_bytes()) {
+            tracing::warn!(error = %e, "the lab's trace journal could not be written");
+        }
     }
 
     /// `run`'s events so far.
@@ -162,13 +264,20 @@ impl RequestTrace {
     ) -> Option<Arc<Self>> {
         let (run, label) = header?.to_str().ok()?.split_once('/')?;
         valid(run, label).then(|| {
-            Arc::new(RequestTrace {
+            let trace = RequestTrace {
                 traces: traces.clone(),
                 run: run.to_owned(),
                 request: label.to_owned(),
                 arrived: SystemTime::now(),
                 asked,
-            })
+            };
+            let begun = TraceEvent {
+                request: Some(trace.request.clone()),
+                ..TraceEvent::at(trace.arrived, Lane::Request, &trace.asked, None)
+            };
+            let run = trace.run.clone();
+            traces.write(&Line::Begun { run, event: begun });
+            Arc::new(trace)
         })
     }
 
@@ -497,6 +606,56 @@ mod tests {
         assert!(traces.events("first").is_empty(), "the oldest run went");
         let kept: Vec<_> = traces.events("run-3").iter().map(|e| e.at_us).collect();
         assert_eq!(kept, [2, 3]);
+    }
+
+    #[test]
+    fn a_request_a_crash_cut_short_is_read_back_to_where_it_died_and_an_answered_one_as_it_was() {
+        let path = std::env::temp_dir().join(format!("oncepay-trace-{}.jsonl", Uuid::new_v4()));
+        let traces = Arc::new(Traces::open(&path).unwrap());
+        let t0 = SystemTime::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let header = HeaderValue::from_static("run-1/first try");
+        let first = RequestTrace::begin(&traces, Some(&header), "POST /v1/charges".into());
+        let first = first.unwrap();
+        first.push(TraceEvent::span(at(10), at(20), Lane::Database, "claim"));
+        first.push(TraceEvent::span(at(20), at(50), Lane::Gateway, "call"));
+        let header = HeaderValue::from_static("run-1/retry");
+        let retry = RequestTrace::begin(&traces, Some(&header), "POST /v1/charges".into());
+        retry.unwrap().answered(201, true);
+        drop((first, traces));
+
+        // The next process: the first try died after its call; the retry
+        // was answered, and is read back as it was.
+        let events = Traces::open(&path).unwrap().events("run-1");
+        let of = |label: &str| {
+            let own = events
+                .iter()
+                .filter(|e| e.request.as_deref() == Some(label));
+            own.map(|e| (e.lane, e.mark, e.until_us.map(|_| e.what.as_str())))
+                .collect::<Vec<_>>()
+        };
+        let died = events.iter().filter(|e| e.mark == Some(Mark::Lost));
+        assert!(
+            died.clone().all(|e| e.at_us == micros(at(50))),
+            "{events:?}"
+        );
+        assert_eq!(
+            of("first try"),
+            [
+                (Lane::Database, None, Some("claim")),
+                (Lane::Gateway, None, Some("call")),
+                (Lane::Request, None, Some("POST /v1/charges")),
+                (Lane::Oncepay, Some(Mark::Lost), None),
+                (Lane::Request, Some(Mark::Lost), None),
+            ]
+        );
+        let retry = of("retry");
+        assert_eq!(retry.len(), 3, "span, answer, replay: {retry:?}");
+        assert!(!retry.iter().any(|(_, mark, _)| *mark == Some(Mark::Lost)));
+        // Written again as events: a third start adds nothing.
+        let again = Traces::open(&path).unwrap().events("run-1");
+        assert_eq!(again.len(), events.len());
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -41,6 +41,21 @@ impl Settings {
         }
     }
 
+    /// The workshop's settings, as `scripts/workshop` starts the server
+    /// with them (`scripts/lib/workshop.env`).
+    pub fn workshop() -> Self {
+        let file = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/lib/workshop.env"
+        ));
+        let lines = file.lines().map(str::trim);
+        let settings = lines.filter(|l| !l.is_empty() && !l.starts_with('#'));
+        settings.fold(Settings::new(), |all, line| {
+            let (name, value) = line.split_once('=').expect("NAME=value");
+            all.set(name, value)
+        })
+    }
+
     /// A header the server's processor client sends with every call, such
     /// as `Processor-Fault` (the test gateway honours it).
     pub fn processor_header(mut self, name: &'static str, value: impl ToString) -> Self {

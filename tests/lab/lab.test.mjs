@@ -4,9 +4,11 @@
 // page shows (payments, scenario 6's orders shipped by the webhook receivers,
 // scenario 7's money refunded, scenario 10's payments in the card gateway's
 // ledger) checked against the database with psql.
-// Scenarios 8 and 9 run on a second server with a short key TTL and Redis
-// (REDIS_URL, default redis://127.0.0.1:6379), which this test restarts on
-// its port whenever it exits, since scenario 8 crashes it on purpose. After every test, the
+// Every server but the last test's runs under the workshop's own settings
+// (scripts/lib/workshop.env). Scenarios 8 and 9 run on a second one with
+// Redis (REDIS_URL, default redis://127.0.0.1:6379), which this test
+// restarts on its port whenever it exits, as scripts/workshop does, since
+// scenario 8 crashes it on purpose. After every test, the
 // page must have raised no script error (an uncaught exception or rejection,
 // or a console.error; the browser's own "Failed to load resource" lines are
 // expected, the scenarios get 409s and dropped answers on purpose). Saves
@@ -27,7 +29,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
 import * as oncepay from "../support/oncepay.mjs";
-import { BIN, ROOT, createDatabase, newApiKey, psql, stop } from "../support/oncepay.mjs";
+import { BIN, ROOT, createDatabase, newApiKey, psql, stop, workshopSettings } from "../support/oncepay.mjs";
 
 const OUT = join(ROOT, "target", "lab");
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
@@ -240,14 +242,10 @@ let pitfalls = null;
 
 /** The server of scenarios 8 and 9, started on first use. */
 async function pitfallsServer() {
-  pitfalls ??= await supervised("server-pitfalls", {
-    FAULT_INJECTION: "true",
-    DEMO_UNSAFE_ENDPOINTS: "true",
-    IDEMPOTENCY_KEY_TTL: "2s",
-    PROCESSING_TIMEOUT: "1s",
-    SWEEP_INTERVAL: "200ms",
-    REDIS_URL,
-  });
+  // Its timelines outlive its crashes in a journal, as scripts/workshop's do.
+  const journal = join(OUT, "traces-pitfalls.jsonl");
+  rmSync(journal, { force: true });
+  pitfalls ??= await supervised("server-pitfalls", { ...workshopSettings(), REDIS_URL, DEMO_TRACE_FILE: journal });
   return pitfalls;
 }
 
@@ -261,19 +259,8 @@ before(async () => {
   db = createDatabase("oncepay_lab");
   dbUrl = db.url;
 
-  ({ base } = await serve("server.log", {
-    FAULT_INJECTION: "true",
-    DEMO_UNSAFE_ENDPOINTS: "true",
-    // Scenario 6's receivers are the server's own, on loopback.
-    WEBHOOK_ALLOW_PRIVATE: "true",
-    PROCESSOR_LATENCY_MS: "400",
-    // Scenario 6 waits for two failed webhook attempts and a third.
-    WEBHOOK_RETRY_BASE: "200ms",
-    WEBHOOK_POLL_INTERVAL: "100ms",
-    // Scenario 12 publishes to a stream of the workshop's own; no relay.
-    NATS_URL,
-    RELAY_ENABLED: "false",
-  }));
+  // Every card under the workshop's own settings, as scripts/workshop runs them.
+  ({ base } = await serve("server.log", { ...workshopSettings(), NATS_URL }));
 
   userDataDir = mkdtempSync(join(tmpdir(), "oncepay-lab-chromium-"));
   context = await chromium.launchPersistentContext(userDataDir, {
@@ -545,14 +532,24 @@ test("8: a crash between the commits: Redis's key gets 409 until its TTL, then a
   assert.equal(real.at(-1), "201 Created (replayed)");
   assert.match(await text("s8-real-verdict"), /exactly once/);
 
-  // The real part ran first; the Redis part's crash took its events from
-  // the server's memory, so only its drawing is left to check.
-  const real8 = await drawsItsRun("s8-real", null, null);
+  // Each crash is drawn as cards 3 and 4 draw a lost answer: the crashed
+  // request's lane, its gateway call and the money moved there, oncepay
+  // dying, then the restart; the server's journal kept it all.
+  const real8 = await drawsItsRun("s8-real", pit.base, null);
   assert.deepEqual([real8.count("sweeper"), real8.count("restart"), real8.count("effect"), real8.duplicates], [1, 1, 1, 0]);
   assert.equal(real8.count("replay", "requests"), 1, "the retry after the sweeper was replayed");
   const redis8 = await drawsItsRun("s8-redis", pit.base, null);
   assert.deepEqual([redis8.count("restart"), redis8.count("effect"), redis8.duplicates], [1, 2, 1]);
   assert.ok(redis8.count("conflict", "requests") >= 1, "Redis said processing until its TTL");
+  for (const t of [real8, redis8]) {
+    const crashed = (e) => e.lane === "the charge";
+    const events = t.drawn.events;
+    assert.equal(t.drawn.lanes[0], "the charge", "the crashed request has the first lane");
+    assert.ok(events.some((e) => crashed(e) && e.mark === "lost" && /the server died/.test(e.what)), JSON.stringify(events));
+    assert.ok(events.some((e) => e.lane === "oncepay" && e.mark === "lost" && /died/.test(e.what)), "oncepay's death drawn");
+    const money = events.find((e) => e.mark === "effect");
+    assert.equal(money.lane, "gateway", `the first money moved at the gateway's call: ${JSON.stringify(money)}`);
+  }
   await byId("scenario-8").screenshot({ path: join(OUT, "scenario-8.png") });
 });
 

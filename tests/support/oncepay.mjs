@@ -4,7 +4,7 @@
 
 import { execFileSync, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { createWriteStream, existsSync, mkdirSync } from "node:fs";
+import { createWriteStream, existsSync, mkdirSync, readFileSync } from "node:fs";
 import { connect, createServer } from "node:net";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -45,6 +45,13 @@ export function createDatabase(prefix) {
       psql(SERVER_URL, `DROP DATABASE IF EXISTS "${name}_processor" WITH (FORCE)`);
     },
   };
+}
+
+/** The workshop's settings (scripts/lib/workshop.env), as scripts/workshop starts the server. */
+export function workshopSettings() {
+  const lines = readFileSync(join(ROOT, "scripts", "lib", "workshop.env"), "utf8").split("\n");
+  const settings = lines.map((l) => l.trim()).filter((l) => l && !l.startsWith("#"));
+  return Object.fromEntries(settings.map((l) => [l.slice(0, l.indexOf("=")), l.slice(l.indexOf("=") + 1)]));
 }
 
 /** A merchant key the server creates at start (`DEMO_API_KEY`). */

@@ -841,15 +841,17 @@ async fn broker_window(
     }))
 }
 
-/// `503 broker_unavailable`, with what went wrong in the log.
+/// `503 broker_unavailable`, saying what went wrong: a workshop's
+/// presenter needs the reason on the page, not only in the log.
 fn broker_unavailable(e: anyhow::Error) -> ApiError {
-    tracing::warn!(
-        error = format!("{e:#}"),
-        "the workshop's broker scenario failed"
-    );
+    let reason = format!("{e:#}");
+    tracing::warn!(error = reason, "the workshop's broker scenario failed");
     Problem::new(
         ProblemCode::BrokerUnavailable,
-        "This scenario needs a NATS server with JetStream: run the server with NATS_URL (scripts/workshop finds or starts one).",
+        format!(
+            "This scenario failed: {reason}. It needs a NATS server with JetStream: run the server \
+             with NATS_URL (scripts/workshop finds or starts one)."
+        ),
     )
     .into()
 }
