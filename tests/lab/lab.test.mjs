@@ -252,10 +252,11 @@ let pitfalls = null;
  * own, restarted by scripts/workshop, when the test drives one). */
 async function pitfallsServer() {
   if (WORKSHOP) return { base: WORKSHOP, db: { url: dbUrl }, restarts: null, errors: [] };
+  if (pitfalls) return pitfalls;
   // Its timelines outlive its crashes in a journal, as scripts/workshop's do.
   const journal = join(OUT, "traces-pitfalls.jsonl");
   rmSync(journal, { force: true });
-  pitfalls ??= await supervised("server-pitfalls", { ...workshopSettings(), REDIS_URL, DEMO_TRACE_FILE: journal });
+  pitfalls = await supervised("server-pitfalls", { ...workshopSettings(), REDIS_URL, DEMO_TRACE_FILE: journal });
   return pitfalls;
 }
 
