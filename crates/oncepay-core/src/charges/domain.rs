@@ -263,6 +263,15 @@ impl Charge {
         }
     }
 
+    /// What refunds may give back in all: what its capture took, for a
+    /// charge captured later (the rest was released, never charged); the
+    /// whole amount otherwise, a charge paid at once or an authorization a
+    /// refund releases whole. The refunds' reservation
+    /// ([`crate::refunds::store::reserve`]) holds the same bound in SQL.
+    pub fn refundable(&self) -> i64 {
+        self.capture_amount.unwrap_or(self.amount)
+    }
+
     /// What the card network (or the fraud check) said; `None` for a pending
     /// or abandoned charge, which no network answered.
     fn verdict(&self) -> Option<Verdict> {

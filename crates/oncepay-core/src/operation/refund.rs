@@ -198,7 +198,7 @@ async fn refused(db: &mut PgConnection, merchant_id: Uuid, refund: &NewRefund) -
             "You cannot partially refund an uncaptured charge. Instead, capture the charge for an amount less than the original amount.".to_owned()
         };
         Problem::new(ProblemCode::ChargeNotRefundable, detail).with_param("amount")
-    } else if charge.amount_refunded >= charge.amount {
+    } else if charge.amount_refunded >= charge.refundable() {
         Problem::new(
             ProblemCode::ChargeAlreadyRefunded,
             format!("Charge {} has already been refunded in full.", charge.id),
@@ -210,7 +210,7 @@ async fn refused(db: &mut PgConnection, merchant_id: Uuid, refund: &NewRefund) -
             format!(
                 "Refund amount is greater than what is left to refund on charge {} ({}).",
                 charge.id,
-                charge.amount - charge.amount_refunded
+                charge.refundable() - charge.amount_refunded
             ),
         )
         .with_param("amount")
