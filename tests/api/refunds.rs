@@ -931,7 +931,7 @@ async fn a_settled_refund_is_never_settled_again() {
         .unwrap();
     assert!(matches!(again, Settled::Already), "{again:?}");
     assert_eq!(refund_state(&app, &done).await.0, "succeeded");
-    assert_eq!(app.event_types_of(&done).await, ["refund.succeeded"]);
+    assert_eq!(app.event_types_of(&done).await, ["refund.created"]);
     assert_eq!(
         app.amount_refunded(&charge).await,
         500,
