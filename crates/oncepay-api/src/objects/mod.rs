@@ -101,8 +101,8 @@ pub struct ChargeObject<'a> {
     #[cfg_attr(feature = "openapi", schema(example = "txn_FSqF13LohwPRt53icfinsfKa"))]
     pub balance_transaction: Option<String>,
     pub billing_details: BillingDetails,
-    /// What the statement shows, for a captured charge (`null` otherwise): its
-    /// `statement_descriptor`, else `ONCEPAY* ` and its suffix (cut to 22
+    /// What the statement shows, for a captured charge (`null` otherwise):
+    /// `ONCEPAY* ` and its suffix, else its `statement_descriptor` (cut to 22
     /// characters), else `ONCEPAY`.
     #[cfg_attr(feature = "openapi", schema(example = "ONCEPAY"))]
     pub calculated_statement_descriptor: Option<String>,

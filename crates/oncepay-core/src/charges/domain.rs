@@ -54,12 +54,11 @@ pub struct NewCharge {
         schema(max_length = 512, example = "jenny.rosen@example.com")
     )]
     pub receipt_email: Option<String>,
-    /// The whole statement descriptor: up to 22 characters, at least one
-    /// letter, none of `<>\'"*`.
-    #[cfg_attr(
-        feature = "openapi",
-        schema(max_length = 22, example = "ONCEPAY ORDER 6735")
-    )]
+    /// Up to 22 characters, at least one letter, none of `<>\'"*`. Every
+    /// charge is a card charge, so, as at Stripe, it is shown after the
+    /// account's `ONCEPAY* ` when no `statement_descriptor_suffix` is given,
+    /// and ignored when one is.
+    #[cfg_attr(feature = "openapi", schema(max_length = 22, example = "ORDER 6735"))]
     pub statement_descriptor: Option<String>,
     /// Shown after the account's `ONCEPAY* `: up to 22 characters, at least
     /// one letter, none of `<>\'"*`.
