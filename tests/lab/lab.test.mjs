@@ -673,6 +673,9 @@ test("in the presenter's view at 1280x720, cards 3, 4, 8 and 12 fit the screen a
     await run(id);
     await counted();
     const seen = await presented();
+    // Saved before the checks, so that a card that does not fit can be seen.
+    await page.screenshot({ path: join(OUT, `present-${id}.png`) });
+    console.log(`# screenshot: ${join(OUT, `present-${id}.png`)}`);
     assert.deepEqual(seen.screen, [1280, 720]);
     assert.equal(seen.scrolls, false, `card ${id}: nothing to scroll to`);
     assert.ok(seen.counts >= 2, `card ${id}: its counts`);
@@ -681,8 +684,6 @@ test("in the presenter's view at 1280x720, cards 3, 4, 8 and 12 fit the screen a
     assert.deepEqual(seen.timelinesOff, [], `card ${id}: every timeline on the screen, its bottom too`);
     for (const n of seen.labels) assert.ok(n >= 1, `card ${id}: a timeline that tells what happened (${seen.labels})`);
     if (timelines) assert.ok(seen.smallestText >= 16, `card ${id}: timeline text rendered at ${seen.smallestText} px`);
-    await page.screenshot({ path: join(OUT, `present-${id}.png`) });
-    console.log(`# screenshot: ${join(OUT, `present-${id}.png`)}`);
   }
 });
 
