@@ -549,7 +549,8 @@ mod filter_tests {
                 ChargeCaptured,
                 ChargeExpired,
                 ChargeRefunded,
-                ChargeUpdated
+                ChargeUpdated,
+                ChargeRefundUpdated
             ]))
         );
         assert_eq!(
@@ -557,7 +558,16 @@ mod filter_tests {
             Ok(Some(vec![ChargeFailed, RefundFailed]))
         );
         assert_eq!(filter("type=*"), Ok(Some(EventType::ALL.to_vec())));
-        assert_eq!(filter("type=re*.suc*"), Ok(Some(vec![RefundSucceeded])));
+        assert_eq!(filter("type=re*.cre*"), Ok(Some(vec![RefundCreated])));
+        assert_eq!(
+            filter("type=*refund.*"),
+            Ok(Some(vec![
+                ChargeRefundUpdated,
+                RefundCreated,
+                RefundFailed,
+                RefundUpdated
+            ]))
+        );
         for unmatched in ["type=dispute.*", "type=charge.*.x", "type=charge.*x"] {
             assert_eq!(
                 filter(unmatched),

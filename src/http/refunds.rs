@@ -98,6 +98,7 @@ async fn update(
     responses(
         (status = 201, description = "Refunded (or the saved answer, with `Idempotent-Replayed: true`)", body = RefundObject,
          headers(("Location" = String, description = "/v1/refunds/{id}"), ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 404, response = super::openapi::NotFound),
         super::openapi::PostErrors
     )
 )]

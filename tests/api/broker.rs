@@ -763,7 +763,7 @@ async fn poison_messages_are_parked_with_their_reason_and_stop_coming() {
     publish(&js, &subject, None, serde_json::to_vec(&nul).unwrap()).await;
     // Not JSON.
     publish(&js, &subject, None, b"{\"id\": \"evt_".to_vec()).await;
-    // A type oncepay does not write.
+    // A type oncepay does not know.
     let mut unknown = event.clone();
     unknown["type"] = json!("charge.disputed");
     let disputed = subject.replace("charge.succeeded", "charge.disputed");

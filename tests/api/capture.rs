@@ -6,7 +6,7 @@ use futures::future::join_all;
 use reqwest::Response;
 use serde_json::{Value, json};
 
-use crate::helpers::{Answer, TestApp, spawn_app, visa};
+use crate::helpers::{Answer, TestApp, migrated_before, spawn_app, visa};
 
 /// An authorized, uncaptured `tok_visa` charge of `amount`; returns its id.
 pub(crate) async fn authorized_charge(app: &TestApp, amount: i64) -> String {
@@ -153,26 +153,45 @@ async fn sixteen_captures_racing_with_sixteen_keys_capture_once_and_never_more_t
 }
 
 #[tokio::test]
-async fn a_partial_capture_gives_the_rest_back_and_only_the_captured_part_can_be_refunded() {
+async fn a_partial_capture_makes_no_refund_and_only_what_it_took_can_be_refunded() {
     let app = spawn_app().await;
-    let id = authorized_charge(&app, 2000).await;
-    let captured = Answer::of(post_capture(&app, &id, None, &json!({"amount": 1500})).await).await;
+    let id = authorized_charge(&app, 7200).await;
+    let body = json!({"amount": 3200});
+    let captured = Answer::of(post_capture(&app, &id, None, &body).await).await;
     assert_eq!(captured.status, 200, "{:?}", captured.body);
+    // As Stripe does since 2025-03-31.basil: the 4000 not taken is released,
+    // with no refund object, and `amount_refunded` stays 0.
     let charge = captured.json();
-    assert_eq!(charge["amount_captured"], 1500);
-    assert_eq!(charge["amount_refunded"], 500);
+    assert_eq!(charge["amount_captured"], 3200);
+    assert_eq!(charge["amount_refunded"], 0);
     assert_eq!(charge["refunded"], false);
+    assert_eq!(charge["refunds"]["data"], json!([]));
+    assert_eq!(app.amount_refunded(&id).await, 0);
+    assert_eq!(app.refunds().await, 0);
+    let listed = Answer::of(app.get(&format!("/v1/refunds?charge={id}")).await).await;
+    assert_eq!(listed.json()["data"], json!([]));
+    assert_eq!(
+        app.event_types_of(&id).await,
+        ["charge.succeeded", "charge.captured"]
+    );
 
-    let too_much = Answer::of(
-        app.post_refund(None, &json!({"charge": id, "amount": 1501}))
-            .await,
-    )
-    .await;
+    let body = json!({"charge": id, "amount": 3201});
+    let too_much = Answer::of(app.post_refund(None, &body).await).await;
     too_much.assert_problem(400, "amount_too_large");
     let rest = Answer::of(app.post_refund(None, &json!({"charge": id})).await).await;
     assert_eq!(rest.status, 201, "{:?}", rest.body);
-    assert_eq!(rest.json()["amount"], 1500);
-    assert_eq!(app.amount_refunded(&id).await, 2000);
+    assert_eq!(rest.json()["amount"], 3200);
+    let charge = Answer::of(app.get(&format!("/v1/charges/{id}")).await)
+        .await
+        .json();
+    assert_eq!(
+        (&charge["amount_refunded"], &charge["refunded"]),
+        (&json!(3200), &json!(true))
+    );
+    let body = json!({"charge": id, "amount": 1});
+    let more = Answer::of(app.post_refund(None, &body).await).await;
+    more.assert_problem(400, "charge_already_refunded");
+    assert_eq!(app.processor_refunds().await, 1);
 }
 
 #[tokio::test]
@@ -252,7 +271,7 @@ async fn a_capture_left_in_flight_is_rolled_forward_by_the_sweeper() {
         .await
         .json();
     assert_eq!(charge["amount_captured"], 1200);
-    assert_eq!(charge["amount_refunded"], 800);
+    assert_eq!(charge["amount_refunded"], 0);
     assert_eq!(app.sweep_once().await.captures_settled, 0);
 }
 
@@ -440,4 +459,56 @@ async fn a_second_capture_is_charge_already_captured_with_stripes_doc_url() {
         second.json()["error"]["doc_url"],
         "https://stripe.com/docs/error-codes/charge-already-captured"
     );
+}
+
+#[tokio::test]
+async fn migrating_leaves_in_amount_refunded_only_the_refunds_of_a_charge_captured_in_part() {
+    let (_db, pool) = migrated_before("20261216000100").await;
+    let (merchant, _) = oncepay::merchants::create(&pool, "m").await.unwrap();
+    // As a partial capture left it then: 4000 of 7200 not taken counted as
+    // refunded, with 1000 refunded since, 500 pending and 300 failed.
+    sqlx::raw_sql(&format!(
+        "INSERT INTO charges (id, merchant_id, amount, currency, source, status, amount_refunded,
+                              capture_later, capture_amount, capture_asked_at, captured_at)
+         VALUES ('ch_part', '{m}', 7200, 'usd', 'tok_visa', 'succeeded', 5500,
+                 true, 3200, now(), now()),
+                ('ch_whole', '{m}', 2000, 'usd', 'tok_visa', 'succeeded', 700,
+                 true, 2000, now(), now()),
+                ('ch_released', '{m}', 2500, 'usd', 'tok_visa', 'succeeded', 2500,
+                 true, NULL, NULL, NULL);
+         INSERT INTO refunds (id, merchant_id, charge_id, amount, currency, status, failure_reason)
+         VALUES ('re_{a}', '{m}', 'ch_part', 1000, 'usd', 'succeeded', NULL),
+                ('re_{b}', '{m}', 'ch_part', 500, 'usd', 'pending', NULL),
+                ('re_{c}', '{m}', 'ch_part', 300, 'usd', 'failed', 'declined'),
+                ('re_{d}', '{m}', 'ch_whole', 700, 'usd', 'succeeded', NULL),
+                ('re_{e}', '{m}', 'ch_released', 2500, 'usd', 'succeeded', NULL);",
+        m = merchant.id,
+        a = "a".repeat(24),
+        b = "b".repeat(24),
+        c = "c".repeat(24),
+        d = "d".repeat(24),
+        e = "e".repeat(24),
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let refunded = || async {
+        sqlx::query_as::<_, (String, i64)>("SELECT id, amount_refunded FROM charges ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+    let expected = [("ch_part", 1500), ("ch_released", 2500), ("ch_whole", 700)]
+        .map(|(id, amount)| (id.to_owned(), amount));
+
+    oncepay::db::migrate(&pool).await.unwrap();
+    assert_eq!(refunded().await, expected);
+    // Run again (as after a rolling upgrade, for a capture an instance of
+    // the version before settled meanwhile), it changes nothing more.
+    let migration = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations/20261216000100_captures_refund_nothing.sql");
+    let migration = std::fs::read_to_string(migration).unwrap();
+    sqlx::raw_sql(&migration).execute(&pool).await.unwrap();
+    assert_eq!(refunded().await, expected);
+    pool.close().await;
 }

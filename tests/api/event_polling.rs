@@ -187,7 +187,7 @@ async fn a_forward_poller_sees_every_event_of_concurrent_charges_and_refunds_exa
     let before = stored_events(&app).await;
 
     // Each writer charges, then refunds part of the charge: three events a
-    // round (charge.succeeded, refund.succeeded, charge.refunded).
+    // round (charge.succeeded, refund.created, charge.refunded).
     let done = AtomicBool::new(false);
     let writers = async {
         join_all((0..WRITERS).map(|_| async {

@@ -7,7 +7,9 @@ use std::time::Duration;
 use futures::future::join_all;
 use serde_json::{Value, json};
 
-use crate::helpers::{Answer, Settings, TestApp, spawn_app, spawn_app_with, until, visa};
+use crate::helpers::{
+    Answer, Settings, TestApp, migrated_before, spawn_app, spawn_app_with, until, visa,
+};
 use crate::sweeper::stale_claim;
 
 /// Every event of the app's merchant, newest first, as the API lists them.
@@ -166,7 +168,7 @@ async fn a_charge_made_without_a_key_names_no_key_in_its_event() {
 }
 
 #[tokio::test]
-async fn each_refund_writes_refund_succeeded_and_charge_refunded_with_the_charge_as_it_stood() {
+async fn each_refund_writes_refund_created_and_charge_refunded_with_the_charge_as_it_stood() {
     let app = spawn_app().await;
     let charge = app.paid_charge(2000).await;
 
@@ -186,7 +188,7 @@ async fn each_refund_writes_refund_succeeded_and_charge_refunded_with_the_charge
 
         let events = events_of(&app, &id).await;
         assert_eq!(events.len(), 1, "{events:?}");
-        let event = the_one(&events, "refund.succeeded");
+        let event = the_one(&events, "refund.created");
         assert_snapshot(event, &served_refund);
         assert_eq!(
             event["request"],
@@ -229,9 +231,9 @@ async fn each_refund_writes_refund_succeeded_and_charge_refunded_with_the_charge
         .collect();
     let expected = [
         ("charge.refunded", &charge),
-        ("refund.succeeded", &refunds[1]),
+        ("refund.created", &refunds[1]),
         ("charge.refunded", &charge),
-        ("refund.succeeded", &refunds[0]),
+        ("refund.created", &refunds[0]),
         ("charge.succeeded", &charge),
     ]
     .map(|(t, id)| (t.to_owned(), id.clone()));
@@ -572,8 +574,8 @@ async fn the_list_filters_by_type() {
         ["charge.refunded", "charge.succeeded"]
     );
     assert_eq!(
-        types("types[0]=refund.succeeded&types[1]=charge.failed").await,
-        ["refund.succeeded", "charge.failed"]
+        types("types[0]=refund.created&types[1]=charge.failed").await,
+        ["refund.created", "charge.failed"]
     );
     assert_eq!(types("").await.len(), 4);
 
@@ -594,6 +596,42 @@ async fn the_list_filters_by_type() {
         (&after["data"], &after["has_more"]),
         (&json!([]), &json!(false))
     );
+}
+
+#[tokio::test]
+async fn the_list_filters_by_stripes_refund_types_and_refuses_refund_succeeded() {
+    let app = spawn_app().await;
+    let charge = app.paid_charge(2000).await;
+    let body = json!({"charge": charge, "amount": 500});
+    let refund = Answer::of(app.post_refund(None, &body).await).await;
+    assert_eq!(refund.status, 201, "{:?}", refund.body);
+    app.until_listed().await;
+    for (query, listed) in [
+        ("type=refund.created", vec!["refund.created"]),
+        ("type=refund.*", vec!["refund.created"]),
+        ("type=refund.updated", vec![]),
+        ("type=refund.failed", vec![]),
+        ("type=charge.refund.updated", vec![]),
+        (
+            "types[]=refund.created&types[]=charge.refund.updated",
+            vec!["refund.created"],
+        ),
+    ] {
+        let answer = Answer::of(app.get(&format!("/v1/events?{query}")).await).await;
+        assert_eq!(answer.status, 200, "{query}: {:?}", answer.body);
+        let types: Vec<Value> = answer.json()["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["type"].clone())
+            .collect();
+        assert_eq!(types, listed, "{query}");
+    }
+    // Stripe has no `refund.succeeded`, and no code `invalid_event_type`:
+    // the code is oncepay's own, with no page of Stripe's to point to.
+    let old = Answer::of(app.get("/v1/events?type=refund.succeeded").await).await;
+    old.assert_problem(400, "invalid_event_type");
+    assert_eq!(old.json()["error"]["doc_url"], Value::Null);
 }
 
 #[tokio::test]
@@ -763,4 +801,73 @@ async fn the_events_routes_refuse_unknown_repeated_and_expand_parameters_like_ev
         answer.assert_problem(400, code);
         assert_eq!(answer.json()["param"], param, "{path}");
     }
+}
+
+#[tokio::test]
+async fn migrating_renames_refund_succeeded_to_refund_created_wherever_it_is_stored() {
+    let (_db, pool) = migrated_before("20261216000200").await;
+    let (merchant, _) = oncepay::merchants::create(&pool, "m").await.unwrap();
+    let (evt, re) = (
+        format!("evt_{}", "a".repeat(24)),
+        format!("re_{}", "a".repeat(24)),
+    );
+    sqlx::raw_sql(&format!(
+        "INSERT INTO events (id, merchant_id, type, object_id, data)
+         VALUES ('{evt}', '{m}', 'refund.succeeded', '{re}', '{{}}');
+         INSERT INTO webhook_endpoints (id, merchant_id, url, enabled_events, secret)
+         VALUES ('we_{a}', '{m}', 'https://example.com/a',
+                 '{{charge.succeeded,refund.succeeded,refund.updated}}', 'whsec_{s}'),
+                ('we_{b}', '{m}', 'https://example.com/b', '{{*}}', 'whsec_{s}');
+         INSERT INTO ledger_entries (consumer, event_id, merchant_id, object_id, type, amount,
+                                     currency)
+         VALUES ('ledger', '{evt}', '{m}', '{re}', 'refund.succeeded', -500, 'usd');",
+        m = merchant.id,
+        a = "a".repeat(24),
+        b = "b".repeat(24),
+        s = "s".repeat(32),
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    oncepay::db::migrate(&pool).await.unwrap();
+    let one = |sql: &'static str| {
+        let pool = &pool;
+        async move {
+            sqlx::query_scalar::<_, String>(sql)
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(one("SELECT type FROM events").await, "refund.created");
+    assert_eq!(
+        one("SELECT type FROM ledger_entries").await,
+        "refund.created"
+    );
+    let enabled: Vec<Vec<String>> =
+        sqlx::query_scalar("SELECT enabled_events FROM webhook_endpoints ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        enabled,
+        [
+            vec!["charge.succeeded", "refund.created", "refund.updated"],
+            vec!["*"]
+        ]
+    );
+    // A refund reaches its final state once: a second refund.created of it
+    // is refused, as a second refund.succeeded was.
+    let again = sqlx::query(
+        "INSERT INTO events (id, merchant_id, type, object_id, data)
+         VALUES ($1, $2, 'refund.created', $3, '{}')",
+    )
+    .bind(format!("evt_{}", "b".repeat(24)))
+    .bind(merchant.id)
+    .bind(&re)
+    .execute(&pool)
+    .await;
+    assert!(again.is_err(), "{again:?}");
+    pool.close().await;
 }

@@ -222,6 +222,30 @@ pub struct TestApp {
     _processor_db: Option<TestDb>,
 }
 
+/// A fresh database with the schema as it stood before the migration
+/// `version` (its file name's leading number): every migration before it
+/// applied, none after. `oncepay::db::migrate` then applies the rest, as an
+/// upgrade does.
+pub async fn migrated_before(version: &str) -> (TestDb, PgPool) {
+    let db = TestDb::create_empty().await;
+    let pool = db.pool().await;
+    let before = std::env::temp_dir().join(format!("oncepay-before-{version}-{}", Uuid::new_v4()));
+    std::fs::create_dir(&before).unwrap();
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    for file in std::fs::read_dir(&source).unwrap() {
+        let file = file.unwrap();
+        if file.file_name().to_string_lossy().as_ref() < version {
+            std::fs::copy(file.path(), before.join(file.file_name())).unwrap();
+        }
+    }
+    let migrator = sqlx::migrate::Migrator::new(before.as_path())
+        .await
+        .unwrap();
+    migrator.run(&pool).await.unwrap();
+    std::fs::remove_dir_all(&before).unwrap();
+    (db, pool)
+}
+
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(Settings::new()).await
 }

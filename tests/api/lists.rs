@@ -392,8 +392,8 @@ async fn the_events_list_filters_by_a_type_pattern_with_a_wildcard() {
         ["charge.refunded", "charge.succeeded"]
     );
     assert_eq!(
-        types(list(&app, "/v1/events?type=*.succeeded").await),
-        ["refund.succeeded", "charge.succeeded"]
+        types(list(&app, "/v1/events?type=*.created").await),
+        ["refund.created"]
     );
     assert_eq!(types(list(&app, "/v1/events?type=*").await).len(), 3);
     for query in ["type=dispute.*", "types[]=charge.*"] {

@@ -261,15 +261,20 @@ async fn refunding_a_declined_or_pending_charge_is_charge_not_refundable() {
 }
 
 #[tokio::test]
-async fn another_merchants_charge_or_an_unknown_one_is_resource_missing() {
+async fn a_refund_of_another_merchants_charge_or_an_unknown_one_is_404_naming_id_as_at_stripe() {
     let app = spawn_app().await;
     let other = app.other_merchant().await;
     let theirs = Answer::of(app.post_charge_as(&other, None, &visa(2000)).await).await;
     let theirs = theirs.json()["id"].as_str().unwrap().to_owned();
     for charge in [theirs.as_str(), "ch_doesnotexist000000000000", ""] {
         let answer = Answer::of(app.post_refund(Some("k"), &refund(charge, None)).await).await;
-        answer.assert_problem(400, "resource_missing");
-        assert_eq!(answer.json()["param"], "charge");
+        answer.assert_problem(404, "resource_missing");
+        let error = &answer.json()["error"];
+        assert_eq!(
+            (&answer.json()["param"], &error["param"]),
+            (&json!("id"), &json!("id"))
+        );
+        assert_eq!(error["message"], format!("No such charge: '{charge}'"));
     }
     assert_eq!(app.amount_refunded(&theirs).await, 0);
     assert_eq!((app.refunds().await, app.keys().await), (0, 0));
@@ -931,7 +936,7 @@ async fn a_settled_refund_is_never_settled_again() {
         .unwrap();
     assert!(matches!(again, Settled::Already), "{again:?}");
     assert_eq!(refund_state(&app, &done).await.0, "succeeded");
-    assert_eq!(app.event_types_of(&done).await, ["refund.succeeded"]);
+    assert_eq!(app.event_types_of(&done).await, ["refund.created"]);
     assert_eq!(
         app.amount_refunded(&charge).await,
         500,

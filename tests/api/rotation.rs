@@ -9,7 +9,7 @@ use oncepay::merchants::{self, ApiKey};
 use oncepay::speed::cache::MERCHANT_TTL;
 use oncepay::startup::Application;
 
-use crate::helpers::{Answer, TestApp, TestDb, spawn_app, until, visa};
+use crate::helpers::{Answer, TestApp, migrated_before, spawn_app, until, visa};
 
 async fn roll(app: &TestApp, expire_old_in: Duration) -> String {
     let rolled = merchants::roll_key(&app.pool, app.merchant_id, expire_old_in)
@@ -373,21 +373,7 @@ async fn instances_starting_while_the_demo_key_is_rolled_never_make_a_second_mer
 async fn migrating_ends_a_previous_key_that_a_second_merchant_holds_in_use_and_keeps_every_request_as_it_was()
  {
     // The schema before `merchant_keys`, from the migrations before it.
-    let db = TestDb::create_empty().await;
-    let pool = db.pool().await;
-    let before = tempfile_dir("before-merchant-keys");
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
-    for file in std::fs::read_dir(&source).unwrap() {
-        let file = file.unwrap();
-        if file.file_name().to_string_lossy().as_ref() < "20261210000700" {
-            std::fs::copy(file.path(), before.join(file.file_name())).unwrap();
-        }
-    }
-    let migrator = sqlx::migrate::Migrator::new(before.as_path())
-        .await
-        .unwrap();
-    migrator.run(&pool).await.unwrap();
-    std::fs::remove_dir_all(&before).unwrap();
+    let (_db, pool) = migrated_before("20261210000700").await;
 
     // What a start with a rolled key did then: a second merchant `demo`
     // holding, in use, the key the first still holds as its previous one.
@@ -435,12 +421,4 @@ async fn migrating_ends_a_previous_key_that_a_second_merchant_holds_in_use_and_k
             .unwrap();
     assert_eq!(held, vec![(old.hash(), second)]);
     pool.close().await;
-}
-
-/// A fresh folder of its own under the system's temporary folder.
-fn tempfile_dir(what: &str) -> std::path::PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("oncepay-{what}-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir(&dir).unwrap();
-    dir
 }

@@ -171,7 +171,7 @@ async fn every_object_carries_every_field_of_stripes_fixtures() {
     }
 
     assert_stripe_shape("balance", &get_json(&app, "/v1/balance").await);
-    // charge.succeeded, charge.failed, refund.succeeded, charge.refunded: a
+    // charge.succeeded, charge.failed, refund.created, charge.refunded: a
     // list shows an event once no earlier one can still commit.
     until(Duration::from_secs(10), "four events listed", || async {
         get_json(&app, "/v1/events").await["data"]

@@ -373,7 +373,46 @@ async fn a_charge_created_with_details_stores_and_shows_them_from_json_and_from_
         "2 High St"
     );
     let read = Answer::of(app.get(&format!("/v1/charges/{id}")).await).await;
-    assert_eq!(read.json()["calculated_statement_descriptor"], "Shop Order");
+    assert_eq!(read.json()["statement_descriptor"], "Shop Order");
+}
+
+#[tokio::test]
+async fn a_card_charges_statement_descriptor_is_its_suffix_unless_it_has_one_as_at_stripe() {
+    let app = spawn_app().await;
+    let shown = |body: Value| {
+        let app = &app;
+        async move {
+            let created = Answer::of(app.post_charge(None, &body).await).await;
+            assert_eq!(created.status, 201, "{:?}", created.body);
+            let charge = created.json();
+            let id = charge["id"].as_str().unwrap();
+            let read = Answer::of(app.get(&format!("/v1/charges/{id}")).await).await;
+            assert_eq!(read.json(), charge);
+            charge
+        }
+    };
+    let mut body = visa(2000);
+    body["statement_descriptor"] = json!("Shop Order");
+    let alone = shown(body.clone()).await;
+    assert_eq!(
+        alone["calculated_statement_descriptor"],
+        "ONCEPAY* Shop Order"
+    );
+    assert_eq!(alone["statement_descriptor"], "Shop Order");
+    assert_eq!(alone["statement_descriptor_suffix"], Value::Null);
+
+    body["statement_descriptor_suffix"] = json!("ORDER 42");
+    let both = shown(body).await;
+    assert_eq!(both["calculated_statement_descriptor"], "ONCEPAY* ORDER 42");
+    assert_eq!(both["statement_descriptor"], "Shop Order");
+
+    let mut long = visa(2000);
+    long["statement_descriptor"] = json!("A VERY LONG ORDER 4242");
+    let cut = shown(long).await;
+    assert_eq!(
+        cut["calculated_statement_descriptor"],
+        "ONCEPAY* A VERY LONG O"
+    );
 }
 
 #[tokio::test]

@@ -342,6 +342,26 @@ async fn bad_endpoint_parameters_are_refused_and_write_nothing() {
 }
 
 #[tokio::test]
+async fn an_endpoint_enables_stripes_refund_types_and_refuses_refund_succeeded() {
+    let app = spawn_app_with(fast()).await;
+    let stripes = [
+        "charge.refund.updated",
+        "refund.created",
+        "refund.failed",
+        "refund.updated",
+    ];
+    let body = json!({"url": "https://example.com/r", "enabled_events": stripes});
+    let created = app.create_endpoint(None, &body).await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    assert_eq!(created.json()["enabled_events"], json!(stripes));
+    let old = json!({"url": "https://example.com/r", "enabled_events": ["refund.succeeded"]});
+    let refused = app.create_endpoint(None, &old).await;
+    refused.assert_problem(400, "invalid_event_type");
+    assert_eq!(refused.json()["param"], "enabled_events");
+    assert_eq!(app.endpoints().await, 1);
+}
+
+#[tokio::test]
 async fn a_merchant_has_at_most_sixteen_endpoints_even_when_twenty_are_created_at_once() {
     let app = Arc::new(spawn_app_with(fast()).await);
     let mut tasks = Vec::new();
@@ -372,7 +392,7 @@ async fn each_event_is_delivered_signed_to_each_endpoint_that_enabled_its_type()
     let charges = Receiver::start(&[Reply::Status(200)]).await;
     let refunds = Receiver::start(&[Reply::Status(204)]).await;
     let (_, charge_secret) = app.endpoint(&charges.url, &["charge.succeeded"]).await;
-    let (_, refund_secret) = app.endpoint(&refunds.url, &["refund.succeeded"]).await;
+    let (_, refund_secret) = app.endpoint(&refunds.url, &["refund.created"]).await;
     let charge = app.paid_charge(1000).await;
     let refund = Answer::of(
         app.post_refund(None, &json!({"charge": charge, "amount": 400}))
@@ -412,7 +432,7 @@ async fn each_event_is_delivered_signed_to_each_endpoint_that_enabled_its_type()
     let got = &refunds.got()[0];
     signature::verify(Some(&got.signature), &got.body, &refund_secret, now, 300).unwrap();
     let delivered: Value = serde_json::from_slice(&got.body).unwrap();
-    assert_eq!(delivered["type"], "refund.succeeded");
+    assert_eq!(delivered["type"], "refund.created");
     assert_eq!(delivered["data"]["object"]["id"], refund_id);
     // Nothing else: charge.refunded went to no endpoint.
     tokio::time::sleep(Duration::from_millis(300)).await;

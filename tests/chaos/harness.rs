@@ -1503,13 +1503,13 @@ pub async fn crash_each(
 ///   `charge.failed`; a failed one exactly one `charge.failed` and no
 ///   `charge.succeeded`; a pending one neither;
 /// - a charge has one `charge.refunded` per succeeded refund of it;
-/// - a succeeded refund has exactly one `refund.succeeded` and no
+/// - a succeeded refund has exactly one `refund.created` and no
 ///   `refund.failed`; a failed one exactly one `refund.failed` and no
-///   `refund.succeeded`; a pending one neither;
+///   `refund.created`; a pending one neither;
 /// - every event is about an object of the merchant that exists, of the
 ///   kind its type names, whose snapshot (`data.object`) names it and is in
 ///   the state the type says, as the row is: `succeeded` for
-///   `charge.succeeded`, `charge.refunded` and `refund.succeeded`, `failed`
+///   `charge.succeeded`, `charge.refunded` and `refund.created`, `failed`
 ///   for `charge.failed` and `refund.failed`.
 pub async fn unpaired_events(pool: &PgPool) -> Vec<String> {
     sqlx::query_scalar::<_, String>(
@@ -1518,7 +1518,7 @@ pub async fn unpaired_events(pool: &PgPool) -> Vec<String> {
                     count(*) FILTER (WHERE type = 'charge.succeeded') AS charge_succeeded,
                     count(*) FILTER (WHERE type = 'charge.failed') AS charge_failed,
                     count(*) FILTER (WHERE type = 'charge.refunded') AS charge_refunded,
-                    count(*) FILTER (WHERE type = 'refund.succeeded') AS refund_succeeded,
+                    count(*) FILTER (WHERE type = 'refund.created') AS refund_created,
                     count(*) FILTER (WHERE type = 'refund.failed') AS refund_failed
                FROM events GROUP BY object_id),
          c AS (
@@ -1531,7 +1531,7 @@ pub async fn unpaired_events(pool: &PgPool) -> Vec<String> {
                FROM charges c LEFT JOIN n ON n.object_id = c.id),
          r AS (
              SELECT r.id, r.status,
-                    coalesce(n.refund_succeeded, 0) AS succeeded,
+                    coalesce(n.refund_created, 0) AS succeeded,
                     coalesce(n.refund_failed, 0) AS failed
                FROM refunds r LEFT JOIN n ON n.object_id = r.id),
          e AS (
@@ -1548,7 +1548,7 @@ pub async fn unpaired_events(pool: &PgPool) -> Vec<String> {
                        id, refunded, refunds)
            FROM c WHERE refunded <> refunds
          UNION ALL
-         SELECT format('refund %s is %s, with %s refund.succeeded and %s refund.failed',
+         SELECT format('refund %s is %s, with %s refund.created and %s refund.failed',
                        id, status, succeeded, failed)
            FROM r
           WHERE (succeeded, failed) <> (CASE WHEN status = 'succeeded' THEN 1 ELSE 0 END,

@@ -248,7 +248,7 @@ async fn a_refund_killed_at_any_point_of_its_settle_path_ends_with_exactly_the_e
                     key,
                     point,
                     ends,
-                    // `refund.succeeded` and `charge.refunded`, or `refund.failed`.
+                    // `refund.created` and `charge.refunded`, or `refund.failed`.
                     events: if ends == "succeeded" { 2 } else { 1 },
                 });
             }
@@ -280,8 +280,8 @@ async fn a_refund_killed_at_any_point_of_its_settle_path_ends_with_exactly_the_e
         [
             ("charge.refunded".to_owned(), refunded),
             ("charge.succeeded".to_owned(), cases.len() as i64),
+            ("refund.created".to_owned(), refunded),
             ("refund.failed".to_owned(), refused),
-            ("refund.succeeded".to_owned(), refunded),
         ],
         "one event per charge paid, and the events of each refund's final state"
     );
@@ -321,7 +321,7 @@ async fn the_pairing_check_finds_every_change_without_its_event_and_every_event_
                            (2, 'charge.succeeded', 'ch_pending', 'succeeded'),
                            (3, 'charge.succeeded', 'ch_declined', 'succeeded'),
                            (4, 'charge.succeeded', 'ch_refunded', 'succeeded'),
-                           (5, 'refund.succeeded', 're_paired000000000000000000', 'succeeded'),
+                           (5, 'refund.created', 're_paired000000000000000000', 'succeeded'),
                            (6, 'charge.refunded', 'ch_refunded', 'succeeded'),
                            (7, 'charge.failed', 'ch_gone', 'failed'))
                 AS e(n, type, object_id, status)",
@@ -348,7 +348,7 @@ async fn the_pairing_check_finds_every_change_without_its_event_and_every_event_
             evt(3)
         ),
         // A refund without its events.
-        "refund re_silent000000000000000000 is succeeded, with 0 refund.succeeded".to_owned(),
+        "refund re_silent000000000000000000 is succeeded, with 0 refund.created".to_owned(),
         "charge ch_refunded has 1 charge.refunded for 2 succeeded refunds".to_owned(),
         // An event about nothing.
         format!("charge.failed {} says charge ch_gone is failed", evt(7)),

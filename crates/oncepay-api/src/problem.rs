@@ -350,7 +350,8 @@ impl ProblemCode {
 
     /// The status a problem with this code has, unless it says otherwise
     /// (`resource_missing` is `400` for a parameter naming nothing, `404` for
-    /// a path; a layer's `http_error` keeps the layer's status).
+    /// a path and for the charge a refund is made on, as at Stripe; a layer's
+    /// `http_error` keeps the layer's status).
     pub fn status(self) -> StatusCode {
         match self {
             ProblemCode::ParameterMissing

@@ -8,15 +8,16 @@
 //!   for a charge paid at once (`captured: true`), at `charge.captured` for
 //!   one authorized first (`capture=false`), for its `amount_captured` (what
 //!   a partial capture did not take was never charged);
-//! - a refund's goes out at `refund.succeeded`, unless the refund released
+//! - a refund's goes out at `refund.created`, unless the refund released
 //!   an authorization never captured (a client's refund of it, or its
 //!   expiry's, with `charge.expired`): that moved no money, and oncepay's
 //!   record says which it was, by the balance's own rule
 //!   (`balance_movements`), since the refund's object does not;
-//! - every other event oncepay writes (an authorization's `charge.succeeded`,
+//! - every other event (an authorization's `charge.succeeded`,
 //!   `charge.failed`, `charge.refunded`, `charge.expired`, the updates,
-//!   `refund.failed`) books nothing: the inbox takes it, and it is counted
-//!   as ignored.
+//!   `refund.failed`, and `charge.refund.updated`, which oncepay never
+//!   writes) books nothing: the inbox takes it, and it is counted as
+//!   ignored.
 
 use oncepay_core::events::EventType;
 use serde::Deserialize;
@@ -76,7 +77,7 @@ impl Booking {
                     currency: charge.currency,
                 }))
             }
-            EventType::RefundSucceeded => {
+            EventType::RefundCreated => {
                 let refund = RefundView::deserialize(object)
                     .map_err(|_| malformed("a refund (id, amount, currency)"))?;
                 Ok(Some(Booking {
@@ -91,6 +92,7 @@ impl Booking {
             | EventType::ChargeExpired
             | EventType::ChargeRefunded
             | EventType::ChargeUpdated
+            | EventType::ChargeRefundUpdated
             | EventType::RefundFailed
             | EventType::RefundUpdated => Ok(None),
         }
@@ -131,7 +133,7 @@ pub async fn book(tx: &mut PgConnection, consumer: &str, event: &Event) -> anyho
     let Some(booking) = &event.booking else {
         return Ok(false);
     };
-    if booking.kind == EventType::RefundSucceeded
+    if booking.kind == EventType::RefundCreated
         && !gave_money_back(&mut *tx, &booking.object_id).await?
     {
         return Ok(false);

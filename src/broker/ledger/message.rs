@@ -4,7 +4,7 @@
 //! must be one oncepay wrote, as oncepay wrote it. In order, cheapest first:
 //!
 //! 1. at most [`MAX_PAYLOAD_BYTES`] (else `oversize`);
-//! 2. JSON of an event's shape (else `malformed`), of a type oncepay writes
+//! 2. JSON of an event's shape (else `malformed`), of a type oncepay knows
 //!    (else `unknown_type`);
 //! 3. its `Nats-Msg-Id`, where it has one, is the body's id (else
 //!    `id_mismatch`), and its subject is `<prefix>.<merchant id>.<the
@@ -162,11 +162,11 @@ impl Body {
         })
     }
 
-    /// Its type, if oncepay writes it.
+    /// Its type, if oncepay knows it.
     fn kind(&self) -> Result<EventType, Parked> {
         EventType::parse(&self.kind).ok_or_else(|| {
             let shown = oncepay_core::params::shorten(&self.kind);
-            let detail = format!("the type {shown:?} is not one oncepay writes");
+            let detail = format!("the type {shown:?} is not one oncepay knows");
             Parked::new(Reason::UnknownType, detail).about(&self.id)
         })
     }

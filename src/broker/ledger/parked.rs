@@ -20,7 +20,7 @@ pub enum Reason {
     /// Not JSON, or not an event's shape (`id`, `type`, `data.object`), or
     /// an event whose object lacks what its booking reads.
     Malformed,
-    /// A `type` oncepay does not write.
+    /// A `type` oncepay does not know.
     UnknownType,
     /// Its `Nats-Msg-Id` is not the id its body gives.
     IdMismatch,

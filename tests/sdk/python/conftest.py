@@ -289,15 +289,16 @@ class WebhookReceiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/webhooks"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def of_charge(self, charge_id, n=1, timeout=15):
-        """The first N deliveries of events about CHARGE_ID, waiting for them."""
+    def of_object(self, object_id, n=1, timeout=15):
+        """The first N deliveries of events about OBJECT_ID (a charge or a
+        refund), waiting for them."""
 
         def mine():
-            return [d for d in self.deliveries if d.event["data"]["object"].get("id") == charge_id]
+            return [d for d in self.deliveries if d.event["data"]["object"].get("id") == object_id]
 
         with self.changed:
             got = self.changed.wait_for(lambda: len(mine()) >= n, timeout)
-            assert got, f"{len(mine())} of {n} deliveries about {charge_id} within {timeout} s"
+            assert got, f"{len(mine())} of {n} deliveries about {object_id} within {timeout} s"
             return mine()[:n]
 
     def close(self):

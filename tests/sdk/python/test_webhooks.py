@@ -32,7 +32,7 @@ def charge_and_deliveries(oncepay, receiver, n=1):
     charge = client(oncepay).v1.charges.create(
         params={"amount": 2000, "currency": "usd", "source": "tok_visa"}
     )
-    return charge, receiver.of_charge(charge.id, n)
+    return charge, receiver.of_object(charge.id, n)
 
 
 def deliveries_api(oncepay, event_id):
@@ -190,3 +190,34 @@ def test_a_delivery_answered_500_is_sent_again_signed_anew_and_the_deliveries_ap
     assert [a["response_status"] for a in delivery["attempts"]] == [500, 200]
     assert delivery["attempts"][0]["error"] == "HTTP 500"
     assert len([d for d in webhook_receiver.deliveries if d.event["id"] == events[0].id]) == 2, "and no more"
+
+
+def test_an_endpoint_for_stripes_refund_created_is_sent_each_refund_and_the_events_list_by_it(
+    oncepay, webhook_receiver
+):
+    sdk = client(oncepay)
+    endpoint = sdk.v1.webhook_endpoints.create(
+        params={"url": webhook_receiver.url, "enabled_events": ["refund.created", "refund.updated"]}
+    )
+    try:
+        assert endpoint.enabled_events == ["refund.created", "refund.updated"]
+        charge = sdk.v1.charges.create(params={"amount": 2000, "currency": "usd", "source": "tok_visa"})
+        refund = sdk.v1.refunds.create(params={"charge": charge.id, "amount": 500})
+        [delivery] = webhook_receiver.of_object(refund.id)
+        event = stripe.Webhook.construct_event(delivery.body, delivery.signature, endpoint.secret)
+        assert event.type == "refund.created"
+        assert isinstance(event.data.object, stripe.Refund)
+        assert event.data.object.to_dict() == refund.to_dict(), "the refund as the API answered it"
+        listed = sdk.v1.events.list(params={"type": "refund.created"})
+        assert event.id in [e.id for e in listed.data]
+        assert all(e.type == "refund.created" for e in listed.data)
+        assert oncepay.count(f"SELECT count(*) FROM events WHERE object_id = '{refund.id}'") == 1
+    finally:
+        sdk.v1.webhook_endpoints.delete(endpoint.id)
+    with pytest.raises(stripe.InvalidRequestError) as raised:
+        sdk.v1.events.list(params={"type": "refund.succeeded"})
+    assert (raised.value.http_status, raised.value.code, raised.value.param) == (
+        400,
+        "invalid_event_type",
+        "type",
+    )

@@ -83,17 +83,18 @@ impl UserReport {
     }
 }
 
-/// What the customer's statement shows for a paid charge: its own
-/// `statement_descriptor`, else the account's (`prefix`) with the charge's
-/// `suffix` after `* `, cut to Stripe's 22 characters, else the prefix alone.
+/// What the customer's statement shows for a paid card charge: the
+/// account's `prefix`, then `* ` and the charge's `suffix`, else its
+/// `descriptor` (Stripe takes a card charge's `statement_descriptor` as
+/// its suffix when it has none, and ignores it when it has one), cut to
+/// Stripe's 22 characters; the prefix alone when the charge gives neither.
 pub fn calculated_statement_descriptor(
     prefix: &str,
     descriptor: Option<&str>,
     suffix: Option<&str>,
 ) -> String {
-    match (descriptor, suffix) {
-        (Some(descriptor), _) => descriptor.to_owned(),
-        (None, Some(suffix)) => format!("{prefix}* {suffix}").chars().take(22).collect(),
-        (None, None) => prefix.to_owned(),
+    match suffix.or(descriptor) {
+        Some(suffix) => format!("{prefix}* {suffix}").chars().take(22).collect(),
+        None => prefix.to_owned(),
     }
 }

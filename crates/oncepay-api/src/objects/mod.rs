@@ -90,6 +90,8 @@ pub struct ChargeObject<'a> {
     /// capture took for one authorized first, nothing before that.
     #[cfg_attr(feature = "openapi", schema(example = 2000))]
     pub amount_captured: i64,
+    /// What refunds gave back; never what a partial capture left
+    /// uncaptured, which was released with no refund.
     #[cfg_attr(feature = "openapi", schema(example = 0))]
     pub amount_refunded: i64,
     pub application: Unmodelled,
@@ -99,8 +101,8 @@ pub struct ChargeObject<'a> {
     #[cfg_attr(feature = "openapi", schema(example = "txn_FSqF13LohwPRt53icfinsfKa"))]
     pub balance_transaction: Option<String>,
     pub billing_details: BillingDetails,
-    /// What the statement shows, for a captured charge (`null` otherwise): its
-    /// `statement_descriptor`, else `ONCEPAY* ` and its suffix (cut to 22
+    /// What the statement shows, for a captured charge (`null` otherwise):
+    /// `ONCEPAY* ` and its suffix, else its `statement_descriptor` (cut to 22
     /// characters), else `ONCEPAY`.
     #[cfg_attr(feature = "openapi", schema(example = "ONCEPAY"))]
     pub calculated_statement_descriptor: Option<String>,
@@ -257,6 +259,13 @@ impl<'a> ChargeObject<'a> {
     ) -> Self {
         let paid = facts.paid;
         let captured = facts.amount_captured > 0;
+        // Refunded in full: all a capture took (a partial capture's rest was
+        // released, not refunded), or all of an authorization never captured.
+        let refundable = if captured {
+            facts.amount_captured
+        } else {
+            facts.amount
+        };
         let suffix = facts.id.strip_prefix("ch_").unwrap_or(facts.id);
         let source = facts
             .token
@@ -302,7 +311,7 @@ impl<'a> ChargeObject<'a> {
             receipt_email: facts.receipt_email,
             receipt_number: Unmodelled,
             receipt_url: Unmodelled,
-            refunded: facts.amount_refunded > 0 && facts.amount_refunded == facts.amount,
+            refunded: facts.amount_refunded > 0 && facts.amount_refunded == refundable,
             refunds: RefundList::new(facts.id, refunds),
             review: Unmodelled,
             shipping: facts.shipping,

@@ -115,8 +115,9 @@ pub async fn refused(
 
 /// Settles the capture of `charge_id`, which the processor recorded, if it
 /// is still in flight: marks it captured (what it did not take goes back to
-/// the card, so it counts as refunded, as Stripe shows a partial capture),
-/// saves the answer on the key that guards the capture, if any, and writes
+/// the card with no refund, as at Stripe since 2025-03-31.basil, so
+/// `amount_refunded` does not change), saves the answer on the key that
+/// guards the capture, if any, and writes
 /// `charge.captured`, in one transaction (aborting just before its commit
 /// with [`Fault::CrashBeforeSettleCommit`]).
 pub async fn settle_or_crash(
@@ -159,8 +160,7 @@ pub async fn settle_or_crash(
 /// was not in flight any more (another settle came first).
 async fn mark_captured(db: impl PgExecutor<'_>, charge_id: &str) -> sqlx::Result<Option<Charge>> {
     crate::charge_query!(
-        "UPDATE charges
-            SET captured_at = now(), amount_refunded = amount_refunded + amount - capture_amount
+        "UPDATE charges SET captured_at = now()
           WHERE id = $1 AND capture_amount IS NOT NULL AND captured_at IS NULL
           RETURNING",
         [],

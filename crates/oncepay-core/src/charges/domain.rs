@@ -54,12 +54,11 @@ pub struct NewCharge {
         schema(max_length = 512, example = "jenny.rosen@example.com")
     )]
     pub receipt_email: Option<String>,
-    /// The whole statement descriptor: up to 22 characters, at least one
-    /// letter, none of `<>\'"*`.
-    #[cfg_attr(
-        feature = "openapi",
-        schema(max_length = 22, example = "ONCEPAY ORDER 6735")
-    )]
+    /// Up to 22 characters, at least one letter, none of `<>\'"*`. Every
+    /// charge is a card charge, so, as at Stripe, it is shown after the
+    /// account's `ONCEPAY* ` when no `statement_descriptor_suffix` is given,
+    /// and ignored when one is.
+    #[cfg_attr(feature = "openapi", schema(max_length = 22, example = "ORDER 6735"))]
     pub statement_descriptor: Option<String>,
     /// Shown after the account's `ONCEPAY* `: up to 22 characters, at least
     /// one letter, none of `<>\'"*`.
@@ -261,6 +260,15 @@ impl Charge {
                 .unwrap_or_default(),
             _ => 0,
         }
+    }
+
+    /// What refunds may give back in all: what its capture took, for a
+    /// charge captured later (the rest was released, never charged); the
+    /// whole amount otherwise, a charge paid at once or an authorization a
+    /// refund releases whole. The refunds' reservation
+    /// ([`crate::refunds::store::reserve`]) holds the same bound in SQL.
+    pub fn refundable(&self) -> i64 {
+        self.capture_amount.unwrap_or(self.amount)
     }
 
     /// What the card network (or the fraud check) said; `None` for a pending

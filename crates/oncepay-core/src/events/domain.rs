@@ -42,10 +42,18 @@ pub enum EventType {
     #[sqlx(rename = "charge.updated")]
     #[cfg_attr(feature = "openapi", schema(rename = "charge.updated"))]
     ChargeUpdated,
-    /// A refund succeeded; `data.object` is the refund.
-    #[sqlx(rename = "refund.succeeded")]
-    #[cfg_attr(feature = "openapi", schema(rename = "refund.succeeded"))]
-    RefundSucceeded,
+    /// Stripe's type for a refund updated on some payment methods: never
+    /// written (a refund's update writes `refund.updated`), and taken where
+    /// a type is named, so that an integration written for Stripe may name it.
+    #[sqlx(rename = "charge.refund.updated")]
+    #[cfg_attr(feature = "openapi", schema(rename = "charge.refund.updated"))]
+    ChargeRefundUpdated,
+    /// A refund succeeded; `data.object` is the refund. Stripe's type for a
+    /// new refund, written once the refund is final (one the issuer refuses
+    /// has `refund.failed` alone).
+    #[sqlx(rename = "refund.created")]
+    #[cfg_attr(feature = "openapi", schema(rename = "refund.created"))]
+    RefundCreated,
     /// The card's issuer refused a refund; its amount can be refunded again.
     #[sqlx(rename = "refund.failed")]
     #[cfg_attr(feature = "openapi", schema(rename = "refund.failed"))]
@@ -58,14 +66,15 @@ pub enum EventType {
 
 impl EventType {
     /// Every type, in the order the documentation lists them.
-    pub const ALL: [EventType; 9] = [
+    pub const ALL: [EventType; 10] = [
         EventType::ChargeSucceeded,
         EventType::ChargeFailed,
         EventType::ChargeCaptured,
         EventType::ChargeExpired,
         EventType::ChargeRefunded,
         EventType::ChargeUpdated,
-        EventType::RefundSucceeded,
+        EventType::ChargeRefundUpdated,
+        EventType::RefundCreated,
         EventType::RefundFailed,
         EventType::RefundUpdated,
     ];
@@ -83,7 +92,8 @@ crate::stored_as_text!(EventType {
     ChargeExpired => "charge.expired",
     ChargeRefunded => "charge.refunded",
     ChargeUpdated => "charge.updated",
-    RefundSucceeded => "refund.succeeded",
+    ChargeRefundUpdated => "charge.refund.updated",
+    RefundCreated => "refund.created",
     RefundFailed => "refund.failed",
     RefundUpdated => "refund.updated",
 });
@@ -127,6 +137,8 @@ mod tests {
         }
         assert_eq!(EventType::parse("charge.*"), None);
         assert_eq!(EventType::parse("charge.succeed"), None);
+        // Stripe has no `refund.succeeded`: a refund that succeeded is `refund.created`.
+        assert_eq!(EventType::parse("refund.succeeded"), None);
     }
 
     #[test]

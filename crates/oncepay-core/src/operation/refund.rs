@@ -165,16 +165,19 @@ impl Operation for CreateRefund {
 
 /// Why nothing could be reserved, read on `db` after the update decided. The
 /// charge may have changed since; the answer describes what the update saw
-/// as well as a later read can.
+/// as well as a later read can. An unknown charge (or another merchant's)
+/// is `404` naming `id`, as Stripe answers it: the resource the refund is
+/// made on, though the body names it.
 async fn refused(db: &mut PgConnection, merchant_id: Uuid, refund: &NewRefund) -> Error {
     let charge = match charges::find(db, merchant_id, &refund.charge).await {
         Ok(Some(charge)) => charge,
         Ok(None) => {
-            return Problem::new(
+            return Problem::with_status(
+                http::StatusCode::NOT_FOUND,
                 ProblemCode::ResourceMissing,
                 format!("No such charge: '{}'", shorten(&refund.charge)),
             )
-            .with_param("charge")
+            .with_param("id")
             .into();
         }
         Err(e) => return e.into(),
@@ -198,7 +201,7 @@ async fn refused(db: &mut PgConnection, merchant_id: Uuid, refund: &NewRefund) -
             "You cannot partially refund an uncaptured charge. Instead, capture the charge for an amount less than the original amount.".to_owned()
         };
         Problem::new(ProblemCode::ChargeNotRefundable, detail).with_param("amount")
-    } else if charge.amount_refunded >= charge.amount {
+    } else if charge.amount_refunded >= charge.refundable() {
         Problem::new(
             ProblemCode::ChargeAlreadyRefunded,
             format!("Charge {} has already been refunded in full.", charge.id),
@@ -210,7 +213,7 @@ async fn refused(db: &mut PgConnection, merchant_id: Uuid, refund: &NewRefund) -
             format!(
                 "Refund amount is greater than what is left to refund on charge {} ({}).",
                 charge.id,
-                charge.amount - charge.amount_refunded
+                charge.refundable() - charge.amount_refunded
             ),
         )
         .with_param("amount")

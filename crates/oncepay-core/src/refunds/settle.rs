@@ -54,7 +54,7 @@ pub async fn settle_or_crash(
                     EventType::ChargeRefunded
                 };
                 let events = vec![
-                    NewEvent::new(EventType::RefundSucceeded, &refund.id, &refund.to_object()),
+                    NewEvent::new(EventType::RefundCreated, &refund.id, &refund.to_object()),
                     NewEvent::new(charge_event, &charge.id, &charge.to_object(&refunds)),
                 ];
                 Some((refund, events))

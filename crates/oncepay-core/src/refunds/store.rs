@@ -20,8 +20,10 @@ pub struct Reserved {
 /// Reserves `amount` (or, when `None`, whatever is left) on the merchant's
 /// charge, in one conditional update that decides any race between refunds:
 /// the charge row is locked, and the amount is added only if the charge
-/// succeeded and the sum stays within what was charged. `None` when nothing
-/// was reserved; the caller finds out why with a read afterwards.
+/// succeeded and the sum stays within what refunds may give back
+/// ([`Charge::refundable`]: what a capture took, else the whole amount).
+/// `None` when nothing was reserved; the caller finds out why with a read
+/// afterwards.
 pub async fn reserve(
     tx: &mut PgConnection,
     merchant_id: Uuid,
@@ -31,11 +33,12 @@ pub async fn reserve(
     sqlx::query_as!(
         Reserved,
         r#"UPDATE charges c SET amount_refunded = c.amount_refunded + r.amount
-             FROM (SELECT id, COALESCE($2, amount - amount_refunded) AS amount
+             FROM (SELECT id,
+                          COALESCE($2, COALESCE(capture_amount, amount) - amount_refunded) AS amount
                      FROM charges WHERE id = $1 AND merchant_id = $3
                       FOR UPDATE) r
-            WHERE c.id = r.id AND c.status = 'succeeded'
-              AND r.amount > 0 AND c.amount_refunded + r.amount <= c.amount
+            WHERE c.id = r.id AND c.status = 'succeeded' AND r.amount > 0
+              AND c.amount_refunded + r.amount <= COALESCE(c.capture_amount, c.amount)
               -- A charge authorized first is refunded once captured, or
               -- released whole before; never while its capture is in flight.
               AND (NOT c.capture_later OR c.captured_at IS NOT NULL

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures_util::TryStreamExt;
 use oncepay_sdk_rust::receiver::Receiver;
-use oncepay_sdk_rust::{Oncepay, oncepay, psql, random_hex, root, tagged};
+use oncepay_sdk_rust::{Oncepay, http, oncepay, psql, random_hex, root, tagged};
 use stripe::{
     ApiErrors, ApiErrorsType, Client, IdempotencyKey, PaginationExt, RequestStrategy, StripeError,
     StripeRequest,
@@ -718,8 +718,8 @@ async fn an_authorized_charge_is_captured_once_by_typed_captures_racing_with_one
     let after = retrieve_charge(&client, &id).await;
     assert_eq!(
         (after.captured, after.amount_captured, after.amount_refunded),
-        (true, 1500, 500),
-        "captured once, the rest given back"
+        (true, 1500, 0),
+        "captured once, the rest released with no refund, as at Stripe since 2025-03-31.basil"
     );
     assert_eq!(
         captures_at_gateway(server, &id),
@@ -732,6 +732,27 @@ async fn an_authorized_charge_is_captured_once_by_typed_captures_racing_with_one
         )),
         1
     );
+}
+
+#[tokio::test]
+async fn a_capture_with_no_body_and_no_content_type_captures_the_whole_amount() {
+    let server = oncepay();
+    let client = server.client();
+    let id = authorized_charge(&client, 7200).await.id.to_string();
+    // As `curl -X POST .../v1/charges/{id}/capture` sends it: no body, no
+    // Content-Type.
+    let path = format!("/v1/charges/{id}/capture");
+    let (status, body) = http("POST", &server.base, &path, Some(&server.api_key)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let captured: Charge = miniserde::json::from_str(&body)
+        .unwrap_or_else(|_| panic!("async-stripe could not read the answer as a Charge: {body}"));
+    assert_eq!((captured.captured, captured.amount_captured), (true, 7200));
+    let after = retrieve_charge(&client, &id).await;
+    assert_eq!(
+        (after.captured, after.amount_captured, after.amount_refunded),
+        (true, 7200, 0)
+    );
+    assert_eq!(captures_at_gateway(server, &id), 1);
 }
 
 #[tokio::test]
@@ -1346,6 +1367,80 @@ async fn a_delivery_answered_500_is_sent_again_signed_anew_and_each_attempt_veri
         "each attempt signed when sent"
     );
     DeleteWebhookEndpoint::new(endpoint_id.as_str())
+        .send(&client)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_refund_is_delivered_as_stripes_refund_created_and_the_events_list_by_that_type() {
+    let server = oncepay();
+    let client = server.client();
+    let receiver = Receiver::start().await;
+    let result = CreateWebhookEndpoint::new(
+        vec![
+            CreateWebhookEndpointEnabledEvents::RefundCreated,
+            CreateWebhookEndpointEnabledEvents::ChargeRefundUpdated,
+        ],
+        receiver.url.as_str(),
+    )
+    .send(&client)
+    .await;
+    let created = server.typed("the created endpoint", "/v1/webhook_endpoints", result);
+    assert_eq!(
+        created.enabled_events,
+        ["charge.refund.updated", "refund.created"]
+    );
+    let secret = created
+        .secret
+        .expect("the secret in the answer to the create");
+    let (_, charge) = paid_charge(&client, 2000, "tok_visa").await;
+    let result = CreateRefund::new()
+        .charge(charge.id.as_str())
+        .amount(500)
+        .send(&client)
+        .await;
+    let refund = server.typed("the refund", "/v1/refunds", result);
+    let [delivery] = receiver
+        .of_object(refund.id.as_str(), 1)
+        .await
+        .try_into()
+        .unwrap();
+    let event = Webhook::construct_event(&delivery.body, &delivery.signature, &secret)
+        .unwrap_or_else(|e| panic!("the SDK refused the delivery ({e}): {}", delivery.body));
+    assert_eq!(event.type_.as_str(), "refund.created");
+    let EventObject::RefundCreated(delivered) = &event.data.object else {
+        panic!("not a refund.created object: {:?}", event.data.object);
+    };
+    assert_same(
+        delivered.as_ref(),
+        &refund,
+        "the refund as the API answered it",
+    );
+
+    let result = ListEvent::new().type_("refund.created").send(&client).await;
+    let listed = server.typed(
+        "the refund.created events",
+        "/v1/events?type=refund.created",
+        result,
+    );
+    assert!(
+        listed
+            .data
+            .iter()
+            .all(|e| e.type_.as_str() == "refund.created")
+    );
+    assert!(listed.data.iter().any(|e| e.id == event.id), "{listed:?}");
+    let (error, status) = api_error(
+        ListEvent::new()
+            .type_("refund.succeeded")
+            .send(&client)
+            .await,
+    );
+    assert_eq!((status, code(&error)), (400, Some("invalid_event_type")));
+    assert_eq!(error.param.as_deref(), Some("type"));
+
+    DeleteWebhookEndpoint::new(created.id.as_str())
         .send(&client)
         .await
         .unwrap();
