@@ -5,34 +5,86 @@
 
 use std::fmt::Write as _;
 
+use serde_json::json;
 use stateright::Path;
+
+use crate::check::Report;
 
 use crate::model::{Action, Outcome, Protocol, REUSER, Reply, State, Step, payments};
 use crate::variant::Variant;
 
 /// `path` as numbered lines, then what it broke (`broken`).
 pub fn timeline(model: &Protocol, path: &Path<State, Action>, broken: &str) -> String {
-    let steps = path.clone().into_vec();
     let mut out = String::new();
-    for (n, pair) in steps.windows(2).enumerate() {
-        let ((before, Some(action)), (after, _)) = (&pair[0], &pair[1]) else {
-            continue;
-        };
-        let (lane, what) = describe(model, before, action, after);
+    for (n, (lane, what)) in steps(model, path).into_iter().enumerate() {
         let _ = writeln!(out, "{:>3}  {lane:<12} {what}", n + 1);
     }
-    let last = &steps[steps.len() - 1].0;
+    let last = path.last_state();
     let _ = writeln!(out, "     broken: {broken}{}", consequence(last, broken));
     out
 }
 
+/// Each step of `path`: its lane and what happened.
+pub fn steps(model: &Protocol, path: &Path<State, Action>) -> Vec<(String, String)> {
+    let steps = path.clone().into_vec();
+    let pairs = steps.windows(2);
+    let told = pairs.filter_map(|pair| match (&pair[0], &pair[1]) {
+        ((before, Some(action)), (after, _)) => Some(describe(model, before, action, after)),
+        _ => None,
+    });
+    told.collect()
+}
+
+/// `report` as JSON: the variant, its states and seconds, and the property
+/// it broke with the steps that broke it.
+pub fn as_json(report: &Report) -> serde_json::Value {
+    let broken = report.broken.first().map(|(name, path)| {
+        let steps = steps(&report.model, path);
+        let steps: Vec<_> = steps
+            .iter()
+            .map(|(lane, what)| json!({"lane": lane, "what": what}))
+            .collect();
+        let last = consequence(path.last_state(), name);
+        json!({"property": name, "consequence": last.trim(), "steps": steps})
+    });
+    json!({
+        "variant": report.model.variant.name(),
+        "states": report.states,
+        "seconds": report.took.as_secs_f64(),
+        "broken": broken,
+    })
+}
+
 /// What the last state shows of the broken property.
 fn consequence(s: &State, broken: &str) -> String {
-    if broken == crate::model::ONE_PAYMENT {
-        let paid = payments(s, crate::model::CLIENT);
-        return format!(" ({paid} payments at the gateway for 1 operation)");
+    use crate::model::{AGREE, CLIENT, ONE_PAYMENT, REUSE};
+    match broken {
+        ONE_PAYMENT => {
+            let paid = payments(s, CLIENT);
+            format!(" ({paid} payments at the gateway for 1 operation)")
+        }
+        AGREE => {
+            let failed = s
+                .charges
+                .iter()
+                .filter(|c| c.settled == Some(Outcome::Voided));
+            let paid = failed.map(|c| c.id).find(|&id| {
+                s.gateway
+                    .iter()
+                    .any(|p| p.charge == id && p.outcome == Outcome::Paid)
+            });
+            paid.map_or(String::new(), |id| {
+                format!(" (ch{id} recorded failed; the gateway moved its money)")
+            })
+        }
+        REUSE => {
+            let told = s.clients.get(REUSER as usize).and_then(|c| c.told.last());
+            told.map_or(String::new(), |(r, _)| {
+                format!(" (client 2, with other parameters, got {})", reply(r))
+            })
+        }
+        _ => String::new(),
     }
-    String::new()
 }
 
 /// The lane and the words of one step, `before` it and `after`.
@@ -211,11 +263,12 @@ fn fenced(model: &Protocol, before: &State, after: &State, key: u8) -> String {
         return format!("leases key k{key}; assumes ch{charge} failed, asking no one");
     }
     let held = before.gateway.iter().any(|p| p.charge == charge);
-    let how = if held { "found" } else { "voided now" };
-    format!(
-        "leases key k{key}; void_unless_recorded(auth:ch{charge}): {} ({how})",
-        outcome_word(outcome)
-    )
+    let stands = if held {
+        format!("{} already", outcome_word(outcome))
+    } else {
+        "nothing recorded: voided now".to_owned()
+    };
+    format!("leases key k{key}; void_unless_recorded(auth:ch{charge}): {stands}")
 }
 
 fn request_step(s: &State, request: u8) -> Option<Step> {

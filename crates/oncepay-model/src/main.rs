@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use oncepay_model::check::{Report, check};
-use oncepay_model::explain::timeline;
+use oncepay_model::explain::{self, timeline};
 use oncepay_model::{Bounds, Protocol, Variant};
 use stateright::Model;
 
@@ -24,7 +24,14 @@ enum Command {
     Check(Chosen),
     /// Tells each variant's shortest counterexample as a timeline (the
     /// protocol: the states explored and none).
-    Explain(Chosen),
+    Explain {
+        #[command(flatten)]
+        chosen: Chosen,
+        /// One JSON document: each variant's states, seconds, property
+        /// broken and steps (lane, what), for scripts/demo.
+        #[arg(long)]
+        json: bool,
+    },
     /// Serves Stateright's explorer of one variant, and prints the address
     /// of its shortest counterexample there.
     Serve {
@@ -75,7 +82,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check(chosen) => variants(&chosen).map(|v| check_all(&chosen.bounds, &v)),
-        Command::Explain(chosen) => variants(&chosen).map(|v| explain_all(&chosen.bounds, &v)),
+        Command::Explain { chosen, json } => {
+            variants(&chosen).map(|v| explain_all(&chosen.bounds, &v, json))
+        }
         Command::Serve {
             variant,
             addr,
@@ -125,7 +134,10 @@ fn check_all(bounds: &BoundsArgs, variants: &[Variant]) -> bool {
         let result = match report.broken.first() {
             None => "no counterexample".to_owned(),
             Some((name, path)) => {
-                format!("breaks \"{name}\" in {} steps", path.last_action_count())
+                format!(
+                    "breaks \"{name}\" in {} steps",
+                    path.clone().into_actions().len()
+                )
             }
         };
         let ok = as_expected(&report);
@@ -141,49 +153,41 @@ fn check_all(bounds: &BoundsArgs, variants: &[Variant]) -> bool {
     all
 }
 
-/// Each variant's counterexample as a timeline.
-fn explain_all(bounds: &BoundsArgs, variants: &[Variant]) -> bool {
-    let mut all = true;
-    for &variant in variants {
-        let report = check(bounds.model(variant));
-        all &= as_expected(&report);
+/// Each variant's counterexample as a timeline, or all of them as JSON.
+fn explain_all(bounds: &BoundsArgs, variants: &[Variant], json: bool) -> bool {
+    let reports: Vec<Report> = variants.iter().map(|&v| check(bounds.model(v))).collect();
+    if json {
+        let all: Vec<_> = reports.iter().map(explain::as_json).collect();
+        println!("{}", serde_json::Value::Array(all));
+    }
+    for report in reports.iter().filter(|_| !json) {
+        let (states, secs) = (report.states, report.took.as_secs_f64());
         println!(
-            "{variant}: {} states explored in {:.1} s",
-            report.states,
-            report.took.as_secs_f64()
+            "{}: {states} states explored in {secs:.1} s",
+            report.model.variant
         );
         match report.broken.first() {
             None => println!("     no counterexample: every property holds in every state\n"),
             Some((name, path)) => println!("{}", timeline(&report.model, path, name)),
         }
     }
-    all
+    reports.iter().all(as_expected)
 }
 
-/// Serves the explorer of `model` at `addr`, printing where its shortest
-/// counterexample starts; runs until stopped.
+/// Serves the explorer of `model` at `addr` (port 0: any free one), after
+/// printing its address and where its shortest counterexample starts
+/// there; runs until stopped.
 fn serve(model: Protocol, addr: &str) -> Result<bool, String> {
     let report = check(model.clone());
-    let _explorer = model.clone().checker().serve(addr);
+    // The explorer binds `addr` itself and never says which port it got.
+    let bound = std::net::TcpListener::bind(addr).map_err(|e| format!("{addr}: {e}"))?;
+    let addr = bound.local_addr().map_err(|e| e.to_string())?;
+    drop(bound);
     println!("the explorer of {}: http://{addr}/", model.variant);
     if let Some((name, path)) = report.broken.first() {
-        println!(
-            "its counterexample of \"{name}\": http://{addr}/#/steps/{}",
-            path.encode(&model)
-        );
+        let steps = path.encode(&model);
+        println!("its counterexample of \"{name}\": http://{addr}/#/steps/{steps}");
     }
-    loop {
-        std::thread::park();
-    }
-}
-
-/// Steps in a path.
-trait Steps {
-    fn last_action_count(&self) -> usize;
-}
-
-impl Steps for stateright::Path<oncepay_model::model::State, oncepay_model::model::Action> {
-    fn last_action_count(&self) -> usize {
-        self.clone().into_actions().len()
-    }
+    model.checker().serve(addr);
+    Ok(true)
 }

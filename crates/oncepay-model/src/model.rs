@@ -621,8 +621,38 @@ impl Model for Protocol {
         ]
     }
 
+    /// An action in the explorer's list, in the timeline's words.
     fn format_action(&self, action: &Action) -> String {
-        format!("{action:?}")
+        let who = |c: &Id| if *c == REUSER { "client 2" } else { "client" };
+        let at = |i: &Id| if *i == 0 { 'A' } else { 'B' };
+        match action {
+            Action::Send { client } => format!("{} sends an attempt", who(client)),
+            Action::TimeOut { client } => format!("{} times out", who(client)),
+            Action::Arrive { request, instance } => {
+                format!("request {request} arrives at oncepay {}", at(instance))
+            }
+            Action::Read { request } => format!("request {request}: SELECT the key"),
+            Action::Claim { request } => format!("request {request}: the claim"),
+            Action::Call { request } => format!("request {request} calls the gateway"),
+            Action::Settle { request } => format!("request {request}: the settle"),
+            Action::SaveAnswer { request } => format!("request {request}: the answer to Redis"),
+            Action::GiveUp { request } => format!("request {request}: 503, no answer in time"),
+            Action::Authorize { message } => {
+                format!("gateway: authorize auth:ch{}", message.charge)
+            }
+            Action::Deliver { answer } => {
+                format!("{} gets {:?}", who(&answer.client), answer.reply)
+            }
+            Action::LoseRequest { request } => format!("network loses request {request}"),
+            Action::LoseAnswer { answer } => format!("network loses {:?}", answer.reply),
+            Action::LoseMessage { message } => format!("network loses {message:?}"),
+            Action::Duplicate { message } => format!("network duplicates {message:?}"),
+            Action::Crash { instance } => format!("oncepay {} crashes", at(instance)),
+            Action::Stale { key } => format!("clock: key k{key} stale"),
+            Action::Expire { key } => format!("clock: key k{key} expires"),
+            Action::Fence { key } => format!("sweeper: lease key k{key} and fence its charge"),
+            Action::SweepSettle => "sweeper: settle the fenced charge".into(),
+        }
     }
 }
 
