@@ -704,16 +704,19 @@ test("the lab links the model's explorer, which steps through check-then-act's d
   // second payment is recorded.
   const steps = explorer.counterexample.split("#/steps/")[1].split("/");
   const shots = [["start", 2], ["both-read", 8], ["two-payments", steps.length]];
+  // The explorer fetches the path's states one by one: each shot waits for
+  // its path to be listed whole (the "Pre-init" line, then each step).
+  const path = () => page.locator("ol.path-list li").allTextContents();
   for (const [name, upTo] of shots) {
     await page.goto(`${explorer.base}#/steps/${steps.slice(0, upTo).join("/")}`);
-    await page.getByText("Current State").waitFor();
-    await page.waitForTimeout(500);
-    const path = await page.locator("body").textContent();
-    assert.ok(path.includes("Path of Actions"), "the explorer's page");
-    await page.screenshot({ path: join(OUT, `model-${name}.png`) });
+    // "Pre-init", then "Init 0" and each action after it.
+    await page.waitForFunction((n) => document.querySelectorAll("ol.path-list li").length === n + 1, upTo);
+    await page.screenshot({ path: join(OUT, `model-${name}.png`), fullPage: true });
   }
-  const last = await page.locator("body").textContent();
-  assert.match(last, /gateway: authorize auth:ch\d+[\s\S]*gateway: authorize auth:ch\d+/, "both payments on the path");
+  const actions = (await path()).map((a) => a.trim());
+  assert.equal(actions.length, steps.length + 1, "the whole path listed");
+  const paid = actions.filter((a) => /^gateway: authorize auth:ch\d+$/.test(a));
+  assert.equal(paid.length, 2, `both payments on the path: ${actions}`);
 });
 
 test("without the workshop switches, scenarios 3, 4, 6, 7, 8, 9, 10 and 12 say what to turn on", OWN_SERVERS, async () => {

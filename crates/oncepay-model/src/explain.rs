@@ -146,6 +146,12 @@ fn describe(model: &Protocol, before: &State, action: &Action, after: &State) ->
             "Redis".into(),
             format!("request {request}: SET the key to its answer"),
         ),
+        Action::Release { request } => (
+            store.clone(),
+            format!(
+                "request {request}: the gateway unreachable: DELETE the pending charge and its key"
+            ),
+        ),
         Action::GiveUp { request } => (
             instance(*request),
             format!("request {request}: no answer from the gateway in time: 503"),
@@ -283,14 +289,5 @@ fn outcome_word(o: Outcome) -> &'static str {
 }
 
 fn reply(r: &Reply) -> String {
-    match r {
-        Reply::Charge {
-            charge,
-            outcome: Outcome::Paid,
-        } => format!("201 ch{charge}"),
-        Reply::Charge { charge, .. } => format!("402 ch{charge} (voided)"),
-        Reply::InUse => "409 key in use".into(),
-        Reply::Reused => "422 key reused".into(),
-        Reply::Unknown => "503 outcome unknown".into(),
-    }
+    r.to_string()
 }

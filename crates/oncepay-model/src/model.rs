@@ -17,7 +17,8 @@ pub struct Bounds {
     pub reuser: bool,
     /// Crashes of an instance.
     pub crashes: u8,
-    /// Messages the network loses or duplicates.
+    /// Messages the network loses or duplicates, and calls it cannot
+    /// make (the gateway unreachable).
     pub faults: u8,
 }
 
@@ -66,6 +67,24 @@ pub enum Reply {
     Reused,
     /// `503`: the gateway's answer did not come in time.
     Unknown,
+    /// `503`: the gateway could not be reached; nothing was charged.
+    Unavailable,
+}
+
+impl std::fmt::Display for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reply::Charge {
+                charge,
+                outcome: Outcome::Paid,
+            } => write!(f, "201 ch{charge}"),
+            Reply::Charge { charge, .. } => write!(f, "402 ch{charge} (voided)"),
+            Reply::InUse => f.write_str("409 key in use"),
+            Reply::Reused => f.write_str("422 key reused"),
+            Reply::Unknown => f.write_str("503 outcome unknown"),
+            Reply::Unavailable => f.write_str("503 processor unavailable"),
+        }
+    }
 }
 
 /// A client: its key, its parameters, its attempts, what it was told.
@@ -229,6 +248,13 @@ pub enum Action {
     SaveAnswer {
         request: Id,
     },
+    /// The gateway cannot be reached, so nothing was sent: the release,
+    /// `charges::store::release_pending`, deletes the pending charge and its
+    /// key if still pending (`503 processor_unavailable`); if not, the
+    /// charge settled elsewhere is the answer.
+    Release {
+        request: Id,
+    },
     /// The gateway's answer did not come in time: `503`, the record left
     /// pending for recovery.
     GiveUp {
@@ -372,7 +398,13 @@ impl Model for Protocol {
                     actions.push(Action::Read { request });
                 }
                 Step::Arrived | Step::FoundFree => actions.push(Action::Claim { request }),
-                Step::Claimed { .. } => actions.push(Action::Call { request }),
+                Step::Claimed { .. } => {
+                    actions.push(Action::Call { request });
+                    // An unreachable gateway is one of the network's faults.
+                    if fault && !self.redis() && self.variant != Variant::KeyAfterWork {
+                        actions.push(Action::Release { request });
+                    }
+                }
                 Step::Calling { .. } => {
                     let replied = |m: &GatewayMessage| m.request == request && m.reply.is_some();
                     if s.wire.iter().any(replied) {
@@ -495,6 +527,10 @@ impl Model for Protocol {
             Action::GiveUp { request } => {
                 let r = find(&mut s, request).clone();
                 answer_and_end(&mut s, &r, (Reply::Unknown, false));
+            }
+            Action::Release { request } => {
+                self.release(&mut s, request);
+                s.faults += 1;
             }
             Action::Authorize { message } => {
                 let at = s.wire.iter().position(|m| *m == message)?;
@@ -640,17 +676,23 @@ impl Model for Protocol {
             Action::Authorize { message } => {
                 format!("gateway: authorize auth:ch{}", message.charge)
             }
-            Action::Deliver { answer } => {
-                format!("{} gets {:?}", who(&answer.client), answer.reply)
-            }
+            Action::Deliver { answer } => format!("{} gets {}", who(&answer.client), answer.reply),
             Action::LoseRequest { request } => format!("network loses request {request}"),
-            Action::LoseAnswer { answer } => format!("network loses {:?}", answer.reply),
-            Action::LoseMessage { message } => format!("network loses {message:?}"),
-            Action::Duplicate { message } => format!("network duplicates {message:?}"),
+            Action::LoseAnswer { answer } => format!("network loses the answer {}", answer.reply),
+            Action::LoseMessage { message } => match message.reply {
+                None => format!("network loses the call for auth:ch{}", message.charge),
+                Some(_) => format!("network loses the answer for auth:ch{}", message.charge),
+            },
+            Action::Duplicate { message } => {
+                format!("network duplicates the call for auth:ch{}", message.charge)
+            }
             Action::Crash { instance } => format!("oncepay {} crashes", at(instance)),
             Action::Stale { key } => format!("clock: key k{key} stale"),
             Action::Expire { key } => format!("clock: key k{key} expires"),
             Action::Fence { key } => format!("sweeper: lease key k{key} and fence its charge"),
+            Action::Release { request } => {
+                format!("request {request}: gateway unreachable, release")
+            }
             Action::SweepSettle => "sweeper: settle the fenced charge".into(),
         }
     }
@@ -745,6 +787,30 @@ impl Protocol {
         if row_is_pending_key(s, r.key, charge) {
             set_key(s, r.key, r.params, KeyStatus::Completed(reply));
         }
+        answer_and_end(s, &r, (reply, false));
+    }
+
+    /// The release of a claim whose gateway call could not be sent: the
+    /// pending charge and its key deleted, if the charge is still pending.
+    fn release(&self, s: &mut State, request: Id) {
+        let r = find(s, request).clone();
+        let Step::Claimed { charge } = r.step else {
+            return;
+        };
+        let row = s.charges.iter().find(|c| c.id == charge);
+        let reply = match row.map(|c| c.settled) {
+            // Settled meanwhile (the sweeper): that is the answer.
+            Some(Some(outcome)) => Reply::Charge { charge, outcome },
+            _ => {
+                s.charges.retain(|c| c.id != charge);
+                let ours = |k: &Key| match k.status {
+                    KeyStatus::Processing { charge: c, .. } => c.is_none_or(|c| c == charge),
+                    KeyStatus::Completed(_) => false,
+                };
+                s.keys.retain(|k| k.key != r.key || !ours(k));
+                Reply::Unavailable
+            }
+        };
         answer_and_end(s, &r, (reply, false));
     }
 
