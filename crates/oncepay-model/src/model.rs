@@ -374,116 +374,18 @@ impl Model for Protocol {
 
     fn actions(&self, s: &State, actions: &mut Vec<Action>) {
         let fault = s.faults < self.bounds.faults;
-        for (id, c) in s.clients.iter().enumerate() {
-            let client = id as Id;
-            if !c.done && !c.waiting && c.attempts < c.max_attempts {
-                actions.push(Action::Send { client });
-            }
-            if c.waiting {
-                actions.push(Action::TimeOut { client });
-            }
-        }
-        for r in &s.requests {
-            let request = r.id;
-            match r.step {
-                Step::OnWire => {
-                    for instance in 0..INSTANCES {
-                        actions.push(Action::Arrive { request, instance });
-                    }
-                    if fault {
-                        actions.push(Action::LoseRequest { request });
-                    }
-                }
-                Step::Arrived if self.variant == Variant::CheckThenAct => {
-                    actions.push(Action::Read { request });
-                }
-                Step::Arrived | Step::FoundFree => actions.push(Action::Claim { request }),
-                Step::Claimed { .. } => {
-                    actions.push(Action::Call { request });
-                    // An unreachable gateway is one of the network's faults.
-                    if fault && !self.redis() && self.variant != Variant::KeyAfterWork {
-                        actions.push(Action::Release { request });
-                    }
-                }
-                Step::Calling { .. } => {
-                    let replied = |m: &GatewayMessage| m.request == request && m.reply.is_some();
-                    if s.wire.iter().any(replied) {
-                        actions.push(Action::Settle { request });
-                    }
-                    actions.push(Action::GiveUp { request });
-                }
-                Step::Committed { .. } => actions.push(Action::SaveAnswer { request }),
-            }
-        }
-        for m in &s.wire {
-            if m.reply.is_none() {
-                actions.push(Action::Authorize { message: m.clone() });
-                if fault {
-                    actions.push(Action::Duplicate { message: m.clone() });
-                }
-            }
-            if fault {
-                actions.push(Action::LoseMessage { message: m.clone() });
-            }
-        }
-        for a in &s.answers {
-            actions.push(Action::Deliver { answer: a.clone() });
-            if fault {
-                actions.push(Action::LoseAnswer { answer: a.clone() });
-            }
-        }
-        if s.crashes < self.bounds.crashes {
-            for instance in 0..INSTANCES {
-                if s.requests
-                    .iter()
-                    .any(|r| r.instance == instance && r.step != Step::OnWire)
-                {
-                    actions.push(Action::Crash { instance });
-                }
-            }
-        }
-        for k in &s.keys {
-            match k.status {
-                KeyStatus::Processing { stale: false, .. } if !self.redis() => {
-                    actions.push(Action::Stale { key: k.key });
-                }
-                KeyStatus::Processing { stale: true, .. } if s.sweeping.is_none() => {
-                    actions.push(Action::Fence { key: k.key });
-                }
-                // Redis's TTL of a key whose holder is gone: no request
-                // lives longer than it.
-                KeyStatus::Processing { .. } if self.redis() && !held(s, k.key) => {
-                    actions.push(Action::Expire { key: k.key });
-                }
-                KeyStatus::Completed(_) if self.expires(s, k.key) => {
-                    actions.push(Action::Expire { key: k.key });
-                }
-                _ => {}
-            }
-        }
-        if s.sweeping.is_some() {
-            actions.push(Action::SweepSettle);
-        }
+        self.clients_act(s, actions);
+        self.requests_act(s, fault, actions);
+        self.network_acts(s, fault, actions);
+        self.clock_and_sweeper_act(s, actions);
     }
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
         let mut s = last.clone();
         match action {
             Action::Send { client } => {
-                let c = &s.clients[client as usize];
-                let (key, params, attempt) = (self.key_for(c), c.params, c.attempts + 1);
-                let c = &mut s.clients[client as usize];
-                (c.attempts, c.waiting) = (attempt, true);
-                let id = fresh(&mut s);
-                s.requests.push(Request {
-                    id,
-                    client,
-                    attempt,
-                    key,
-                    params,
-                    instance: 0,
-                    step: Step::OnWire,
-                });
+                let key = self.key_for(&s.clients[client as usize]);
+                send(&mut s, key, client);
             }
             Action::TimeOut { client } => s.clients[client as usize].waiting = false,
             Action::Arrive { request, instance } => {
@@ -499,21 +401,7 @@ impl Model for Protocol {
                 }
             }
             Action::Claim { request } => self.claim(&mut s, request),
-            Action::Call { request } => {
-                let r = find(&mut s, request);
-                let Step::Claimed { charge } = r.step else {
-                    return None;
-                };
-                r.step = Step::Calling { charge };
-                let (client, reply) = (r.client, None);
-                let call = GatewayMessage {
-                    request,
-                    charge,
-                    client,
-                    reply,
-                };
-                s.wire.push(call);
-            }
+            Action::Call { request } => call(&mut s, request)?,
             Action::Settle { request } => self.settle(&mut s, request),
             Action::SaveAnswer { request } => {
                 let r = find(&mut s, request).clone();
@@ -532,33 +420,8 @@ impl Model for Protocol {
                 self.release(&mut s, request);
                 s.faults += 1;
             }
-            Action::Authorize { message } => {
-                let at = s.wire.iter().position(|m| *m == message)?;
-                s.wire.remove(at);
-                let outcome = held_at_gateway(&s, message.charge).unwrap_or_else(|| {
-                    let (charge, client) = (message.charge, message.client);
-                    let outcome = Outcome::Paid;
-                    s.gateway.push(Payment {
-                        charge,
-                        client,
-                        outcome,
-                    });
-                    outcome
-                });
-                let reply = Some(outcome);
-                s.wire.push(GatewayMessage { reply, ..message });
-            }
-            Action::Deliver { answer } => {
-                let at = s.answers.iter().position(|a| *a == answer)?;
-                s.answers.remove(at);
-                let c = &mut s.clients[answer.client as usize];
-                // A late answer to an attempt the client gave up on is not heard.
-                if c.waiting && c.attempts == answer.attempt {
-                    c.waiting = false;
-                    c.done = matches!(answer.reply, Reply::Charge { .. } | Reply::Reused);
-                    c.told.push((answer.reply, answer.replayed));
-                }
-            }
+            Action::Authorize { message } => authorize(&mut s, message)?,
+            Action::Deliver { answer } => deliver(&mut s, answer)?,
             Action::LoseRequest { request } => {
                 s.requests.retain(|r| r.id != request);
                 s.faults += 1;
@@ -694,6 +557,115 @@ impl Model for Protocol {
                 format!("request {request}: gateway unreachable, release")
             }
             Action::SweepSettle => "sweeper: settle the fenced charge".into(),
+        }
+    }
+}
+
+/// The actions each part of the system may take next, by part.
+impl Protocol {
+    /// The clients: an attempt, or a timeout while waiting.
+    fn clients_act(&self, s: &State, actions: &mut Vec<Action>) {
+        for (id, c) in s.clients.iter().enumerate() {
+            let client = id as Id;
+            if !c.done && !c.waiting && c.attempts < c.max_attempts {
+                actions.push(Action::Send { client });
+            }
+            if c.waiting {
+                actions.push(Action::TimeOut { client });
+            }
+        }
+    }
+
+    /// Each request's next step at its instance, and the crash of an instance.
+    fn requests_act(&self, s: &State, fault: bool, actions: &mut Vec<Action>) {
+        for r in &s.requests {
+            let request = r.id;
+            match r.step {
+                Step::OnWire => {
+                    for instance in 0..INSTANCES {
+                        actions.push(Action::Arrive { request, instance });
+                    }
+                    if fault {
+                        actions.push(Action::LoseRequest { request });
+                    }
+                }
+                Step::Arrived if self.variant == Variant::CheckThenAct => {
+                    actions.push(Action::Read { request });
+                }
+                Step::Arrived | Step::FoundFree => actions.push(Action::Claim { request }),
+                Step::Claimed { .. } => {
+                    actions.push(Action::Call { request });
+                    // An unreachable gateway is one of the network's faults.
+                    if fault && !self.redis() && self.variant != Variant::KeyAfterWork {
+                        actions.push(Action::Release { request });
+                    }
+                }
+                Step::Calling { .. } => {
+                    let replied = |m: &GatewayMessage| m.request == request && m.reply.is_some();
+                    if s.wire.iter().any(replied) {
+                        actions.push(Action::Settle { request });
+                    }
+                    actions.push(Action::GiveUp { request });
+                }
+                Step::Committed { .. } => actions.push(Action::SaveAnswer { request }),
+            }
+        }
+        if s.crashes < self.bounds.crashes {
+            for instance in 0..INSTANCES {
+                if s.requests
+                    .iter()
+                    .any(|r| r.instance == instance && r.step != Step::OnWire)
+                {
+                    actions.push(Action::Crash { instance });
+                }
+            }
+        }
+    }
+
+    /// The gateway takes a call; the network loses or duplicates.
+    fn network_acts(&self, s: &State, fault: bool, actions: &mut Vec<Action>) {
+        for m in &s.wire {
+            if m.reply.is_none() {
+                actions.push(Action::Authorize { message: m.clone() });
+                if fault {
+                    actions.push(Action::Duplicate { message: m.clone() });
+                }
+            }
+            if fault {
+                actions.push(Action::LoseMessage { message: m.clone() });
+            }
+        }
+        for a in &s.answers {
+            actions.push(Action::Deliver { answer: a.clone() });
+            if fault {
+                actions.push(Action::LoseAnswer { answer: a.clone() });
+            }
+        }
+    }
+
+    /// The clock on each key, and the sweeper.
+    fn clock_and_sweeper_act(&self, s: &State, actions: &mut Vec<Action>) {
+        for k in &s.keys {
+            match k.status {
+                KeyStatus::Processing { stale: false, .. } if !self.redis() => {
+                    actions.push(Action::Stale { key: k.key });
+                }
+                KeyStatus::Processing { stale: true, .. } if s.sweeping.is_none() => {
+                    actions.push(Action::Fence { key: k.key });
+                }
+                // Redis's TTL of a key whose holder is gone: no request
+                // lives longer than it.
+                KeyStatus::Processing { .. } if self.redis() && !held(s, k.key) => {
+                    actions.push(Action::Expire { key: k.key });
+                }
+                KeyStatus::Completed(_) if self.expires(s, k.key) => {
+                    actions.push(Action::Expire { key: k.key });
+                }
+                _ => {}
+            }
+        }
+        if s.sweeping.is_some() {
+            actions.push(Action::SweepSettle);
         }
     }
 }
@@ -882,6 +854,75 @@ impl Protocol {
             .all(|c| c.key != key || c.done || (c.attempts == c.max_attempts && !c.waiting))
             && !s.requests.iter().any(|r| r.key == key)
     }
+}
+
+/// The client sends its next attempt under `key`: a request on the wire.
+fn send(s: &mut State, key: Id, client: Id) {
+    let c = &mut s.clients[client as usize];
+    let (params, attempt) = (c.params, c.attempts + 1);
+    (c.attempts, c.waiting) = (attempt, true);
+    let id = fresh(s);
+    let step = Step::OnWire;
+    let instance = 0;
+    s.requests.push(Request {
+        id,
+        client,
+        attempt,
+        key,
+        params,
+        instance,
+        step,
+    });
+}
+
+/// The request's call to the gateway, under its charge's processor key.
+fn call(s: &mut State, request: Id) -> Option<()> {
+    let r = find(s, request);
+    let Step::Claimed { charge } = r.step else {
+        return None;
+    };
+    r.step = Step::Calling { charge };
+    let (client, reply) = (r.client, None);
+    s.wire.push(GatewayMessage {
+        request,
+        charge,
+        client,
+        reply,
+    });
+    Some(())
+}
+
+/// The gateway takes a call: what it holds under the processor key, or a
+/// payment made now; its answer goes back on the wire.
+fn authorize(s: &mut State, message: GatewayMessage) -> Option<()> {
+    let at = s.wire.iter().position(|m| *m == message)?;
+    s.wire.remove(at);
+    let outcome = held_at_gateway(s, message.charge).unwrap_or_else(|| {
+        let (charge, client, outcome) = (message.charge, message.client, Outcome::Paid);
+        s.gateway.push(Payment {
+            charge,
+            client,
+            outcome,
+        });
+        outcome
+    });
+    let reply = Some(outcome);
+    s.wire.push(GatewayMessage { reply, ..message });
+    Some(())
+}
+
+/// An answer reaches its client, which hears it only if it still waits
+/// for that attempt.
+fn deliver(s: &mut State, answer: Answer) -> Option<()> {
+    let at = s.answers.iter().position(|a| *a == answer)?;
+    s.answers.remove(at);
+    let c = &mut s.clients[answer.client as usize];
+    if c.waiting && c.attempts == answer.attempt {
+        c.waiting = false;
+        c.done = matches!(answer.reply, Reply::Charge { .. } | Reply::Reused);
+        c.told.push((answer.reply, answer.replayed));
+    }
+    Some(())
 }
 
 /// Whether a live request holds `key` (Redis: between its `SET NX` and its
