@@ -363,6 +363,9 @@ pub struct Workshop {
     /// Where the lab's timelines are also written, so that a crash on purpose (card 8) does not take the crashed request's (unset: memory only).
     #[arg(long, env = "DEMO_TRACE_FILE", global = true)]
     pub trace_file: Option<std::path::PathBuf>,
+    /// The model checker's explorer at a naive design's counterexample, which the lab links to (workshops only; unset: no link).
+    #[arg(long, env = "DEMO_MODEL_URL", global = true)]
+    pub model_url: Option<String>,
 }
 
 /// The service's settings, checked across groups. See `.env.example` for
@@ -1139,6 +1142,10 @@ mod tests {
                 "DEMO_TRACE_FILE" => {
                     assert_eq!(*cell, "unset");
                     assert!(config(&[]).unwrap().workshop.trace_file.is_none());
+                }
+                "DEMO_MODEL_URL" => {
+                    assert_eq!(*cell, "unset");
+                    assert!(config(&[]).unwrap().workshop.model_url.is_none());
                 }
                 "BROKER_FAULT" => {
                     assert_eq!(*cell, "unset");

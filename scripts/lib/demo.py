@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The workshop demo: twelve scenarios, eleven against a running oncepay server.
+"""The workshop demo: thirteen scenarios, eleven against a running oncepay server.
 
 Run by scripts/demo (which starts two servers first, or uses ONCEPAY_URL); it
 can also be run on its own:
@@ -12,7 +12,8 @@ can also be run on its own:
 Scenarios 8 and 9 run against the second server (--pitfalls-url): a short key
 TTL, Redis, and something that restarts it when scenario 8 crashes it.
 Scenario 11 makes its own Postgres servers and oncepay processes
-(scripts/lib/failover.py), from the --failover-* options.
+(scripts/lib/failover.py), from the --failover-* options. Scenario 13 runs
+the model checker's binary (--model-bin, crates/oncepay-model) and no request.
 
 Every effect count printed is read from the server's GET /demo/effects (the
 processor's payments and refunds in the database) after the scenario, never
@@ -37,6 +38,7 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 import threading
@@ -238,7 +240,7 @@ def at_once(*calls):
 # The scenarios
 
 
-# The twelve blocks in the order they run: number, title, and the rule each
+# The blocks in the order they run: number, title, and the rule each
 # one teaches, printed as its last line.
 BLOCKS = [
     (1, "A retry without a key applies the effect again",
@@ -265,6 +267,8 @@ BLOCKS = [
      "acknowledge only what the standby you fail over to already has"),
     (12, "The message handler forgot its inbox",
      "deduplicate at every at-least-once boundary: the consumer keeps an inbox of event ids, written with its effect"),
+    (13, "Every interleaving, not just the ones we thought of",
+     "check the protocol over every interleaving: each naive design has a short way to break exactly once"),
 ]
 TITLES = {number: title for number, title, _ in BLOCKS}
 RULES = {number: rule for number, _, rule in BLOCKS}
@@ -625,6 +629,41 @@ class Demo:
         b.row("and once more after it", f"{b.count('window_after', int(window['after']), 2)} messages in the stream")
         return b
 
+    # Block 13's designs, the protocol first: the model's name and how the
+    # block calls it. crates/oncepay-model has all eight naive designs.
+    MODELLED = [
+        ("real", "oncepay's protocol"),
+        ("check-then-act", "naive: the key read, then written (block 4)"),
+        ("two-transactions", "naive: the key claimed alone, the charge written after the gateway (block 8)"),
+        ("no-void-fence", "naive: a sweeper that settles a stale charge without asking the gateway"),
+    ]
+
+    def every_interleaving(self, model_bin):
+        b = Block(13)
+        b.row("each part", "the protocol as a model (crates/oncepay-model): two clients, two instances that may "
+              "crash, the gateway, the sweeper, a clock and a lossy network; Stateright explores every "
+              "interleaving, breadth first, so a counterexample is a shortest one")
+        if not model_bin:
+            b.skipped = "needs the model's binary (scripts/demo builds it: cargo build -p oncepay-model)"
+            return b
+        names = [name for name, _ in self.MODELLED]
+        done = subprocess.run([model_bin, "explain", "--json", *names], capture_output=True, text=True)
+        if not done.stdout.strip():
+            b.skipped = f"oncepay-model explain failed: {done.stderr.strip()[-300:]}"
+            return b
+        reports = {r["variant"]: r for r in json.loads(done.stdout)}
+        for name, heading in self.MODELLED:
+            report = reports[name]
+            b.part(heading)
+            b.row("states explored", f"{report['states']:,} in {report['seconds']:.1f} s")
+            broken = report["broken"]
+            if broken:
+                for n, step in enumerate(broken["steps"], 1):
+                    b.row(f"{n:2} {step['lane']}", step["what"])
+                b.row("broken", f"{broken['property']} {broken['consequence']}".strip())
+            b.row("counterexamples found", b.count(name, 1 if broken else 0, 0 if name == "real" else 1))
+        return b
+
     def at(self, started):
         return f"{time.monotonic() - started:4.1f} s"
 
@@ -892,7 +931,8 @@ def shows_numbers(b):
 def render_end(mismatches, style):
     if mismatches:
         return "\n".join([style.red("NOT AS EXPECTED:")] + [f"   {m}" for m in mismatches])
-    return "Every count above was read from the database after its scenario, and is as expected."
+    return ("Every count above was read from the database after its scenario (block 13's from the model "
+            "checker), and is as expected.")
 
 
 def wrap_value(label, value, width):
@@ -947,7 +987,7 @@ def render_json(server, blocks, mismatches):
 
 # What a block needs beyond the first server, so that scripts/demo starts
 # only what the chosen blocks use.
-NEEDS = {8: ("pitfalls", "redis"), 9: ("pitfalls",), 11: ("failover",), 12: ("nats",)}
+NEEDS = {8: ("pitfalls", "redis"), 9: ("pitfalls",), 11: ("failover",), 12: ("nats",), 13: ("model",)}
 
 
 def needs(chosen):
@@ -962,7 +1002,7 @@ def main():
     parser.add_argument(
         "--needs",
         action="store_true",
-        help="name what the blocks need beyond the server (pitfalls, redis, failover, nats), run nothing",
+        help="name what the blocks need beyond the server (pitfalls, redis, failover, nats, model), run nothing",
     )
     parser.add_argument(
         "--block", metavar="N", help="run only these blocks: a number, a list or a range (4; 1,3; 2-5)"
@@ -982,6 +1022,7 @@ def main():
         "restarted when it crashes (scripts/demo starts one)",
     )
     parser.add_argument("--failover-bin", metavar="PATH", help="scenario 11: the oncepay binary to start")
+    parser.add_argument("--model-bin", metavar="PATH", help="scenario 13: the oncepay-model binary")
     parser.add_argument("--pg-bin", metavar="DIR", help="scenario 11: the folder of initdb, pg_ctl, pg_basebackup")
     parser.add_argument(
         "--failover-dir", metavar="DIR", help="scenario 11: a git-ignored folder for its servers' data and logs"
@@ -1056,8 +1097,9 @@ def main():
             10: lambda: demo.the_same_key_to_the_provider(fault_injection, naive_endpoint),
             11: lambda: demo.an_acknowledged_charge_lost_in_a_failover(lab),
             12: demo.the_message_handler_forgot_its_inbox,
+            13: lambda: demo.every_interleaving(args.model_bin),
         }
-        which = "the twelve blocks" if len(chosen) == len(BLOCKS) else "block " + ", ".join(map(str, chosen))
+        which = "the thirteen blocks" if len(chosen) == len(BLOCKS) else "block " + ", ".join(map(str, chosen))
         log(f"running {which} against {where} (run tags {demo.prefix}-*)")
         tty = sys.stdout.isatty()
         style = Style(tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb")

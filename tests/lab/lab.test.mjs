@@ -50,6 +50,8 @@ const servers = [];
 const supervisors = [];
 let context = null;
 let page = null;
+/** The model's explorer the lab links to (`oncepay.explore`). */
+let explorer = null;
 let base = null;
 let dbUrl = null;
 let db = null;
@@ -272,8 +274,11 @@ before(async () => {
   } else {
     db = createDatabase("oncepay_lab");
     dbUrl = db.url;
-    // Every card under the workshop's own settings, as scripts/workshop runs them.
-    ({ base } = await serve("server.log", { ...workshopSettings(), NATS_URL }));
+    explorer = await oncepay.explore("check-then-act");
+    // Every card under the workshop's own settings, as scripts/workshop runs them,
+    // the model's explorer linked as it links it.
+    const env = { ...workshopSettings(), NATS_URL, DEMO_MODEL_URL: explorer.counterexample };
+    ({ base } = await serve("server.log", env));
   }
 
   userDataDir = mkdtempSync(join(tmpdir(), "oncepay-lab-chromium-"));
@@ -308,6 +313,7 @@ after(async () => {
   if (userDataDir) rmSync(userDataDir, { recursive: true, force: true });
   for (const sup of supervisors) sup.stopped = true;
   for (const proc of servers) await stop(proc);
+  if (explorer) await stop(explorer.proc);
   db?.drop();
   for (const sup of supervisors) sup.db.drop();
 });
@@ -325,9 +331,10 @@ test("the page takes the merchant key from the address, remembers it, and works 
   assert.equal(await byId("api-key").inputValue(), API_KEY);
   await page.goto(`${base}/lab`);
   assert.equal(await byId("api-key").inputValue(), API_KEY, "remembered in local storage");
-  // The SVG namespace is a name the timelines are made in, not an address.
+  // The SVG namespace is a name the timelines are made in, not an address;
+  // the model's explorer runs on this machine.
   const html = (await page.content()).replaceAll('"http://www.w3.org/2000/svg"', "");
-  assert.ok(!/https?:\/\//.test(html), "nothing loaded from the internet");
+  assert.ok(!/https?:\/\/(?!127\.0\.0\.1[:/])/.test(html), "nothing loaded from the internet");
 });
 
 test("1: four requests without a key apply the effect four times", async () => {
@@ -688,6 +695,30 @@ test("in the presenter's view at 1280x720, cards 3, 4, 8 and 12 fit the screen a
 });
 
 const OWN_SERVERS = { skip: WORKSHOP ? "drives a running scripts/workshop (LAB_URL)" : false };
+
+test("the lab links the model's explorer, which steps through check-then-act's double charge", OWN_SERVERS, async () => {
+  await page.goto(`${base}/lab?key=${API_KEY}`);
+  const link = byId("model-link");
+  await link.waitFor();
+  assert.equal(await link.getAttribute("href"), explorer.counterexample);
+  // The explorer at each step of the counterexample, the last where the
+  // second payment is recorded.
+  const steps = explorer.counterexample.split("#/steps/")[1].split("/");
+  const shots = [["start", 2], ["both-read", 8], ["two-payments", steps.length]];
+  // The explorer fetches the path's states one by one: each shot waits for
+  // its path to be listed whole (the "Pre-init" line, then each step).
+  const path = () => page.locator("ol.path-list li").allTextContents();
+  for (const [name, upTo] of shots) {
+    await page.goto(`${explorer.base}#/steps/${steps.slice(0, upTo).join("/")}`);
+    // "Pre-init", then "Init 0" and each action after it.
+    await page.waitForFunction((n) => document.querySelectorAll("ol.path-list li").length === n + 1, upTo);
+    await page.screenshot({ path: join(OUT, `model-${name}.png`), fullPage: true });
+  }
+  const actions = (await path()).map((a) => a.trim());
+  assert.equal(actions.length, steps.length + 1, "the whole path listed");
+  const paid = actions.filter((a) => /^gateway: authorize auth:ch\d+$/.test(a));
+  assert.equal(paid.length, 2, `both payments on the path: ${actions}`);
+});
 
 test("without the workshop switches, scenarios 3, 4, 6, 7, 8, 9, 10 and 12 say what to turn on", OWN_SERVERS, async () => {
   const plain = await serve("server-plain.log", {});

@@ -132,6 +132,26 @@ export async function serve({ databaseUrl, apiKey, logPath, env = {}, cwd, port:
   }
 }
 
+export const MODEL_BIN = process.env.ONCEPAY_MODEL_BIN || join(ROOT, "target", "debug", "oncepay-model");
+
+/**
+ * Stateright's explorer of the model's VARIANT (`oncepay-model serve`) on a
+ * free port: `{ proc, base, counterexample }`, the last the explorer's
+ * address of the variant's shortest counterexample.
+ */
+export async function explore(variant) {
+  if (!existsSync(MODEL_BIN)) throw new Error(`${MODEL_BIN} is missing: run cargo build -p oncepay-model first`);
+  const proc = spawn(MODEL_BIN, ["serve", variant, "--addr", "127.0.0.1:0"], { stdio: ["ignore", "pipe", "inherit"] });
+  proc.on("exit", () => { proc.exited = true; });
+  let out = "";
+  for await (const chunk of proc.stdout) {
+    out += chunk;
+    const found = /(http:\/\/\S+\/)#\/steps\/[\d/]+/.exec(out);
+    if (found) return { proc, base: found[1], counterexample: found[0] };
+  }
+  throw new Error(`oncepay-model serve ${variant} exited: ${out}`);
+}
+
 /** SIGTERM, then SIGKILL after 10 s. */
 export async function stop(proc) {
   if (proc.exited) return;

@@ -345,6 +345,7 @@ async fn settings(
         demo_unsafe_endpoints: config.workshop.demo_unsafe_endpoints,
         webhook_allow_private: config.webhooks.allow_private,
         redis: state.redis.is_some(),
+        model_url: config.workshop.model_url.clone(),
         started_at_ms: STARTED
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, millis),
@@ -377,6 +378,9 @@ struct Settings {
     webhook_allow_private: bool,
     /// Whether `REDIS_URL` is set (not whether Redis answers).
     redis: bool,
+    /// `DEMO_MODEL_URL`: the model checker's explorer, at a counterexample.
+    #[schema(example = "http://127.0.0.1:3000/#/steps/0/0/1")]
+    model_url: Option<String>,
     /// When this process started, Unix milliseconds: it changes when the server is restarted.
     #[schema(example = 1_764_892_800_000_u64)]
     started_at_ms: u64,
