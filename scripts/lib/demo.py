@@ -931,8 +931,8 @@ def shows_numbers(b):
 def render_end(mismatches, style):
     if mismatches:
         return "\n".join([style.red("NOT AS EXPECTED:")] + [f"   {m}" for m in mismatches])
-    return ("Every count above was read from the database after its scenario (block 13's from the model "
-            "checker), and is as expected.")
+    return ("Every count above was read from the database after its scenario (block 13's from the\n"
+            "model checker), and is as expected.")
 
 
 def wrap_value(label, value, width):
