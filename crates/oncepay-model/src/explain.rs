@@ -57,7 +57,8 @@ pub fn as_json(report: &Report) -> serde_json::Value {
 
 /// What the last state shows of the broken property.
 fn consequence(s: &State, broken: &str) -> String {
-    use crate::model::{AGREE, CLIENT, ONE_PAYMENT, REUSE};
+    use crate::model::CLIENT;
+    use crate::properties::{AGREE, ONE_PAYMENT, REUSE};
     match broken {
         ONE_PAYMENT => {
             let paid = payments(s, CLIENT);

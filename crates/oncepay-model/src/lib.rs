@@ -21,6 +21,7 @@
 pub mod check;
 pub mod explain;
 pub mod model;
+pub mod properties;
 pub mod variant;
 
 pub use model::{Bounds, Protocol};

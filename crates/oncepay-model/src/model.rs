@@ -3,6 +3,9 @@
 
 use stateright::{Model, Property};
 
+use crate::properties::{
+    AGREE, CRASHES, LEAVES_PROCESSING, NOT_LOST, ONE_PAYMENT, REPLAYS, REUSE, SAME_ANSWER, SUCCEEDS,
+};
 use crate::variant::Variant;
 
 /// Ids of requests, keys, charges: small numbers, in order of creation.
@@ -305,17 +308,6 @@ pub enum Action {
     /// conditional settle), or deletes a key with no record to settle.
     SweepSettle,
 }
-
-/// The property names, one rule each.
-pub const ONE_PAYMENT: &str = "at most one payment per logical operation";
-pub const SAME_ANSWER: &str = "a replay's answer is the first answer";
-pub const NOT_LOST: &str = "no acknowledged charge is lost";
-pub const REUSE: &str = "a key reused with other parameters never gets the first answer";
-pub const AGREE: &str = "no money moves for a charge recorded as failed";
-pub const LEAVES_PROCESSING: &str = "every key eventually leaves processing";
-pub const SUCCEEDS: &str = "a charge succeeds";
-pub const CRASHES: &str = "a crash happens";
-pub const REPLAYS: &str = "a replay occurs";
 
 impl Protocol {
     pub fn new(variant: Variant) -> Self {

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::model::{AGREE, ONE_PAYMENT, REUSE};
+use crate::properties::{AGREE, ONE_PAYMENT, REUSE};
 
 /// The protocol, or one of the naive designs it is compared with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -4,7 +4,7 @@
 
 use oncepay_model::check::{Report, check};
 use oncepay_model::explain::timeline;
-use oncepay_model::model::{CRASHES, REPLAYS, SUCCEEDS};
+use oncepay_model::properties::{CRASHES, REPLAYS, SUCCEEDS};
 use oncepay_model::{Protocol, Variant};
 
 fn checked(variant: Variant) -> Report {
