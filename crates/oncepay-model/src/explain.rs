@@ -122,6 +122,10 @@ fn describe(model: &Protocol, before: &State, action: &Action, after: &State) ->
             "database".into(),
             format!("request {request}: SELECT the key: not there"),
         ),
+        // Without a claim, nothing is written before the work.
+        Action::Claim { request } if model.variant == Variant::KeyAfterWork => {
+            (instance(*request), claimed(model, before, after, *request))
+        }
         Action::Claim { request } => (store, claimed(model, before, after, *request)),
         Action::Call { request } => {
             let charge = match request_step(after, *request) {

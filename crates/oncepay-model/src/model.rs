@@ -145,6 +145,7 @@ pub struct Key {
     pub status: KeyStatus,
 }
 
+/// Where a key stands: claimed and at work, or its answer saved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KeyStatus {
     /// Claimed, its record `charge` pending (none when the charge is
