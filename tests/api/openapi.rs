@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::helpers::{Answer, Settings, spawn_app_with};
+use crate::helpers::{Answer, Settings, TestApp, spawn_app_with};
 
 /// Every route of the API, as (method, path template). Routes are only ever
 /// added through `utoipa_axum::routes!` (see the source check below), which
@@ -51,19 +51,17 @@ const SERVED: &[(&str, &str)] = &[
     ("post", "/demo/broker/window"),
 ];
 
+/// The document `app` serves at `/openapi.json`, answered `200`.
+async fn served_document(app: &TestApp) -> serde_json::Value {
+    let answer = Answer::of(app.get("/openapi.json").await).await;
+    assert_eq!(answer.status, 200);
+    answer.json()
+}
+
 #[tokio::test]
 async fn the_served_document_lists_every_route_the_router_serves() {
     let app = spawn_app_with(Settings::new().set("DEMO_UNSAFE_ENDPOINTS", "true")).await;
-    let doc = Answer::of(
-        app.client
-            .get(app.url("/openapi.json"))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(doc.status, 200);
-    let doc = doc.json();
+    let doc = served_document(&app).await;
     assert_eq!(doc["openapi"], "3.1.0");
     let documented: BTreeSet<(String, String)> = doc["paths"]
         .as_object()
@@ -131,15 +129,7 @@ fn routes_are_only_added_where_they_are_documented() {
 #[tokio::test]
 async fn the_document_describes_headers_codes_and_auth() {
     let app = spawn_app_with(Settings::new()).await;
-    let doc = Answer::of(
-        app.client
-            .get(app.url("/openapi.json"))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await
-    .json();
+    let doc = served_document(&app).await;
     let create = &doc["paths"]["/v1/charges"]["post"];
     let params: Vec<&str> = create["parameters"]
         .as_array()
@@ -231,15 +221,7 @@ async fn swagger_ui_at_docs_reads_the_document_and_fetches_nothing_from_the_inte
 #[tokio::test]
 async fn every_operation_has_a_plain_summary_of_its_own() {
     let app = spawn_app_with(Settings::new().set("DEMO_UNSAFE_ENDPOINTS", "true")).await;
-    let doc = Answer::of(
-        app.client
-            .get(app.url("/openapi.json"))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await
-    .json();
+    let doc = served_document(&app).await;
     let mut summaries = std::collections::BTreeMap::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {

@@ -10,7 +10,7 @@ use stateright::Path;
 
 use crate::check::Report;
 
-use crate::model::{Action, Outcome, Protocol, REUSER, Reply, State, Step, payments};
+use crate::model::{Action, Outcome, Protocol, REUSER, State, Step, payments};
 use crate::variant::Variant;
 
 /// `path` as numbered lines, then what it broke (`broken`).
@@ -81,7 +81,7 @@ fn consequence(s: &State, broken: &str) -> String {
         REUSE => {
             let told = s.clients.get(REUSER as usize).and_then(|c| c.told.last());
             told.map_or(String::new(), |(r, _)| {
-                format!(" (client 2, with other parameters, got {})", reply(r))
+                format!(" (client 2, with other parameters, got {r})")
             })
         }
         _ => String::new(),
@@ -163,13 +163,13 @@ fn describe(model: &Protocol, before: &State, action: &Action, after: &State) ->
         ),
         Action::Deliver { answer } => {
             let replayed = if answer.replayed { ", replayed" } else { "" };
-            let what = format!("gets {}{replayed}", reply(&answer.reply));
+            let what = format!("gets {}{replayed}", answer.reply);
             (client(answer.client), what)
         }
         Action::LoseRequest { request } => ("network".into(), format!("loses request {request}")),
         Action::LoseAnswer { answer } => (
             "network".into(),
-            format!("loses the answer {}", reply(&answer.reply)),
+            format!("loses the answer {}", answer.reply),
         ),
         Action::LoseMessage { message } => {
             let what = match message.reply {
@@ -215,7 +215,7 @@ fn describe(model: &Protocol, before: &State, action: &Action, after: &State) ->
 fn claimed(model: &Protocol, before: &State, after: &State, request: u8) -> String {
     let Some(Step::Claimed { charge }) = request_step(after, request) else {
         let answer = after.answers.iter().find(|a| !before.answers.contains(a));
-        let what = answer.map_or("nothing".into(), |a| reply(&a.reply));
+        let what = answer.map_or("nothing".into(), |a| a.reply.to_string());
         return format!("request {request}: the key is taken: {what}");
     };
     match model.variant {
@@ -291,8 +291,4 @@ fn outcome_word(o: Outcome) -> &'static str {
         Outcome::Paid => "succeeded",
         Outcome::Voided => "failed (voided)",
     }
-}
-
-fn reply(r: &Reply) -> String {
-    r.to_string()
 }
