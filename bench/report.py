@@ -58,6 +58,7 @@ import os
 import platform
 import re
 import subprocess
+import statistics
 import sys
 
 # Each scenario of the service, its anchor (side, scenario, label) and, where
@@ -477,14 +478,16 @@ def table(raw_path, out_dir):
             return None
         values = {r["clients"]: r[field] for r in picked}
         shown = ", ".join(f"{c}: {v:.2f}" for c, v in values.items())
-        return shown, goal, all(good(v) for v in values.values())
+        return shown, goal, all(good(c, v) for c, v in values.items())
 
+    # Each goal by client count (a goal for one count applies to that count).
     for name, scenario, field, goal, good in [
-        ("new charges / minimum.sql + gateway.sql + HTTP hop", "new", "ratio", ">= 0.85",
-         lambda v: v >= 0.85),
-        ("new-charge p99 / the anchor's p99", "new", "p99_ratio", "<= 1.5", lambda v: v <= 1.5),
-        ("replays from the cache / the HTTP ceiling", "replay", "ratio", ">= 0.7", lambda v: v >= 0.7),
-        ("replays missing the cache / pk_lookup.sql", "replay_miss", "ratio", ">= 1.0", lambda v: v >= 1.0),
+        ("new charges / minimum.sql + gateway.sql + HTTP hop", "new", "ratio", ">= 0.9",
+         lambda c, v: v >= 0.9),
+        ("new-charge p99 / the anchor's p99", "new", "p99_ratio", "<= 1.5", lambda c, v: v <= 1.5),
+        ("replays from the cache / the HTTP ceiling", "replay", "ratio", ">= 0.8", lambda c, v: v >= 0.8),
+        ("replays missing the cache / pk_lookup.sql", "replay_miss", "ratio",
+         ">= 0.6 at 8 clients, >= 1.0 at more", lambda c, v: v >= (0.6 if c <= 8 else 1.0)),
     ]:
         t = at_clients(scenario, field, goal, good)
         if t:
@@ -570,8 +573,7 @@ def table(raw_path, out_dir):
     text += rt_lines
     text += phase_text
     if summary["pool_trials"]:
-        text += ["", "pool size trials (new charges, 32 clients): " + ", ".join(
-            f"{t['pool']}: {t['rps']:.0f} req/s" for t in summary["pool_trials"])]
+        text += [""] + pool_trial_lines(summary["pool_trials"], summary["pool_size"])
     plain = [e for e in extras if e["name"] != "replay_cache_memory"]
     if plain:
         text += [""]
@@ -734,6 +736,33 @@ def shed(jsonl_path, out_md):
     print("\n" + text)
     with open(out_md, "w") as f:
         f.write(text)
+
+
+def pool_trial_lines(trials, pool_size):
+    """The pool trial as a table: the median new charges/s (and p99) of its
+    rounds, by pool and clients, each round's figures after it."""
+    pools = sorted({t["pool"] for t in trials})
+    clients = sorted({t.get("clients", 32) for t in trials})
+    runs = {}
+    for t in trials:
+        runs.setdefault((t["pool"], t.get("clients", 32)), []).append(t)
+    rounds = max(len(r) for r in runs.values())
+    lines = [f"pool trial: new charges/s (p99 ms), the median of {rounds} rounds, by "
+             f"DATABASE_MAX_CONNECTIONS; the matrix ran with {pool_size}",
+             "", "| pool | " + " | ".join(f"{c} clients" for c in clients) + " | each round's req/s |",
+             "| ---: | " + " | ".join("---:" for _ in clients) + " | --- |"]
+    for p in pools:
+        cells, each = [], []
+        for c in clients:
+            r = runs.get((p, c), [])
+            if not r:
+                cells.append("")
+                continue
+            cells.append(f"{statistics.median(x['rps'] for x in r):.0f} "
+                         f"({statistics.median(x['p99_ms'] for x in r):.1f})")
+            each.append(f"{c}: " + " / ".join(f"{x['rps']:.0f}" for x in r))
+        lines.append(f"| {p} | " + " | ".join(cells) + " | " + "; ".join(each) + " |")
+    return lines
 
 
 def pooled_percentile(hist, p):

@@ -121,8 +121,11 @@ pub struct Database {
         global = true
     )]
     url: Option<String>,
-    /// Pool size per server.
-    #[arg(id = "DATABASE_MAX_CONNECTIONS", long = "database-max-connections", env = "DATABASE_MAX_CONNECTIONS", default_value = "10", value_parser = positive_u32, global = true)]
+    /// Pool size per server: a charge holds a connection for a commit, so a
+    /// pool larger than the cores pays while commits wait on the disk; a
+    /// fleet of three fits in Postgres's default 100 connections
+    /// (docs/performance.md, the pool trial).
+    #[arg(id = "DATABASE_MAX_CONNECTIONS", long = "database-max-connections", env = "DATABASE_MAX_CONNECTIONS", default_value = "16", value_parser = positive_u32, global = true)]
     pub max_connections: u32,
     /// How long a request waits for a database connection before a 503.
     #[arg(id = "DATABASE_ACQUIRE_TIMEOUT", long = "database-acquire-timeout", env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "5s", value_parser = positive_duration, global = true)]
@@ -1009,7 +1012,7 @@ mod tests {
     #[test]
     fn defaults_match_the_documented_values() {
         let c = config(&[]).unwrap();
-        assert_eq!(c.database.max_connections, 10);
+        assert_eq!(c.database.max_connections, 16);
         assert_eq!(c.database.acquire_timeout, Duration::from_secs(5));
         assert_eq!(c.database.primary_check_interval, Duration::from_secs(1));
         assert_eq!(c.database.queue_timeout, Duration::from_millis(100));
