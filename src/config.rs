@@ -121,10 +121,7 @@ pub struct Database {
         global = true
     )]
     url: Option<String>,
-    /// Pool size per server: a charge holds a connection for a commit, so a
-    /// pool larger than the cores pays while commits wait on the disk; a
-    /// fleet of three fits in Postgres's default 100 connections
-    /// (docs/performance.md, the pool trial).
+    /// Pool size per server (why 16: docs/performance.md, the pool trial).
     #[arg(id = "DATABASE_MAX_CONNECTIONS", long = "database-max-connections", env = "DATABASE_MAX_CONNECTIONS", default_value = "16", value_parser = positive_u32, global = true)]
     pub max_connections: u32,
     /// How long a request waits for a database connection before a 503.
